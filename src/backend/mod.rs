@@ -1,0 +1,412 @@
+//! The database side: one small contract per database, and everything the databases share.
+//!
+//! A backend ([`Backend`]) is only its SQL, how it runs one statement on one connection, and how
+//! its driver's errors map onto [`FailureKind`]. Everything else — pools, deadlines, retrying
+//! transient failures, the renewal path that waiters cannot starve, checking the table — lives
+//! once, in [`SqlStore`], which the registry sees as the object-safe [`Store`].
+//!
+//! # The statements
+//!
+//! Every statement takes the same numbered parameters, so a replacement written by a user
+//! (`RegistryBuilder::acquire_sql` and friends) binds the same way on every database:
+//!
+//! | # | value | type |
+//! |---|-------|------|
+//! | 1 | `LOCK_KEY` (the key's UUID, see [`lock_key_for`](crate::lock_key_for)) | text |
+//! | 2 | `REGION` | text |
+//! | 3 | `CLIENT_ID` of this registry | text |
+//! | 4 | time-to-live in microseconds | integer |
+//! | 5 | fencing token of the lease | integer |
+//!
+//! - **acquire** (1–4): one statement that takes the row when it is absent or expired on the
+//!   database's clock, bumps `FENCING_TOKEN` to `max(old + 1, database clock in µs)` and returns
+//!   it; it returns no row — and writes nothing — when the lock is held.
+//! - **renew** (1–5): moves `EXPIRED_AFTER` to database-now + TTL where the row still carries
+//!   this client and token and has not expired; one affected row means renewed.
+//! - **release** (1–3, 5): marks the row released (`CLIENT_ID` NULL, `EXPIRED_AFTER` in 1970)
+//!   under the same condition; zero affected rows means the lease had already been lost. The row
+//!   stays, so the next grant's token still counts up from it.
+
+use crate::error::{DatabaseError, Error, Result};
+use std::time::{Duration, Instant};
+
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
+
+/// The columns the lock table must have, in DDL order.
+pub(crate) const COLUMNS: [&str; 6] = [
+    "LOCK_KEY",
+    "REGION",
+    "CLIENT_ID",
+    "CREATED_DATE",
+    "EXPIRED_AFTER",
+    "FENCING_TOKEN",
+];
+
+/// The three statements a registry runs, after the table name has been spliced in.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Queries {
+    pub acquire: String,
+    pub renew: String,
+    pub release: String,
+}
+
+/// User replacements for some of the [`Queries`]; `None` keeps the backend's default.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CustomQueries {
+    pub acquire: Option<String>,
+    pub renew: Option<String>,
+    pub release: Option<String>,
+}
+
+/// The parameters of every statement (see the module docs for their numbers).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params<'a> {
+    pub lock_key: &'a str,
+    pub region: &'a str,
+    pub client_id: &'a str,
+    pub ttl_micros: i64,
+    pub token: i64,
+}
+
+/// How the shared retry loop treats a failed statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailureKind {
+    /// Worth retrying on the same connection: busy, deadlock victim, serialization failure.
+    Transient,
+    /// The connection is unusable (reset, server gone): discard it and retry on a new one.
+    Broken,
+    /// Retrying cannot help: syntax, missing table, permissions.
+    Fatal,
+}
+
+/// A backend's error, already classified, with a hint for the user.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub kind: FailureKind,
+    pub hint: String,
+    pub source: DatabaseError,
+}
+
+impl Failure {
+    pub fn new(kind: FailureKind, hint: impl Into<String>, source: impl Into<DatabaseError>) -> Self {
+        Failure {
+            kind,
+            hint: hint.into(),
+            source: source.into(),
+        }
+    }
+}
+
+/// A connection of a backend, as its pool hands it out.
+pub(crate) type Conn<B> = <<B as Backend>::Manager as r2d2::ManageConnection>::Connection;
+
+/// What one database must provide. Implementations hold no state beyond what their connection
+/// manager needs; every method runs exactly one statement (or one batch) and must not retry.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Opens connections; its `has_broken` must report connections marked by `mark_broken`.
+    type Manager: r2d2::ManageConnection;
+
+    /// Human name, used in messages: `SQLite`, `PostgreSQL`, `MySQL`.
+    const NAME: &'static str;
+    /// Path of the shipped DDL file, named in errors.
+    const DDL_FILE: &'static str;
+    /// The shipped DDL (`include_str!` of `DDL_FILE`), written for table `INT_LOCK`.
+    const DDL: &'static str;
+
+    /// The default statements for `table`.
+    fn default_queries(table: &str) -> Queries;
+
+    /// Runs an acquire statement: `Some(token)` when granted, `None` when held elsewhere.
+    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure>;
+
+    /// Runs a renew or release statement and returns the number of affected rows.
+    fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure>;
+
+    /// Runs DDL (several statements separated by `;`).
+    fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure>;
+
+    /// Upper-case column names of `table`; empty when the table does not exist.
+    fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure>;
+
+    /// Prepares `sql` without running it and returns (parameter count, result column count).
+    fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure>;
+
+    /// The statement that adds `column` to an existing `table`.
+    fn add_column_sql(table: &str, column: &str) -> String;
+
+    /// Flags `conn` so that the manager's `has_broken` discards it.
+    fn mark_broken(conn: &mut Conn<Self>);
+}
+
+/// A grant from the database: the lease's fencing token and when its statement was sent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub token: i64,
+    pub sent_at: Instant,
+}
+
+/// Which pool an operation draws from. Renewals have their own, so that waiters and user code
+/// holding every main connection cannot make a held lease expire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    Main,
+    Renewal,
+}
+
+/// The registry's view of a database: the three lease operations with deadlines.
+pub(crate) trait Store: Send + Sync {
+    /// One acquire attempt (retrying transient failures until `deadline`).
+    fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>>;
+    /// Renews; `Ok(Some(sent_at))` when renewed, `Ok(None)` when this client is not the holder.
+    fn renew(
+        &self,
+        lock_key: &str,
+        token: i64,
+        ttl: Duration,
+        deadline: Instant,
+        path: Path,
+    ) -> Result<Option<Instant>>;
+    /// Releases; `Ok(false)` when the lease had already been lost.
+    fn release(&self, lock_key: &str, token: i64, deadline: Instant) -> Result<bool>;
+    /// `SQLite`, `PostgreSQL`, `MySQL`.
+    fn backend_name(&self) -> &'static str;
+}
+
+/// Pool settings shared by every backend.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolSettings {
+    pub pool_size: u32,
+    pub connect_timeout: Duration,
+}
+
+/// Where a registry's table lives and who it is.
+#[derive(Debug, Clone)]
+pub(crate) struct TableSettings {
+    pub table: String,
+    pub region: String,
+    pub client_id: String,
+    pub create_table: bool,
+    pub custom: CustomQueries,
+}
+
+/// [`Store`] over any [`Backend`]: pools, deadlines and retries, written once.
+pub(crate) struct SqlStore<B: Backend> {
+    pool: r2d2::Pool<B::Manager>,
+    renewal_pool: r2d2::Pool<B::Manager>,
+    queries: Queries,
+    region: String,
+    client_id: String,
+}
+
+impl<B: Backend> SqlStore<B> {
+    /// Builds both pools from `manager`, checks (or creates) the table and checks custom SQL.
+    pub fn open(
+        manager: B::Manager,
+        pool: &PoolSettings,
+        table: &TableSettings,
+    ) -> Result<Self>
+    where
+        B::Manager: Clone,
+    {
+        let build = |manager: B::Manager, size: u32| {
+            r2d2::Pool::builder()
+                .max_size(size)
+                .min_idle(Some(1))
+                .test_on_check_out(false)
+                .connection_timeout(pool.connect_timeout)
+                .error_handler(Box::new(r2d2::NopErrorHandler))
+                .build(manager)
+                .map_err(|e| Error::Timeout {
+                    operation: "connect",
+                    waited: pool.connect_timeout,
+                    source: Some(Box::new(e)),
+                })
+        };
+        let renewal_pool = build(manager.clone(), 2)?;
+        let main = build(manager, pool.pool_size)?;
+        let defaults = B::default_queries(&table.table);
+        let queries = Queries {
+            acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
+            renew: table.custom.renew.clone().unwrap_or(defaults.renew),
+            release: table.custom.release.clone().unwrap_or(defaults.release),
+        };
+        let store = SqlStore {
+            pool: main,
+            renewal_pool,
+            queries,
+            region: table.region.clone(),
+            client_id: table.client_id.clone(),
+        };
+        let deadline = Instant::now() + pool.connect_timeout;
+        store.run(Path::Main, "check table", deadline, |conn| {
+            if table.create_table {
+                B::execute_batch(conn, &ddl_for::<B>(&table.table))?;
+            }
+            Ok(())
+        })?;
+        let columns = store.run(Path::Main, "check table", deadline, |conn| {
+            B::columns(conn, &table.table)
+        })?;
+        check_columns::<B>(&table.table, &columns)?;
+        store.check_custom(&table.custom, deadline)?;
+        Ok(store)
+    }
+
+    fn check_custom(&self, custom: &CustomQueries, deadline: Instant) -> Result<()> {
+        let checks = [
+            ("acquire", &custom.acquire, 1usize),
+            ("renew", &custom.renew, 0),
+            ("release", &custom.release, 0),
+        ];
+        for (statement, sql, result_columns) in checks {
+            let Some(sql) = sql else { continue };
+            let described = self.run(Path::Main, "check custom statement", deadline, |conn| {
+                Ok(B::describe(conn, sql))
+            })?;
+            let (params, columns) = described.map_err(|f| Error::InvalidStatement {
+                statement,
+                reason: f.source.to_string(),
+            })?;
+            if params > 5 || columns != result_columns {
+                return Err(Error::InvalidStatement {
+                    statement,
+                    reason: format!(
+                        "it takes {params} parameters and returns {columns} columns; use \
+                         parameters 1-5 as documented and return {result_columns} column(s)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn params<'a>(&'a self, lock_key: &'a str, ttl: Duration, token: i64) -> Params<'a> {
+        Params {
+            lock_key,
+            region: &self.region,
+            client_id: &self.client_id,
+            ttl_micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),
+            token,
+        }
+    }
+
+    /// Runs `attempt` on a pooled connection until it succeeds, fails for good, or `deadline`
+    /// passes. Transient failures sleep a short, doubling pause (1 ms to 100 ms, never past the
+    /// deadline); broken connections are discarded.
+    fn run<T>(
+        &self,
+        path: Path,
+        operation: &'static str,
+        deadline: Instant,
+        mut attempt: impl FnMut(&mut Conn<B>) -> Result<T, Failure>,
+    ) -> Result<T> {
+        let pool = match path {
+            Path::Main => &self.pool,
+            Path::Renewal => &self.renewal_pool,
+        };
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        let mut last: Option<DatabaseError> = None;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(Error::Timeout {
+                    operation,
+                    waited: started.elapsed(),
+                    source: last,
+                });
+            }
+            match pool.get_timeout(remaining) {
+                Err(e) => last = Some(Box::new(e)),
+                Ok(mut conn) => match attempt(&mut conn) {
+                    Ok(value) => return Ok(value),
+                    Err(failure) => {
+                        log::debug!("{operation} on {}: {failure:?}", B::NAME);
+                        match failure.kind {
+                            FailureKind::Fatal => {
+                                return Err(Error::Database {
+                                    operation,
+                                    hint: failure.hint,
+                                    source: failure.source,
+                                })
+                            }
+                            FailureKind::Broken => B::mark_broken(&mut conn),
+                            FailureKind::Transient => {}
+                        }
+                        last = Some(failure.source);
+                    }
+                },
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            std::thread::sleep(pause.min(remaining));
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+}
+
+impl<B: Backend> Store for SqlStore<B> {
+    fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>> {
+        let params = self.params(lock_key, ttl, 0);
+        self.run(Path::Main, "acquire", deadline, |conn| {
+            let sent_at = Instant::now();
+            let token = B::acquire(conn, &self.queries.acquire, &params)?;
+            Ok(token.map(|token| Grant { token, sent_at }))
+        })
+    }
+
+    fn renew(
+        &self,
+        lock_key: &str,
+        token: i64,
+        ttl: Duration,
+        deadline: Instant,
+        path: Path,
+    ) -> Result<Option<Instant>> {
+        let params = self.params(lock_key, ttl, token);
+        self.run(path, "renew", deadline, |conn| {
+            let sent_at = Instant::now();
+            let rows = B::update(conn, &self.queries.renew, &params)?;
+            Ok((rows > 0).then_some(sent_at))
+        })
+    }
+
+    fn release(&self, lock_key: &str, token: i64, deadline: Instant) -> Result<bool> {
+        let params = self.params(lock_key, Duration::ZERO, token);
+        self.run(Path::Main, "release", deadline, |conn| {
+            Ok(B::update(conn, &self.queries.release, &params)? > 0)
+        })
+    }
+
+    fn backend_name(&self) -> &'static str {
+        B::NAME
+    }
+}
+
+/// The shipped DDL with `INT_LOCK` renamed to `table`.
+pub(crate) fn ddl_for<B: Backend>(table: &str) -> String {
+    B::DDL.replace("INT_LOCK", table)
+}
+
+fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {
+    if columns.is_empty() {
+        return Err(Error::TableMissing {
+            table: table.to_string(),
+            ddl_file: B::DDL_FILE,
+        });
+    }
+    for column in COLUMNS {
+        if !columns.iter().any(|c| c.eq_ignore_ascii_case(column)) {
+            return Err(Error::ColumnMissing {
+                table: table.to_string(),
+                column,
+                fix: B::add_column_sql(table, column),
+            });
+        }
+    }
+    Ok(())
+}

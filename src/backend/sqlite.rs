@@ -1,0 +1,221 @@
+//! SQLite: the embedded default. Its SQL and its error mapping, nothing else.
+//!
+//! Connections open the file in WAL mode with `synchronous = NORMAL`: a commit survives a crash
+//! of any process, and only a power loss can take back the last commits — which also takes down
+//! every holder on this machine, the only place an SQLite lock can be shared. A 5 ms busy
+//! timeout absorbs short writer collisions inside SQLite; longer ones come back as
+//! `SQLITE_BUSY`, which the shared retry loop retries until the caller's deadline.
+//!
+//! `'now'` is fixed for the duration of one statement, so every timestamp a statement writes or
+//! compares comes from one reading of the clock.
+
+use super::{Backend, Conn, Failure, FailureKind, Params, Queries};
+use rusqlite::{ffi::ErrorCode, types::ToSql, Connection};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Database "now" as stored: UTC text with milliseconds.
+const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+/// Database "now" plus parameter 4 (µs).
+const NOW_PLUS_TTL: &str = "strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ?4 / 86400000000.0)";
+/// Database clock in microseconds since the Unix epoch: the floor of a new fencing token.
+const CLOCK_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
+
+/// Opens SQLite connections on one file.
+#[derive(Debug, Clone)]
+pub(crate) struct SqliteManager {
+    path: PathBuf,
+}
+
+impl SqliteManager {
+    pub fn new(path: PathBuf) -> Self {
+        SqliteManager { path }
+    }
+}
+
+/// A connection plus the flag `mark_broken` sets.
+pub(crate) struct SqliteConn {
+    conn: Connection,
+    broken: bool,
+}
+
+impl r2d2::ManageConnection for SqliteManager {
+    type Connection = SqliteConn;
+    type Error = rusqlite::Error;
+
+    fn connect(&self) -> Result<SqliteConn, rusqlite::Error> {
+        let conn = Connection::open(&self.path)?;
+        conn.busy_timeout(Duration::from_millis(5))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode", [], |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Ok(SqliteConn {
+            conn,
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut SqliteConn) -> Result<(), rusqlite::Error> {
+        conn.conn.execute_batch("")
+    }
+
+    fn has_broken(&self, conn: &mut SqliteConn) -> bool {
+        conn.broken
+    }
+}
+
+/// The SQLite backend.
+pub(crate) struct Sqlite;
+
+impl Backend for Sqlite {
+    type Manager = SqliteManager;
+
+    const NAME: &'static str = "SQLite";
+    const DDL_FILE: &'static str = "sql/sqlite.sql";
+    const DDL: &'static str = include_str!("../../sql/sqlite.sql");
+
+    fn default_queries(table: &str) -> Queries {
+        Queries {
+            acquire: format!(
+                "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
+                 FENCING_TOKEN) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, {CLOCK_MICROS}) \
+                 ON CONFLICT (LOCK_KEY, REGION) DO UPDATE SET CLIENT_ID = excluded.CLIENT_ID, \
+                 CREATED_DATE = excluded.CREATED_DATE, EXPIRED_AFTER = excluded.EXPIRED_AFTER, \
+                 FENCING_TOKEN = max({table}.FENCING_TOKEN + 1, excluded.FENCING_TOKEN) \
+                 WHERE {table}.EXPIRED_AFTER < excluded.CREATED_DATE \
+                 RETURNING FENCING_TOKEN"
+            ),
+            renew: format!(
+                "UPDATE {table} SET EXPIRED_AFTER = {NOW_PLUS_TTL} WHERE LOCK_KEY = ?1 \
+                 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 \
+                 AND EXPIRED_AFTER >= {NOW}"
+            ),
+            release: format!(
+                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000' \
+                 WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 \
+                 AND EXPIRED_AFTER >= {NOW}"
+            ),
+        }
+    }
+
+    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
+        let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
+        bind(&mut statement, params).map_err(classify)?;
+        let mut rows = statement.raw_query();
+        let token = match rows.next().map_err(classify)? {
+            Some(row) => Some(row.get::<_, i64>(0).map_err(classify)?),
+            None => None,
+        };
+        Ok(token)
+    }
+
+    fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
+        let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
+        bind(&mut statement, params).map_err(classify)?;
+        Ok(statement.raw_execute().map_err(classify)? as u64)
+    }
+
+    fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
+        conn.conn.execute_batch(sql).map_err(classify)
+    }
+
+    fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure> {
+        let mut statement = conn
+            .conn
+            .prepare_cached("SELECT upper(name) FROM pragma_table_info(?1)")
+            .map_err(classify)?;
+        let names = statement
+            .query_map([table], |row| row.get::<_, String>(0))
+            .map_err(classify)?;
+        names.collect::<Result<_, _>>().map_err(classify)
+    }
+
+    fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
+        let statement = conn.conn.prepare(sql).map_err(classify)?;
+        Ok((statement.parameter_count(), statement.column_count()))
+    }
+
+    fn add_column_sql(table: &str, column: &str) -> String {
+        match column {
+            "EXPIRED_AFTER" => format!(
+                "ALTER TABLE {table} ADD COLUMN EXPIRED_AFTER TIMESTAMP NOT NULL \
+                 DEFAULT '1970-01-01 00:00:00.000'"
+            ),
+            "FENCING_TOKEN" => {
+                format!("ALTER TABLE {table} ADD COLUMN FENCING_TOKEN BIGINT NOT NULL DEFAULT 0")
+            }
+            other => format!(
+                "DROP TABLE {table}, then run sql/sqlite.sql: column {other} is part of the key"
+            ),
+        }
+    }
+
+    fn mark_broken(conn: &mut Conn<Self>) {
+        conn.broken = true;
+    }
+}
+
+/// Binds parameters 1 to the statement's highest parameter number, so a statement may use any
+/// prefix of the documented parameters.
+fn bind(statement: &mut rusqlite::CachedStatement<'_>, params: &Params) -> rusqlite::Result<()> {
+    let values: [&dyn ToSql; 5] = [
+        &params.lock_key,
+        &params.region,
+        &params.client_id,
+        &params.ttl_micros,
+        &params.token,
+    ];
+    for (index, value) in values
+        .iter()
+        .enumerate()
+        .take(statement.parameter_count())
+    {
+        statement.raw_bind_parameter(index + 1, value)?;
+    }
+    Ok(())
+}
+
+fn classify(error: rusqlite::Error) -> Failure {
+    let (kind, hint) = match &error {
+        rusqlite::Error::SqliteFailure(e, message) => match e.code {
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => (
+                FailureKind::Transient,
+                "the SQLite file is busy: another connection holds its write lock".to_string(),
+            ),
+            ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly => (
+                FailureKind::Fatal,
+                "SQLite cannot open or write the database file: check its path and permissions"
+                    .to_string(),
+            ),
+            ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => (
+                FailureKind::Fatal,
+                "the file is not a healthy SQLite database: point the registry at another path"
+                    .to_string(),
+            ),
+            _ => (
+                FailureKind::Fatal,
+                match message {
+                    Some(m) if m.contains("no such table") => format!(
+                        "{m}: create the table with sql/sqlite.sql or RegistryBuilder::create_table(true)"
+                    ),
+                    Some(m) => format!("SQLite refused the statement: {m}"),
+                    None => "SQLite refused the statement".to_string(),
+                },
+            ),
+        },
+        other => (FailureKind::Fatal, format!("SQLite error: {other}")),
+    };
+    Failure::new(kind, hint, error)
+}
+
+/// Opens a store on the SQLite file at `path`.
+pub(crate) fn open(
+    path: PathBuf,
+    pool: &super::PoolSettings,
+    table: &super::TableSettings,
+) -> crate::Result<std::sync::Arc<dyn super::Store>> {
+    let store = super::SqlStore::<Sqlite>::open(SqliteManager::new(path), pool, table)?;
+    Ok(std::sync::Arc::new(store))
+}

@@ -1,0 +1,164 @@
+//! The one error type of the crate.
+//!
+//! Contention is not an error: a `try_lock*` that finds the lock held elsewhere returns
+//! `Ok(None)`. Every variant here means "something is wrong and you have to act": fix an input,
+//! run a DDL file, look at the database, or treat work done under a lost lease as unprotected.
+//! Each message says which.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A database driver's own error, kept as the `source()` of an [`Error`].
+pub type DatabaseError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a lease ended without its holder releasing it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The database no longer records this holder: the lease expired and another instance took
+    /// it, or the row was deleted by someone else.
+    NotOwner,
+    /// The lease reached its deadline (time the last acquire or renew was sent + time-to-live)
+    /// without a successful renewal; the text is the last renewal error, if any.
+    Expired(Option<String>),
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::NotOwner => f.write_str("the database records another holder or none"),
+            LossReason::Expired(None) => f.write_str("its time-to-live ran out without a renewal"),
+            LossReason::Expired(Some(last)) => write!(
+                f,
+                "its time-to-live ran out because renewals failed (last error: {last})"
+            ),
+        }
+    }
+}
+
+/// Everything that can go wrong, each with what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock key is empty or longer than [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES).
+    #[error("invalid lock key: {reason}")]
+    InvalidKey {
+        /// What is wrong with the key and what is allowed.
+        reason: String,
+    },
+
+    /// A builder setting or per-call argument is out of range or malformed.
+    #[error("invalid setting `{setting}`: {reason}")]
+    InvalidSetting {
+        /// The setter or argument name, e.g. `time_to_live`.
+        setting: &'static str,
+        /// What is allowed.
+        reason: String,
+    },
+
+    /// The lock table does not exist.
+    #[error(
+        "lock table {table} does not exist: create it by running {ddl_file} (with INT_ replaced \
+         by your prefix), or call RegistryBuilder::create_table(true)"
+    )]
+    TableMissing {
+        /// The table that was looked for.
+        table: String,
+        /// The shipped DDL file for this database.
+        ddl_file: &'static str,
+    },
+
+    /// The lock table exists but lacks a column this crate needs.
+    #[error("lock table {table} has no column {column}: run `{fix}`")]
+    ColumnMissing {
+        /// The table that was checked.
+        table: String,
+        /// The missing column.
+        column: &'static str,
+        /// The statement that adds it.
+        fix: String,
+    },
+
+    /// A replacement SQL statement given to the builder does not fit the table or parameters.
+    #[error("custom {statement} statement rejected: {reason}")]
+    InvalidStatement {
+        /// Which statement: `acquire`, `renew` or `release`.
+        statement: &'static str,
+        /// What the database said when it was checked.
+        reason: String,
+    },
+
+    /// The lease ended before its holder released it: another instance may have held the lock
+    /// in between, so work done under it was not protected. Fencing tokens exist for this case.
+    #[error(
+        "the lease on {key:?} was lost ({reason}); another instance may have held the lock since: \
+         treat work done under it as unprotected"
+    )]
+    LeaseLost {
+        /// The user's key.
+        key: String,
+        /// Why the lease ended.
+        reason: LossReason,
+    },
+
+    /// The database did not complete an operation before the caller's deadline (or, for calls
+    /// without a deadline, before `RegistryBuilder::operation_timeout`). Transient failures are
+    /// retried until then; the last one is kept as the source.
+    #[error(
+        "{operation} did not complete within {waited:?}: the database is unreachable, overloaded \
+         or every connection is busy (check the server and RegistryBuilder::pool_size)"
+    )]
+    Timeout {
+        /// What was being done: `acquire`, `renew`, `release`, `connect`.
+        operation: &'static str,
+        /// How long it was tried.
+        waited: Duration,
+        /// The last failure seen, if any.
+        #[source]
+        source: Option<DatabaseError>,
+    },
+
+    /// The database refused an operation in a way retrying will not fix.
+    #[error("{operation} failed: {hint}")]
+    Database {
+        /// What was being done.
+        operation: &'static str,
+        /// What to check.
+        hint: String,
+        /// The driver's error.
+        #[source]
+        source: DatabaseError,
+    },
+}
+
+impl Error {
+    /// `true` when this is [`Error::LeaseLost`].
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, Error::LeaseLost { .. })
+    }
+
+    pub(crate) fn setting(setting: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidSetting {
+            setting,
+            reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_missing_message_names_the_file_to_run() {
+        let e = Error::TableMissing {
+            table: "APP_LOCK".into(),
+            ddl_file: "sql/sqlite.sql",
+        };
+        let text = e.to_string();
+        assert!(text.contains("APP_LOCK") && text.contains("sql/sqlite.sql"), "{text}");
+    }
+}

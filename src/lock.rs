@@ -1,0 +1,511 @@
+//! One key inside one registry: the local queue, the instant handoff, and the RAII guard.
+//!
+//! # Local state machine
+//!
+//! Each [`Lock`] handle points at one `LockInner` per (registry, key). Its state sits behind a
+//! `parking_lot` mutex with a condition variable for local waiters:
+//!
+//! | owner | lease | `db_busy` | meaning | what a thread that wants the lock does |
+//! |-------|-------|-----------|---------|----------------------------------------|
+//! | none | none | no | free here | becomes the *poller*: sets `db_busy`, runs **acquire** |
+//! | none | none | yes | another thread is polling or releasing | waits on the condvar |
+//! | none | some | – | just released, handed over | takes it: **no statement** |
+//! | thread T | some | – | T holds it | T: reentrant (depth + 1); others wait |
+//!
+//! Only the poller talks to the database for this key, so N waiting threads cost one statement
+//! per `idle_between_tries`, not N. Between polls the poller sleeps with `db_busy` still set.
+//!
+//! **Handoff.** When the holder releases and a local thread waits, the lease stays in place and
+//! the waiters are woken: the lock changes threads without a database statement, and the
+//! fencing token stays the same (tokens order *database grants*; local holders of one grant are
+//! ordered by this mutex, and each one released before the next took over). Handoffs are
+//! bounded by `local_handoff_limit` (default 1 s since the database grant): past it the holder
+//! releases to the database and local waiters hold off for one `idle_between_tries`, so other
+//! instances polling at that interval get their turn.
+//!
+//! **Release to the database** happens when nobody waits locally (or the limit is reached or the
+//! lease is no longer held): the keeper thread is stopped and the **release** statement runs
+//! with `db_busy` set, so no local thread polls while it is in flight. A waiter that gives up
+//! and leaves a handed-over lease with nobody to take it releases it the same way.
+
+use crate::error::{Error, LossReason, Result};
+use crate::lease::{Lease, LeaseLost};
+use crate::registry::Core;
+use crossbeam_channel::Receiver;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+/// How long an acquire may wait for the lock.
+#[derive(Clone, Copy, Debug)]
+enum Wait {
+    /// One attempt; `None` if the lock is held or being acquired by another local thread.
+    No,
+    /// Until the instant.
+    Until(Instant),
+    /// Until granted.
+    Forever,
+}
+
+struct LocalState {
+    owner: Option<ThreadId>,
+    depth: u32,
+    lease: Option<Arc<Lease>>,
+    waiters: u32,
+    db_busy: bool,
+    chain_started: Instant,
+    yield_until: Option<Instant>,
+}
+
+/// Shared state of one key in one registry.
+pub(crate) struct LockInner {
+    key: Arc<str>,
+    lock_key: Arc<str>,
+    core: Arc<Core>,
+    state: Mutex<LocalState>,
+    changed: Condvar,
+}
+
+impl LockInner {
+    pub fn new(key: &str, core: Arc<Core>) -> Self {
+        LockInner {
+            key: key.into(),
+            lock_key: crate::key::lock_key_for(key).into(),
+            core,
+            state: Mutex::new(LocalState {
+                owner: None,
+                depth: 0,
+                lease: None,
+                waiters: 0,
+                db_busy: false,
+                chain_started: Instant::now(),
+                yield_until: None,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// `true` while no thread holds, waits for, or talks to the database about this key: the
+    /// cache may then drop it.
+    pub fn is_idle(&self) -> bool {
+        let state = self.state.lock();
+        state.owner.is_none() && state.lease.is_none() && state.waiters == 0 && !state.db_busy
+    }
+
+    fn acquire(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
+        self.core.settings.check_ttl("time_to_live", ttl)?;
+        let me = std::thread::current().id();
+        let mut state = self.state.lock();
+        if state.owner == Some(me) {
+            state.depth += 1;
+            let lease = state.lease.clone().expect("an owner always has a lease");
+            return Ok(Some(self.guard(lease)));
+        }
+        state.waiters += 1;
+        let outcome = self.acquire_locked(&mut state, me, wait, ttl);
+        state.waiters -= 1;
+        if !matches!(outcome, Ok(Some(_))) {
+            self.release_abandoned(&mut state);
+        }
+        self.changed.notify_all();
+        drop(state);
+        match outcome {
+            Ok(Some((lease, retune))) => {
+                let guard = self.guard(lease);
+                if retune {
+                    guard.renew_with_ttl(ttl)?;
+                }
+                Ok(Some(guard))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The waiting loop; returns the lease taken, and whether it must be renewed with the
+    /// requested time-to-live (a handed-over lease runs with its granter's).
+    fn acquire_locked(
+        self: &Arc<Self>,
+        state: &mut MutexGuard<'_, LocalState>,
+        me: ThreadId,
+        wait: Wait,
+        ttl: Duration,
+    ) -> Result<Option<(Arc<Lease>, bool)>> {
+        let settings = &self.core.settings;
+        loop {
+            let now = Instant::now();
+            if state.owner.is_none() {
+                if let Some(lease) = state.lease.clone() {
+                    if lease.is_held() {
+                        state.owner = Some(me);
+                        state.depth = 1;
+                        let retune = lease.ttl() != ttl;
+                        return Ok(Some((lease, retune)));
+                    }
+                    state.lease = None;
+                    lease.finish();
+                    continue;
+                }
+                let yielding = state.yield_until.filter(|until| *until > now);
+                if !state.db_busy && yielding.is_none() {
+                    let attempt_deadline = match wait {
+                        Wait::Until(deadline) => deadline.max(now + Duration::from_millis(1)),
+                        _ => now + settings.operation_timeout,
+                    };
+                    state.db_busy = true;
+                    let granted = MutexGuard::unlocked(state, || {
+                        self.core.store.acquire(&self.lock_key, ttl, attempt_deadline)
+                    });
+                    state.db_busy = false;
+                    match granted? {
+                        Some(grant) => {
+                            let lease = Lease::start(
+                                Arc::clone(&self.key),
+                                Arc::clone(&self.lock_key),
+                                grant.token,
+                                ttl,
+                                grant.sent_at,
+                                Arc::downgrade(&self.core.store),
+                                settings.keeper,
+                                self.core.on_lost.clone(),
+                            );
+                            state.lease = Some(Arc::clone(&lease));
+                            state.owner = Some(me);
+                            state.depth = 1;
+                            state.chain_started = Instant::now();
+                            state.yield_until = None;
+                            return Ok(Some((lease, false)));
+                        }
+                        None => {
+                            let next_poll = Instant::now() + settings.idle_between_tries;
+                            let wake_at = match wait {
+                                Wait::No => return Ok(None),
+                                Wait::Until(deadline) if deadline <= Instant::now() => {
+                                    return Ok(None)
+                                }
+                                Wait::Until(deadline) => next_poll.min(deadline),
+                                Wait::Forever => next_poll,
+                            };
+                            state.db_busy = true;
+                            while Instant::now() < wake_at {
+                                self.changed.wait_until(state, wake_at);
+                            }
+                            state.db_busy = false;
+                            continue;
+                        }
+                    }
+                }
+            }
+            match wait {
+                Wait::No => return Ok(None),
+                Wait::Until(deadline) if deadline <= now => return Ok(None),
+                Wait::Until(deadline) => {
+                    let until = state.yield_until.filter(|y| *y > now).map_or(deadline, |y| y.min(deadline));
+                    self.changed.wait_until(state, until);
+                }
+                Wait::Forever => match state.yield_until.filter(|y| *y > now) {
+                    Some(until) => {
+                        self.changed.wait_until(state, until);
+                    }
+                    None => self.changed.wait(state),
+                },
+            }
+        }
+    }
+
+    /// Called by a guard whose depth reaches this thread's last hold.
+    fn release(&self, lease: &Arc<Lease>) -> Result<()> {
+        let mut state = self.state.lock();
+        state.depth -= 1;
+        if state.depth > 0 {
+            return match lease.loss() {
+                Some(reason) => Err(self.lost(reason)),
+                None => Ok(()),
+            };
+        }
+        state.owner = None;
+        let now = Instant::now();
+        let within_limit = self
+            .core
+            .settings
+            .local_handoff_limit
+            .is_none_or(|limit| now.duration_since(state.chain_started) < limit);
+        if state.waiters > 0 && within_limit && lease.is_held() {
+            self.changed.notify_all();
+            return Ok(());
+        }
+        if state.waiters > 0 && !within_limit {
+            state.yield_until = Some(now + self.core.settings.idle_between_tries);
+        }
+        state.lease = None;
+        state.db_busy = true;
+        let outcome = MutexGuard::unlocked(&mut state, || self.release_to_database(lease));
+        state.db_busy = false;
+        self.changed.notify_all();
+        outcome
+    }
+
+    /// Releases a handed-over lease that the last waiter left without taking.
+    fn release_abandoned(&self, state: &mut MutexGuard<'_, LocalState>) {
+        if state.waiters > 0 || state.owner.is_some() || state.db_busy {
+            return;
+        }
+        let Some(lease) = state.lease.take() else { return };
+        state.db_busy = true;
+        let outcome = MutexGuard::unlocked(state, || self.release_to_database(&lease));
+        state.db_busy = false;
+        if let Err(e) = outcome {
+            log::warn!("releasing abandoned lease on {:?}: {e}", self.key);
+        }
+    }
+
+    fn release_to_database(&self, lease: &Lease) -> Result<()> {
+        lease.finish();
+        let deadline = Instant::now() + self.core.settings.operation_timeout;
+        let released = self.core.store.release(&self.lock_key, lease.token, deadline);
+        match (lease.loss(), released) {
+            (Some(reason), _) => Err(self.lost(reason)),
+            (None, Ok(true)) => Ok(()),
+            (None, Ok(false)) => Err(self.lost(LossReason::NotOwner)),
+            (None, Err(e)) => Err(e),
+        }
+    }
+
+    fn lost(&self, reason: LossReason) -> Error {
+        Error::LeaseLost {
+            key: self.key.to_string(),
+            reason,
+        }
+    }
+
+    fn guard(self: &Arc<Self>, lease: Arc<Lease>) -> LockGuard {
+        LockGuard {
+            lock: Arc::clone(self),
+            lease,
+            released: false,
+            _not_send: PhantomData,
+        }
+    }
+}
+
+/// A handle on one named lock of a registry. Cheap to clone; all clones (and every later
+/// [`LockRegistry::obtain`](crate::LockRegistry::obtain) of the same key while this one is in
+/// use) share one local queue.
+///
+/// Acquiring is reentrant per thread: a thread that holds the lock and asks again gets another
+/// guard at once (and the lock is released when the outermost guard goes). A nested acquire
+/// keeps the lease's current time-to-live.
+#[derive(Clone)]
+pub struct Lock {
+    inner: Arc<LockInner>,
+}
+
+impl Lock {
+    pub(crate) fn new(inner: Arc<LockInner>) -> Self {
+        Lock { inner }
+    }
+
+    /// The key this lock was obtained with.
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// The `LOCK_KEY` stored in the table (see [`lock_key_for`](crate::lock_key_for)).
+    pub fn lock_key(&self) -> &str {
+        &self.inner.lock_key
+    }
+
+    /// `true` if the calling thread holds this lock through this registry.
+    pub fn is_held_by_current_thread(&self) -> bool {
+        self.inner.state.lock().owner == Some(std::thread::current().id())
+    }
+
+    /// Blocks until the lock is granted, with the registry's default time-to-live.
+    ///
+    /// Polls the database every `idle_between_tries` while another instance holds the lock, and
+    /// wakes at once when another thread of this registry releases it. Returns `Err` only when
+    /// the database keeps failing for `operation_timeout` or refuses for good.
+    pub fn lock(&self) -> Result<LockGuard> {
+        self.lock_with_ttl(self.inner.core.settings.time_to_live)
+    }
+
+    /// [`lock`](Self::lock) with a time-to-live for this lease only.
+    pub fn lock_with_ttl(&self, ttl: Duration) -> Result<LockGuard> {
+        let guard = self.inner.acquire(Wait::Forever, ttl)?;
+        Ok(guard.expect("an unbounded wait ends only with a grant or an error"))
+    }
+
+    /// One attempt: `Ok(None)` when the lock is held elsewhere (another instance, or another
+    /// thread of this registry, or one that is acquiring it right now).
+    pub fn try_lock(&self) -> Result<Option<LockGuard>> {
+        self.try_lock_with_ttl(self.inner.core.settings.time_to_live)
+    }
+
+    /// [`try_lock`](Self::try_lock) with a time-to-live for this lease only.
+    pub fn try_lock_with_ttl(&self, ttl: Duration) -> Result<Option<LockGuard>> {
+        self.inner.acquire(Wait::No, ttl)
+    }
+
+    /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in that time.
+    pub fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        self.try_lock_for_with_ttl(timeout, self.inner.core.settings.time_to_live)
+    }
+
+    /// [`try_lock_for`](Self::try_lock_for) with a time-to-live for this lease only.
+    pub fn try_lock_for_with_ttl(
+        &self,
+        timeout: Duration,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.try_lock_until_with_ttl(deadline, ttl),
+            None => self.lock_with_ttl(ttl).map(Some),
+        }
+    }
+
+    /// Waits until `deadline`; `Ok(None)` if the lock was not granted by then. A deadline in the
+    /// past makes one attempt, like [`try_lock`](Self::try_lock).
+    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
+        self.try_lock_until_with_ttl(deadline, self.inner.core.settings.time_to_live)
+    }
+
+    /// [`try_lock_until`](Self::try_lock_until) with a time-to-live for this lease only.
+    pub fn try_lock_until_with_ttl(
+        &self,
+        deadline: Instant,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        if deadline <= Instant::now() {
+            return self.inner.acquire(Wait::No, ttl);
+        }
+        self.inner.acquire(Wait::Until(deadline), ttl)
+    }
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("key", &self.inner.key)
+            .field("lock_key", &self.inner.lock_key)
+            .finish()
+    }
+}
+
+/// Proof that the current thread holds a lock. Releases it when dropped.
+///
+/// Dropping releases on a best-effort basis and logs failures; call [`unlock`](Self::unlock)
+/// to learn whether the lease was still held when it was released. The guard is `!Send`: a
+/// lock is held by a thread, which is what makes reentrancy well defined.
+#[must_use = "if unused the lock is released at once"]
+pub struct LockGuard {
+    lock: Arc<LockInner>,
+    lease: Arc<Lease>,
+    released: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl LockGuard {
+    /// The key of the lock held.
+    pub fn key(&self) -> &str {
+        &self.lock.key
+    }
+
+    /// `true` while the lease is held: not reported lost and not past its deadline.
+    pub fn is_held(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// The fencing token of the database grant behind this guard. Every grant of a key carries
+    /// a larger token than all earlier grants of that key; a local handoff keeps the token.
+    /// Pass it to the resource you protect and have it refuse tokens smaller than the largest
+    /// it has seen.
+    pub fn fencing_token(&self) -> u64 {
+        self.lease.token as u64
+    }
+
+    /// How long the lease is certainly still held if no renewal succeeds from now on.
+    pub fn remaining(&self) -> Duration {
+        self.lease.deadline().saturating_duration_since(Instant::now())
+    }
+
+    /// A channel that receives one [`LeaseLost`] if the lease is lost (at once if it already
+    /// is); it disconnects without a message when the lease ends normally. Use it with
+    /// `crossbeam_channel::select!` to stop work promptly.
+    pub fn loss_channel(&self) -> Receiver<LeaseLost> {
+        self.lease.loss_channel()
+    }
+
+    /// Renews the lease now with its current time-to-live.
+    pub fn renew(&self) -> Result<()> {
+        self.renew_with_ttl(self.lease.ttl())
+    }
+
+    /// Renews the lease now with a new time-to-live, which later renewals keep.
+    /// `Err(LeaseLost)` if the database no longer records this holder.
+    pub fn renew_with_ttl(&self, ttl: Duration) -> Result<()> {
+        let core = &self.lock.core;
+        core.settings.check_ttl("time_to_live", ttl)?;
+        if let Some(reason) = self.lease.loss() {
+            return Err(self.lock.lost(reason));
+        }
+        let deadline = self
+            .lease
+            .deadline()
+            .min(Instant::now() + core.settings.operation_timeout);
+        let renewed = core.store.renew(
+            &self.lock.lock_key,
+            self.lease.token,
+            ttl,
+            deadline,
+            crate::backend::Path::Main,
+        );
+        match renewed {
+            Ok(Some(sent_at)) => {
+                self.lease.renewed(sent_at, ttl);
+                Ok(())
+            }
+            Ok(None) => {
+                self.lease.mark_lost(LossReason::NotOwner);
+                Err(self.lock.lost(LossReason::NotOwner))
+            }
+            Err(e) => match self.lease.loss() {
+                Some(reason) => {
+                    self.lease.mark_lost(reason.clone());
+                    Err(self.lock.lost(reason))
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    /// Releases the lock and reports whether the lease was still held until then.
+    ///
+    /// `Err(LeaseLost)` means another instance may have held the lock while this guard
+    /// existed. For a nested (reentrant) guard this only lowers the hold count.
+    pub fn unlock(mut self) -> Result<()> {
+        self.released = true;
+        self.lock.release(&self.lease)
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            if let Err(e) = self.lock.release(&self.lease) {
+                log::warn!("releasing lock {:?} on drop: {e}", self.lock.key);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lock.key)
+            .field("fencing_token", &self.lease.token)
+            .field("held", &self.lease.is_held())
+            .finish()
+    }
+}

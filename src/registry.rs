@@ -1,0 +1,490 @@
+//! The registry: configuration, the handle cache, and the way into a backend.
+
+use crate::backend::{CustomQueries, PoolSettings, Store, TableSettings};
+use crate::cache::HandleCache;
+use crate::error::{Error, Result};
+use crate::lease::{KeeperSettings, LeaseLost, LostCallback};
+use crate::lock::{Lock, LockInner};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The shortest time-to-live accepted: a lease shorter than this cannot be renewed reliably.
+pub const MIN_TIME_TO_LIVE: Duration = Duration::from_millis(10);
+/// The longest time-to-live accepted: a crashed holder blocks its key this long.
+pub const MAX_TIME_TO_LIVE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest `idle_between_tries` accepted.
+pub const MAX_IDLE_BETWEEN_TRIES: Duration = Duration::from_secs(3600);
+/// The longest region accepted, in characters (the column is `VARCHAR(100)`).
+pub const MAX_REGION_CHARS: usize = 100;
+/// The longest table prefix accepted (the table name is the prefix plus `LOCK`).
+pub const MAX_PREFIX_CHARS: usize = 59;
+
+/// Settings every lock of a registry reads; validated by the builder.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub time_to_live: Duration,
+    pub idle_between_tries: Duration,
+    pub local_handoff_limit: Option<Duration>,
+    pub operation_timeout: Duration,
+    pub keeper: KeeperSettings,
+}
+
+impl Settings {
+    pub fn check_ttl(&self, setting: &'static str, ttl: Duration) -> Result<()> {
+        if ttl < MIN_TIME_TO_LIVE || ttl > MAX_TIME_TO_LIVE {
+            return Err(Error::setting(
+                setting,
+                format!(
+                    "{ttl:?} is outside {MIN_TIME_TO_LIVE:?}..={MAX_TIME_TO_LIVE:?}; pick a lease \
+                     a little longer than the longest pause you expect between renewals"
+                ),
+            ));
+        }
+        if let Some(every) = self.keeper.renew_every.filter(|_| self.keeper.renew) {
+            if every >= ttl {
+                return Err(Error::setting(
+                    setting,
+                    format!(
+                        "{ttl:?} is not longer than renew_every ({every:?}): the lease would \
+                         expire before its first renewal"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every lock of one registry shares: the store, the settings, the loss callback.
+pub(crate) struct Core {
+    pub store: Arc<dyn Store>,
+    pub settings: Settings,
+    pub on_lost: Option<LostCallback>,
+    pub client_id: String,
+    pub region: String,
+    pub table: String,
+}
+
+/// Where the lock table lives.
+enum Database {
+    #[cfg(feature = "sqlite")]
+    Sqlite(std::path::PathBuf),
+    #[cfg(feature = "postgres")]
+    Postgres(String),
+    #[cfg(feature = "mysql")]
+    Mysql(String),
+}
+
+/// A set of named distributed locks kept in one table of one database.
+///
+/// Create one per process (or per component) with a builder from [`LockRegistry::sqlite`],
+/// `LockRegistry::postgres` or `LockRegistry::mysql`, share it (it is cheap to clone), and
+/// [`obtain`](Self::obtain) locks by name. Dropping the last clone stops the keeper threads of
+/// leases no guard uses; guards still alive keep what they need.
+#[derive(Clone)]
+pub struct LockRegistry {
+    core: Arc<Core>,
+    cache: Arc<Mutex<HandleCache>>,
+}
+
+impl LockRegistry {
+    /// A builder for a registry on an SQLite file (created if missing).
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let registry = leasehold::LockRegistry::sqlite(dir.path().join("locks.db"))
+    ///     .create_table(true)
+    ///     .build()?;
+    /// let lock = registry.obtain("nightly-report")?;
+    /// let guard = lock.lock()?;
+    /// assert!(guard.is_held());
+    /// guard.unlock()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sqlite")]
+    pub fn sqlite(path: impl AsRef<std::path::Path>) -> RegistryBuilder {
+        RegistryBuilder::new(Database::Sqlite(path.as_ref().to_path_buf()))
+    }
+
+    /// The lock for `key`, shared with every other user of that key in this registry.
+    ///
+    /// `key` is any UTF-8 string of 1 to [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) bytes.
+    pub fn obtain(&self, key: &str) -> Result<Lock> {
+        crate::key::validate_key(key)?;
+        let inner = self
+            .cache
+            .lock()
+            .get_or_insert(key, || LockInner::new(key, Arc::clone(&self.core)));
+        Ok(Lock::new(inner))
+    }
+
+    /// This registry's `CLIENT_ID`.
+    pub fn client_id(&self) -> &str {
+        &self.core.client_id
+    }
+
+    /// This registry's `REGION`.
+    pub fn region(&self) -> &str {
+        &self.core.region
+    }
+
+    /// The lock table's name (prefix + `LOCK`).
+    pub fn table(&self) -> &str {
+        &self.core.table
+    }
+
+    /// `SQLite`, `PostgreSQL` or `MySQL`.
+    pub fn backend_name(&self) -> &'static str {
+        self.core.store.backend_name()
+    }
+
+    /// How many lock handles the cache holds now.
+    pub fn cached_locks(&self) -> usize {
+        self.cache.lock().len()
+    }
+}
+
+impl std::fmt::Debug for LockRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockRegistry")
+            .field("backend", &self.backend_name())
+            .field("table", &self.core.table)
+            .field("region", &self.core.region)
+            .field("client_id", &self.core.client_id)
+            .finish()
+    }
+}
+
+/// Configures and builds a [`LockRegistry`]. Every setter names its default.
+#[must_use = "a builder does nothing until build() is called"]
+pub struct RegistryBuilder {
+    database: Database,
+    time_to_live: Duration,
+    idle_between_tries: Duration,
+    cache_capacity: usize,
+    client_id: Option<String>,
+    region: String,
+    prefix: String,
+    renewal: bool,
+    renew_every: Option<Duration>,
+    local_handoff_limit: Option<Duration>,
+    operation_timeout: Duration,
+    connect_timeout: Duration,
+    pool_size: u32,
+    create_table: bool,
+    custom: CustomQueries,
+    on_lost: Option<LostCallback>,
+}
+
+impl RegistryBuilder {
+    fn new(database: Database) -> Self {
+        RegistryBuilder {
+            database,
+            time_to_live: Duration::from_secs(10),
+            idle_between_tries: Duration::from_millis(100),
+            cache_capacity: 100_000,
+            client_id: None,
+            region: "DEFAULT".into(),
+            prefix: "INT_".into(),
+            renewal: true,
+            renew_every: None,
+            local_handoff_limit: Some(Duration::from_secs(1)),
+            operation_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            pool_size: 8,
+            create_table: false,
+            custom: CustomQueries::default(),
+            on_lost: None,
+        }
+    }
+
+    /// How long a lease lasts without renewal. Defaults to 10 s. A crashed holder blocks its
+    /// key at most this long; the keeper thread renews well before it runs out. Must be within
+    /// [`MIN_TIME_TO_LIVE`]..=[`MAX_TIME_TO_LIVE`].
+    pub fn time_to_live(mut self, ttl: Duration) -> Self {
+        self.time_to_live = ttl;
+        self
+    }
+
+    /// How long a waiter sleeps between database attempts while another instance holds the
+    /// lock. Defaults to 100 ms. A release by another thread of this registry wakes waiters at
+    /// once; a release by another instance is seen at the next attempt (about half this on
+    /// average). Must be within 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`].
+    pub fn idle_between_tries(mut self, idle: Duration) -> Self {
+        self.idle_between_tries = idle;
+        self
+    }
+
+    /// How many lock handles the registry caches. Defaults to 100 000. Handles in use are never
+    /// evicted (the cache grows past this while they are in use). Must be at least 1.
+    pub fn cache_capacity(mut self, capacity: usize) -> Self {
+        self.cache_capacity = capacity;
+        self
+    }
+
+    /// This registry's `CLIENT_ID`: 1 to 36 printable ASCII characters. Defaults to a random
+    /// UUID per registry. Two registries must never share one: the table tells holders apart by
+    /// it.
+    pub fn client_id(mut self, client_id: impl Into<String>) -> Self {
+        self.client_id = Some(client_id.into());
+        self
+    }
+
+    /// The `REGION` (1 to 100 characters) the locks live in: locks of different regions never
+    /// conflict. Defaults to `DEFAULT`, as Spring's.
+    pub fn region(mut self, region: impl Into<String>) -> Self {
+        self.region = region.into();
+        self
+    }
+
+    /// The table name prefix; the table is `{prefix}LOCK`. Defaults to `INT_` (Spring's). It is
+    /// spliced into SQL, so it must be letters, digits and `_`, not starting with a digit,
+    /// optionally `schema.` first; at most [`MAX_PREFIX_CHARS`] characters.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Whether a keeper thread renews every lease in the background. Defaults to `true`. With
+    /// `false` a lease lasts its time-to-live unless renewed by hand
+    /// ([`LockGuard::renew`](crate::LockGuard::renew)); loss is still reported at the deadline.
+    pub fn renewal(mut self, enabled: bool) -> Self {
+        self.renewal = enabled;
+        self
+    }
+
+    /// How long after a successful renewal (or the grant) the next one is sent. Defaults to a
+    /// third of each lease's time-to-live, which leaves two more attempts before it runs out.
+    /// Must be shorter than every time-to-live used.
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// How long a run of local handoffs may keep a database grant before the holder releases
+    /// it to the database and local waiters hold off for one `idle_between_tries`, giving
+    /// other instances a turn. Defaults to `Some(1 s)`; `None` hands off locally without limit
+    /// (fastest, but other instances can starve under continuous local contention).
+    pub fn local_handoff_limit(mut self, limit: Option<Duration>) -> Self {
+        self.local_handoff_limit = limit;
+        self
+    }
+
+    /// How long an operation without a caller deadline (`lock()`'s attempts, `try_lock()`,
+    /// release, manual renew) keeps retrying transient database failures before it returns
+    /// [`Error::Timeout`]. Defaults to 5 s.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// How long `build()` waits for the first connection. Defaults to 5 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Connections in the main pool, used by acquires, releases and manual renewals. Defaults
+    /// to 8. Background renewals use a separate pool of 2, so a full main pool never makes a
+    /// held lease expire.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Create the table (and nothing else) if it does not exist, from the shipped DDL. Defaults
+    /// to `false`: the table is checked and a missing table or column is reported with the
+    /// file or statement to run.
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// Replaces the acquire statement. It gets parameters 1–4 (see the `backend` docs in the
+    /// crate documentation) and must return one row with the fencing token when granted, none
+    /// otherwise. Checked against the table by `build()`.
+    pub fn acquire_sql(mut self, sql: impl Into<String>) -> Self {
+        self.custom.acquire = Some(sql.into());
+        self
+    }
+
+    /// Replaces the renew statement (parameters 1–5; one affected row means renewed).
+    pub fn renew_sql(mut self, sql: impl Into<String>) -> Self {
+        self.custom.renew = Some(sql.into());
+        self
+    }
+
+    /// Replaces the release statement (parameters 1–5; one affected row means released).
+    pub fn release_sql(mut self, sql: impl Into<String>) -> Self {
+        self.custom.release = Some(sql.into());
+        self
+    }
+
+    /// Called once for every lease of this registry that is lost, on the thread that noticed.
+    /// Defaults to none (losses are logged at `warn`). Keep it short; it must not block.
+    pub fn on_lease_lost(mut self, callback: impl Fn(&LeaseLost) + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(Arc::new(callback));
+        self
+    }
+
+    /// Validates the settings, connects, checks (or creates) the table.
+    pub fn build(self) -> Result<LockRegistry> {
+        let settings = self.settings()?;
+        let table = validate_prefix(&self.prefix)? + "LOCK";
+        validate_region(&self.region)?;
+        let client_id = match self.client_id {
+            Some(id) => validate_client_id(id)?,
+            None => uuid::Uuid::new_v4().hyphenated().to_string(),
+        };
+        if self.cache_capacity == 0 {
+            return Err(Error::setting("cache_capacity", "must be at least 1"));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::setting("pool_size", "must be at least 1"));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(Error::setting("connect_timeout", "must be longer than zero"));
+        }
+        let pool = PoolSettings {
+            pool_size: self.pool_size,
+            connect_timeout: self.connect_timeout,
+        };
+        let table_settings = TableSettings {
+            table: table.clone(),
+            region: self.region.clone(),
+            client_id: client_id.clone(),
+            create_table: self.create_table,
+            custom: self.custom,
+        };
+        let store: Arc<dyn Store> = match self.database {
+            #[cfg(feature = "sqlite")]
+            Database::Sqlite(path) => crate::backend::sqlite::open(path, &pool, &table_settings)?,
+            #[cfg(feature = "postgres")]
+            Database::Postgres(url) => {
+                crate::backend::postgres::open(&url, &pool, &table_settings)?
+            }
+            #[cfg(feature = "mysql")]
+            Database::Mysql(url) => crate::backend::mysql::open(&url, &pool, &table_settings)?,
+        };
+        let core = Arc::new(Core {
+            store,
+            settings,
+            on_lost: self.on_lost,
+            client_id,
+            region: self.region,
+            table,
+        });
+        Ok(LockRegistry {
+            core,
+            cache: Arc::new(Mutex::new(HandleCache::new(self.cache_capacity))),
+        })
+    }
+
+    fn settings(&self) -> Result<Settings> {
+        if self.idle_between_tries < Duration::from_millis(1)
+            || self.idle_between_tries > MAX_IDLE_BETWEEN_TRIES
+        {
+            return Err(Error::setting(
+                "idle_between_tries",
+                format!(
+                    "{:?} is outside 1ms..={MAX_IDLE_BETWEEN_TRIES:?}; zero would spin on the \
+                     database",
+                    self.idle_between_tries
+                ),
+            ));
+        }
+        if self.operation_timeout.is_zero() {
+            return Err(Error::setting("operation_timeout", "must be longer than zero"));
+        }
+        if self.renew_every.is_some_and(|every| every.is_zero()) {
+            return Err(Error::setting("renew_every", "must be longer than zero"));
+        }
+        let settings = Settings {
+            time_to_live: self.time_to_live,
+            idle_between_tries: self.idle_between_tries,
+            local_handoff_limit: self.local_handoff_limit,
+            operation_timeout: self.operation_timeout,
+            keeper: KeeperSettings {
+                renew: self.renewal,
+                renew_every: self.renew_every,
+            },
+        };
+        settings.check_ttl("time_to_live", self.time_to_live)?;
+        Ok(settings)
+    }
+}
+
+/// Checks a table prefix and returns it: it is spliced into SQL.
+fn validate_prefix(prefix: &str) -> Result<String> {
+    let identifier = |part: &str| {
+        part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let (schema, name) = match prefix.split_once('.') {
+        Some((schema, name)) => (Some(schema), name),
+        None => (None, prefix),
+    };
+    let valid = prefix.len() <= MAX_PREFIX_CHARS
+        && schema.is_none_or(identifier)
+        && (name.is_empty() || identifier(name));
+    if !valid {
+        return Err(Error::setting(
+            "prefix",
+            format!(
+                "{prefix:?} is not a plain SQL identifier: use letters, digits and _ (not \
+                 starting with a digit), optionally preceded by `schema.`, at most \
+                 {MAX_PREFIX_CHARS} characters"
+            ),
+        ));
+    }
+    Ok(prefix.to_string())
+}
+
+fn validate_region(region: &str) -> Result<()> {
+    let chars = region.chars().count();
+    if chars == 0 || chars > MAX_REGION_CHARS {
+        return Err(Error::setting(
+            "region",
+            format!("{chars} characters; use 1 to {MAX_REGION_CHARS} (the column is VARCHAR(100))"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_client_id(id: String) -> Result<String> {
+    if id.is_empty() || id.len() > 36 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::setting(
+            "client_id",
+            format!("{id:?}: use 1 to 36 printable ASCII characters, e.g. a UUID"),
+        ));
+    }
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_that_could_inject_sql_are_rejected() {
+        for bad in ["INT_; DROP TABLE x", "1INT_", "INT-", "a.b.c", "\"INT_\"", "INT_ "] {
+            assert!(validate_prefix(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["INT_", "", "app_", "myschema.INT_", "_x9"] {
+            assert!(validate_prefix(good).is_ok(), "{good:?} rejected");
+        }
+    }
+
+    #[test]
+    fn regions_and_client_ids_are_bounded() {
+        assert!(validate_region("").is_err());
+        assert!(validate_region(&"r".repeat(101)).is_err());
+        assert!(validate_region(&"é".repeat(100)).is_ok());
+        assert!(validate_client_id(String::new()).is_err());
+        assert!(validate_client_id("x".repeat(37)).is_err());
+        assert!(validate_client_id("node 1".into()).is_err());
+        assert!(validate_client_id("node-1".into()).is_ok());
+    }
+}
