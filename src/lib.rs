@@ -12,6 +12,7 @@ mod lease;
 mod lock;
 mod registry;
 
+pub use backend::Statistics;
 pub use error::{DatabaseError, Error, LossReason, Result};
 pub use key::{lock_key_for, MAX_KEY_BYTES};
 pub use lease::{LeaseLost, LostCallback};

@@ -108,6 +108,19 @@ impl LockRegistry {
         RegistryBuilder::new(Database::Sqlite(path.as_ref().to_path_buf()))
     }
 
+    /// A builder for a registry on PostgreSQL, e.g.
+    /// `postgres://postgres@127.0.0.1:5432/test` (key=value strings work too).
+    #[cfg(feature = "postgres")]
+    pub fn postgres(url: impl Into<String>) -> RegistryBuilder {
+        RegistryBuilder::new(Database::Postgres(url.into()))
+    }
+
+    /// A builder for a registry on MySQL or MariaDB, e.g. `mysql://root@127.0.0.1:3306/test`.
+    #[cfg(feature = "mysql")]
+    pub fn mysql(url: impl Into<String>) -> RegistryBuilder {
+        RegistryBuilder::new(Database::Mysql(url.into()))
+    }
+
     /// The lock for `key`, shared with every other user of that key in this registry.
     ///
     /// `key` is any UTF-8 string of 1 to [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) bytes.
@@ -138,6 +151,11 @@ impl LockRegistry {
     /// `SQLite`, `PostgreSQL` or `MySQL`.
     pub fn backend_name(&self) -> &'static str {
         self.core.store.backend_name()
+    }
+
+    /// How many lease statements this registry has sent so far.
+    pub fn statistics(&self) -> crate::Statistics {
+        self.core.store.statistics()
     }
 
     /// How many lock handles the cache holds now.

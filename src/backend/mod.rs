@@ -28,6 +28,7 @@
 //!   stays, so the next grant's token still counts up from it.
 
 use crate::error::{DatabaseError, Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "mysql")]
@@ -175,6 +176,32 @@ pub(crate) trait Store: Send + Sync {
     fn release(&self, lock_key: &str, token: i64, deadline: Instant) -> Result<bool>;
     /// `SQLite`, `PostgreSQL`, `MySQL`.
     fn backend_name(&self) -> &'static str;
+    /// Statements sent so far.
+    fn statistics(&self) -> Statistics;
+}
+
+/// How many lease statements a registry has sent to its database (every attempt counts,
+/// including retries). Useful for metrics, and to see that local handoffs and waiting threads
+/// cost no statements.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Statistics {
+    /// Acquire statements (each poll of a waiter counts).
+    pub acquires: u64,
+    /// Acquire statements that granted the lock.
+    pub grants: u64,
+    /// Renew statements, background and manual.
+    pub renewals: u64,
+    /// Release statements.
+    pub releases: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    acquires: AtomicU64,
+    grants: AtomicU64,
+    renewals: AtomicU64,
+    releases: AtomicU64,
 }
 
 /// Pool settings shared by every backend.
@@ -201,6 +228,7 @@ pub(crate) struct SqlStore<B: Backend> {
     queries: Queries,
     region: String,
     client_id: String,
+    counters: Counters,
 }
 
 impl<B: Backend> SqlStore<B> {
@@ -241,6 +269,7 @@ impl<B: Backend> SqlStore<B> {
             queries,
             region: table.region.clone(),
             client_id: table.client_id.clone(),
+            counters: Counters::default(),
         };
         let deadline = Instant::now() + pool.connect_timeout;
         store.run(Path::Main, "check table", deadline, |conn| {
@@ -354,7 +383,11 @@ impl<B: Backend> Store for SqlStore<B> {
         let params = self.params(lock_key, ttl, 0);
         self.run(Path::Main, "acquire", deadline, |conn| {
             let sent_at = Instant::now();
+            self.counters.acquires.fetch_add(1, Ordering::Relaxed);
             let token = B::acquire(conn, &self.queries.acquire, &params)?;
+            if token.is_some() {
+                self.counters.grants.fetch_add(1, Ordering::Relaxed);
+            }
             Ok(token.map(|token| Grant { token, sent_at }))
         })
     }
@@ -370,6 +403,7 @@ impl<B: Backend> Store for SqlStore<B> {
         let params = self.params(lock_key, ttl, token);
         self.run(path, "renew", deadline, |conn| {
             let sent_at = Instant::now();
+            self.counters.renewals.fetch_add(1, Ordering::Relaxed);
             let rows = B::update(conn, &self.queries.renew, &params)?;
             Ok((rows > 0).then_some(sent_at))
         })
@@ -378,12 +412,23 @@ impl<B: Backend> Store for SqlStore<B> {
     fn release(&self, lock_key: &str, token: i64, deadline: Instant) -> Result<bool> {
         let params = self.params(lock_key, Duration::ZERO, token);
         self.run(Path::Main, "release", deadline, |conn| {
+            self.counters.releases.fetch_add(1, Ordering::Relaxed);
             Ok(B::update(conn, &self.queries.release, &params)? > 0)
         })
     }
 
     fn backend_name(&self) -> &'static str {
         B::NAME
+    }
+
+    fn statistics(&self) -> Statistics {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        Statistics {
+            acquires: read(&self.counters.acquires),
+            grants: read(&self.counters.grants),
+            renewals: read(&self.counters.renewals),
+            releases: read(&self.counters.releases),
+        }
     }
 }
 
