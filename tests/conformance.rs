@@ -1,0 +1,414 @@
+//! The conformance suite: every behaviour of the registry, against every database.
+//!
+//! Each function in `suite` takes a [`Fixture`] (its own table on one real database) and is
+//! instantiated once per compiled-in backend at the bottom of this file. Waits are bounded
+//! generously (seconds) so a broken build fails instead of hanging; no assertion is on elapsed
+//! time.
+
+mod common;
+
+mod suite {
+    use crate::common::{Db, Fixture};
+    use leasehold::{Error, LossReason};
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    const GENEROUS: Duration = Duration::from_secs(20);
+
+    pub fn lock_renew_and_unlock_round_trip(f: &Fixture) {
+        let registry = f.registry();
+        let lock = registry.obtain("report").unwrap();
+        let guard = lock.lock().unwrap();
+        assert!(guard.is_held());
+        assert!(lock.is_held_by_current_thread());
+        guard.renew().unwrap();
+        guard.renew_with_ttl(Duration::from_secs(30)).unwrap();
+        assert!(guard.remaining() > Duration::from_secs(20));
+        guard.unlock().unwrap();
+        assert!(!lock.is_held_by_current_thread());
+        let stats = registry.statistics();
+        assert_eq!((stats.grants, stats.releases), (1, 1), "{stats:?}");
+    }
+
+    pub fn a_held_lock_is_refused_to_another_instance_until_released(f: &Fixture) {
+        let (a, b) = (f.registry(), f.registry());
+        let held = a.obtain("job").unwrap().lock().unwrap();
+        let other = b.obtain("job").unwrap();
+        assert!(other.try_lock().unwrap().is_none());
+        assert!(other
+            .try_lock_for(Duration::from_millis(100))
+            .unwrap()
+            .is_none());
+        held.unlock().unwrap();
+        let taken = other.try_lock().unwrap().expect("free after release");
+        assert!(taken.is_held());
+    }
+
+    pub fn mutual_exclusion_holds_across_two_registries_and_many_threads(f: &Fixture) {
+        const THREADS_PER_REGISTRY: usize = 4;
+        const ROUNDS: usize = 25;
+        let registries = [f.registry(), f.registry()];
+        let counter = Arc::new(AtomicU64::new(0));
+        let inside = Arc::new(AtomicBool::new(false));
+        let overlaps = Arc::new(AtomicUsize::new(0));
+        let mut workers = Vec::new();
+        for registry in &registries {
+            for _ in 0..THREADS_PER_REGISTRY {
+                let lock = registry.obtain("counter").unwrap();
+                let (counter, inside, overlaps) =
+                    (counter.clone(), inside.clone(), overlaps.clone());
+                workers.push(thread::spawn(move || {
+                    for _ in 0..ROUNDS {
+                        let guard = lock.try_lock_for(GENEROUS).unwrap().expect("granted");
+                        if inside.swap(true, Ordering::SeqCst) {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let seen = counter.load(Ordering::SeqCst);
+                        thread::yield_now();
+                        counter.store(seen + 1, Ordering::SeqCst);
+                        inside.store(false, Ordering::SeqCst);
+                        guard.unlock().unwrap();
+                    }
+                }));
+            }
+        }
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+        let total = (2 * THREADS_PER_REGISTRY * ROUNDS) as u64;
+        assert_eq!(counter.load(Ordering::SeqCst), total);
+    }
+
+    pub fn expired_lease_is_taken_over_by_another_instance(f: &Fixture) {
+        let lost_events = Arc::new(AtomicUsize::new(0));
+        let counted = lost_events.clone();
+        let crashed = f
+            .builder()
+            .renewal(false)
+            .on_lease_lost(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            })
+            .build()
+            .unwrap();
+        let stale = crashed
+            .obtain("takeover")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(300))
+            .unwrap();
+        let losses = stale.loss_channel();
+        let stale_token = stale.fencing_token();
+        let other = f.registry().obtain("takeover").unwrap();
+        assert!(other.try_lock().unwrap().is_none());
+        let fresh = other.try_lock_for(GENEROUS).unwrap().expect("taken over");
+        assert!(fresh.fencing_token() > stale_token);
+        assert!(!stale.is_held());
+        let event = losses.recv_timeout(GENEROUS).expect("loss reported");
+        assert_eq!(event.fencing_token, stale_token);
+        match stale.unlock() {
+            Err(Error::LeaseLost { key, .. }) => assert_eq!(key, "takeover"),
+            other => panic!("unlock after expiry must report the loss, got {other:?}"),
+        }
+        assert_eq!(lost_events.load(Ordering::SeqCst), 1);
+        assert!(fresh.is_held());
+        fresh.unlock().unwrap();
+    }
+
+    pub fn renewal_keeps_a_lease_past_its_time_to_live(f: &Fixture) {
+        let holder = f.builder().time_to_live(Duration::from_millis(300)).build().unwrap();
+        let guard = holder.obtain("long-job").unwrap().lock().unwrap();
+        let other = f.registry().obtain("long-job").unwrap();
+        let until = Instant::now() + Duration::from_millis(1200);
+        while Instant::now() < until {
+            assert!(other.try_lock().unwrap().is_none(), "taken while renewed");
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert!(guard.is_held());
+        assert!(holder.statistics().renewals >= 2);
+        guard.unlock().unwrap();
+    }
+
+    pub fn a_lease_taken_over_while_renewing_is_reported_lost(f: &Fixture) {
+        // The holder's renewals are too slow for its lease; another instance takes it.
+        let holder = f
+            .builder()
+            .time_to_live(Duration::from_millis(200))
+            .renew_every(Duration::from_millis(150))
+            .renewal(false)
+            .build()
+            .unwrap();
+        let guard = holder.obtain("victim").unwrap().lock().unwrap();
+        let other = f.registry().obtain("victim").unwrap();
+        let taken = other.try_lock_for(GENEROUS).unwrap().expect("expired lease taken");
+        match guard.renew() {
+            Err(e) => assert!(e.is_lease_lost(), "{e}"),
+            Ok(()) => panic!("renewing a lease another instance holds must fail"),
+        }
+        assert!(!guard.is_held());
+        assert!(guard.unlock().unwrap_err().is_lease_lost());
+        assert!(taken.is_held());
+    }
+
+    pub fn fencing_tokens_increase_across_release_takeover_and_restart(f: &Fixture) {
+        let mut tokens = Vec::new();
+        for _ in 0..3 {
+            let registry = f.registry();
+            let guard = registry.obtain("fenced").unwrap().lock().unwrap();
+            tokens.push(guard.fencing_token());
+            guard.unlock().unwrap();
+        }
+        let crashed = f.builder().renewal(false).build().unwrap();
+        let stale = crashed
+            .obtain("fenced")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(100))
+            .unwrap();
+        tokens.push(stale.fencing_token());
+        let next = f.registry().obtain("fenced").unwrap().try_lock_for(GENEROUS).unwrap();
+        tokens.push(next.expect("taken over").fencing_token());
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+        drop(stale);
+    }
+
+    pub fn local_handoff_keeps_the_grant_and_sends_no_statement(f: &Fixture) {
+        let registry = f.registry();
+        let lock = registry.obtain("handoff").unwrap();
+        let first = lock.lock().unwrap();
+        let token = first.fencing_token();
+        let waiting = Arc::new(Barrier::new(2));
+        let waiter = {
+            let (lock, waiting) = (lock.clone(), waiting.clone());
+            thread::spawn(move || {
+                waiting.wait();
+                let guard = lock.try_lock_for(GENEROUS).unwrap().expect("handed over");
+                let token = guard.fencing_token();
+                guard.unlock().unwrap();
+                token
+            })
+        };
+        waiting.wait();
+        // Let the waiter park on the local queue before releasing.
+        thread::sleep(Duration::from_millis(100));
+        let before = registry.statistics();
+        first.unlock().unwrap();
+        assert_eq!(waiter.join().unwrap(), token, "a handoff keeps the grant");
+        let after = registry.statistics();
+        assert_eq!(after.acquires, before.acquires, "{before:?} -> {after:?}");
+        assert_eq!(after.releases, before.releases + 1, "only the final release");
+    }
+
+    pub fn another_instance_gets_a_turn_under_continuous_local_contention(f: &Fixture) {
+        let busy = f
+            .builder()
+            .local_handoff_limit(Some(Duration::from_millis(200)))
+            .build()
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut churners = Vec::new();
+        for _ in 0..3 {
+            let (lock, stop) = (busy.obtain("hot").unwrap(), stop.clone());
+            churners.push(thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let guard = lock.try_lock_for(GENEROUS).unwrap().expect("granted");
+                    thread::sleep(Duration::from_millis(2));
+                    drop(guard);
+                }
+            }));
+        }
+        thread::sleep(Duration::from_millis(100));
+        let outsider = f.registry().obtain("hot").unwrap();
+        let turn = outsider.try_lock_for(GENEROUS).unwrap();
+        stop.store(true, Ordering::SeqCst);
+        assert!(turn.is_some(), "the other instance never got the lock");
+        drop(turn);
+        for churner in churners {
+            churner.join().unwrap();
+        }
+    }
+
+    pub fn waiting_threads_share_one_poller(f: &Fixture) {
+        let holder = f.registry();
+        let guard = holder.obtain("crowded").unwrap().lock().unwrap();
+        let waiting = f.registry();
+        let started = waiting.statistics().acquires;
+        let window = Duration::from_millis(600);
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let lock = waiting.obtain("crowded").unwrap();
+                thread::spawn(move || lock.try_lock_for(window).unwrap().is_none())
+            })
+            .collect();
+        for t in threads {
+            assert!(t.join().unwrap(), "nobody may get a held lock");
+        }
+        let polls = waiting.statistics().acquires - started;
+        // One poller every 20 ms for 600 ms is about 30 statements; eight pollers would be 240.
+        assert!(polls <= 60, "{polls} acquire statements for 8 waiters");
+        guard.unlock().unwrap();
+    }
+
+    pub fn reentrant_acquire_on_one_thread_never_deadlocks(f: &Fixture) {
+        let registry = f.registry();
+        let lock = registry.obtain("nested").unwrap();
+        let outer = lock.lock().unwrap();
+        let inner = lock.try_lock().unwrap().expect("reentrant");
+        assert_eq!(inner.fencing_token(), outer.fencing_token());
+        inner.unlock().unwrap();
+        assert!(outer.is_held());
+        let other = f.registry().obtain("nested").unwrap();
+        assert!(other.try_lock().unwrap().is_none(), "still held by the outer guard");
+        outer.unlock().unwrap();
+        assert!(other.try_lock().unwrap().is_some());
+    }
+
+    pub fn held_or_waited_handles_survive_cache_eviction(f: &Fixture) {
+        let registry = f.builder().cache_capacity(2).build().unwrap();
+        let held = registry.obtain("keep").unwrap().lock().unwrap();
+        for i in 0..10 {
+            drop(registry.obtain(&format!("filler-{i}")).unwrap());
+        }
+        assert!(registry.cached_locks() <= 3, "idle handles evicted");
+        let again = registry.obtain("keep").unwrap();
+        assert!(again.is_held_by_current_thread(), "same handle as the held one");
+        let contender = thread::spawn(move || again.try_lock().unwrap().is_none());
+        assert!(contender.join().unwrap(), "a second handle must not hold it too");
+        held.unlock().unwrap();
+    }
+
+    pub fn loss_channel_disconnects_on_a_normal_release(f: &Fixture) {
+        let registry = f.registry();
+        let guard = registry.obtain("quiet").unwrap().lock().unwrap();
+        let losses = guard.loss_channel();
+        guard.unlock().unwrap();
+        assert!(matches!(
+            losses.recv_timeout(GENEROUS),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+        ));
+    }
+
+    pub fn per_call_time_to_live_is_used_for_the_lease(f: &Fixture) {
+        let registry = f.builder().renewal(false).build().unwrap();
+        let lock = registry.obtain("short").unwrap();
+        let guard = lock.lock_with_ttl(Duration::from_millis(200)).unwrap();
+        assert!(guard.remaining() <= Duration::from_millis(200));
+        thread::sleep(Duration::from_millis(250));
+        assert!(!guard.is_held());
+        assert!(matches!(
+            guard.unlock(),
+            Err(Error::LeaseLost {
+                reason: LossReason::Expired(_),
+                ..
+            })
+        ));
+    }
+
+    pub fn bad_input_gets_typed_errors(f: &Fixture) {
+        let registry = f.registry();
+        assert!(matches!(registry.obtain(""), Err(Error::InvalidKey { .. })));
+        let long = "x".repeat(leasehold::MAX_KEY_BYTES + 1);
+        assert!(matches!(registry.obtain(&long), Err(Error::InvalidKey { .. })));
+        let odd = registry.obtain("nul\0and ключ").unwrap();
+        odd.lock().unwrap().unlock().unwrap();
+        let lock = registry.obtain("k").unwrap();
+        for ttl in [Duration::ZERO, Duration::from_secs(10 * 365 * 24 * 3600)] {
+            assert!(matches!(
+                lock.try_lock_with_ttl(ttl),
+                Err(Error::InvalidSetting { setting: "time_to_live", .. })
+            ));
+        }
+        let setting = |result: leasehold::Result<leasehold::LockRegistry>| match result {
+            Err(Error::InvalidSetting { setting, .. }) => setting,
+            other => panic!("expected a setting error, got {other:?}"),
+        };
+        assert_eq!(setting(f.builder().prefix("INT_; DROP TABLE x").build()), "prefix");
+        assert_eq!(setting(f.builder().region("r".repeat(101)).build()), "region");
+        assert_eq!(setting(f.builder().region("").build()), "region");
+        assert_eq!(setting(f.builder().time_to_live(Duration::ZERO).build()), "time_to_live");
+        assert_eq!(
+            setting(f.builder().idle_between_tries(Duration::ZERO).build()),
+            "idle_between_tries"
+        );
+        assert_eq!(setting(f.builder().cache_capacity(0).build()), "cache_capacity");
+        assert_eq!(setting(f.builder().client_id("").build()), "client_id");
+        // The table survived all of it.
+        assert!(registry.obtain("k").unwrap().try_lock().unwrap().is_some());
+    }
+
+    pub fn a_missing_table_is_named_with_the_file_to_run(f: &Fixture) {
+        let result = f.builder().prefix(format!("{}absent_", f.prefix)).build();
+        match result {
+            Err(Error::TableMissing { table, ddl_file }) => {
+                assert!(table.ends_with("absent_LOCK"), "{table}");
+                let expected = match f.db {
+                    Db::Sqlite => "sql/sqlite.sql",
+                    Db::Postgres => "sql/postgres.sql",
+                    Db::Mysql => "sql/mysql.sql",
+                };
+                assert_eq!(ddl_file, expected);
+            }
+            other => panic!("expected TableMissing, got {other:?}"),
+        }
+    }
+
+    pub fn regions_do_not_conflict(f: &Fixture) {
+        let east = f.builder().region("east").build().unwrap();
+        let west = f.builder().region("west").build().unwrap();
+        let a = east.obtain("shared-name").unwrap().lock().unwrap();
+        let b = west.obtain("shared-name").unwrap().try_lock().unwrap();
+        assert!(b.is_some(), "same key, different region");
+        drop(a);
+    }
+
+    pub fn a_custom_statement_that_does_not_fit_is_rejected(f: &Fixture) {
+        let result = f
+            .builder()
+            .renew_sql(format!("UPDATE {} SET NO_SUCH_COLUMN = 1", f.table()))
+            .build();
+        assert!(
+            matches!(result, Err(Error::InvalidStatement { statement: "renew", .. })),
+            "{result:?}"
+        );
+    }
+}
+
+macro_rules! conformance {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            lock_renew_and_unlock_round_trip,
+            a_held_lock_is_refused_to_another_instance_until_released,
+            mutual_exclusion_holds_across_two_registries_and_many_threads,
+            expired_lease_is_taken_over_by_another_instance,
+            renewal_keeps_a_lease_past_its_time_to_live,
+            a_lease_taken_over_while_renewing_is_reported_lost,
+            fencing_tokens_increase_across_release_takeover_and_restart,
+            local_handoff_keeps_the_grant_and_sends_no_statement,
+            another_instance_gets_a_turn_under_continuous_local_contention,
+            waiting_threads_share_one_poller,
+            reentrant_acquire_on_one_thread_never_deadlocks,
+            held_or_waited_handles_survive_cache_eviction,
+            loss_channel_disconnects_on_a_normal_release,
+            per_call_time_to_live_is_used_for_the_lease,
+            bad_input_gets_typed_errors,
+            a_missing_table_is_named_with_the_file_to_run,
+            regions_do_not_conflict,
+            a_custom_statement_that_does_not_fit_is_rejected,
+        );
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    conformance!(crate::common::Db::Sqlite);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    conformance!(crate::common::Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    conformance!(crate::common::Db::Mysql);
+}
