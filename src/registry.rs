@@ -158,6 +158,19 @@ impl LockRegistry {
         self.core.store.statistics()
     }
 
+    /// The database's clock (UTC), read now, and how long the round trip took. Expiry is always
+    /// judged on this clock; compare it with yours to see the skew.
+    pub fn database_time(&self) -> Result<(std::time::SystemTime, Duration)> {
+        let deadline = std::time::Instant::now() + self.core.settings.operation_timeout;
+        let (micros, sent_at, received_at) = self.core.store.database_clock(deadline)?;
+        let at = if micros >= 0 {
+            std::time::UNIX_EPOCH + Duration::from_micros(micros as u64)
+        } else {
+            std::time::UNIX_EPOCH - Duration::from_micros(micros.unsigned_abs())
+        };
+        Ok((at, received_at.duration_since(sent_at)))
+    }
+
     /// How many lock handles the cache holds now.
     pub fn cached_locks(&self) -> usize {
         self.cache.lock().len()

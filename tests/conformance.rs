@@ -361,6 +361,15 @@ mod suite {
         drop(a);
     }
 
+    pub fn the_database_clock_is_readable_and_near_ours(f: &Fixture) {
+        let registry = f.registry();
+        let (at, round_trip) = registry.database_time().unwrap();
+        let now = std::time::SystemTime::now();
+        let skew = now.duration_since(at).unwrap_or_else(|e| e.duration());
+        assert!(skew < Duration::from_secs(60), "database clock {at:?} vs ours {now:?}");
+        assert!(round_trip < GENEROUS);
+    }
+
     pub fn a_custom_statement_that_does_not_fit_is_rejected(f: &Fixture) {
         let result = f
             .builder()
@@ -394,6 +403,7 @@ macro_rules! conformance {
             a_missing_table_is_named_with_the_file_to_run,
             regions_do_not_conflict,
             a_custom_statement_that_does_not_fit_is_rejected,
+            the_database_clock_is_readable_and_near_ours,
         );
     };
 }

@@ -142,6 +142,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Flags `conn` so that the manager's `has_broken` discards it.
     fn mark_broken(conn: &mut Conn<Self>);
+
+    /// A statement without parameters returning the database clock (UTC) in microseconds
+    /// since the Unix epoch; run through [`Backend::acquire`].
+    fn clock_sql() -> &'static str {
+        match Self::NAME {
+            "PostgreSQL" => "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+            "MySQL" => "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
+            _ => "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
+        }
+    }
 }
 
 /// A grant from the database: the lease's fencing token and when its statement was sent.
@@ -178,6 +188,9 @@ pub(crate) trait Store: Send + Sync {
     fn backend_name(&self) -> &'static str;
     /// Statements sent so far.
     fn statistics(&self) -> Statistics;
+    /// Reads the database clock: (µs since the Unix epoch, when the query was sent, when the
+    /// answer arrived).
+    fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)>;
 }
 
 /// How many lease statements a registry has sent to its database (every attempt counts,
@@ -419,6 +432,15 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn backend_name(&self) -> &'static str {
         B::NAME
+    }
+
+    fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)> {
+        let params = self.params("", Duration::ZERO, 0);
+        self.run(Path::Main, "read the database clock", deadline, |conn| {
+            let sent_at = Instant::now();
+            let micros = B::acquire(conn, B::clock_sql(), &params)?.unwrap_or_default();
+            Ok((micros, sent_at, Instant::now()))
+        })
     }
 
     fn statistics(&self) -> Statistics {
