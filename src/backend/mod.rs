@@ -80,6 +80,7 @@ pub(crate) enum FailureKind {
     /// Worth retrying on the same connection: busy, deadlock victim, serialization failure.
     Transient,
     /// The connection is unusable (reset, server gone): discard it and retry on a new one.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     Broken,
     /// Retrying cannot help: syntax, missing table, permissions.
     Fatal,
