@@ -53,7 +53,10 @@ fn local_handoff(instance: &LockRegistry) -> Result<()> {
                     tokens.store(guard.fencing_token(), Ordering::Relaxed);
                     guard.unlock()?;
                 }
-                println!("   thread {worker}: 250 turns, mean wait {:?}", waited / 250);
+                println!(
+                    "   thread {worker}: 250 turns, mean wait {:?}",
+                    waited / 250
+                );
                 Ok(waited)
             })
         })

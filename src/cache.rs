@@ -38,11 +38,7 @@ impl HandleCache {
     }
 
     /// The entry for `key`, created with `make` if absent; marks it most recently used.
-    pub fn get_or_insert(
-        &mut self,
-        key: &str,
-        make: impl FnOnce() -> LockInner,
-    ) -> Arc<LockInner> {
+    pub fn get_or_insert(&mut self, key: &str, make: impl FnOnce() -> LockInner) -> Arc<LockInner> {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         if let Some((inner, old_stamp)) = self.entries.get_mut(key) {

@@ -159,6 +159,9 @@ mod tests {
             ddl_file: "sql/sqlite.sql",
         };
         let text = e.to_string();
-        assert!(text.contains("APP_LOCK") && text.contains("sql/sqlite.sql"), "{text}");
+        assert!(
+            text.contains("APP_LOCK") && text.contains("sql/sqlite.sql"),
+            "{text}"
+        );
     }
 }

@@ -65,9 +65,8 @@ fn java_uuid_from_string(text: &str) -> Option<Uuid> {
     for (value, group) in values.iter_mut().zip(&groups) {
         *value = java_parse_hex_long(group)? as u64;
     }
-    let most = ((values[0] & 0xffff_ffff) << 32)
-        | ((values[1] & 0xffff) << 16)
-        | (values[2] & 0xffff);
+    let most =
+        ((values[0] & 0xffff_ffff) << 32) | ((values[1] & 0xffff) << 16) | (values[2] & 0xffff);
     let least = ((values[3] & 0xffff) << 48) | (values[4] & 0xffff_ffff_ffff);
     Some(Uuid::from_u64_pair(most, least))
 }

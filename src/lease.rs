@@ -16,14 +16,15 @@
 //!
 //! # The keeper thread
 //!
-//! Every grant gets one thread. It sleeps on a crossbeam channel until the next renewal is due
+//! Every grant gets one thread of its own for as long as it is held (see [`keepers`] for how
+//! those threads are reused between grants). It sleeps on a crossbeam channel until the next renewal is due
 //! (a third of the time-to-live after the last renewal was sent, unless configured otherwise),
 //! renews through the registry's renewal pool, and exits as soon as the channel's sender is
 //! dropped (release), the lease is lost, or the registry is gone (it holds only a `Weak` to the
 //! store between renewals). With renewal turned off it still wakes at the deadline to report
 //! the loss.
 
-use crate::backend::{Path, Store};
+use crate::backend::{Grant, Path, Store};
 use crate::error::LossReason;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
@@ -75,17 +76,17 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    /// A lease granted by a statement sent at `sent_at`, with its keeper thread started.
+    /// The lease of `grant`, with its keeper thread started.
     pub fn start(
         key: Arc<str>,
         lock_key: Arc<str>,
-        token: i64,
+        grant: Grant,
         ttl: Duration,
-        sent_at: Instant,
         store: Weak<dyn Store>,
         keeper: KeeperSettings,
         on_lost: Option<LostCallback>,
     ) -> Arc<Lease> {
+        let Grant { token, sent_at } = grant;
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
         let lease = Arc::new(Lease {
             key,
@@ -102,13 +103,7 @@ impl Lease {
             finished: AtomicBool::new(false),
             on_lost,
         });
-        let for_keeper = Arc::clone(&lease);
-        let spawned = std::thread::Builder::new()
-            .name("leasehold-keeper".into())
-            .spawn(move || keep(for_keeper, store, keeper, stop_rx));
-        if let Err(e) = spawned {
-            log::error!("could not start the keeper thread of {:?}: {e}", lease.key);
-        }
+        keepers::start(Arc::clone(&lease), store, keeper, stop_rx);
         lease
     }
 
@@ -243,6 +238,72 @@ fn keep(lease: Arc<Lease>, store: Weak<dyn Store>, settings: KeeperSettings, sto
                 lease.mark_lost(LossReason::Expired(Some(e.to_string())));
                 return;
             }
+        }
+    }
+}
+
+/// Keeper threads, reused: starting a thread costs more than an SQLite acquire, so a keeper
+/// whose lease ended parks for up to [`keepers::IDLE_LIFETIME`] waiting for the next lease
+/// instead of exiting. Each held lease still has a thread of its own; an idle keeper holds no
+/// reference to any registry.
+pub(crate) mod keepers {
+    use super::{keep, KeeperSettings, Lease};
+    use crate::backend::Store;
+    use crossbeam_channel::{Receiver, Sender};
+    use std::sync::{Arc, OnceLock, Weak};
+    use std::time::Duration;
+
+    /// How long a keeper thread without a lease waits for one before exiting.
+    pub const IDLE_LIFETIME: Duration = Duration::from_secs(10);
+
+    struct Job {
+        lease: Arc<Lease>,
+        store: Weak<dyn Store>,
+        settings: KeeperSettings,
+        stop: Receiver<()>,
+    }
+
+    /// A rendezvous channel: a send succeeds only when an idle keeper is waiting in `recv`.
+    fn channel() -> &'static (Sender<Job>, Receiver<Job>) {
+        static JOBS: OnceLock<(Sender<Job>, Receiver<Job>)> = OnceLock::new();
+        JOBS.get_or_init(|| crossbeam_channel::bounded(0))
+    }
+
+    /// Runs the keeper of `lease` on an idle keeper thread, or on a new one.
+    pub(crate) fn start(
+        lease: Arc<Lease>,
+        store: Weak<dyn Store>,
+        settings: KeeperSettings,
+        stop: Receiver<()>,
+    ) {
+        let job = Job {
+            lease,
+            store,
+            settings,
+            stop,
+        };
+        let job = match channel().0.try_send(job) {
+            Ok(()) => return,
+            Err(refused) => refused.into_inner(),
+        };
+        let key = Arc::clone(&job.lease.key);
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-keeper".into())
+            .spawn(move || {
+                let mut job = Some(job);
+                while let Some(Job {
+                    lease,
+                    store,
+                    settings,
+                    stop,
+                }) = job.take()
+                {
+                    keep(lease, store, settings, stop);
+                    job = channel().1.recv_timeout(IDLE_LIFETIME).ok();
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("could not start the keeper thread of {key:?}: {e}");
         }
     }
 }

@@ -9,30 +9,33 @@
 //! |-------|-------|-----------|---------|----------------------------------------|
 //! | none | none | no | free here | becomes the *poller*: sets `db_busy`, runs **acquire** |
 //! | none | none | yes | another thread is polling or releasing | waits on the condvar |
-//! | none | some | – | just released, handed over | takes it: **no statement** |
-//! | thread T | some | – | T holds it | T: reentrant (depth + 1); others wait |
+//! | none | some | – | a lease nobody took (its last waiter left) | takes it if still held |
+//! | thread T | some | – | T holds it | T: reentrant (depth + 1); others queue and wait |
 //!
-//! Only the poller talks to the database for this key, so N waiting threads cost one statement
-//! per `idle_between_tries`, not N. Between polls the poller sleeps with `db_busy` still set.
+//! Every thread inside an acquire of the key sits in a FIFO `queue`. Only the poller talks to
+//! the database for this key, so N waiting threads cost one statement per
+//! `idle_between_tries`, not N. Between polls the poller sleeps with `db_busy` still set.
 //!
-//! **Handoff.** When the holder releases and a local thread waits, the lease stays in place and
-//! the waiters are woken: the lock changes threads without a database statement, and the
-//! fencing token stays the same (tokens order *database grants*; local holders of one grant are
-//! ordered by this mutex, and each one released before the next took over). Handoffs are
-//! bounded by `local_handoff_limit` (default 1 s since the database grant): past it the holder
-//! releases to the database and local waiters hold off for one `idle_between_tries`, so other
-//! instances polling at that interval get their turn.
+//! **Handoff.** When the holder releases while threads queue, ownership passes directly to the
+//! oldest of them (the owner field is set to its thread before it even wakes, so the releaser
+//! cannot barge back in) and the lease stays in place: the lock changes threads without a
+//! database statement. The fencing token stays the same: tokens order *database grants*, and
+//! the local holders of one grant are ordered by this mutex, each having released before the
+//! next took over. Handoffs are bounded by `local_handoff_limit` (default 1 s since the
+//! database grant): past it the holder releases to the database and local waiters hold off for
+//! one `idle_between_tries`, so other instances polling at that interval get their turn.
 //!
-//! **Release to the database** happens when nobody waits locally (or the limit is reached or the
+//! **Release to the database** happens when nobody queues (or the limit is reached, or the
 //! lease is no longer held): the keeper thread is stopped and the **release** statement runs
-//! with `db_busy` set, so no local thread polls while it is in flight. A waiter that gives up
-//! and leaves a handed-over lease with nobody to take it releases it the same way.
+//! with `db_busy` set, so no local thread polls while it is in flight. A waiter that leaves an
+//! untaken lease behind releases it the same way.
 
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, LeaseLost};
 use crate::registry::Core;
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::thread::ThreadId;
@@ -53,7 +56,8 @@ struct LocalState {
     owner: Option<ThreadId>,
     depth: u32,
     lease: Option<Arc<Lease>>,
-    waiters: u32,
+    /// Threads inside an acquire of this key, oldest first: a release hands over to the front.
+    queue: VecDeque<ThreadId>,
     db_busy: bool,
     chain_started: Instant,
     yield_until: Option<Instant>,
@@ -78,7 +82,7 @@ impl LockInner {
                 owner: None,
                 depth: 0,
                 lease: None,
-                waiters: 0,
+                queue: VecDeque::new(),
                 db_busy: false,
                 chain_started: Instant::now(),
                 yield_until: None,
@@ -91,7 +95,7 @@ impl LockInner {
     /// cache may then drop it.
     pub fn is_idle(&self) -> bool {
         let state = self.state.lock();
-        state.owner.is_none() && state.lease.is_none() && state.waiters == 0 && !state.db_busy
+        state.owner.is_none() && state.lease.is_none() && state.queue.is_empty() && !state.db_busy
     }
 
     fn acquire(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
@@ -103,9 +107,11 @@ impl LockInner {
             let lease = state.lease.clone().expect("an owner always has a lease");
             return Ok(Some(self.guard(lease)));
         }
-        state.waiters += 1;
+        state.queue.push_back(me);
         let outcome = self.acquire_locked(&mut state, me, wait, ttl);
-        state.waiters -= 1;
+        if let Some(position) = state.queue.iter().position(|waiter| *waiter == me) {
+            state.queue.remove(position);
+        }
         if !matches!(outcome, Ok(Some(_))) {
             self.release_abandoned(&mut state);
         }
@@ -136,6 +142,11 @@ impl LockInner {
         let settings = &self.core.settings;
         loop {
             let now = Instant::now();
+            if state.owner == Some(me) {
+                let lease = state.lease.clone().expect("an owner always has a lease");
+                let retune = lease.ttl() != ttl;
+                return Ok(Some((lease, retune)));
+            }
             if state.owner.is_none() {
                 if let Some(lease) = state.lease.clone() {
                     if lease.is_held() {
@@ -156,7 +167,9 @@ impl LockInner {
                     };
                     state.db_busy = true;
                     let granted = MutexGuard::unlocked(state, || {
-                        self.core.store.acquire(&self.lock_key, ttl, attempt_deadline)
+                        self.core
+                            .store
+                            .acquire(&self.lock_key, ttl, attempt_deadline)
                     });
                     state.db_busy = false;
                     match granted? {
@@ -164,9 +177,8 @@ impl LockInner {
                             let lease = Lease::start(
                                 Arc::clone(&self.key),
                                 Arc::clone(&self.lock_key),
-                                grant.token,
+                                grant,
                                 ttl,
-                                grant.sent_at,
                                 Arc::downgrade(&self.core.store),
                                 settings.keeper,
                                 self.core.on_lost.clone(),
@@ -202,7 +214,10 @@ impl LockInner {
                 Wait::No => return Ok(None),
                 Wait::Until(deadline) if deadline <= now => return Ok(None),
                 Wait::Until(deadline) => {
-                    let until = state.yield_until.filter(|y| *y > now).map_or(deadline, |y| y.min(deadline));
+                    let until = state
+                        .yield_until
+                        .filter(|y| *y > now)
+                        .map_or(deadline, |y| y.min(deadline));
                     self.changed.wait_until(state, until);
                 }
                 Wait::Forever => match state.yield_until.filter(|y| *y > now) {
@@ -232,11 +247,15 @@ impl LockInner {
             .settings
             .local_handoff_limit
             .is_none_or(|limit| now.duration_since(state.chain_started) < limit);
-        if state.waiters > 0 && within_limit && lease.is_held() {
-            self.changed.notify_all();
-            return Ok(());
+        if within_limit && lease.is_held() {
+            if let Some(next) = state.queue.pop_front() {
+                state.owner = Some(next);
+                state.depth = 1;
+                self.changed.notify_all();
+                return Ok(());
+            }
         }
-        if state.waiters > 0 && !within_limit {
+        if !state.queue.is_empty() && !within_limit {
             state.yield_until = Some(now + self.core.settings.idle_between_tries);
         }
         state.lease = None;
@@ -249,10 +268,12 @@ impl LockInner {
 
     /// Releases a handed-over lease that the last waiter left without taking.
     fn release_abandoned(&self, state: &mut MutexGuard<'_, LocalState>) {
-        if state.waiters > 0 || state.owner.is_some() || state.db_busy {
+        if !state.queue.is_empty() || state.owner.is_some() || state.db_busy {
             return;
         }
-        let Some(lease) = state.lease.take() else { return };
+        let Some(lease) = state.lease.take() else {
+            return;
+        };
         state.db_busy = true;
         let outcome = MutexGuard::unlocked(state, || self.release_to_database(&lease));
         state.db_busy = false;
@@ -264,7 +285,10 @@ impl LockInner {
     fn release_to_database(&self, lease: &Lease) -> Result<()> {
         lease.finish();
         let deadline = Instant::now() + self.core.settings.operation_timeout;
-        let released = self.core.store.release(&self.lock_key, lease.token, deadline);
+        let released = self
+            .core
+            .store
+            .release(&self.lock_key, lease.token, deadline);
         match (lease.loss(), released) {
             (Some(reason), _) => Err(self.lost(reason)),
             (None, Ok(true)) => Ok(()),
@@ -315,6 +339,12 @@ impl Lock {
     /// The `LOCK_KEY` stored in the table (see [`lock_key_for`](crate::lock_key_for)).
     pub fn lock_key(&self) -> &str {
         &self.inner.lock_key
+    }
+
+    /// How many threads of this registry are inside an acquire of this lock right now
+    /// (waiting for a local holder, polling, or about to be handed the lock). For monitoring.
+    pub fn queued_threads(&self) -> usize {
+        self.inner.state.lock().queue.len()
     }
 
     /// `true` if the calling thread holds this lock through this registry.
@@ -427,7 +457,9 @@ impl LockGuard {
 
     /// How long the lease is certainly still held if no renewal succeeds from now on.
     pub fn remaining(&self) -> Duration {
-        self.lease.deadline().saturating_duration_since(Instant::now())
+        self.lease
+            .deadline()
+            .saturating_duration_since(Instant::now())
     }
 
     /// A channel that receives one [`LeaseLost`] if the lease is lost (at once if it already

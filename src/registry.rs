@@ -376,7 +376,10 @@ impl RegistryBuilder {
             return Err(Error::setting("pool_size", "must be at least 1"));
         }
         if self.connect_timeout.is_zero() {
-            return Err(Error::setting("connect_timeout", "must be longer than zero"));
+            return Err(Error::setting(
+                "connect_timeout",
+                "must be longer than zero",
+            ));
         }
         let pool = PoolSettings {
             pool_size: self.pool_size,
@@ -427,7 +430,10 @@ impl RegistryBuilder {
             ));
         }
         if self.operation_timeout.is_zero() {
-            return Err(Error::setting("operation_timeout", "must be longer than zero"));
+            return Err(Error::setting(
+                "operation_timeout",
+                "must be longer than zero",
+            ));
         }
         if self.renew_every.is_some_and(|every| every.is_zero()) {
             return Err(Error::setting("renew_every", "must be longer than zero"));
@@ -450,7 +456,9 @@ impl RegistryBuilder {
 /// Checks a table prefix and returns it: it is spliced into SQL.
 fn validate_prefix(prefix: &str) -> Result<String> {
     let identifier = |part: &str| {
-        part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        part.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
     };
     let (schema, name) = match prefix.split_once('.') {
@@ -500,7 +508,14 @@ mod tests {
 
     #[test]
     fn prefixes_that_could_inject_sql_are_rejected() {
-        for bad in ["INT_; DROP TABLE x", "1INT_", "INT-", "a.b.c", "\"INT_\"", "INT_ "] {
+        for bad in [
+            "INT_; DROP TABLE x",
+            "1INT_",
+            "INT-",
+            "a.b.c",
+            "\"INT_\"",
+            "INT_ ",
+        ] {
             assert!(validate_prefix(bad).is_err(), "{bad:?} accepted");
         }
         for good in ["INT_", "", "app_", "myschema.INT_", "_x9"] {

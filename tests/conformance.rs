@@ -117,7 +117,11 @@ mod suite {
     }
 
     pub fn renewal_keeps_a_lease_past_its_time_to_live(f: &Fixture) {
-        let holder = f.builder().time_to_live(Duration::from_millis(300)).build().unwrap();
+        let holder = f
+            .builder()
+            .time_to_live(Duration::from_millis(300))
+            .build()
+            .unwrap();
         let guard = holder.obtain("long-job").unwrap().lock().unwrap();
         let other = f.registry().obtain("long-job").unwrap();
         let until = Instant::now() + Duration::from_millis(1200);
@@ -141,7 +145,10 @@ mod suite {
             .unwrap();
         let guard = holder.obtain("victim").unwrap().lock().unwrap();
         let other = f.registry().obtain("victim").unwrap();
-        let taken = other.try_lock_for(GENEROUS).unwrap().expect("expired lease taken");
+        let taken = other
+            .try_lock_for(GENEROUS)
+            .unwrap()
+            .expect("expired lease taken");
         match guard.renew() {
             Err(e) => assert!(e.is_lease_lost(), "{e}"),
             Ok(()) => panic!("renewing a lease another instance holds must fail"),
@@ -166,7 +173,12 @@ mod suite {
             .lock_with_ttl(Duration::from_millis(100))
             .unwrap();
         tokens.push(stale.fencing_token());
-        let next = f.registry().obtain("fenced").unwrap().try_lock_for(GENEROUS).unwrap();
+        let next = f
+            .registry()
+            .obtain("fenced")
+            .unwrap()
+            .try_lock_for(GENEROUS)
+            .unwrap();
         tokens.push(next.expect("taken over").fencing_token());
         assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
         drop(stale);
@@ -196,7 +208,11 @@ mod suite {
         assert_eq!(waiter.join().unwrap(), token, "a handoff keeps the grant");
         let after = registry.statistics();
         assert_eq!(after.acquires, before.acquires, "{before:?} -> {after:?}");
-        assert_eq!(after.releases, before.releases + 1, "only the final release");
+        assert_eq!(
+            after.releases,
+            before.releases + 1,
+            "only the final release"
+        );
     }
 
     pub fn another_instance_gets_a_turn_under_continuous_local_contention(f: &Fixture) {
@@ -258,7 +274,10 @@ mod suite {
         inner.unlock().unwrap();
         assert!(outer.is_held());
         let other = f.registry().obtain("nested").unwrap();
-        assert!(other.try_lock().unwrap().is_none(), "still held by the outer guard");
+        assert!(
+            other.try_lock().unwrap().is_none(),
+            "still held by the outer guard"
+        );
         outer.unlock().unwrap();
         assert!(other.try_lock().unwrap().is_some());
     }
@@ -271,9 +290,15 @@ mod suite {
         }
         assert!(registry.cached_locks() <= 3, "idle handles evicted");
         let again = registry.obtain("keep").unwrap();
-        assert!(again.is_held_by_current_thread(), "same handle as the held one");
+        assert!(
+            again.is_held_by_current_thread(),
+            "same handle as the held one"
+        );
         let contender = thread::spawn(move || again.try_lock().unwrap().is_none());
-        assert!(contender.join().unwrap(), "a second handle must not hold it too");
+        assert!(
+            contender.join().unwrap(),
+            "a second handle must not hold it too"
+        );
         held.unlock().unwrap();
     }
 
@@ -308,29 +333,47 @@ mod suite {
         let registry = f.registry();
         assert!(matches!(registry.obtain(""), Err(Error::InvalidKey { .. })));
         let long = "x".repeat(leasehold::MAX_KEY_BYTES + 1);
-        assert!(matches!(registry.obtain(&long), Err(Error::InvalidKey { .. })));
+        assert!(matches!(
+            registry.obtain(&long),
+            Err(Error::InvalidKey { .. })
+        ));
         let odd = registry.obtain("nul\0and ключ").unwrap();
         odd.lock().unwrap().unlock().unwrap();
         let lock = registry.obtain("k").unwrap();
         for ttl in [Duration::ZERO, Duration::from_secs(10 * 365 * 24 * 3600)] {
             assert!(matches!(
                 lock.try_lock_with_ttl(ttl),
-                Err(Error::InvalidSetting { setting: "time_to_live", .. })
+                Err(Error::InvalidSetting {
+                    setting: "time_to_live",
+                    ..
+                })
             ));
         }
         let setting = |result: leasehold::Result<leasehold::LockRegistry>| match result {
             Err(Error::InvalidSetting { setting, .. }) => setting,
             other => panic!("expected a setting error, got {other:?}"),
         };
-        assert_eq!(setting(f.builder().prefix("INT_; DROP TABLE x").build()), "prefix");
-        assert_eq!(setting(f.builder().region("r".repeat(101)).build()), "region");
+        assert_eq!(
+            setting(f.builder().prefix("INT_; DROP TABLE x").build()),
+            "prefix"
+        );
+        assert_eq!(
+            setting(f.builder().region("r".repeat(101)).build()),
+            "region"
+        );
         assert_eq!(setting(f.builder().region("").build()), "region");
-        assert_eq!(setting(f.builder().time_to_live(Duration::ZERO).build()), "time_to_live");
+        assert_eq!(
+            setting(f.builder().time_to_live(Duration::ZERO).build()),
+            "time_to_live"
+        );
         assert_eq!(
             setting(f.builder().idle_between_tries(Duration::ZERO).build()),
             "idle_between_tries"
         );
-        assert_eq!(setting(f.builder().cache_capacity(0).build()), "cache_capacity");
+        assert_eq!(
+            setting(f.builder().cache_capacity(0).build()),
+            "cache_capacity"
+        );
         assert_eq!(setting(f.builder().client_id("").build()), "client_id");
         // The table survived all of it.
         assert!(registry.obtain("k").unwrap().try_lock().unwrap().is_some());
@@ -366,7 +409,10 @@ mod suite {
         let (at, round_trip) = registry.database_time().unwrap();
         let now = std::time::SystemTime::now();
         let skew = now.duration_since(at).unwrap_or_else(|e| e.duration());
-        assert!(skew < Duration::from_secs(60), "database clock {at:?} vs ours {now:?}");
+        assert!(
+            skew < Duration::from_secs(60),
+            "database clock {at:?} vs ours {now:?}"
+        );
         assert!(round_trip < GENEROUS);
     }
 
@@ -376,7 +422,13 @@ mod suite {
             .renew_sql(format!("UPDATE {} SET NO_SUCH_COLUMN = 1", f.table()))
             .build();
         assert!(
-            matches!(result, Err(Error::InvalidStatement { statement: "renew", .. })),
+            matches!(
+                result,
+                Err(Error::InvalidStatement {
+                    statement: "renew",
+                    ..
+                })
+            ),
             "{result:?}"
         );
     }

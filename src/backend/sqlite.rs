@@ -167,11 +167,7 @@ fn bind(statement: &mut rusqlite::CachedStatement<'_>, params: &Params) -> rusql
         &params.ttl_micros,
         &params.token,
     ];
-    for (index, value) in values
-        .iter()
-        .enumerate()
-        .take(statement.parameter_count())
-    {
+    for (index, value) in values.iter().enumerate().take(statement.parameter_count()) {
         statement.raw_bind_parameter(index + 1, value)?;
     }
     Ok(())
