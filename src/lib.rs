@@ -1,6 +1,92 @@
 //! Distributed locks and leases kept in a SQL database, for synchronous Rust.
 //!
-//! (Crate documentation: see README and the design section below.)
+//! A [`LockRegistry`] hands out named [`Lock`]s; locking one returns a [`LockGuard`] that holds
+//! a *lease* — a row in the lock table — which a background thread keeps renewing until the
+//! guard goes. Other instances (processes, machines) using the same table and key wait until
+//! it is released or expires. Threads of one registry queue in-process and pass the lock among
+//! themselves without touching the database.
+//!
+//! ```
+//! use leasehold::LockRegistry;
+//! use std::time::Duration;
+//!
+//! # fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("locks.db");
+//! let registry = LockRegistry::sqlite(&path)        // or ::postgres(url), ::mysql(url)
+//!     .time_to_live(Duration::from_secs(30))
+//!     .create_table(true)
+//!     .build()?;
+//!
+//! let lock = registry.obtain("invoice-run")?;
+//! match lock.try_lock_for(Duration::from_secs(2))? {
+//!     Some(guard) => {
+//!         // Only this thread of all instances gets here. Hand the token to the resource
+//!         // you write to, so it can refuse a stale holder's late writes.
+//!         let token = guard.fencing_token();
+//!         # let _ = token;
+//!         guard.unlock()?;                             // Err(LeaseLost) if it had expired
+//!     }
+//!     None => println!("another instance is on it"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Outcomes of contention are values, not errors: `try_lock*` return `Ok(None)` when the lock
+//! is held elsewhere and `Err` only when the input is bad or the database fails.
+//!
+//! # Design at a glance
+//!
+//! ```text
+//!  thread ─┐                         ┌─ keeper thread (one per held grant): renew every TTL/3
+//!  thread ─┼─ Lock ── LockInner ─────┤     through the renewal pool; report loss
+//!  thread ─┘  (per key: parking_lot  └─ Store (SqlStore<Backend>): pools, deadlines, retries
+//!              mutex, FIFO queue,          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
+//!              one DB poller)
+//! ```
+//!
+//! | module | job |
+//! |--------|-----|
+//! | `registry` | builder, validation, the registry and its shared core |
+//! | `cache` | bounded LRU of per-key state that never evicts a key in use |
+//! | `lock` | the local state machine: queue, poller, instant handoff, `LockGuard` |
+//! | `lease` | one database grant, its deadline, loss reporting, the keeper threads |
+//! | `backend` | the three statements, the retry loop and pools, one file per database |
+//! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
+//! | `error` | the error enum |
+//!
+//! **Which SQL runs when.** A thread that finds the key free in its registry runs **acquire**
+//! (one statement: take the row if absent or expired on the database clock, bump the fencing
+//! token, return it). If the lock is held elsewhere, that thread — the only one per key per
+//! registry — polls again every `idle_between_tries`; other local threads wait on a condition
+//! variable and cost nothing. The keeper thread runs **renew** every third of the
+//! time-to-live. Unlocking with a local thread waiting hands the lease over with **no
+//! statement**; otherwise **release** runs. The statements are listed per database in the
+//! backend modules; the DDL is in `sql/`.
+//!
+//! **Time.** Expiry is decided only in SQL, on the database's clock, stored as UTC, so clients'
+//! clocks never matter. A holder considers its lease gone at (instant the last acquire or renew
+//! was *sent*) + time-to-live on its monotonic clock, which is never later than the database's
+//! view.
+//!
+//! **Fencing tokens.** Each grant sets `FENCING_TOKEN = max(previous + 1, database clock in
+//! µs)`. Released rows are kept (marked free), so tokens keep growing across releases,
+//! takeovers and restarts; if a row is deleted (a Spring instance releasing it, or manual
+//! cleanup) the next token still exceeds earlier ones unless the database clock went back.
+//! A local handoff keeps the token (see [`LockGuard::fencing_token`]).
+//!
+//! **What it does not promise.** A lease cannot stop a holder that pauses past its deadline from
+//! acting; only a resource that checks fencing tokens can refuse its late writes. After a
+//! failover to an asynchronous replica, recent grants (and tokens) may be lost.
+//!
+//! # Compatibility with Spring Integration
+//!
+//! The table is Spring Integration's `INT_LOCK` with one added column (`FENCING_TOKEN`, with a
+//! default so Spring's own inserts still work); `LOCK_KEY` is computed as Spring does
+//! ([`lock_key_for`]), and timestamps are UTC. A leasehold registry and a Spring
+//! `JdbcLockRegistry` on one table and region exclude each other. Differences: leasehold marks
+//! rows free instead of deleting them, and two registries must not share a `CLIENT_ID`.
+
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
