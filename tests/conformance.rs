@@ -404,6 +404,47 @@ mod suite {
         drop(a);
     }
 
+    pub fn a_full_pool_does_not_starve_renewals(f: &Fixture) {
+        let others = f.registry();
+        let held_elsewhere: Vec<_> = (0..4)
+            .map(|i| {
+                others
+                    .obtain(&format!("elsewhere-{i}"))
+                    .unwrap()
+                    .lock()
+                    .unwrap()
+            })
+            .collect();
+        let busy = f
+            .builder()
+            .pool_size(1)
+            .idle_between_tries(Duration::from_millis(1))
+            .time_to_live(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let guard = busy.obtain("mine").unwrap().lock().unwrap();
+        let pollers: Vec<_> = (0..4)
+            .map(|i| {
+                let lock = busy.obtain(&format!("elsewhere-{i}")).unwrap();
+                thread::spawn(move || {
+                    lock.try_lock_for(Duration::from_millis(1200))
+                        .unwrap()
+                        .is_none()
+                })
+            })
+            .collect();
+        for poller in pollers {
+            assert!(poller.join().unwrap());
+        }
+        assert!(
+            guard.is_held(),
+            "the lease expired while pollers held the pool"
+        );
+        assert!(busy.statistics().renewals >= 2);
+        guard.unlock().unwrap();
+        drop(held_elsewhere);
+    }
+
     pub fn the_database_clock_is_readable_and_near_ours(f: &Fixture) {
         let registry = f.registry();
         let (at, round_trip) = registry.database_time().unwrap();
@@ -456,6 +497,7 @@ macro_rules! conformance {
             regions_do_not_conflict,
             a_custom_statement_that_does_not_fit_is_rejected,
             the_database_clock_is_readable_and_near_ours,
+            a_full_pool_does_not_starve_renewals,
         );
     };
 }
