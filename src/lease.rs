@@ -23,6 +23,11 @@
 //! dropped (release), the lease is lost, or the registry is gone (it holds only a `Weak` to the
 //! store between renewals). With renewal turned off it still wakes at the deadline to report
 //! the loss.
+//!
+//! A keeper can be stuck inside a database call that does not return (a frozen connection).
+//! So that the loss is still reported on time, one process-wide *watchdog* thread also
+//! wakes at the earliest deadline of all live leases and marks a lease lost when its deadline
+//! has passed — never later than the moment another instance could take the lock.
 
 use crate::backend::{Grant, Path, Store};
 use crate::error::LossReason;
@@ -104,6 +109,7 @@ impl Lease {
             on_lost,
         });
         keepers::start(Arc::clone(&lease), store, keeper, stop_rx);
+        watchdog::watch(&lease);
         lease
     }
 
@@ -118,6 +124,11 @@ impl Lease {
             return Some(reason);
         }
         (Instant::now() >= self.deadline()).then_some(LossReason::Expired(None))
+    }
+
+    /// Released normally or already reported lost: nothing left to watch.
+    fn is_finished_or_lost(&self) -> bool {
+        self.finished.load(Ordering::Acquire) || self.lost.lock().is_some()
     }
 
     pub fn deadline(&self) -> Instant {
@@ -304,6 +315,99 @@ pub(crate) mod keepers {
             });
         if let Err(e) = spawned {
             log::error!("could not start the keeper thread of {key:?}: {e}");
+        }
+    }
+}
+
+/// The process-wide watchdog: reports leases whose deadline passed while their keeper was stuck.
+///
+/// It keeps `Weak` references only, scans its list when the earliest deadline it knows of
+/// arrives, and sleeps without a deadline when no lease is live. Registering a lease wakes it
+/// only when the new deadline is earlier than its next wake-up, which is rare: a new lease's
+/// deadline is a whole time-to-live away.
+pub(crate) mod watchdog {
+    use super::Lease;
+    use crate::error::LossReason;
+    use parking_lot::{Condvar, Mutex};
+    use std::sync::{Arc, OnceLock, Weak};
+    use std::time::Instant;
+
+    #[derive(Default)]
+    struct Watched {
+        leases: Vec<Weak<Lease>>,
+        next_wake: Option<Instant>,
+        running: bool,
+        /// List length at which `watch` drops ended leases (amortised O(1) per lease).
+        prune_at: usize,
+    }
+
+    fn state() -> &'static (Mutex<Watched>, Condvar) {
+        static STATE: OnceLock<(Mutex<Watched>, Condvar)> = OnceLock::new();
+        STATE.get_or_init(Default::default)
+    }
+
+    /// Adds `lease` to the watch list, starting the watchdog thread on first use.
+    pub(crate) fn watch(lease: &Arc<Lease>) {
+        let (watched, wake) = state();
+        let deadline = lease.deadline();
+        let mut list = watched.lock();
+        if list.leases.len() >= list.prune_at {
+            list.leases
+                .retain(|weak| weak.upgrade().is_some_and(|l| !l.is_finished_or_lost()));
+            list.prune_at = (2 * list.leases.len()).max(64);
+        }
+        list.leases.push(Arc::downgrade(lease));
+        if !list.running {
+            list.running = true;
+            let started = std::thread::Builder::new()
+                .name("leasehold-watchdog".into())
+                .spawn(run);
+            if let Err(e) = started {
+                list.running = false;
+                log::error!("could not start the lease watchdog thread: {e}");
+            }
+        } else if list.next_wake.is_none_or(|next| deadline < next) {
+            wake.notify_one();
+        }
+    }
+
+    fn run() {
+        let (watched, wake) = state();
+        let mut list = watched.lock();
+        loop {
+            let now = Instant::now();
+            let mut next_wake: Option<Instant> = None;
+            let mut expired = Vec::new();
+            list.leases.retain(|weak| {
+                let Some(lease) = weak.upgrade() else {
+                    return false;
+                };
+                if lease.is_finished_or_lost() {
+                    return false;
+                }
+                let deadline = lease.deadline();
+                if deadline <= now {
+                    expired.push(lease);
+                    return false;
+                }
+                next_wake = Some(next_wake.map_or(deadline, |next| next.min(deadline)));
+                true
+            });
+            list.next_wake = next_wake;
+            if !expired.is_empty() {
+                drop(list);
+                for lease in expired {
+                    lease.mark_lost(LossReason::Expired(None));
+                }
+                list = watched.lock();
+                continue;
+            }
+            match next_wake {
+                Some(at) => {
+                    wake.wait_until(&mut list, at);
+                }
+                None => wake.wait(&mut list),
+            }
         }
     }
 }

@@ -125,3 +125,44 @@ fn the_shipped_ddl_is_what_create_table_makes() {
     };
     assert_eq!(normalize(&made), normalize(shipped));
 }
+
+#[test]
+fn a_keeper_stuck_in_a_renewal_still_reports_the_loss_at_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    LockRegistry::sqlite(&path)
+        .create_table(true)
+        .build()
+        .unwrap();
+    // A renew statement that takes seconds, like one sent on a frozen connection.
+    let slow_renew = "WITH RECURSIVE spin(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM spin \
+                      WHERE n < 20000000) UPDATE INT_LOCK SET EXPIRED_AFTER = EXPIRED_AFTER \
+                      WHERE (SELECT max(n) FROM spin) > 0 AND LOCK_KEY = ?1 AND REGION = ?2 \
+                      AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 AND ?4 > 0";
+    let registry = LockRegistry::sqlite(&path)
+        .renew_sql(slow_renew)
+        .time_to_live(Duration::from_millis(300))
+        .renew_every(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let guard = registry.obtain("frozen").unwrap().lock().unwrap();
+    let losses = guard.loss_channel();
+    let asked = Instant::now();
+    let lost = losses
+        .recv_timeout(Duration::from_secs(30))
+        .expect("loss reported");
+    let reported_after = asked.elapsed();
+    assert_eq!(
+        registry.statistics().renewals,
+        1,
+        "the renewal is still running"
+    );
+    assert!(!guard.is_held());
+    assert_eq!(
+        lost.reason,
+        leasehold::LossReason::Expired(None),
+        "reported by the watchdog"
+    );
+    assert!(reported_after < Duration::from_secs(30));
+    std::mem::forget(guard); // the file stays write-locked until the slow renewal ends
+}
