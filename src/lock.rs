@@ -61,6 +61,8 @@ struct LocalState {
     db_busy: bool,
     chain_started: Instant,
     yield_until: Option<Instant>,
+    /// Set by the release listener: the poller should try again now.
+    nudged: bool,
 }
 
 /// Shared state of one key in one registry.
@@ -86,6 +88,7 @@ impl LockInner {
                 db_busy: false,
                 chain_started: Instant::now(),
                 yield_until: None,
+                nudged: false,
             }),
             changed: Condvar::new(),
         }
@@ -201,9 +204,7 @@ impl LockInner {
                                 Wait::Forever => next_poll,
                             };
                             state.db_busy = true;
-                            while Instant::now() < wake_at {
-                                self.changed.wait_until(state, wake_at);
-                            }
+                            self.sleep_between_polls(state, wake_at);
                             state.db_busy = false;
                             continue;
                         }
@@ -228,6 +229,36 @@ impl LockInner {
                 },
             }
         }
+    }
+
+    /// The poller's sleep until its next attempt; a release notification cuts it short.
+    fn sleep_between_polls(
+        self: &Arc<Self>,
+        state: &mut MutexGuard<'_, LocalState>,
+        wake_at: Instant,
+    ) {
+        let listening = self
+            .core
+            .listening
+            .load(std::sync::atomic::Ordering::Acquire);
+        if listening {
+            let entry = (Arc::clone(&self.lock_key), Arc::downgrade(self));
+            self.core.polling.lock().insert(entry.0, entry.1);
+        }
+        state.nudged = false;
+        while Instant::now() < wake_at && !state.nudged {
+            self.changed.wait_until(state, wake_at);
+        }
+        state.nudged = false;
+        if listening {
+            self.core.polling.lock().remove(&self.lock_key);
+        }
+    }
+
+    /// Called by the release listener: the lock was released elsewhere, poll now.
+    pub fn nudge(&self) {
+        self.state.lock().nudged = true;
+        self.changed.notify_all();
     }
 
     /// Called by a guard whose depth reaches this thread's last hold.

@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 use crate::lease::{KeeperSettings, LeaseLost, LostCallback};
 use crate::lock::{Lock, LockInner};
 use parking_lot::Mutex;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// The shortest time-to-live accepted: a lease shorter than this cannot be renewed reliably.
@@ -64,6 +66,20 @@ pub(crate) struct Core {
     pub client_id: String,
     pub region: String,
     pub table: String,
+    /// Whether a release listener runs: pollers then register in `polling` to be woken.
+    pub listening: AtomicBool,
+    /// Keys whose poller sleeps between attempts, by `LOCK_KEY`, for the release listener.
+    pub polling: Mutex<HashMap<Arc<str>, Weak<LockInner>>>,
+}
+
+impl Core {
+    /// Wakes the poller of `lock_key`, if one sleeps: its lock was just released.
+    fn wake_poller(&self, lock_key: &str) {
+        let inner = self.polling.lock().get(lock_key).and_then(Weak::upgrade);
+        if let Some(inner) = inner {
+            inner.nudge();
+        }
+    }
 }
 
 /// Where the lock table lives.
@@ -205,6 +221,7 @@ pub struct RegistryBuilder {
     connect_timeout: Duration,
     pool_size: u32,
     create_table: bool,
+    notifications: bool,
     custom: CustomQueries,
     on_lost: Option<LostCallback>,
 }
@@ -226,6 +243,7 @@ impl RegistryBuilder {
             connect_timeout: Duration::from_secs(5),
             pool_size: 8,
             create_table: false,
+            notifications: true,
             custom: CustomQueries::default(),
             on_lost: None,
         }
@@ -333,6 +351,15 @@ impl RegistryBuilder {
         self
     }
 
+    /// Whether waiters are woken by the database when another instance releases a lock, instead
+    /// of only at their next poll. Defaults to `true`; used where the database can notify
+    /// (PostgreSQL `LISTEN`/`NOTIFY`: one extra connection per registry, outside the pool) and
+    /// ignored elsewhere. Polling every `idle_between_tries` stays on as the safety net.
+    pub fn notifications(mut self, enabled: bool) -> Self {
+        self.notifications = enabled;
+        self
+    }
+
     /// Replaces the acquire statement. It gets parameters 1–4 (see the `backend` docs in the
     /// crate documentation) and must return one row with the fencing token when granted, none
     /// otherwise. Checked against the table by `build()`.
@@ -409,7 +436,19 @@ impl RegistryBuilder {
             client_id,
             region: self.region,
             table,
+            listening: AtomicBool::new(false),
+            polling: Mutex::new(HashMap::new()),
         });
+        if self.notifications {
+            let weak = Arc::downgrade(&core);
+            let waker: crate::backend::ReleaseWaker = Arc::new(move |lock_key: &str| {
+                weak.upgrade()
+                    .map(|core| core.wake_poller(lock_key))
+                    .is_some()
+            });
+            let listening = core.store.listen_for_releases(waker);
+            core.listening.store(listening, Ordering::Release);
+        }
         Ok(LockRegistry {
             core,
             cache: Arc::new(Mutex::new(HandleCache::new(self.cache_capacity))),

@@ -95,7 +95,11 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    pub fn new(kind: FailureKind, hint: impl Into<String>, source: impl Into<DatabaseError>) -> Self {
+    pub fn new(
+        kind: FailureKind,
+        hint: impl Into<String>,
+        source: impl Into<DatabaseError>,
+    ) -> Self {
         Failure {
             kind,
             hint: hint.into(),
@@ -144,6 +148,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Flags `conn` so that the manager's `has_broken` discards it.
     fn mark_broken(conn: &mut Conn<Self>);
 
+    /// Starts this database's release notifications, if it has any: a listener (its own
+    /// connection and thread, outside the pools) that calls `wake` with the `LOCK_KEY` of every
+    /// row of `table.table` released in `table.region`, until `wake` returns `false`. Returns
+    /// whether a listener was started; the default is none (waiters rely on polling).
+    fn listen_for_releases(
+        _manager: &Self::Manager,
+        _table: &TableSettings,
+        _wake: ReleaseWaker,
+    ) -> bool {
+        false
+    }
+
     /// A statement without parameters returning the database clock (UTC) in microseconds
     /// since the Unix epoch; run through [`Backend::acquire`].
     fn clock_sql() -> &'static str {
@@ -154,6 +170,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
         }
     }
 }
+
+/// Called by a release listener with the `LOCK_KEY` of a released row; returns `false` once
+/// the registry is gone, which ends the listener.
+pub(crate) type ReleaseWaker = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// A grant from the database: the lease's fencing token and when its statement was sent.
 #[derive(Debug, Clone, Copy)]
@@ -189,6 +209,8 @@ pub(crate) trait Store: Send + Sync {
     fn backend_name(&self) -> &'static str;
     /// Statements sent so far.
     fn statistics(&self) -> Statistics;
+    /// Starts the backend's release listener (see [`Backend::listen_for_releases`]).
+    fn listen_for_releases(&self, wake: ReleaseWaker) -> bool;
     /// Reads the database clock: (µs since the Unix epoch, when the query was sent, when the
     /// answer arrived).
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)>;
@@ -243,15 +265,13 @@ pub(crate) struct SqlStore<B: Backend> {
     region: String,
     client_id: String,
     counters: Counters,
+    manager: B::Manager,
+    table: TableSettings,
 }
 
 impl<B: Backend> SqlStore<B> {
     /// Builds both pools from `manager`, checks (or creates) the table and checks custom SQL.
-    pub fn open(
-        manager: B::Manager,
-        pool: &PoolSettings,
-        table: &TableSettings,
-    ) -> Result<Self>
+    pub fn open(manager: B::Manager, pool: &PoolSettings, table: &TableSettings) -> Result<Self>
     where
         B::Manager: Clone,
     {
@@ -270,7 +290,7 @@ impl<B: Backend> SqlStore<B> {
                 })
         };
         let renewal_pool = build(manager.clone(), 2)?;
-        let main = build(manager, pool.pool_size)?;
+        let main = build(manager.clone(), pool.pool_size)?;
         let defaults = B::default_queries(&table.table);
         let queries = Queries {
             acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
@@ -284,6 +304,8 @@ impl<B: Backend> SqlStore<B> {
             region: table.region.clone(),
             client_id: table.client_id.clone(),
             counters: Counters::default(),
+            manager,
+            table: table.clone(),
         };
         let deadline = Instant::now() + pool.connect_timeout;
         store.run(Path::Main, "check table", deadline, |conn| {
@@ -433,6 +455,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn backend_name(&self) -> &'static str {
         B::NAME
+    }
+
+    fn listen_for_releases(&self, wake: ReleaseWaker) -> bool {
+        B::listen_for_releases(&self.manager, &self.table, wake)
     }
 
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)> {
