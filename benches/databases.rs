@@ -1,0 +1,388 @@
+//! Per-database costs, each next to baselines measured in the same run on the same server.
+//!
+//! For every backend that is compiled in and answering (SQLite always; PostgreSQL and MariaDB
+//! at `LEASEHOLD_POSTGRES_URL` / `LEASEHOLD_MYSQL_URL`, defaults as in the tests):
+//!
+//! - `select_1`: a prepared `SELECT 1` round trip on a raw driver connection (baseline);
+//! - `durable_commit`: a prepared one-row `UPDATE` committed durably (baseline);
+//! - `lock_unlock`: an uncontended `lock()` + `unlock()` through a registry;
+//! - `handoff_instances`: registry A releases, registry B (own pool) was waiting in `lock()`:
+//!   time from A's `unlock()` call to B's `lock()` returning;
+//! - `handoff_processes`: the same with B in another OS process (this binary, re-spawned).
+//!
+//! PostgreSQL runs the handoffs twice: with release notifications (`LISTEN`/`NOTIFY`, the
+//! default) and with polling only (`postgres_polling`). Polling backends sleep
+//! `idle_between_tries` = 100 ms between attempts, so their handoffs take about half that.
+//!
+//! `cargo bench --all-features --bench databases`; the README's Performance table lists the
+//! medians as ratios to the baselines of the same run.
+
+use criterion::Criterion;
+use leasehold::{LockRegistry, RegistryBuilder};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const CHILD_ENV: &str = "LEASEHOLD_BENCH_CHILD";
+const HANDOFF_KEY: &str = "bench-handoff";
+
+/// Where a registry lives; also passed to the child process as text.
+#[derive(Clone, Debug)]
+enum Target {
+    Sqlite(String),
+    #[cfg(feature = "postgres")]
+    Postgres(String),
+    #[cfg(feature = "mysql")]
+    Mysql(String),
+}
+
+impl Target {
+    fn encode(&self) -> String {
+        match self {
+            Target::Sqlite(path) => format!("sqlite|{path}"),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(url) => format!("postgres|{url}"),
+            #[cfg(feature = "mysql")]
+            Target::Mysql(url) => format!("mysql|{url}"),
+        }
+    }
+
+    fn decode(text: &str) -> Target {
+        let (kind, location) = text.split_once('|').expect("kind|location");
+        match kind {
+            "sqlite" => Target::Sqlite(location.into()),
+            #[cfg(feature = "postgres")]
+            "postgres" => Target::Postgres(location.into()),
+            #[cfg(feature = "mysql")]
+            "mysql" => Target::Mysql(location.into()),
+            other => panic!("unknown target {other}"),
+        }
+    }
+
+    fn builder(&self, notifications: bool) -> RegistryBuilder {
+        let builder = match self {
+            Target::Sqlite(path) => LockRegistry::sqlite(path),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(url) => LockRegistry::postgres(url.clone()),
+            #[cfg(feature = "mysql")]
+            Target::Mysql(url) => LockRegistry::mysql(url.clone()),
+        };
+        builder
+            .prefix("BENCH_")
+            .create_table(true)
+            .notifications(notifications)
+            .local_handoff_limit(None)
+    }
+}
+
+fn micros_now() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// Child mode: on each `go` line, lock, print when it was granted, unlock, print `done`.
+fn child(target: Target, notifications: bool) {
+    let registry = target
+        .builder(notifications)
+        .build()
+        .expect("child registry");
+    let lock = registry.obtain(HANDOFF_KEY).unwrap();
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "ready").unwrap();
+    for line in stdin.lock().lines() {
+        if line.unwrap() != "go" {
+            break;
+        }
+        let guard = lock.lock().unwrap();
+        let granted = micros_now();
+        guard.unlock().unwrap();
+        writeln!(stdout, "{granted}").unwrap();
+        stdout.flush().unwrap();
+    }
+}
+
+/// The waiting side of a handoff: a thread with its own registry, or another process.
+trait Waiter {
+    /// Starts waiting for the lock; returns once the waiter is (about to be) blocked.
+    fn start(&mut self);
+    /// Waits for the grant; returns when it happened (µs since the epoch) after the waiter
+    /// has released again.
+    fn granted(&mut self) -> u128;
+}
+
+struct ThreadWaiter {
+    go: mpsc::Sender<()>,
+    done: mpsc::Receiver<u128>,
+}
+
+impl ThreadWaiter {
+    fn new(registry: LockRegistry) -> Self {
+        let (go, go_rx) = mpsc::channel::<()>();
+        let (done_tx, done) = mpsc::channel();
+        thread::spawn(move || {
+            let lock = registry.obtain(HANDOFF_KEY).unwrap();
+            for () in go_rx {
+                let guard = lock.lock().unwrap();
+                let granted = micros_now();
+                guard.unlock().unwrap();
+                if done_tx.send(granted).is_err() {
+                    break;
+                }
+            }
+        });
+        ThreadWaiter { go, done }
+    }
+}
+
+impl Waiter for ThreadWaiter {
+    fn start(&mut self) {
+        self.go.send(()).unwrap();
+    }
+    fn granted(&mut self) -> u128 {
+        self.done.recv().unwrap()
+    }
+}
+
+struct ProcessWaiter {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl ProcessWaiter {
+    fn new(target: &Target, notifications: bool) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(CHILD_ENV, format!("{}|{notifications}", target.encode()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the bench child");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        stdout.read_line(&mut ready).unwrap();
+        assert_eq!(ready.trim(), "ready");
+        ProcessWaiter {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+}
+
+impl Waiter for ProcessWaiter {
+    fn start(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+        self.stdin.flush().unwrap();
+    }
+    fn granted(&mut self) -> u128 {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().parse().expect("grant time")
+    }
+}
+
+impl Drop for ProcessWaiter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `iterations` handoffs from `holder` to `waiter`; the sum of (grant − release call).
+fn handoffs(holder: &LockRegistry, waiter: &mut dyn Waiter, iterations: u64) -> Duration {
+    let lock = holder.obtain(HANDOFF_KEY).unwrap();
+    let mut total = Duration::ZERO;
+    let mut seed = micros_now() as u64 | 1;
+    for _ in 0..iterations {
+        let guard = lock.lock().unwrap();
+        waiter.start();
+        // Let the waiter make its first (failing) attempt and start waiting, then release at a
+        // random point of its polling cycle (5 to 105 ms), as a real release would.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        thread::sleep(Duration::from_millis(5 + seed % 100));
+        let released = micros_now();
+        guard.unlock().unwrap();
+        let granted = waiter.granted();
+        total += Duration::from_micros(granted.saturating_sub(released) as u64);
+    }
+    total
+}
+
+fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn Raw) {
+    let mut group = c.benchmark_group(name);
+    group.bench_function("select_1", |b| b.iter(|| raw.select_1()));
+    group.bench_function("durable_commit", |b| b.iter(|| raw.commit()));
+    let registry = target.builder(true).build().expect("registry");
+    let lock = registry.obtain("bench-uncontended").unwrap();
+    group.bench_function("lock_unlock", |b| {
+        b.iter(|| lock.lock().unwrap().unlock().unwrap())
+    });
+    group.finish();
+    let polling_variants: &[(bool, String)] = if name == "postgres" {
+        &[
+            (true, "postgres".into()),
+            (false, "postgres_polling".into()),
+        ]
+    } else {
+        &[(true, String::new())]
+    };
+    for (notifications, label) in polling_variants {
+        let label = if label.is_empty() { name } else { label };
+        let mut group = c.benchmark_group(label);
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_millis(500));
+        group.measurement_time(Duration::from_secs(
+            if *notifications && name == "postgres" {
+                3
+            } else {
+                8
+            },
+        ));
+        let holder = target.builder(*notifications).build().unwrap();
+        let mut thread_waiter = ThreadWaiter::new(target.builder(*notifications).build().unwrap());
+        group.bench_function("handoff_instances", |b| {
+            b.iter_custom(|n| handoffs(&holder, &mut thread_waiter, n))
+        });
+        let mut process_waiter = ProcessWaiter::new(target, *notifications);
+        group.bench_function("handoff_processes", |b| {
+            b.iter_custom(|n| handoffs(&holder, &mut process_waiter, n))
+        });
+        group.finish();
+    }
+}
+
+/// The raw-driver baselines of one database.
+trait Raw {
+    fn select_1(&mut self);
+    fn commit(&mut self);
+}
+
+struct RawSqlite(rusqlite::Connection);
+
+impl Raw for RawSqlite {
+    fn select_1(&mut self) {
+        let mut statement = self.0.prepare_cached("SELECT 1").unwrap();
+        statement.query_row([], |row| row.get::<_, i64>(0)).unwrap();
+    }
+    fn commit(&mut self) {
+        let mut statement = self
+            .0
+            .prepare_cached("UPDATE bench_commit SET n = n + 1 WHERE id = 1")
+            .unwrap();
+        statement.execute([]).unwrap();
+    }
+}
+
+#[cfg(feature = "postgres")]
+struct RawPostgres(postgres::Client, postgres::Statement, postgres::Statement);
+
+#[cfg(feature = "postgres")]
+impl Raw for RawPostgres {
+    fn select_1(&mut self) {
+        self.0.query_one(&self.1, &[]).unwrap();
+    }
+    fn commit(&mut self) {
+        self.0.execute(&self.2, &[]).unwrap();
+    }
+}
+
+#[cfg(feature = "mysql")]
+struct RawMysql(mysql::Conn);
+
+#[cfg(feature = "mysql")]
+impl Raw for RawMysql {
+    fn select_1(&mut self) {
+        use mysql::prelude::Queryable;
+        let _: Option<i64> = self.0.exec_first("SELECT 1", ()).unwrap();
+    }
+    fn commit(&mut self) {
+        use mysql::prelude::Queryable;
+        self.0
+            .exec_drop("UPDATE bench_commit SET n = n + 1 WHERE id = 1", ())
+            .unwrap();
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.into())
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        let (target, notifications) = spec.rsplit_once('|').expect("target|notifications");
+        child(Target::decode(target), notifications == "true");
+        return;
+    }
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bench.db");
+    let target = Target::Sqlite(path.to_string_lossy().into_owned());
+    target.builder(true).build().expect("SQLite registry");
+    let sqlite = rusqlite::Connection::open(&path).unwrap();
+    sqlite
+        .execute_batch(
+            "PRAGMA synchronous = NORMAL; \
+             CREATE TABLE IF NOT EXISTS bench_commit (id INTEGER PRIMARY KEY, n INTEGER); \
+             INSERT OR IGNORE INTO bench_commit VALUES (1, 0);",
+        )
+        .unwrap();
+    bench_backend(&mut c, "sqlite", &target, &mut RawSqlite(sqlite));
+
+    #[cfg(feature = "postgres")]
+    {
+        let url = env_or(
+            "LEASEHOLD_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        match postgres::Client::connect(&url, postgres::NoTls) {
+            Ok(mut client) => {
+                client
+                    .batch_execute(
+                        "CREATE TABLE IF NOT EXISTS bench_commit (id int PRIMARY KEY, n bigint); \
+                         INSERT INTO bench_commit VALUES (1, 0) ON CONFLICT DO NOTHING",
+                    )
+                    .unwrap();
+                let select = client.prepare("SELECT 1").unwrap();
+                let update = client
+                    .prepare("UPDATE bench_commit SET n = n + 1 WHERE id = 1")
+                    .unwrap();
+                let mut raw = RawPostgres(client, select, update);
+                bench_backend(&mut c, "postgres", &Target::Postgres(url), &mut raw);
+            }
+            Err(e) => eprintln!("skipping PostgreSQL: {e}"),
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    {
+        let url = env_or("LEASEHOLD_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        match mysql::Opts::from_url(&url).and_then(|opts| Ok(mysql::Conn::new(opts)?)) {
+            Ok(mut conn) => {
+                use mysql::prelude::Queryable;
+                conn.query_drop(
+                    "CREATE TABLE IF NOT EXISTS bench_commit (id int PRIMARY KEY, n bigint)",
+                )
+                .unwrap();
+                conn.query_drop("INSERT IGNORE INTO bench_commit VALUES (1, 0)")
+                    .unwrap();
+                bench_backend(&mut c, "mysql", &Target::Mysql(url), &mut RawMysql(conn));
+            }
+            Err(e) => eprintln!("skipping MariaDB: {e}"),
+        }
+    }
+
+    c.final_summary();
+}
