@@ -1,0 +1,534 @@
+//! MySQL and MariaDB: their SQL, their connections and their error mapping, nothing else.
+//!
+//! # Parameters
+//!
+//! MySQL only has positional `?` placeholders, so statements name the documented parameters
+//! (see the [backend docs](super)) instead of numbering them:
+//!
+//! | # | name |
+//! |---|------|
+//! | 1 | `:lock_key` |
+//! | 2 | `:region` |
+//! | 3 | `:client_id` |
+//! | 4 | `:ttl_micros` |
+//! | 5 | `:token` |
+//!
+//! A name may appear any number of times. Each connection turns a statement into `?` form once
+//! and remembers which parameter each `?` takes. A statement written with plain `?` instead
+//! binds parameters 1, 2, 3, … in order (a prefix, as on the other databases). Any other name
+//! is rejected when the statement is checked.
+//!
+//! # Time
+//!
+//! Every timestamp is `UTC_TIMESTAMP(6)` in a `DATETIME(6)` column: the database's clock in UTC
+//! whatever the session time zone, fixed for the whole statement. The fencing-token floor is
+//! the same instant as microseconds since the epoch, `TIMESTAMPDIFF` from 1970 (pure
+//! arithmetic on UTC values; `UNIX_TIMESTAMP` would go through the session time zone).
+//!
+//! # The statements
+//!
+//! - **acquire** is one statement, one round trip:
+//!   `INSERT … VALUES (…, LAST_INSERT_ID(clock µs)) ON DUPLICATE KEY UPDATE` with every
+//!   column set to `IF(EXPIRED_AFTER < now, new value, old value)`. `EXPIRED_AFTER` is assigned
+//!   last, because MySQL evaluates the assignments left to right and later ones see earlier
+//!   results. The token travels back in the OK packet's insert id: `LAST_INSERT_ID(expr)` makes
+//!   the server report `expr`, so the insert reports the clock, a takeover reports
+//!   `LAST_INSERT_ID(GREATEST(FENCING_TOKEN + 1, clock µs))`, and a held lock evaluates
+//!   `FENCING_TOKEN + LAST_INSERT_ID(0)` — the token unchanged, the reported id 0. A non-zero id
+//!   therefore means granted (tokens are never 0). When the lock is held the row is set to its
+//!   own values, which InnoDB skips: no redo, no sync. Two acquirers of one key serialize on
+//!   the row (or on the duplicate key); the second sees the first's new `EXPIRED_AFTER` and
+//!   changes nothing. A deadlock victim (1213) is retried.
+//!   A replacement acquire statement may return the token this way too (it then counts as
+//!   returning one column when it is checked: its text must contain `LAST_INSERT_ID(`), or as
+//!   a one-column row.
+//! - **renew** moves `EXPIRED_AFTER` to now + `:ttl_micros` µs where key, region, client and
+//!   token match and the lease has not expired.
+//! - **release** sets `CLIENT_ID = NULL, EXPIRED_AFTER = 1970` under the same condition. It is
+//!   durable like every commit: `innodb_flush_log_at_trx_commit` is global, there is no
+//!   per-session way to skip the sync.
+//!
+//! Connections set `CLIENT_FOUND_ROWS`, so an `UPDATE` reports the rows it matched rather than
+//! the rows it changed: a renew that happens to write the same `EXPIRED_AFTER` twice still
+//! counts as renewed. (Acquire does not rely on affected rows.)
+//!
+//! The driver caches prepared statements per connection (`stmt_cache_size`, 32 by default; a
+//! registry uses four). Connections are checked once when the registry is built, so a wrong
+//! password or database name is reported as such instead of as a pool timeout.
+
+use super::{Backend, Conn, Failure, FailureKind, Params, Queries};
+use crate::error::Error;
+use mysql::consts::CapabilityFlags;
+use mysql::prelude::Queryable;
+use mysql::{Opts, OptsBuilder, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Database "now": UTC, microseconds, fixed for the statement.
+const NOW: &str = "UTC_TIMESTAMP(6)";
+/// Database "now" plus parameter 4 (µs).
+const NOW_PLUS_TTL: &str = "UTC_TIMESTAMP(6) + INTERVAL :ttl_micros MICROSECOND";
+/// Database clock in microseconds since the Unix epoch: the floor of a new fencing token.
+const CLOCK_MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+/// How `EXPIRED_AFTER` marks a released row.
+const RELEASED: &str = "'1970-01-01 00:00:00'";
+/// Parameter names, in the documented order.
+const NAMES: [&str; 5] = ["lock_key", "region", "client_id", "ttl_micros", "token"];
+
+/// Opens MySQL connections from one set of options.
+#[derive(Clone)]
+pub(crate) struct MysqlManager {
+    opts: Opts,
+}
+
+/// A statement in `?` form and the parameter (index into [`NAMES`]) each `?` takes; `None` for
+/// a statement written with plain `?`, which takes parameters 1, 2, 3, … in order.
+struct Plan {
+    query: String,
+    order: Option<Vec<usize>>,
+}
+
+/// A connection, the plans of the statements it ran, and the flag `mark_broken` sets.
+pub(crate) struct MysqlConn {
+    conn: mysql::Conn,
+    plans: HashMap<String, Plan>,
+    broken: bool,
+}
+
+impl MysqlConn {
+    /// Prepares `sql` (the driver caches the prepared statement) with its values.
+    fn bind(
+        &mut self,
+        sql: &str,
+        params: &Params,
+    ) -> Result<(mysql::Statement, Vec<Value>), Failure> {
+        if !self.plans.contains_key(sql) {
+            let plan = plan(sql)?;
+            self.plans.insert(sql.to_string(), plan);
+        }
+        let plan = &self.plans[sql];
+        let statement = self.conn.prep(&plan.query).map_err(classify)?;
+        let values = match &plan.order {
+            Some(order) => order.iter().map(|&index| value(params, index)).collect(),
+            None => (0..usize::from(statement.num_params()).min(NAMES.len()))
+                .map(|index| value(params, index))
+                .collect(),
+        };
+        Ok((statement, values))
+    }
+}
+
+/// Parameter `index` (0-based) of `params`.
+fn value(params: &Params, index: usize) -> Value {
+    match index {
+        0 => Value::from(params.lock_key),
+        1 => Value::from(params.region),
+        2 => Value::from(params.client_id),
+        3 => Value::Int(params.ttl_micros),
+        _ => Value::Int(params.token),
+    }
+}
+
+/// Rewrites named parameters to `?` and records which parameter each one takes. Quoted
+/// strings, quoted identifiers and comments are copied as they are.
+fn plan(sql: &str) -> Result<Plan, Failure> {
+    let rejected = |reason: String| {
+        Failure::new(
+            FailureKind::Fatal,
+            format!("the statement's parameters are not usable: {reason}"),
+            reason,
+        )
+    };
+    let bytes = sql.as_bytes();
+    let mut query = String::with_capacity(sql.len());
+    let mut order = Vec::new();
+    let mut positional = false;
+    let mut copied = 0;
+    let mut i = 0;
+    // Index just past the end of the quoted run, comment or name starting at `i`.
+    let skip_to = |from: usize, end: &[u8]| {
+        bytes[from..]
+            .windows(end.len())
+            .position(|w| w == end)
+            .map_or(bytes.len(), |at| from + at + end.len())
+    };
+    while i < bytes.len() {
+        match bytes[i] {
+            quote @ (b'\'' | b'"') => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != quote {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'`' => i = skip_to(i + 1, b"`"),
+            b'#' => i = skip_to(i, b"\n"),
+            b'-' if bytes.get(i + 1) == Some(&b'-')
+                && bytes.get(i + 2).is_none_or(|c| c.is_ascii_whitespace()) =>
+            {
+                i = skip_to(i, b"\n")
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => i = skip_to(i + 2, b"*/"),
+            b'?' => {
+                positional = true;
+                i += 1;
+            }
+            b':' if bytes
+                .get(i + 1)
+                .is_some_and(|c| c.is_ascii_lowercase() || *c == b'_') =>
+            {
+                let start = i + 1;
+                let end = bytes[start..]
+                    .iter()
+                    .position(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_'))
+                    .map_or(bytes.len(), |len| start + len);
+                let name = &sql[start..end];
+                let index = NAMES
+                    .iter()
+                    .position(|known| *known == name)
+                    .ok_or_else(|| {
+                        rejected(format!(
+                            "unknown parameter :{name}; use :lock_key, :region, :client_id, \
+                         :ttl_micros and :token"
+                        ))
+                    })?;
+                order.push(index);
+                query.push_str(&sql[copied..i]);
+                query.push('?');
+                copied = end;
+                i = end;
+            }
+            _ => i += 1,
+        }
+    }
+    query.push_str(&sql[copied..]);
+    if order.is_empty() {
+        return Ok(Plan { query, order: None });
+    }
+    if positional {
+        return Err(rejected(
+            "it mixes named parameters and `?`; use one style".to_string(),
+        ));
+    }
+    Ok(Plan {
+        query,
+        order: Some(order),
+    })
+}
+
+impl r2d2::ManageConnection for MysqlManager {
+    type Connection = MysqlConn;
+    type Error = mysql::Error;
+
+    fn connect(&self) -> Result<MysqlConn, mysql::Error> {
+        Ok(MysqlConn {
+            conn: mysql::Conn::new(self.opts.clone())?,
+            plans: HashMap::new(),
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut MysqlConn) -> Result<(), mysql::Error> {
+        conn.conn.ping()
+    }
+
+    fn has_broken(&self, conn: &mut MysqlConn) -> bool {
+        conn.broken
+    }
+}
+
+/// The MySQL / MariaDB backend.
+pub(crate) struct Mysql;
+
+impl Backend for Mysql {
+    type Manager = MysqlManager;
+
+    const NAME: &'static str = "MySQL";
+    const DDL_FILE: &'static str = "sql/mysql.sql";
+    const DDL: &'static str = include_str!("../../sql/mysql.sql");
+
+    fn default_queries(table: &str) -> Queries {
+        let expired = format!("EXPIRED_AFTER < {NOW}");
+        Queries {
+            acquire: format!(
+                "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
+                 FENCING_TOKEN) VALUES (:lock_key, :region, :client_id, {NOW}, {NOW_PLUS_TTL}, \
+                 LAST_INSERT_ID({CLOCK_MICROS})) ON DUPLICATE KEY UPDATE \
+                 FENCING_TOKEN = IF({expired}, \
+                 LAST_INSERT_ID(GREATEST(FENCING_TOKEN + 1, {CLOCK_MICROS})), \
+                 FENCING_TOKEN + LAST_INSERT_ID(0)), \
+                 CLIENT_ID = IF({expired}, :client_id, CLIENT_ID), \
+                 CREATED_DATE = IF({expired}, {NOW}, CREATED_DATE), \
+                 EXPIRED_AFTER = IF({expired}, {NOW_PLUS_TTL}, EXPIRED_AFTER)"
+            ),
+            renew: format!(
+                "UPDATE {table} SET EXPIRED_AFTER = {NOW_PLUS_TTL} WHERE LOCK_KEY = :lock_key \
+                 AND REGION = :region AND CLIENT_ID = :client_id AND FENCING_TOKEN = :token \
+                 AND EXPIRED_AFTER >= {NOW}"
+            ),
+            release: format!(
+                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
+                 WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID = :client_id \
+                 AND FENCING_TOKEN = :token AND EXPIRED_AFTER >= {NOW}"
+            ),
+        }
+    }
+
+    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
+        let (statement, values) = conn.bind(sql, params)?;
+        let token = if statement.num_columns() > 0 {
+            let row: Option<mysql::Row> =
+                conn.conn.exec_first(&statement, values).map_err(classify)?;
+            match row.and_then(|row| row.get_opt::<i64, usize>(0)) {
+                None => return Ok(None),
+                Some(token) => token.map_err(|e| {
+                    Failure::new(
+                        FailureKind::Fatal,
+                        "the acquire statement must return the fencing token as a BIGINT",
+                        e.to_string(),
+                    )
+                })?,
+            }
+        } else {
+            conn.conn.exec_drop(&statement, values).map_err(classify)?;
+            match conn.conn.last_insert_id() {
+                0 => return Ok(None),
+                id => i64::try_from(id).map_err(|e| {
+                    Failure::new(
+                        FailureKind::Fatal,
+                        "the acquire statement reported a token beyond BIGINT",
+                        e,
+                    )
+                })?,
+            }
+        };
+        Ok(Some(token))
+    }
+
+    fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
+        let (statement, values) = conn.bind(sql, params)?;
+        conn.conn.exec_drop(&statement, values).map_err(classify)?;
+        Ok(conn.conn.affected_rows())
+    }
+
+    fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
+        let mut result = conn.conn.query_iter(sql).map_err(classify)?;
+        while let Some(set) = result.iter() {
+            for row in set {
+                row.map_err(classify)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure> {
+        let (schema, name) = match table.split_once('.') {
+            Some((schema, name)) => (Value::from(schema), name),
+            None => (Value::NULL, table),
+        };
+        conn.conn
+            .exec(
+                "SELECT UPPER(COLUMN_NAME) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+                 ORDER BY ORDINAL_POSITION",
+                (schema, name),
+            )
+            .map_err(classify)
+    }
+
+    fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
+        let plan = plan(sql)?;
+        let statement = conn.conn.prep(&plan.query).map_err(classify)?;
+        let params = match &plan.order {
+            Some(order) => order.iter().max().map_or(0, |highest| highest + 1),
+            None => usize::from(statement.num_params()),
+        };
+        let mut columns = usize::from(statement.num_columns());
+        // A statement without a result set may hand its token back through the OK packet.
+        if columns == 0 && sql.to_ascii_uppercase().contains("LAST_INSERT_ID(") {
+            columns = 1;
+        }
+        Ok((params, columns))
+    }
+
+    fn add_column_sql(table: &str, column: &str) -> String {
+        match column {
+            "EXPIRED_AFTER" => format!(
+                "ALTER TABLE {table} ADD COLUMN EXPIRED_AFTER DATETIME(6) NOT NULL \
+                 DEFAULT {RELEASED}"
+            ),
+            "FENCING_TOKEN" => {
+                format!("ALTER TABLE {table} ADD COLUMN FENCING_TOKEN BIGINT NOT NULL DEFAULT 0")
+            }
+            "CLIENT_ID" => format!("ALTER TABLE {table} ADD COLUMN CLIENT_ID CHAR(36)"),
+            "CREATED_DATE" => format!(
+                "ALTER TABLE {table} ADD COLUMN CREATED_DATE DATETIME(6) NOT NULL \
+                 DEFAULT {RELEASED}"
+            ),
+            other => format!(
+                "DROP TABLE {table}, then run sql/mysql.sql: column {other} is part of the key"
+            ),
+        }
+    }
+
+    fn mark_broken(conn: &mut Conn<Self>) {
+        conn.broken = true;
+    }
+
+    fn clock_sql() -> &'static str {
+        "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+    }
+}
+
+fn classify(error: mysql::Error) -> Failure {
+    use mysql::DriverError as D;
+    let (kind, hint) = match &error {
+        mysql::Error::MySqlError(e) => {
+            let message = &e.message;
+            match e.code {
+                1213 => (
+                    FailureKind::Transient,
+                    format!("the statement was chosen as a deadlock victim: {message}"),
+                ),
+                1205 => (
+                    FailureKind::Transient,
+                    format!("the lock row stayed locked by another transaction: {message}"),
+                ),
+                1040 | 1203 => (
+                    FailureKind::Transient,
+                    format!("the server refuses more connections: {message}"),
+                ),
+                1053 | 1927 | 2006 | 2013 | 4031 => (
+                    FailureKind::Broken,
+                    format!("the MySQL connection failed: {message}"),
+                ),
+                1290 | 1792 => (
+                    FailureKind::Broken,
+                    format!(
+                        "the server is read-only (a replica, or failover in progress): point \
+                         the URL at the primary ({message})"
+                    ),
+                ),
+                1146 => (
+                    FailureKind::Fatal,
+                    format!(
+                        "{message}: create the table with sql/mysql.sql or \
+                         RegistryBuilder::create_table(true)"
+                    ),
+                ),
+                1054 => (
+                    FailureKind::Fatal,
+                    format!(
+                        "{message}: the lock table lacks a column; compare it with sql/mysql.sql"
+                    ),
+                ),
+                1045 | 1698 => (
+                    FailureKind::Fatal,
+                    format!("{message}: check the user and password in the URL"),
+                ),
+                1049 => (
+                    FailureKind::Fatal,
+                    format!("{message}: create it or fix the URL"),
+                ),
+                1046 => (
+                    FailureKind::Fatal,
+                    format!(
+                        "{message}: name the database in the URL (mysql://host/database) or in \
+                         the prefix (database.INT_)"
+                    ),
+                ),
+                1044 | 1142 | 1143 => (
+                    FailureKind::Fatal,
+                    format!(
+                        "{message}: grant this user SELECT, INSERT and UPDATE on the lock table"
+                    ),
+                ),
+                code => (
+                    FailureKind::Fatal,
+                    format!("MySQL refused the statement ({code}): {message}"),
+                ),
+            }
+        }
+        mysql::Error::IoError(_)
+        | mysql::Error::CodecError(_)
+        | mysql::Error::DriverError(
+            D::ConnectTimeout
+            | D::CouldNotConnect(_)
+            | D::PacketOutOfSync
+            | D::UnexpectedPacket
+            | D::Timeout,
+        ) => (
+            FailureKind::Broken,
+            format!("the connection to MySQL failed: {error}"),
+        ),
+        other => (FailureKind::Fatal, format!("MySQL client error: {other}")),
+    };
+    Failure::new(kind, hint, error)
+}
+
+/// Where `opts` connects, for messages.
+fn address(opts: &Opts) -> String {
+    match opts.get_socket() {
+        Some(socket) => socket.to_string(),
+        None => format!("{}:{}", opts.get_ip_or_hostname(), opts.get_tcp_port()),
+    }
+}
+
+/// One direct connection, retried while the server is unreachable, so that a wrong password or
+/// database comes back as what it is rather than as a pool timeout.
+fn check_connect(opts: &Opts, timeout: Duration) -> crate::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let error = match mysql::Conn::new(opts.clone()) {
+            Ok(_) => return Ok(()),
+            Err(error) => error,
+        };
+        let failure = classify(error);
+        let retry = failure.kind != FailureKind::Fatal;
+        let pause = Duration::from_millis(50);
+        if !retry || Instant::now() + pause >= deadline {
+            let hint = if retry {
+                format!(
+                    "cannot reach MySQL at {} within {timeout:?} ({}): start the server or fix \
+                     the URL",
+                    address(opts),
+                    failure.source
+                )
+            } else {
+                format!("{} (server {})", failure.hint, address(opts))
+            };
+            return Err(Error::Database {
+                operation: "connect",
+                hint,
+                source: failure.source,
+            });
+        }
+        std::thread::sleep(pause);
+    }
+}
+
+/// Opens a store on the MySQL or MariaDB database at `url`.
+pub(crate) fn open(
+    url: &str,
+    pool: &super::PoolSettings,
+    table: &super::TableSettings,
+) -> crate::Result<Arc<dyn super::Store>> {
+    let opts = Opts::from_url(url).map_err(|e| Error::Database {
+        operation: "connect",
+        hint: "the MySQL URL does not parse: use mysql://user:password@host:port/database"
+            .to_string(),
+        source: Box::new(e),
+    })?;
+    let connect_timeout = opts
+        .get_tcp_connect_timeout()
+        .unwrap_or(pool.connect_timeout);
+    let capabilities = opts.get_additional_capabilities() | CapabilityFlags::CLIENT_FOUND_ROWS;
+    let opts: Opts = OptsBuilder::from_opts(opts)
+        .additional_capabilities(capabilities)
+        .tcp_connect_timeout(Some(connect_timeout))
+        .into();
+    check_connect(&opts, pool.connect_timeout)?;
+    let store = super::SqlStore::<Mysql>::open(MysqlManager { opts }, pool, table)?;
+    Ok(Arc::new(store))
+}

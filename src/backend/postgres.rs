@@ -1,0 +1,410 @@
+//! PostgreSQL: its SQL, its connections and its error mapping, nothing else.
+//!
+//! # Time
+//!
+//! Every timestamp is `now() AT TIME ZONE 'UTC'`: the database's clock, as a `TIMESTAMP`
+//! without time zone holding UTC wall-clock time — what Spring Integration writes, so both can
+//! compare each other's rows. `now()` is fixed for the whole statement, so one statement reads
+//! the clock once. The fencing-token floor is the same instant in microseconds since the epoch.
+//!
+//! # The statements
+//!
+//! Parameters are `$1`–`$5` as numbered in the [backend docs](super), prepared with declared
+//! types — `CHAR`, `VARCHAR`, `CHAR`, `BIGINT`, `BIGINT`, the types of Spring's columns — so
+//! that `LOCK_KEY = $1` compares `CHAR` to `CHAR` and uses the primary key (a `TEXT` parameter
+//! would turn it into a text comparison and a sequential scan), and so that a statement may
+//! leave parameters out (release has no `$4`; the clock query has none). Each connection keeps
+//! its prepared statements: the driver has no cache, and an unprepared statement is planned
+//! again on every call.
+//!
+//! - **acquire** is one statement, one round trip:
+//!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now RETURNING FENCING_TOKEN),
+//!   absent AS (INSERT … SELECT … WHERE NOT EXISTS (SELECT 1 FROM expired)
+//!   ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN)
+//!   SELECT FENCING_TOKEN FROM expired UNION ALL SELECT FENCING_TOKEN FROM absent`.
+//!   When the lock is held the `UPDATE` matches nothing and the `INSERT` finds the conflicting
+//!   key before writing anything: no transaction id, no WAL, no disk sync — a failed try is a
+//!   read. (A single `INSERT … ON CONFLICT DO UPDATE … WHERE expired` would lock the row, take a
+//!   transaction id and sync WAL even when its `WHERE` fails.) Under concurrency: two acquirers
+//!   of an expired row serialize on its row lock and the second re-checks `EXPIRED_AFTER`
+//!   against the new version, finds it live and then conflicts in the `INSERT`; two acquirers of
+//!   an absent key race in the `INSERT`, where the loser waits for the winner and then does
+//!   nothing. Neither sees a duplicate-key error. The new token is
+//!   `GREATEST(FENCING_TOKEN + 1, clock µs)`, or the clock alone for a new row.
+//! - **renew** moves `EXPIRED_AFTER` to now + `$4` µs where key, region, client and token match
+//!   and the lease has not expired; durable (default `synchronous_commit`).
+//! - **release** sets `CLIENT_ID = NULL, EXPIRED_AFTER = 1970` under the same condition, in a
+//!   statement that also runs `set_config('synchronous_commit', 'off', true)`: the commit does
+//!   not wait for the disk, in the same single round trip. Losing a release in a server crash
+//!   only leaves the lease to expire; and since WAL is written in order, the next durable grant
+//!   of the key makes the release durable too. Its result is one row per released row, which
+//!   the driver reports as the affected-row count.
+//!
+//! `columns` resolves the table name with `to_regclass`, exactly as the statements do
+//! (`search_path`, an optional `schema.` and case folding of unquoted names).
+//!
+//! Connections are plain TCP or Unix-socket connections (`NoTls`); they are checked once when
+//! the registry is built, so a wrong password or database name is reported as such instead of
+//! as a pool timeout.
+
+use super::{Backend, Conn, Failure, FailureKind, Params, Queries};
+use crate::error::Error;
+use postgres::config::Host;
+use postgres::types::{ToSql, Type};
+use postgres::{Client, Config, NoTls, Statement};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Database "now": UTC wall-clock time without a time zone, fixed for the statement.
+const NOW: &str = "(now() AT TIME ZONE 'UTC')";
+/// Database "now" plus parameter 4 (µs).
+const NOW_PLUS_TTL: &str = "(now() AT TIME ZONE 'UTC') + $4 * INTERVAL '1 microsecond'";
+/// Database clock in microseconds since the Unix epoch: the floor of a new fencing token.
+const CLOCK_MICROS: &str = "CAST(extract(epoch FROM now()) * 1000000 AS BIGINT)";
+/// How `EXPIRED_AFTER` marks a released row.
+const RELEASED: &str = "TIMESTAMP '1970-01-01 00:00:00'";
+/// Parameter types declared with every prepare: those of the columns they are compared with.
+const PARAM_TYPES: [Type; 5] = [
+    Type::BPCHAR,
+    Type::VARCHAR,
+    Type::BPCHAR,
+    Type::INT8,
+    Type::INT8,
+];
+
+/// Opens PostgreSQL connections from one parsed configuration.
+#[derive(Clone)]
+pub(crate) struct PgManager {
+    config: Config,
+}
+
+/// A connection, its prepared statements, and the flag `mark_broken` sets.
+pub(crate) struct PgConn {
+    client: Client,
+    statements: HashMap<String, Statement>,
+    broken: bool,
+}
+
+impl PgConn {
+    /// The prepared statement for `sql`, prepared on first use.
+    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        if let Some(statement) = self.statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare_typed(sql, &PARAM_TYPES)?;
+        self.statements.insert(sql.to_string(), statement.clone());
+        Ok(statement)
+    }
+}
+
+impl r2d2::ManageConnection for PgManager {
+    type Connection = PgConn;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> Result<PgConn, postgres::Error> {
+        Ok(PgConn {
+            client: self.config.connect(NoTls)?,
+            statements: HashMap::new(),
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut PgConn) -> Result<(), postgres::Error> {
+        conn.client.is_valid(Duration::from_secs(5))
+    }
+
+    fn has_broken(&self, conn: &mut PgConn) -> bool {
+        conn.broken || conn.client.is_closed()
+    }
+}
+
+/// The PostgreSQL backend.
+pub(crate) struct Postgres;
+
+impl Backend for Postgres {
+    type Manager = PgManager;
+
+    const NAME: &'static str = "PostgreSQL";
+    const DDL_FILE: &'static str = "sql/postgres.sql";
+    const DDL: &'static str = include_str!("../../sql/postgres.sql");
+
+    fn default_queries(table: &str) -> Queries {
+        Queries {
+            acquire: format!(
+                "WITH expired AS (UPDATE {table} SET CLIENT_ID = $3, CREATED_DATE = {NOW}, \
+                 EXPIRED_AFTER = {NOW_PLUS_TTL}, \
+                 FENCING_TOKEN = GREATEST(FENCING_TOKEN + 1, {CLOCK_MICROS}) \
+                 WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
+                 RETURNING FENCING_TOKEN), \
+                 absent AS (INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, \
+                 EXPIRED_AFTER, FENCING_TOKEN) \
+                 SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, {CLOCK_MICROS} \
+                 WHERE NOT EXISTS (SELECT 1 FROM expired) \
+                 ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN) \
+                 SELECT FENCING_TOKEN FROM expired UNION ALL SELECT FENCING_TOKEN FROM absent"
+            ),
+            renew: format!(
+                "UPDATE {table} SET EXPIRED_AFTER = {NOW_PLUS_TTL} WHERE LOCK_KEY = $1 \
+                 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
+                 AND EXPIRED_AFTER >= {NOW}"
+            ),
+            release: format!(
+                "WITH no_sync AS (SELECT set_config('synchronous_commit', 'off', true)), \
+                 released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
+                 WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
+                 AND EXPIRED_AFTER >= {NOW} RETURNING 1) \
+                 SELECT 1 FROM released, no_sync"
+            ),
+        }
+    }
+
+    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
+        let statement = conn.statement(sql).map_err(classify)?;
+        let values = bind(&statement, params);
+        let row = conn
+            .client
+            .query_opt(&statement, &values)
+            .map_err(classify)?;
+        match row {
+            Some(row) => Ok(Some(row.try_get::<_, i64>(0).map_err(classify)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
+        let statement = conn.statement(sql).map_err(classify)?;
+        let values = bind(&statement, params);
+        conn.client.execute(&statement, &values).map_err(classify)
+    }
+
+    fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
+        conn.client.batch_execute(sql).map_err(|error| {
+            // Two processes creating the table at once: the loser trips over the catalog's
+            // unique indexes; running the batch again finds the table and does nothing.
+            let racing = matches!(
+                error.code().map(|code| code.code()),
+                Some("23505" | "42P07")
+            );
+            let mut failure = classify(error);
+            if racing {
+                failure.kind = FailureKind::Transient;
+            }
+            failure
+        })
+    }
+
+    fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure> {
+        let statement = conn
+            .client
+            .prepare(
+                "SELECT upper(attname::text) FROM pg_catalog.pg_attribute \
+                 WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped \
+                 ORDER BY attnum",
+            )
+            .map_err(classify)?;
+        let rows = conn.client.query(&statement, &[&table]).map_err(classify)?;
+        rows.iter()
+            .map(|row| row.try_get::<_, String>(0).map_err(classify))
+            .collect()
+    }
+
+    fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
+        let statement = conn
+            .client
+            .prepare_typed(sql, &PARAM_TYPES)
+            .map_err(classify)?;
+        Ok((statement.params().len(), statement.columns().len()))
+    }
+
+    fn add_column_sql(table: &str, column: &str) -> String {
+        match column {
+            "EXPIRED_AFTER" => format!(
+                "ALTER TABLE {table} ADD COLUMN EXPIRED_AFTER TIMESTAMP NOT NULL DEFAULT {RELEASED}"
+            ),
+            "FENCING_TOKEN" => {
+                format!("ALTER TABLE {table} ADD COLUMN FENCING_TOKEN BIGINT NOT NULL DEFAULT 0")
+            }
+            "CLIENT_ID" => format!("ALTER TABLE {table} ADD COLUMN CLIENT_ID CHAR(36)"),
+            "CREATED_DATE" => format!(
+                "ALTER TABLE {table} ADD COLUMN CREATED_DATE TIMESTAMP NOT NULL DEFAULT {RELEASED}"
+            ),
+            other => format!(
+                "DROP TABLE {table}, then run sql/postgres.sql: column {other} is part of the key"
+            ),
+        }
+    }
+
+    fn mark_broken(conn: &mut Conn<Self>) {
+        conn.broken = true;
+    }
+
+    fn clock_sql() -> &'static str {
+        "SELECT CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS BIGINT)"
+    }
+}
+
+/// The values of the statement's parameters: all five (see `PARAM_TYPES`; a statement naming
+/// `$6` or more was rejected when it was checked).
+fn bind<'a>(statement: &Statement, params: &'a Params) -> Vec<&'a (dyn ToSql + Sync)> {
+    let values: [&'a (dyn ToSql + Sync); 5] = [
+        &params.lock_key,
+        &params.region,
+        &params.client_id,
+        &params.ttl_micros,
+        &params.token,
+    ];
+    values[..statement.params().len().min(5)].to_vec()
+}
+
+fn classify(error: postgres::Error) -> Failure {
+    let (kind, hint) = if let Some(db) = error.as_db_error() {
+        let message = db.message();
+        match db.code().code() {
+            "40001" | "40P01" => (
+                FailureKind::Transient,
+                format!("PostgreSQL aborted the statement to resolve a conflict: {message}"),
+            ),
+            "55P03" | "57014" => (
+                FailureKind::Transient,
+                format!("the lock row is busy or the statement timed out: {message}"),
+            ),
+            "53300" | "57P03" => (
+                FailureKind::Transient,
+                format!("PostgreSQL does not accept connections right now: {message}"),
+            ),
+            "25006" => (
+                FailureKind::Broken,
+                "the server is read-only (a standby, or failover in progress): point the URL at \
+                 the primary"
+                    .to_string(),
+            ),
+            code if code.starts_with("08") || code.starts_with("57P") => (
+                FailureKind::Broken,
+                format!("the PostgreSQL connection failed: {message}"),
+            ),
+            "42P01" => (
+                FailureKind::Fatal,
+                format!(
+                    "{message}: create the table with sql/postgres.sql or \
+                     RegistryBuilder::create_table(true)"
+                ),
+            ),
+            "42703" => (
+                FailureKind::Fatal,
+                format!(
+                    "{message}: the lock table lacks a column; compare it with sql/postgres.sql"
+                ),
+            ),
+            "28P01" | "28000" => (
+                FailureKind::Fatal,
+                format!("{message}: check the user and password in the URL and pg_hba.conf"),
+            ),
+            "3D000" => (
+                FailureKind::Fatal,
+                format!("{message}: create it or fix the URL"),
+            ),
+            "42501" => (
+                FailureKind::Fatal,
+                format!("{message}: grant this user SELECT, INSERT and UPDATE on the lock table"),
+            ),
+            code => (
+                FailureKind::Fatal,
+                format!("PostgreSQL refused the statement ({code}): {message}"),
+            ),
+        }
+    } else if error.is_closed() || io_cause(&error).is_some() {
+        (
+            FailureKind::Broken,
+            format!("the connection to PostgreSQL failed: {error}"),
+        )
+    } else {
+        (
+            FailureKind::Fatal,
+            format!("PostgreSQL client error: {error}"),
+        )
+    };
+    Failure::new(kind, hint, error)
+}
+
+fn io_cause(error: &postgres::Error) -> Option<&std::io::Error> {
+    std::error::Error::source(error).and_then(|e| e.downcast_ref::<std::io::Error>())
+}
+
+/// Where `config` connects, for messages: `host:port` for each host.
+fn address(config: &Config) -> String {
+    let ports = config.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| match host {
+            Host::Tcp(name) => format!("{name}:{}", port(i)),
+            #[cfg(unix)]
+            Host::Unix(path) => format!("{}/.s.PGSQL.{}", path.display(), port(i)),
+        })
+        .collect();
+    if hosts.is_empty() {
+        "(no host given)".to_string()
+    } else {
+        hosts.join(", ")
+    }
+}
+
+/// One direct connection, retried while the server is unreachable or starting, so that a wrong
+/// password or database comes back as what it is rather than as a pool timeout.
+fn check_connect(config: &Config, timeout: Duration) -> crate::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let error = match config.connect(NoTls) {
+            Ok(_) => return Ok(()),
+            Err(error) => error,
+        };
+        let detail = io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
+        let failure = classify(error);
+        let retry = failure.kind != FailureKind::Fatal;
+        let pause = Duration::from_millis(50);
+        if !retry || Instant::now() + pause >= deadline {
+            let hint = if retry {
+                format!(
+                    "cannot reach PostgreSQL at {} within {timeout:?} ({detail}): start the \
+                     server or fix the URL",
+                    address(config),
+                )
+            } else {
+                format!("{} (server {})", failure.hint, address(config))
+            };
+            return Err(Error::Database {
+                operation: "connect",
+                hint,
+                source: failure.source,
+            });
+        }
+        std::thread::sleep(pause);
+    }
+}
+
+/// Opens a store on the PostgreSQL database at `url` (a URL or a `key=value` string).
+pub(crate) fn open(
+    url: &str,
+    pool: &super::PoolSettings,
+    table: &super::TableSettings,
+) -> crate::Result<Arc<dyn super::Store>> {
+    let mut config: Config = url.parse().map_err(|e| Error::Database {
+        operation: "connect",
+        hint: "the PostgreSQL URL does not parse: use postgres://user:password@host:port/database \
+               or key=value pairs"
+            .to_string(),
+        source: Box::new(e),
+    })?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(pool.connect_timeout);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("leasehold");
+    }
+    check_connect(&config, pool.connect_timeout)?;
+    let store = super::SqlStore::<Postgres>::open(PgManager { config }, pool, table)?;
+    Ok(Arc::new(store))
+}

@@ -1,0 +1,716 @@
+//! leasehold and Spring Integration's `JdbcLockRegistry` sharing one lock table.
+//!
+//! The Spring side is played here by running Spring's own statements with the driver, the way
+//! its `DefaultLockRepository` does: timestamps computed on the client in UTC, acquire as
+//! `UPDATE … WHERE REGION=? AND LOCK_KEY=? AND (CLIENT_ID=? OR EXPIRED_AFTER<?)` and then
+//! `INSERT` when nothing was updated (a duplicate key meaning "held"), release as `DELETE`.
+//! Both sides map keys to `LOCK_KEY` alike ([`leasehold::lock_key_for`]).
+//!
+//! The servers come from `LEASEHOLD_POSTGRES_URL` and `LEASEHOLD_MYSQL_URL`. When one cannot be
+//! reached its tests print why and pass, unless `CI=true`, where they fail.
+//!
+//! The same file also exercises each backend directly: grant, renew, release, a held try,
+//! takeover of an expired lease, tokens counting up, racing registries, connection errors and
+//! replacement statements.
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
+use leasehold::{lock_key_for, Error, LockRegistry, RegistryBuilder};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// Spring's default time-to-live.
+const SPRING_TTL: Duration = Duration::from_secs(10);
+
+/// What the tests need from a database: Spring's statements, a look at a row, cleanup.
+trait Spring {
+    /// Spring's `acquire`: update, then insert; `false` when another client holds the key.
+    fn try_lock(&mut self, key: &str) -> bool;
+    /// Spring's `delete`; returns the deleted rows.
+    fn unlock(&mut self, key: &str) -> u64;
+    /// `(CLIENT_ID, FENCING_TOKEN)` of the key's row, if there is one.
+    fn row(&mut self, key: &str) -> Option<(Option<String>, i64)>;
+    /// The lock table's name.
+    fn table(&self) -> &str;
+    /// Drops the test's table.
+    fn drop_table(&mut self);
+}
+
+/// `true` when an unreachable server must fail the test.
+fn on_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Reports an unreachable server: a failure on CI, a note elsewhere.
+fn unreachable(database: &str, url: &str, error: &dyn std::fmt::Display) {
+    assert!(
+        !on_ci(),
+        "{database} at {url} is unreachable on CI: {error}"
+    );
+    eprintln!("skipping: {database} at {url} is unreachable ({error}); set its URL to run this");
+}
+
+/// A table prefix no other test uses.
+fn unique_prefix(database: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("interop_{database}_{}_", &id[..12])
+}
+
+/// Runs `test`, then drops the table whatever happened.
+fn with_table(spring: &mut dyn Spring, test: impl FnOnce(&mut dyn Spring)) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&mut *spring)));
+    spring.drop_table();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Spring holds → leasehold is refused; leasehold holds → Spring is refused; each gets the
+/// lock after the other releases it.
+fn mutual_exclusion(builder: impl Fn() -> RegistryBuilder, spring: &mut dyn Spring) {
+    let registry = builder().build().expect("registry builds");
+    let key = format!("interop-{}", uuid::Uuid::new_v4());
+    let lock = registry.obtain(&key).unwrap();
+    assert_eq!(lock.lock_key(), lock_key_for(&key));
+
+    assert!(spring.try_lock(&key), "Spring takes a free key");
+    assert!(lock.try_lock().unwrap().is_none(), "Spring holds it");
+    assert_eq!(spring.unlock(&key), 1);
+
+    let guard = lock
+        .try_lock()
+        .unwrap()
+        .expect("free after Spring's release");
+    let first = guard.fencing_token();
+    assert!(!spring.try_lock(&key), "leasehold holds it");
+    guard.renew().unwrap();
+    assert_eq!(
+        spring.row(&key),
+        Some((Some(registry.client_id().to_string()), first as i64))
+    );
+    guard.unlock().unwrap();
+    assert_eq!(
+        spring.row(&key).map(|row| row.0),
+        Some(None),
+        "the row stays, released"
+    );
+
+    assert!(spring.try_lock(&key), "Spring takes a released row");
+    assert!(lock.try_lock().unwrap().is_none(), "Spring holds it again");
+    assert_eq!(spring.unlock(&key), 1);
+    let guard = lock.try_lock().unwrap().expect("free again");
+    assert!(
+        guard.fencing_token() > first,
+        "tokens count up across Spring's delete"
+    );
+    guard.unlock().unwrap();
+}
+
+/// Grant, renew, release, a held try, takeover of an expired lease, tokens counting up.
+fn lease_cycle(builder: impl Fn() -> RegistryBuilder, spring: &mut dyn Spring) {
+    let a = builder().build().unwrap();
+    let b = builder().build().unwrap();
+    let key = format!("cycle-{}", uuid::Uuid::new_v4());
+    let (lock_a, lock_b) = (a.obtain(&key).unwrap(), b.obtain(&key).unwrap());
+
+    let guard = lock_a.try_lock().unwrap().expect("a free key is granted");
+    let t1 = guard.fencing_token();
+    assert!(lock_b.try_lock().unwrap().is_none(), "held by a");
+    assert!(lock_b.try_lock().unwrap().is_none(), "still held by a");
+    guard.renew_with_ttl(Duration::from_secs(20)).unwrap();
+    guard.renew().unwrap();
+    guard.unlock().unwrap();
+    let stats = b.statistics();
+    assert_eq!((stats.acquires, stats.grants), (2, 0));
+
+    let guard = lock_b.try_lock().unwrap().expect("released by a");
+    let t2 = guard.fencing_token();
+    assert!(t2 > t1, "{t2} > {t1}");
+    assert!(lock_a.try_lock().unwrap().is_none());
+    guard.unlock().unwrap();
+
+    // A lease that runs out is taken over, and its holder learns it lost the lock.
+    let c = builder().renewal(false).build().unwrap();
+    let guard = c
+        .obtain(&key)
+        .unwrap()
+        .try_lock_with_ttl(Duration::from_millis(50))
+        .unwrap()
+        .expect("granted");
+    let t3 = guard.fencing_token();
+    assert!(t3 > t2, "{t3} > {t2}");
+    std::thread::sleep(Duration::from_millis(120));
+    let taken = lock_b
+        .try_lock()
+        .unwrap()
+        .expect("an expired lease is taken over");
+    assert!(taken.fencing_token() > t3);
+    assert!(guard.renew().unwrap_err().is_lease_lost());
+    assert!(guard.unlock().unwrap_err().is_lease_lost());
+    assert_eq!(spring.row(&key).unwrap().0.as_deref(), Some(b.client_id()));
+    taken.unlock().unwrap();
+}
+
+/// Registries racing for one key: never two holders, never an error, tokens rising.
+fn racing(builder: impl Fn() -> RegistryBuilder + Sync) {
+    let key = format!("race-{}", uuid::Uuid::new_v4());
+    let inside = AtomicBool::new(false);
+    let last_token = AtomicU64::new(0);
+    let grants = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                let registry = builder()
+                    .idle_between_tries(Duration::from_millis(1))
+                    .build()
+                    .unwrap();
+                let lock = registry.obtain(&key).unwrap();
+                for _ in 0..25 {
+                    let guard = lock.lock().unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    let token = guard.fencing_token();
+                    assert!(token > last_token.swap(token, Ordering::SeqCst));
+                    grants.fetch_add(1, Ordering::Relaxed);
+                    inside.store(false, Ordering::SeqCst);
+                    guard.unlock().unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(grants.load(Ordering::Relaxed), 100);
+}
+
+/// Registries let loose at once on the same keys: each key goes to exactly one of them, first
+/// while the rows are absent (racing inserts), then once they have been released (racing
+/// takeovers of existing rows, the path an expired lease takes too).
+fn racing_for_each_key(builder: impl Fn() -> RegistryBuilder + Sync) {
+    const RACERS: usize = 4;
+    const KEYS: usize = 30;
+    let run = uuid::Uuid::new_v4();
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("burst-{run}-{i}")).collect();
+    let registries: Vec<_> = (0..RACERS).map(|_| builder().build().unwrap()).collect();
+    for round in ["absent rows", "released rows"] {
+        let start = std::sync::Barrier::new(RACERS);
+        let done = std::sync::Barrier::new(RACERS);
+        let wins: Vec<Vec<bool>> = std::thread::scope(|scope| {
+            let racers: Vec<_> = registries
+                .iter()
+                .map(|registry| {
+                    let (start, done, keys) = (&start, &done, &keys);
+                    scope.spawn(move || {
+                        let locks: Vec<_> =
+                            keys.iter().map(|k| registry.obtain(k).unwrap()).collect();
+                        start.wait();
+                        let guards: Vec<_> =
+                            locks.iter().map(|lock| lock.try_lock().unwrap()).collect();
+                        // Hold every grant until all racers are done trying.
+                        done.wait();
+                        guards.iter().map(Option::is_some).collect()
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        for (i, key) in keys.iter().enumerate() {
+            let winners = wins.iter().filter(|won| won[i]).count();
+            assert_eq!(winners, 1, "{key} ({round}) had {winners} holders");
+        }
+    }
+}
+
+/// A statement naming a sixth parameter, or an unknown name, is refused when building.
+fn assert_rejected(result: leasehold::Result<LockRegistry>, statement: &str) {
+    match result {
+        Err(Error::InvalidStatement { statement: s, .. }) if s == statement => {}
+        other => panic!("expected the {statement} statement to be rejected, got {other:?}"),
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_interop {
+    use super::*;
+    use postgres::error::SqlState;
+    use postgres::{Client, NoTls};
+
+    fn url() -> String {
+        std::env::var("LEASEHOLD_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    }
+
+    struct SpringPg {
+        client: Client,
+        table: String,
+        client_id: String,
+    }
+
+    impl Spring for SpringPg {
+        fn try_lock(&mut self, key: &str) -> bool {
+            let (table, lock_key) = (&self.table, lock_key_for(key));
+            let now = SystemTime::now();
+            let expires = now + SPRING_TTL;
+            let updated = self
+                .client
+                .execute(
+                    &format!(
+                        "UPDATE {table} SET CLIENT_ID=$1, EXPIRED_AFTER=$2 WHERE REGION=$3 \
+                         AND LOCK_KEY=$4 AND (CLIENT_ID=$5 OR EXPIRED_AFTER<$6)"
+                    ),
+                    &[
+                        &self.client_id,
+                        &expires,
+                        &"DEFAULT",
+                        &lock_key,
+                        &self.client_id,
+                        &now,
+                    ],
+                )
+                .unwrap();
+            if updated > 0 {
+                return true;
+            }
+            let inserted = self.client.execute(
+                &format!(
+                    "INSERT INTO {table} (REGION, LOCK_KEY, CLIENT_ID, CREATED_DATE, \
+                     EXPIRED_AFTER) VALUES ($1, $2, $3, $4, $5)"
+                ),
+                &[&"DEFAULT", &lock_key, &self.client_id, &now, &expires],
+            );
+            match inserted {
+                Ok(_) => true,
+                Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => false,
+                Err(e) => panic!("Spring's insert failed: {e}"),
+            }
+        }
+
+        fn unlock(&mut self, key: &str) -> u64 {
+            let table = &self.table;
+            self.client
+                .execute(
+                    &format!(
+                        "DELETE FROM {table} WHERE REGION=$1 AND LOCK_KEY=$2 AND CLIENT_ID=$3"
+                    ),
+                    &[&"DEFAULT", &lock_key_for(key), &self.client_id],
+                )
+                .unwrap()
+        }
+
+        fn row(&mut self, key: &str) -> Option<(Option<String>, i64)> {
+            let table = &self.table;
+            self.client
+                .query_opt(
+                    &format!(
+                        "SELECT CLIENT_ID::text, FENCING_TOKEN FROM {table} \
+                         WHERE REGION='DEFAULT' AND LOCK_KEY=$1"
+                    ),
+                    &[&lock_key_for(key)],
+                )
+                .unwrap()
+                .map(|row| (row.get(0), row.get(1)))
+        }
+
+        fn table(&self) -> &str {
+            &self.table
+        }
+
+        fn drop_table(&mut self) {
+            let table = &self.table;
+            self.client
+                .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
+                .unwrap();
+        }
+    }
+
+    /// A registry builder on a fresh table, and Spring on the same table; `None` if the server
+    /// is unreachable (and not on CI).
+    fn setup() -> Option<(impl Fn() -> RegistryBuilder + Sync, SpringPg)> {
+        let url = url();
+        let client = match Client::connect(&url, NoTls) {
+            Ok(client) => client,
+            Err(e) => {
+                unreachable("PostgreSQL", &url, &e);
+                return None;
+            }
+        };
+        let prefix = unique_prefix("pg");
+        let table = format!("{prefix}LOCK");
+        let builder = move || {
+            LockRegistry::postgres(url.clone())
+                .prefix(prefix.clone())
+                .create_table(true)
+        };
+        let spring = SpringPg {
+            client,
+            table,
+            client_id: uuid::Uuid::new_v4().to_string(),
+        };
+        Some((builder, spring))
+    }
+
+    #[test]
+    fn spring_and_leasehold_exclude_each_other() {
+        let Some((builder, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |spring| mutual_exclusion(&builder, spring));
+    }
+
+    #[test]
+    fn lease_cycle_and_racing_registries() {
+        let Some((builder, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |spring| {
+            lease_cycle(&builder, spring);
+            racing(&builder);
+            racing_for_each_key(&builder);
+        });
+    }
+
+    #[test]
+    fn replacement_statements_are_checked() {
+        let Some((builder, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |spring| {
+            builder().build().unwrap();
+            let table = spring.table().to_string();
+            // A renew that only extends (a prefix of the parameters is fine).
+            let renew = format!(
+                "UPDATE {table} SET EXPIRED_AFTER = (now() AT TIME ZONE 'UTC') + \
+                 $4 * INTERVAL '1 microsecond' WHERE LOCK_KEY = $1 AND REGION = $2 \
+                 AND CLIENT_ID = $3"
+            );
+            let registry = builder().renew_sql(renew).build().unwrap();
+            let guard = registry
+                .obtain("custom")
+                .unwrap()
+                .try_lock()
+                .unwrap()
+                .unwrap();
+            guard.renew().unwrap();
+            guard.unlock().unwrap();
+            assert_rejected(
+                builder()
+                    .release_sql(format!(
+                        "UPDATE {table} SET CLIENT_ID = NULL WHERE LOCK_KEY = $6"
+                    ))
+                    .build(),
+                "release",
+            );
+            assert_rejected(
+                builder()
+                    .acquire_sql(format!(
+                        "UPDATE {table} SET CLIENT_ID = $3 WHERE LOCK_KEY = $1"
+                    ))
+                    .build(),
+                "acquire",
+            );
+        });
+    }
+
+    #[test]
+    fn connection_errors_say_what_to_fix() {
+        let Some((_, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |_| {
+            let missing = url().rsplit_once('/').unwrap().0.to_string() + "/leasehold_no_such_db";
+            match LockRegistry::postgres(missing).build() {
+                Err(Error::Database {
+                    operation: "connect",
+                    hint,
+                    ..
+                }) => assert!(hint.contains("does not exist"), "{hint}"),
+                other => panic!("unexpected {other:?}"),
+            }
+            let refused = LockRegistry::postgres("postgres://postgres@127.0.0.1:1/test")
+                .connect_timeout(Duration::from_millis(300))
+                .build();
+            match refused {
+                Err(Error::Database {
+                    operation: "connect",
+                    hint,
+                    ..
+                }) => assert!(hint.contains("127.0.0.1:1"), "{hint}"),
+                other => panic!("unexpected {other:?}"),
+            }
+        });
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_interop {
+    use super::*;
+    use mysql::consts::CapabilityFlags;
+    use mysql::prelude::Queryable;
+    use mysql::{Conn, Opts, OptsBuilder, Value};
+
+    fn url() -> String {
+        std::env::var("LEASEHOLD_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    }
+
+    /// `time` as the `DATETIME` Spring binds: UTC wall-clock time.
+    fn utc(time: SystemTime) -> Value {
+        let since = time.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        let secs = since.as_secs();
+        let (days, rest) = (secs / 86_400, secs % 86_400);
+        let (year, month, day) = civil_date(days as i64);
+        Value::Date(
+            year as u16,
+            month as u8,
+            day as u8,
+            (rest / 3600) as u8,
+            (rest % 3600 / 60) as u8,
+            (rest % 60) as u8,
+            since.subsec_micros(),
+        )
+    }
+
+    /// Gregorian (year, month, day) of a day count since 1970-01-01.
+    fn civil_date(days: i64) -> (i64, i64, i64) {
+        // Count from 0000-03-01 in 400-year eras, so that leap days fall at the end of a year.
+        let shifted = days + 719_468;
+        let era = shifted.div_euclid(146_097);
+        let day_of_era = shifted.rem_euclid(146_097);
+        let year_of_era =
+            (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+        let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+        let month_from_march = (5 * day_of_year + 2) / 153;
+        let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+        let month = if month_from_march < 10 {
+            month_from_march + 3
+        } else {
+            month_from_march - 9
+        };
+        let year = year_of_era + era * 400 + i64::from(month <= 2);
+        (year, month, day)
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_date(0), (1970, 1, 1));
+        assert_eq!(civil_date(11_016), (2000, 2, 29));
+        assert_eq!(civil_date(20_787), (2026, 11, 30));
+        assert_eq!(civil_date(-1), (1969, 12, 31));
+    }
+
+    struct SpringMysql {
+        conn: Conn,
+        table: String,
+        client_id: String,
+    }
+
+    impl Spring for SpringMysql {
+        fn try_lock(&mut self, key: &str) -> bool {
+            let (table, lock_key) = (&self.table, lock_key_for(key));
+            let now = SystemTime::now();
+            let expires = now + SPRING_TTL;
+            self.conn
+                .exec_drop(
+                    format!(
+                        "UPDATE {table} SET CLIENT_ID=?, EXPIRED_AFTER=? WHERE REGION=? \
+                         AND LOCK_KEY=? AND (CLIENT_ID=? OR EXPIRED_AFTER<?)"
+                    ),
+                    (
+                        &self.client_id,
+                        utc(expires),
+                        "DEFAULT",
+                        &lock_key,
+                        &self.client_id,
+                        utc(now),
+                    ),
+                )
+                .unwrap();
+            if self.conn.affected_rows() > 0 {
+                return true;
+            }
+            let inserted = self.conn.exec_drop(
+                format!(
+                    "INSERT INTO {table} (REGION, LOCK_KEY, CLIENT_ID, CREATED_DATE, \
+                     EXPIRED_AFTER) VALUES (?, ?, ?, ?, ?)"
+                ),
+                (
+                    "DEFAULT",
+                    &lock_key,
+                    &self.client_id,
+                    utc(now),
+                    utc(expires),
+                ),
+            );
+            match inserted {
+                Ok(()) => true,
+                Err(mysql::Error::MySqlError(e)) if e.code == 1062 => false,
+                Err(e) => panic!("Spring's insert failed: {e}"),
+            }
+        }
+
+        fn unlock(&mut self, key: &str) -> u64 {
+            let table = &self.table;
+            self.conn
+                .exec_drop(
+                    format!("DELETE FROM {table} WHERE REGION=? AND LOCK_KEY=? AND CLIENT_ID=?"),
+                    ("DEFAULT", lock_key_for(key), &self.client_id),
+                )
+                .unwrap();
+            self.conn.affected_rows()
+        }
+
+        fn row(&mut self, key: &str) -> Option<(Option<String>, i64)> {
+            let table = &self.table;
+            self.conn
+                .exec_first(
+                    format!(
+                        "SELECT CLIENT_ID, FENCING_TOKEN FROM {table} \
+                         WHERE REGION='DEFAULT' AND LOCK_KEY=?"
+                    ),
+                    (lock_key_for(key),),
+                )
+                .unwrap()
+        }
+
+        fn table(&self) -> &str {
+            &self.table
+        }
+
+        fn drop_table(&mut self) {
+            let table = &self.table;
+            self.conn
+                .query_drop(format!("DROP TABLE IF EXISTS {table}"))
+                .unwrap();
+        }
+    }
+
+    fn setup() -> Option<(impl Fn() -> RegistryBuilder + Sync, SpringMysql)> {
+        let url = url();
+        // Spring's driver (Connector/J) reports found rows, not changed rows.
+        let opts = Opts::from_url(&url).expect("LEASEHOLD_MYSQL_URL parses");
+        let opts = OptsBuilder::from_opts(opts)
+            .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS);
+        let conn = match Conn::new(opts) {
+            Ok(conn) => conn,
+            Err(e) => {
+                unreachable("MySQL", &url, &e);
+                return None;
+            }
+        };
+        let prefix = unique_prefix("my");
+        let table = format!("{prefix}LOCK");
+        let builder = move || {
+            LockRegistry::mysql(url.clone())
+                .prefix(prefix.clone())
+                .create_table(true)
+        };
+        let spring = SpringMysql {
+            conn,
+            table,
+            client_id: uuid::Uuid::new_v4().to_string(),
+        };
+        Some((builder, spring))
+    }
+
+    #[test]
+    fn spring_and_leasehold_exclude_each_other() {
+        let Some((builder, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |spring| mutual_exclusion(&builder, spring));
+    }
+
+    #[test]
+    fn lease_cycle_and_racing_registries() {
+        let Some((builder, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |spring| {
+            lease_cycle(&builder, spring);
+            racing(&builder);
+            racing_for_each_key(&builder);
+        });
+    }
+
+    #[test]
+    fn replacement_statements_are_checked() {
+        let Some((builder, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |spring| {
+            builder().build().unwrap();
+            let table = spring.table().to_string();
+            // Named parameters, any subset, any order.
+            let renew = format!(
+                "UPDATE {table} SET EXPIRED_AFTER = UTC_TIMESTAMP(6) + INTERVAL :ttl_micros \
+                 MICROSECOND WHERE CLIENT_ID = :client_id AND LOCK_KEY = :lock_key \
+                 AND REGION = :region"
+            );
+            let registry = builder().renew_sql(renew).build().unwrap();
+            let guard = registry
+                .obtain("custom")
+                .unwrap()
+                .try_lock()
+                .unwrap()
+                .unwrap();
+            guard.renew().unwrap();
+            guard.unlock().unwrap();
+            // Plain `?` bind parameters 1, 2, 3 in order. This renew changes nothing in the
+            // row: with found rows it still counts as renewed.
+            let renew = format!(
+                "UPDATE {table} SET EXPIRED_AFTER = EXPIRED_AFTER \
+                 WHERE LOCK_KEY = ? AND REGION = ? AND CLIENT_ID = ?"
+            );
+            let registry = builder().renew_sql(renew).build().unwrap();
+            let guard = registry
+                .obtain("custom")
+                .unwrap()
+                .try_lock()
+                .unwrap()
+                .unwrap();
+            guard.renew().unwrap();
+            guard.unlock().unwrap();
+            assert_rejected(
+                builder()
+                    .release_sql(format!(
+                        "UPDATE {table} SET CLIENT_ID = NULL WHERE LOCK_KEY = :lockkey"
+                    ))
+                    .build(),
+                "release",
+            );
+            assert_rejected(
+                builder()
+                    .acquire_sql(format!(
+                        "UPDATE {table} SET CLIENT_ID = :client_id WHERE LOCK_KEY = :lock_key"
+                    ))
+                    .build(),
+                "acquire",
+            );
+        });
+    }
+
+    #[test]
+    fn connection_errors_say_what_to_fix() {
+        let Some((_, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |_| {
+            let missing = url().rsplit_once('/').unwrap().0.to_string() + "/leasehold_no_such_db";
+            match LockRegistry::mysql(missing).build() {
+                Err(Error::Database {
+                    operation: "connect",
+                    hint,
+                    ..
+                }) => assert!(hint.contains("leasehold_no_such_db"), "{hint}"),
+                other => panic!("unexpected {other:?}"),
+            }
+            let refused = LockRegistry::mysql("mysql://root@127.0.0.1:1/test")
+                .connect_timeout(Duration::from_millis(300))
+                .build();
+            match refused {
+                Err(Error::Database {
+                    operation: "connect",
+                    hint,
+                    ..
+                }) => assert!(hint.contains("127.0.0.1:1"), "{hint}"),
+                other => panic!("unexpected {other:?}"),
+            }
+        });
+    }
+}
