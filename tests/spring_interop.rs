@@ -408,6 +408,57 @@ mod postgres_interop {
     }
 
     #[test]
+    fn a_release_wakes_waiters_of_other_registries() {
+        let Some((builder, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |spring| {
+            let holder = builder().build().unwrap();
+            // Polls are ten seconds apart: only the notification can wake the waiter quickly.
+            let waiter = builder()
+                .idle_between_tries(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            let guard = holder.obtain("wake").unwrap().lock().unwrap();
+            let started = std::sync::Barrier::new(2);
+            let waited = std::thread::scope(|scope| {
+                let waiting = scope.spawn(|| {
+                    let lock = waiter.obtain("wake").unwrap();
+                    started.wait();
+                    let began = std::time::Instant::now();
+                    let got = lock.try_lock_for(Duration::from_secs(8)).unwrap();
+                    (got.is_some(), began.elapsed())
+                });
+                started.wait();
+                std::thread::sleep(Duration::from_millis(300));
+                guard.unlock().unwrap();
+                waiting.join().unwrap()
+            });
+            assert!(waited.0, "the waiter got the lock");
+            assert!(
+                waited.1 < Duration::from_secs(3),
+                "woken after {:?}",
+                waited.1
+            );
+            assert_eq!(waiter.statistics().acquires, 2, "one poll, one wake-up");
+
+            // The listener goes away with its registry.
+            let listeners = |spring: &mut dyn Spring| {
+                let sql = format!(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{}\"'",
+                    spring.table().to_ascii_lowercase()
+                );
+                let mut client = Client::connect(&url(), NoTls).unwrap();
+                client.query_one(&sql, &[]).unwrap().get::<_, i64>(0)
+            };
+            assert_eq!(listeners(spring), 2);
+            drop((holder, waiter));
+            std::thread::sleep(Duration::from_millis(2500));
+            assert_eq!(listeners(spring), 0);
+        });
+    }
+
+    #[test]
     fn connection_errors_say_what_to_fix() {
         let Some((_, mut spring)) = setup() else {
             return;

@@ -37,8 +37,22 @@
 //!   statement that also runs `set_config('synchronous_commit', 'off', true)`: the commit does
 //!   not wait for the disk, in the same single round trip. Losing a release in a server crash
 //!   only leaves the lease to expire; and since WAL is written in order, the next durable grant
-//!   of the key makes the release durable too. Its result is one row per released row, which
-//!   the driver reports as the affected-row count.
+//!   of the key makes the release durable too. For each released row it also calls
+//!   `pg_notify(<table>, '<LOCK_KEY> <REGION>')` (sent at commit, only if a row was released;
+//!   the commit is not waiting for the disk, so the database-wide lock PostgreSQL takes to order
+//!   notifications is held only briefly). Its result is one row per released row, which the
+//!   driver reports as the affected-row count.
+//!
+//! # Release notifications
+//!
+//! With `notifications(true)` (the default) a registry opens one more connection, outside the
+//! pools, runs `LISTEN "<table>"` (the table name in lower case, as PostgreSQL folds it: at
+//! most 63 characters, so it always fits a channel name) and keeps a thread that wakes this
+//! registry's sleeping pollers for every release in its region. Releases by Spring (`DELETE`)
+//! and leases that simply expire send nothing; polling every `idle_between_tries` still covers
+//! them. When no notification arrives for a second the thread calls the waker with an empty
+//! key to learn whether the registry still exists, and every 30 s it checks the connection;
+//! a lost connection is reopened (missed releases are again left to polling).
 //!
 //! `columns` resolves the table name with `to_regclass`, exactly as the statements do
 //! (`search_path`, an optional `schema.` and case folding of unquoted names).
@@ -47,9 +61,10 @@
 //! the registry is built, so a wrong password or database name is reported as such instead of
 //! as a pool timeout.
 
-use super::{Backend, Conn, Failure, FailureKind, Params, Queries};
+use super::{Backend, Conn, Failure, FailureKind, Params, Queries, ReleaseWaker, TableSettings};
 use crate::error::Error;
 use postgres::config::Host;
+use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Config, NoTls, Statement};
 use std::collections::HashMap;
@@ -154,7 +169,8 @@ impl Backend for Postgres {
                  released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
                  AND EXPIRED_AFTER >= {NOW} RETURNING 1) \
-                 SELECT 1 FROM released, no_sync"
+                 SELECT pg_notify('{channel}', $1 || ' ' || $2) FROM released, no_sync",
+                channel = channel(table)
             ),
         }
     }
@@ -241,6 +257,102 @@ impl Backend for Postgres {
 
     fn clock_sql() -> &'static str {
         "SELECT CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS BIGINT)"
+    }
+
+    fn listen_for_releases(manager: &PgManager, table: &TableSettings, wake: ReleaseWaker) -> bool {
+        let listener = Listener {
+            config: manager.config.clone(),
+            channel: channel(&table.table),
+            region: table.region.clone(),
+            wake,
+        };
+        // Listen before returning, so that no release after `build()` goes unnoticed.
+        let client = match listener.connect() {
+            Ok(client) => client,
+            Err(e) => {
+                log::warn!("PostgreSQL release notifications are off (waiters poll): {e}");
+                return false;
+            }
+        };
+        std::thread::Builder::new()
+            .name("leasehold-listen".into())
+            .spawn(move || listener.run(client))
+            .is_ok()
+    }
+}
+
+/// The notification channel of `table`: its name as PostgreSQL folds it (validated
+/// identifiers only, so it is safe in a literal; at most 63 characters).
+fn channel(table: &str) -> String {
+    table.to_ascii_lowercase()
+}
+
+/// The thread that turns release notifications into wake-ups of this registry's pollers.
+struct Listener {
+    config: Config,
+    channel: String,
+    region: String,
+    wake: ReleaseWaker,
+}
+
+impl Listener {
+    /// How long the listener waits for a notification before checking that the registry lives.
+    const PROBE: Duration = Duration::from_secs(1);
+    /// How often an idle listener checks its connection.
+    const CHECK: Duration = Duration::from_secs(30);
+
+    fn connect(&self) -> Result<Client, postgres::Error> {
+        let mut client = self.config.connect(NoTls)?;
+        client.batch_execute(&format!("LISTEN \"{}\"", self.channel))?;
+        Ok(client)
+    }
+
+    /// Delivers notifications until the registry is gone, reconnecting when the connection
+    /// fails.
+    fn run(self, mut client: Client) {
+        let mut checked = Instant::now();
+        while self.deliver(&mut client) && (self.wake)("") {
+            let mut lost = client.is_closed();
+            if !lost && checked.elapsed() >= Self::CHECK {
+                checked = Instant::now();
+                lost = client.is_valid(Duration::from_secs(5)).is_err();
+            }
+            if lost {
+                match self.reconnect() {
+                    Some(fresh) => client = fresh,
+                    None => return,
+                }
+            }
+        }
+    }
+
+    /// Wakes pollers for the notifications that arrive until none has for `PROBE` (or the
+    /// connection fails); `false` once the registry is gone.
+    fn deliver(&self, client: &mut Client) -> bool {
+        let mut notifications = client.notifications();
+        let mut pending = notifications.timeout_iter(Self::PROBE);
+        while let Ok(Some(notification)) = pending.next() {
+            if let Some((lock_key, region)) = notification.payload().split_once(' ') {
+                if region == self.region && !(self.wake)(lock_key) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// A new listening connection, retried every second; `None` once the registry is gone.
+    fn reconnect(&self) -> Option<Client> {
+        loop {
+            std::thread::sleep(Self::PROBE);
+            if !(self.wake)("") {
+                return None;
+            }
+            match self.connect() {
+                Ok(client) => return Some(client),
+                Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
+            }
+        }
     }
 }
 
