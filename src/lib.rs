@@ -94,6 +94,7 @@ mod backend;
 mod cache;
 mod error;
 mod key;
+mod leader;
 mod lease;
 mod lock;
 mod registry;
@@ -101,6 +102,10 @@ mod registry;
 pub use backend::Statistics;
 pub use error::{DatabaseError, Error, LossReason, Result};
 pub use key::{lock_key_for, MAX_KEY_BYTES};
+pub use leader::{
+    ClientClock, ClockOffset, GroupAlreadyLed, LeaderElection, LeaderElectionBuilder, Leadership,
+    LeadershipLossReason, LeadershipLost, LeadershipLostCallback,
+};
 pub use lease::{LeaseLost, LostCallback};
 pub use lock::{Lock, LockGuard};
 pub use registry::{

@@ -1,0 +1,1458 @@
+//! Leader election on the registry: see [`LeaderElection`] for the design, the settings and
+//! the guarantees (this module is private; its documentation lives on the public types).
+
+use crate::error::{Error, LossReason, Result};
+use crate::lease::LeaseLost;
+use crate::lock::{Lock, LockGuard};
+use crate::registry::{
+    LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
+};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A replacement for the client's wall clock; see [`LeaderElectionBuilder::client_clock`].
+pub type ClientClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// Called once per involuntary loss of leadership; see
+/// [`LeaderElectionBuilder::on_leadership_lost`].
+pub type LeadershipLostCallback = Arc<dyn Fn(&LeadershipLost) + Send + Sync>;
+
+/// Why a term ended without its leader resigning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeadershipLossReason {
+    /// The registry reported the lease lost: a renewal found another holder or none
+    /// ([`LossReason::NotOwner`]), or failed for good ([`LossReason::Expired`]).
+    Lease(LossReason),
+    /// No renewal succeeded in time: the leader stepped down with
+    /// [`step_down_margin`](LeaderElection::step_down_margin) of its lease left, before any
+    /// standby could be granted the lock.
+    RenewalOverdue,
+}
+
+impl fmt::Display for LeadershipLossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeadershipLossReason::Lease(reason) => write!(f, "the lease was lost: {reason}"),
+            LeadershipLossReason::RenewalOverdue => f.write_str(
+                "no renewal succeeded in time; stepped down before the lease could expire",
+            ),
+        }
+    }
+}
+
+/// What the loss channel, the loss callback and `run`'s `on_lost` receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeadershipLost {
+    /// The group (the lock key).
+    pub group: String,
+    /// The term that ended (its fencing token).
+    pub term: u64,
+    /// Why it ended.
+    pub reason: LeadershipLossReason,
+}
+
+impl fmt::Display for LeadershipLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "leadership of {:?} (term {}) lost: {}",
+            self.group, self.term, self.reason
+        )
+    }
+}
+
+/// The error behind [`LeaderElection::acquire`]'s failure under
+/// [`fail_if_locked`](LeaderElectionBuilder::fail_if_locked): it is the `source()` of the
+/// [`Error::Database`] returned, so callers can tell it apart with
+/// `error.source().and_then(|s| s.downcast_ref::<GroupAlreadyLed>())`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupAlreadyLed {
+    /// The group.
+    pub group: String,
+    /// `true` when the leader is this very election (another handle holds the term).
+    pub by_this_election: bool,
+}
+
+impl fmt::Display for GroupAlreadyLed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let who = if self.by_this_election {
+            "this election"
+        } else {
+            "another instance"
+        };
+        write!(f, "group {:?} is already led by {who}", self.group)
+    }
+}
+
+impl std::error::Error for GroupAlreadyLed {}
+
+/// One measurement of the offset between the database clock and this instance's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockOffset {
+    micros: i64,
+    round_trip: Duration,
+    measured_at: Instant,
+}
+
+impl ClockOffset {
+    /// Database clock minus client clock, in microseconds: positive when the database is ahead.
+    pub fn as_micros(&self) -> i64 {
+        self.micros
+    }
+
+    /// The size of the offset, whichever clock is ahead.
+    pub fn magnitude(&self) -> Duration {
+        Duration::from_micros(self.micros.unsigned_abs())
+    }
+
+    /// `true` when the database clock is ahead of the client clock.
+    pub fn database_is_ahead(&self) -> bool {
+        self.micros > 0
+    }
+
+    /// The round trip of the measuring query; the offset is uncertain by half of it.
+    pub fn round_trip(&self) -> Duration {
+        self.round_trip
+    }
+
+    /// When it was measured, on the monotonic clock.
+    pub fn measured_at(&self) -> Instant {
+        self.measured_at
+    }
+
+    /// `client_time` moved onto the database clock (client time plus the offset).
+    pub fn to_database_time(&self, client_time: SystemTime) -> SystemTime {
+        let shift = self.magnitude();
+        let moved = if self.micros >= 0 {
+            client_time.checked_add(shift)
+        } else {
+            client_time.checked_sub(shift)
+        };
+        moved.unwrap_or(client_time)
+    }
+}
+
+impl fmt::Display for ClockOffset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.micros < 0 { "-" } else { "+" };
+        write!(
+            f,
+            "{sign}{:.3} s (database minus client; ±{:.3} s)",
+            self.magnitude().as_secs_f64(),
+            self.round_trip.as_secs_f64() / 2.0
+        )
+    }
+}
+
+/// The validated timings of an election.
+#[derive(Debug, Clone, Copy)]
+struct Timings {
+    lease: Duration,
+    keep_alive: Duration,
+    sleep: Duration,
+    max_diff: Duration,
+    fail_if_locked: bool,
+    margin: Duration,
+}
+
+/// Configures a [`LeaderElection`]; see [`LeaderElection`] for what each setting means.
+#[must_use = "a builder does nothing until build() is called"]
+pub struct LeaderElectionBuilder {
+    registry: RegistryBuilder,
+    group: String,
+    lease: Duration,
+    keep_alive: Option<Duration>,
+    sleep: Duration,
+    max_diff: Duration,
+    fail_if_locked: bool,
+    clock: ClientClock,
+    on_lost: Option<LeadershipLostCallback>,
+}
+
+impl LeaderElectionBuilder {
+    /// How long leadership lasts on the database clock after the last successful grant or
+    /// renewal; the longest a crashed leader keeps the group without a leader. Defaults to 10 s.
+    /// Must be within [`MIN_TIME_TO_LIVE`]..=[`MAX_TIME_TO_LIVE`]. Becomes the registry's
+    /// `time_to_live`.
+    pub fn lease_duration(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The leader's renewal cadence: each renewal is sent this long after the previous one was
+    /// sent. Defaults to a third of the lease. Must satisfy
+    /// `2 × period + lease / 10 ≤ lease` (see [`LeaderElection`]). Becomes the registry's
+    /// `renew_every`.
+    pub fn lock_keep_alive_period(mut self, period: Duration) -> Self {
+        self.keep_alive = Some(period);
+        self
+    }
+
+    /// How long a standby sleeps between attempts to become leader. Defaults to 1 s. A crashed
+    /// leader is replaced within about lease + this; a resigning one within about this. Must be
+    /// within 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`]. Becomes the registry's `idle_between_tries`.
+    pub fn lock_acquire_sleep_interval(mut self, interval: Duration) -> Self {
+        self.sleep = interval;
+        self
+    }
+
+    /// How far this instance's clock may be from the database's before the wall-clock times
+    /// the election reports are corrected by the measured offset, with a warning logged.
+    /// Defaults to zero, which turns the correction off (the offset is still measured and
+    /// available from [`LeaderElection::clock_offset`]). Whether a lease has expired never
+    /// depends on it: that is always judged on the database clock.
+    pub fn max_allowable_diff_from_db_time(mut self, max: Duration) -> Self {
+        self.max_diff = max;
+        self
+    }
+
+    /// With `true`, [`LeaderElection::acquire`] and the first round of [`LeaderElection::run`]
+    /// make one attempt and fail with an [`Error::Database`] whose source is
+    /// [`GroupAlreadyLed`] when another instance leads, instead of standing by. Defaults to
+    /// `false`.
+    pub fn fail_if_locked(mut self, fail: bool) -> Self {
+        self.fail_if_locked = fail;
+        self
+    }
+
+    /// **For tests and simulations**: the wall clock this instance believes in, instead of
+    /// `SystemTime::now`. It is used for the offset measurement and for every wall-clock time
+    /// the election reports; leases never depend on it.
+    pub fn client_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Called once per involuntary loss of leadership, on the election's agent thread, right
+    /// when the loss is noticed (before the lease is released). Keep it short; it must not
+    /// block or call into the same election. Defaults to none (losses are logged at `warn`).
+    pub fn on_leadership_lost(
+        mut self,
+        callback: impl Fn(&LeadershipLost) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_lost = Some(Arc::new(callback));
+        self
+    }
+
+    fn timings(&self) -> Result<Timings> {
+        let lease = self.lease;
+        if !(MIN_TIME_TO_LIVE..=MAX_TIME_TO_LIVE).contains(&lease) {
+            return Err(Error::setting(
+                "lease_duration",
+                format!("{lease:?} is outside {MIN_TIME_TO_LIVE:?}..={MAX_TIME_TO_LIVE:?}"),
+            ));
+        }
+        let margin = lease / 10;
+        let keep_alive = self.keep_alive.unwrap_or(lease / 3);
+        if keep_alive.is_zero() {
+            return Err(Error::setting(
+                "lock_keep_alive_period",
+                "must be longer than zero",
+            ));
+        }
+        let needed = keep_alive.saturating_mul(2).saturating_add(margin);
+        if needed > lease {
+            return Err(Error::setting(
+                "lock_keep_alive_period",
+                format!(
+                    "{keep_alive:?} leaves no time to renew a {lease:?} lease: the first renewal \
+                     is due {keep_alive:?} after the grant and needs one more period of slack \
+                     before the leader steps down ({margin:?} before the lease ends), so use at \
+                     most {:?} (2 × period + lease / 10 ≤ lease)",
+                    (lease - margin) / 2
+                ),
+            ));
+        }
+        let sleep = self.sleep;
+        if sleep < Duration::from_millis(1) || sleep > MAX_IDLE_BETWEEN_TRIES {
+            return Err(Error::setting(
+                "lock_acquire_sleep_interval",
+                format!(
+                    "{sleep:?} is outside 1ms..={MAX_IDLE_BETWEEN_TRIES:?}; zero would spin on \
+                     the database"
+                ),
+            ));
+        }
+        Ok(Timings {
+            lease,
+            keep_alive,
+            sleep,
+            max_diff: self.max_diff,
+            fail_if_locked: self.fail_if_locked,
+            margin,
+        })
+    }
+
+    /// Validates the timings, builds the registry, measures the clock offset once and starts
+    /// the election's threads. The election does not compete until asked to.
+    pub fn build(self) -> Result<LeaderElection> {
+        let timings = self.timings()?;
+        let registry = self
+            .registry
+            .time_to_live(timings.lease)
+            .renew_every(timings.keep_alive)
+            .renewal(true)
+            .idle_between_tries(timings.sleep)
+            .build()?;
+        let lock = registry.obtain(&self.group)?;
+        let clock = self.clock;
+        let first = measure(&registry, &clock)?;
+        let shared = Arc::new(Shared {
+            group: self.group,
+            registry,
+            timings,
+            clock,
+            offset: Mutex::new(OffsetState {
+                last: first,
+                adjusting: false,
+            }),
+            current: Mutex::new(None),
+            on_lost: self.on_lost,
+        });
+        shared.record_offset(first);
+
+        let (tick_tx, tick_rx) = crossbeam_channel::bounded::<()>(1);
+        let for_clock = Arc::clone(&shared);
+        spawn("leasehold-leader-clock", move || {
+            for () in tick_rx {
+                if let Err(e) = for_clock.measure() {
+                    log::debug!("measuring the clock offset of {:?}: {e}", for_clock.group);
+                }
+            }
+        })?;
+        let (commands_tx, commands_rx) = crossbeam_channel::unbounded();
+        let for_agent = Arc::clone(&shared);
+        // The agent is built on its own thread: the guard it will hold is `!Send`.
+        spawn("leasehold-leader", move || {
+            Agent {
+                shared: for_agent,
+                lock,
+                commands: commands_rx,
+                waiting: VecDeque::new(),
+                held: None,
+                next_attempt: Instant::now(),
+                next_check: Instant::now(),
+                next_clock: Instant::now() + timings.keep_alive,
+                clock_tick: tick_tx,
+                last_error: None,
+            }
+            .run()
+        })?;
+        Ok(LeaderElection {
+            handle: Arc::new(Handle {
+                shared,
+                commands: commands_tx,
+                next_id: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> Result<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(body)
+        .map(drop)
+        .map_err(|e| Error::Database {
+            operation: "start leader election",
+            hint: format!("could not start the {name} thread: {e}"),
+            source: Box::new(e),
+        })
+}
+
+/// One contender in the leader election of one group: one lock per group, one leader per term.
+///
+/// Cheap to clone; clones are the same contender (one registry, one `CLIENT_ID`). Create one
+/// per instance and group with [`LeaderElection::builder`].
+///
+/// A group of instances that want exactly one of them to act — a batch scheduler, a singleton
+/// consumer, ActiveMQ's master broker — each build a [`LeaderElection`] on the same table and
+/// group name. The group name is the key of an ordinary registry lock; the instance holding it
+/// is the leader, its keeper thread renews the lease, and the others ("standbys") poll for it.
+/// Nothing here changes how locks behave: a term is one database grant of that lock, and its
+/// number is the grant's fencing token.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// use leasehold::{LeaderElection, LockRegistry};
+/// use std::time::Duration;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let registry = LockRegistry::sqlite(dir.path().join("locks.db")).create_table(true);
+/// let election = LeaderElection::builder(registry, "nightly-batch")
+///     .lease_duration(Duration::from_secs(30))
+///     .lock_keep_alive_period(Duration::from_secs(10))
+///     .lock_acquire_sleep_interval(Duration::from_secs(1))
+///     .build()?;
+/// let leadership = election.acquire()?; // stands by until elected
+/// assert!(election.is_leader());
+/// let losses = leadership.loss_channel(); // select on it while doing leader work
+/// println!("leading term {} (pass it to what you write to)", leadership.term());
+/// # assert!(losses.try_recv().is_err());
+/// leadership.resign()?; // a standby takes over at its next poll
+/// assert!(!election.is_leader());
+/// # Ok(()) }
+/// ```
+///
+/// # The knobs, exactly
+///
+/// ActiveMQ's lease locker uses `lockAcquireSleepInterval` both as the standby poll interval and
+/// as the lease length, and `lockKeepAlivePeriod` as the renewal cadence; a keep-alive period
+/// longer than the lease (as in its own documentation's example, 10 s and 5 s) makes the master
+/// lose its lease between renewals, and ActiveMQ only warns. Here each duration has one meaning:
+///
+/// | setting | meaning | default | registry setting it becomes |
+/// |---------|---------|---------|-----------------------------|
+/// | [`lease_duration`](LeaderElectionBuilder::lease_duration) | how long a grant or renewal keeps the leadership on the **database clock** without another renewal; the longest a crashed leader blocks the group | 10 s | `time_to_live` |
+/// | [`lock_keep_alive_period`](LeaderElectionBuilder::lock_keep_alive_period) | the leader's **renewal cadence**: a renewal is sent this long after the previous one was sent | a third of the lease | `renew_every` |
+/// | [`lock_acquire_sleep_interval`](LeaderElectionBuilder::lock_acquire_sleep_interval) | how long a **standby** sleeps between two attempts to become leader (one statement each; a read when the lease is held) | 1 s | `idle_between_tries` |
+/// | [`max_allowable_diff_from_db_time`](LeaderElectionBuilder::max_allowable_diff_from_db_time) | how far this instance's wall clock may be from the database's before the times this election reports are corrected by the measured offset (and a warning is logged); zero turns the correction off | 0 (off) | — |
+/// | [`fail_if_locked`](LeaderElectionBuilder::fail_if_locked) | [`acquire`](LeaderElection::acquire) and the first round of [`run`](LeaderElection::run) make one attempt and fail if another instance leads, instead of standing by | `false` | — |
+///
+/// The builder also sets `renewal(true)` on the registry builder it is given; every other
+/// registry setting (connection, table prefix, region, pool sizes, `operation_timeout`, the
+/// registry's own `on_lease_lost`) is the caller's.
+///
+/// **The rule for renewal in time.** A leader that cannot renew *steps down* when its lease has
+/// [`step_down_margin`](LeaderElection::step_down_margin) = `lease_duration / 10` left (see
+/// below). The first renewal is due one keep-alive period after the grant; if it fails or is
+/// slow, there must still be a whole keep-alive period for it (or its retries) to get through
+/// before the step-down. So `build()` requires
+///
+/// ```text
+/// 2 × lock_keep_alive_period + lease_duration / 10 ≤ lease_duration
+/// ```
+///
+/// i.e. a keep-alive period of at most 45 % of the lease (4.5 s of a 10 s lease), and rejects
+/// anything else with [`Error::InvalidSetting`].
+///
+/// # Losing leadership, promptly
+///
+/// A leader must stop acting as one before another instance can become leader. Leadership ends
+/// involuntarily in two ways, both reported the same way — [`Leadership::is_leader`] and
+/// [`LeaderElection::is_leader`] turn `false`, the term's [`Leadership::loss_channel`] receives
+/// a [`LeadershipLost`], the builder's
+/// [`on_leadership_lost`](LeaderElectionBuilder::on_leadership_lost) callback runs, and
+/// [`run`](LeaderElection::run) calls its `on_lost`:
+///
+/// - **the registry reports the lease lost** ([`LeadershipLossReason::Lease`]): a renewal found
+///   another holder or no row, or failed for good;
+/// - **the renewal is overdue** ([`LeadershipLossReason::RenewalOverdue`]): no renewal has
+///   succeeded and the lease has only the step-down margin left. The election's agent thread
+///   watches the lease deadline itself, so this fires on time even when a renewal statement hangs
+///   on an unreachable server. The deadline is the instant the last successful renewal was
+///   *sent* plus the lease, on the monotonic clock; the database started its lease later than
+///   that, so the leader stops at least one margin before any standby can be granted the lock.
+///
+/// After a loss the election releases what is left of the lease (best effort) and, if a
+/// campaign is still running (`run`), competes again. A [`Leadership`] whose term was lost stays
+/// lost: its [`resign`](Leadership::resign) reports [`Error::LeaseLost`].
+///
+/// `is_leader()` compares the step-down instant with the monotonic clock directly, so it turns
+/// `false` on time even if no thread has woken up yet. Like every lease, this cannot protect a
+/// leader that is paused (GC, swap, a stopped VM) between checking and acting: pass
+/// [`Leadership::term`] to the resources you write to and have them refuse smaller terms.
+///
+/// # Resigning
+///
+/// [`Leadership::resign`] (or dropping the [`Leadership`]) releases the lock at once: a standby
+/// takes over at its next poll, within one `lock_acquire_sleep_interval`, without waiting out the
+/// lease. The resigning election waits one sleep interval before competing again itself, so a
+/// standby gets the turn. Standbys only poll: the registry's release notifications
+/// (`RegistryBuilder::notifications`) do not shorten the handover, and can be turned off on the
+/// registry builder to save their connection.
+///
+/// # Clock skew
+///
+/// Whether a lease has expired is decided only by the database, on its own clock, inside the
+/// acquire and renew statements: a client whose clock is wrong cannot steal leadership, and a
+/// leader's own deadline runs on its monotonic clock. Wall clocks still matter for what the
+/// election *reports* — [`Leadership::elected_at`], [`Leadership::lease_ends_at`],
+/// [`LeaderElection::now`] — and an operator comparing them across machines wants them on one
+/// clock. So each election measures its offset to the database clock: at `build()`, then every
+/// keep-alive period while it leads or stands by (on a helper thread, so a slow database never
+/// delays a step-down), and on demand with
+/// [`measure_clock_offset`](LeaderElection::measure_clock_offset). The offset is the database
+/// time minus the midpoint of the client clock readings taken around the query; it is uncertain
+/// by half the round trip, which [`ClockOffset::round_trip`] reports. Unlike ActiveMQ, which
+/// measures once, the offset is refreshed, so a clock that steps (NTP, daylight-saving bugs) is
+/// caught.
+///
+/// When `max_allowable_diff_from_db_time` is non-zero and the measured offset exceeds it, the
+/// election logs a warning (once, when the offset first exceeds it; an `info` when it is back
+/// within) and every wall-clock time it reports is corrected by the offset, i.e. expressed on
+/// the database clock. Within the allowance, or with the setting at zero, the client clock is
+/// reported as is. [`client_clock`](LeaderElectionBuilder::client_clock) replaces the client
+/// clock for tests and simulations.
+///
+/// # Threads and handles
+///
+/// A lock guard is `!Send`: it belongs to the thread that acquired it. Each election therefore
+/// has one agent thread that makes the attempts, holds the guard of the current term, and
+/// watches its deadline; a clock thread measures the offset. [`LeaderElection`] (cheap to clone;
+/// clones are the same contender) and [`Leadership`] are `Send` and `Sync` handles that talk to
+/// the agent. The threads end when the last election handle and the last leadership handle are
+/// dropped; a term still held then is released.
+///
+/// Callbacks run on the agent thread (`on_leadership_lost`) or the thread calling `run`; they
+/// must return promptly and must not call back into the same election. A callback must not own
+/// a clone of its election (that would keep the election alive forever).
+///
+/// Do not lock the group's key yourself through [`LeaderElection::registry`]: a local waiter
+/// would be handed the lease when the leader resigns.
+#[derive(Clone)]
+pub struct LeaderElection {
+    handle: Arc<Handle>,
+}
+
+/// What election handles share: the agent's mailbox.
+struct Handle {
+    shared: Arc<Shared>,
+    commands: Sender<Command>,
+    next_id: AtomicU64,
+}
+
+impl LeaderElection {
+    /// A builder for an election of `group` (the lock key: 1 to
+    /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) bytes) on the registry `registry` will build.
+    /// Configure the connection, table and region on `registry`; the election sets its
+    /// timings (see [`LeaderElection`]).
+    pub fn builder(registry: RegistryBuilder, group: impl Into<String>) -> LeaderElectionBuilder {
+        LeaderElectionBuilder {
+            registry,
+            group: group.into(),
+            lease: Duration::from_secs(10),
+            keep_alive: None,
+            sleep: Duration::from_secs(1),
+            max_diff: Duration::ZERO,
+            fail_if_locked: false,
+            clock: Arc::new(SystemTime::now),
+            on_lost: None,
+        }
+    }
+
+    /// The group name (the lock key).
+    pub fn group(&self) -> &str {
+        &self.handle.shared.group
+    }
+
+    /// The registry this election runs on (for its statistics, client id or clock). Do not
+    /// lock the group's key through it.
+    pub fn registry(&self) -> &LockRegistry {
+        &self.handle.shared.registry
+    }
+
+    /// The lease duration in force.
+    pub fn lease_duration(&self) -> Duration {
+        self.handle.shared.timings.lease
+    }
+
+    /// The leader's renewal cadence in force.
+    pub fn lock_keep_alive_period(&self) -> Duration {
+        self.handle.shared.timings.keep_alive
+    }
+
+    /// The standby poll interval in force.
+    pub fn lock_acquire_sleep_interval(&self) -> Duration {
+        self.handle.shared.timings.sleep
+    }
+
+    /// How much of its lease a leader that cannot renew keeps when it steps down: a tenth of
+    /// the lease.
+    pub fn step_down_margin(&self) -> Duration {
+        self.handle.shared.timings.margin
+    }
+
+    /// Stands by until this instance is elected (or, with
+    /// [`fail_if_locked`](LeaderElectionBuilder::fail_if_locked), makes one attempt).
+    ///
+    /// A standby makes one attempt per `lock_acquire_sleep_interval`. Database failures while
+    /// standing by are logged at `warn` and retried at the next interval: a standby outlives
+    /// outages. Use [`try_acquire_for`](Self::try_acquire_for) to bound the wait. If this
+    /// election already leads through another [`Leadership`], this waits for that term to end.
+    pub fn acquire(&self) -> Result<Leadership> {
+        let kind = if self.handle.shared.timings.fail_if_locked {
+            Kind::OnceOrFail
+        } else {
+            Kind::StandBy
+        };
+        loop {
+            let (_, reply) = self.campaign(kind, None)?;
+            if let Some(leadership) = wait(&reply)? {
+                return Ok(leadership);
+            }
+        }
+    }
+
+    /// One attempt: `Ok(None)` when another instance leads (or this election already does
+    /// through another [`Leadership`]). Errors are returned, not retried beyond the registry's
+    /// `operation_timeout`.
+    pub fn try_acquire(&self) -> Result<Option<Leadership>> {
+        let (_, reply) = self.campaign(Kind::Once, None)?;
+        wait(&reply)
+    }
+
+    /// Stands by for at most `timeout`; `Ok(None)` if not elected by then. If the last attempt
+    /// before the deadline failed, that failure is returned as [`Error::Timeout`] instead.
+    pub fn try_acquire_for(&self, timeout: Duration) -> Result<Option<Leadership>> {
+        if timeout.is_zero() {
+            return self.try_acquire();
+        }
+        let deadline = Instant::now().checked_add(timeout);
+        let (_, reply) = self.campaign(Kind::StandBy, deadline)?;
+        wait(&reply)
+    }
+
+    /// `true` while this election holds a term it has not lost or resigned, and its lease is
+    /// not within the step-down margin of its end without a renewal.
+    pub fn is_leader(&self) -> bool {
+        self.current().is_some_and(|term| term.is_held())
+    }
+
+    /// The number (fencing token) of the term this election holds, if [`is_leader`](Self::is_leader).
+    pub fn current_term(&self) -> Option<u64> {
+        self.current()
+            .filter(|term| term.is_held())
+            .map(|term| term.number)
+    }
+
+    fn current(&self) -> Option<Arc<Term>> {
+        self.handle.shared.current.lock().clone()
+    }
+
+    /// The last measured offset to the database clock (measured at `build()` and then every
+    /// keep-alive period while competing or leading).
+    pub fn clock_offset(&self) -> ClockOffset {
+        self.handle.shared.offset.lock().last
+    }
+
+    /// Measures the offset to the database clock now (one query), records it and returns it.
+    pub fn measure_clock_offset(&self) -> Result<ClockOffset> {
+        self.handle.shared.measure()
+    }
+
+    /// `true` while the measured offset exceeds a non-zero
+    /// [`max_allowable_diff_from_db_time`](LeaderElectionBuilder::max_allowable_diff_from_db_time)
+    /// and reported times are corrected by it.
+    pub fn is_adjusting_clock(&self) -> bool {
+        self.handle.shared.offset.lock().adjusting
+    }
+
+    /// The current time as this election reports times: the client clock, corrected by the
+    /// measured offset while [`is_adjusting_clock`](Self::is_adjusting_clock).
+    pub fn now(&self) -> SystemTime {
+        self.handle.shared.now()
+    }
+
+    /// Competes until `stop` receives a message or is disconnected, calling `on_elected` at the
+    /// start of every term and `on_lost` when a term is lost (not when this loop resigns).
+    ///
+    /// Both callbacks run on the calling thread and must return promptly: start and stop the
+    /// leader's work elsewhere (`on_elected` gets the [`Leadership`] to read its term and
+    /// `loss_channel` from). After a loss the loop stands by again. On `stop` it withdraws, or
+    /// resigns the term it holds (a standby takes over at once), and returns. Database failures
+    /// while standing by are logged and retried; the loop returns an error only when
+    /// [`fail_if_locked`](LeaderElectionBuilder::fail_if_locked) makes its first round fail, or
+    /// when the release at `stop` fails.
+    pub fn run(
+        &self,
+        mut on_elected: impl FnMut(&Leadership),
+        mut on_lost: impl FnMut(&LeadershipLost),
+        stop: &Receiver<()>,
+    ) -> Result<()> {
+        let mut first = true;
+        loop {
+            let kind = if first && self.handle.shared.timings.fail_if_locked {
+                Kind::OnceOrFail
+            } else {
+                Kind::StandBy
+            };
+            first = false;
+            let (id, reply) = self.campaign(kind, None)?;
+            let leadership = crossbeam_channel::select! {
+                recv(reply) -> outcome => match outcome {
+                    Ok(Ok(Some(leadership))) => leadership,
+                    Ok(Ok(None)) => continue,
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(agent_gone()),
+                },
+                recv(stop) -> _ => {
+                    let _ = self.handle.commands.send(Command::Withdraw(id));
+                    // A grant that raced with the withdrawal is handed back at once.
+                    if let Ok(Ok(Some(leadership))) = reply.recv_timeout(Duration::ZERO) {
+                        leadership.resign().or_else(ignore_loss)?;
+                    }
+                    return Ok(());
+                },
+            };
+            on_elected(&leadership);
+            let losses = leadership.loss_channel();
+            crossbeam_channel::select! {
+                recv(losses) -> event => {
+                    if let Ok(event) = event {
+                        on_lost(&event);
+                    }
+                },
+                recv(stop) -> _ => {
+                    return match leadership.resign() {
+                        Err(e) if e.is_lease_lost() => {
+                            if let Ok(event) = losses.try_recv() {
+                                on_lost(&event);
+                            }
+                            Ok(())
+                        }
+                        other => other,
+                    };
+                },
+            }
+        }
+    }
+
+    fn campaign(
+        &self,
+        kind: Kind,
+        deadline: Option<Instant>,
+    ) -> Result<(u64, Receiver<Result<Option<Leadership>>>)> {
+        let id = self.handle.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, replies) = crossbeam_channel::bounded(1);
+        let request = Request {
+            id,
+            kind,
+            deadline,
+            started: Instant::now(),
+            reply,
+            commands: self.handle.commands.clone(),
+        };
+        self.handle
+            .commands
+            .send(Command::Campaign(request))
+            .map_err(|_| agent_gone())?;
+        Ok((id, replies))
+    }
+}
+
+impl fmt::Debug for LeaderElection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderElection")
+            .field("group", &self.handle.shared.group)
+            .field("registry", &self.handle.shared.registry)
+            .field("current_term", &self.current_term())
+            .finish()
+    }
+}
+
+fn wait(replies: &Receiver<Result<Option<Leadership>>>) -> Result<Option<Leadership>> {
+    replies.recv().map_err(|_| agent_gone())?
+}
+
+fn ignore_loss(e: Error) -> Result<()> {
+    if e.is_lease_lost() {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+fn agent_gone() -> Error {
+    Error::Database {
+        operation: "leader election",
+        hint: "the election's agent thread has stopped; see the log for the panic".into(),
+        source: "agent thread stopped".into(),
+    }
+}
+
+/// This instance's leadership of one term. `Send` and `Sync`; dropping it resigns.
+///
+/// The lock guard of the term stays on the election's agent thread, which renews and watches
+/// it; this handle reports what the agent sees.
+#[must_use = "dropping a Leadership resigns at once"]
+pub struct Leadership {
+    shared: Arc<Shared>,
+    term: Arc<Term>,
+    commands: Sender<Command>,
+    done: bool,
+}
+
+impl Leadership {
+    /// The term number: the fencing token of the grant. Every term of a group has a larger
+    /// number than every earlier term, across instances and restarts; pass it to the resources
+    /// the leader writes to and have them refuse smaller ones.
+    pub fn term(&self) -> u64 {
+        self.term.number
+    }
+
+    /// The group led.
+    pub fn group(&self) -> &str {
+        &self.shared.group
+    }
+
+    /// `true` until the term is resigned or lost, and only while the lease has more than the
+    /// step-down margin left (a renewal extends it).
+    pub fn is_leader(&self) -> bool {
+        self.term.is_held()
+    }
+
+    /// How much longer this term lasts if no renewal succeeds from now on: the time until the
+    /// step-down instant. Zero once the term is over.
+    pub fn remaining(&self) -> Duration {
+        let state = self.term.state.lock();
+        if state.lost.is_some() || state.ended {
+            return Duration::ZERO;
+        }
+        state.leader_until.saturating_duration_since(Instant::now())
+    }
+
+    /// A channel that receives one [`LeadershipLost`] if this term is lost (at once if it
+    /// already is); it disconnects without a message when the term is resigned. Use it with
+    /// `crossbeam_channel::select!` to stop the leader's work promptly.
+    pub fn loss_channel(&self) -> Receiver<LeadershipLost> {
+        self.term.loss_channel()
+    }
+
+    /// When this term began, on the clock the election reports (see
+    /// [`LeaderElection::now`]).
+    pub fn elected_at(&self) -> SystemTime {
+        self.term.elected_at
+    }
+
+    /// When the lease ends on the reported clock if no further renewal succeeds: an estimate
+    /// from the last renewal the agent has seen (it looks every half keep-alive period), so it
+    /// can lag a renewal but never runs ahead of the lease.
+    pub fn lease_ends_at(&self) -> SystemTime {
+        let deadline = self.term.state.lock().lease_deadline;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let now = self.shared.now();
+        now.checked_add(left).unwrap_or(now)
+    }
+
+    /// Releases the lock at once, so a standby takes over at its next poll without waiting
+    /// out the lease. `Err(LeaseLost)` if the term had already been lost: work done since may
+    /// not have been exclusive.
+    pub fn resign(mut self) -> Result<()> {
+        self.done = true;
+        if let Some(lost) = self.term.lost() {
+            return Err(lost.into_error());
+        }
+        let (reply, outcome) = crossbeam_channel::bounded(1);
+        let resign = Command::Resign {
+            term: self.term.number,
+            reply: Some(reply),
+        };
+        if self.commands.send(resign).is_err() {
+            return Ok(());
+        }
+        let released = outcome.recv().unwrap_or(Ok(()));
+        match self.term.lost() {
+            Some(lost) if released.is_ok() => Err(lost.into_error()),
+            _ => released,
+        }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.commands.send(Command::Resign {
+                term: self.term.number,
+                reply: None,
+            });
+        }
+    }
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("group", &self.shared.group)
+            .field("term", &self.term.number)
+            .field("is_leader", &self.is_leader())
+            .finish()
+    }
+}
+
+impl LeadershipLost {
+    fn into_error(self) -> Error {
+        let reason = match self.reason {
+            LeadershipLossReason::Lease(reason) => reason,
+            LeadershipLossReason::RenewalOverdue => LossReason::Expired(Some(
+                "no renewal succeeded in time; the leader stepped down before the lease end".into(),
+            )),
+        };
+        Error::LeaseLost {
+            key: self.group,
+            reason,
+        }
+    }
+}
+
+/// What the election's threads and handles share.
+struct Shared {
+    group: String,
+    registry: LockRegistry,
+    timings: Timings,
+    clock: ClientClock,
+    offset: Mutex<OffsetState>,
+    current: Mutex<Option<Arc<Term>>>,
+    on_lost: Option<LeadershipLostCallback>,
+}
+
+struct OffsetState {
+    last: ClockOffset,
+    adjusting: bool,
+}
+
+impl Shared {
+    fn now(&self) -> SystemTime {
+        let client = (self.clock)();
+        let offset = self.offset.lock();
+        if offset.adjusting {
+            offset.last.to_database_time(client)
+        } else {
+            client
+        }
+    }
+
+    fn measure(&self) -> Result<ClockOffset> {
+        let reading = measure(&self.registry, &self.clock)?;
+        self.record_offset(reading);
+        Ok(reading)
+    }
+
+    /// Keeps the newest reading and switches the correction on or off.
+    fn record_offset(&self, reading: ClockOffset) {
+        let max = self.timings.max_diff;
+        let exceeded = !max.is_zero() && reading.magnitude() > max;
+        let mut state = self.offset.lock();
+        if reading.measured_at < state.last.measured_at {
+            return;
+        }
+        if exceeded && !state.adjusting {
+            log::warn!(
+                "the clock of this instance differs from the database clock by {reading}, more \
+                 than max_allowable_diff_from_db_time ({max:?}): times reported for group {:?} \
+                 are corrected by the offset from now on (leases are judged on the database \
+                 clock and are not affected)",
+                self.group
+            );
+        } else if !exceeded && state.adjusting {
+            log::info!(
+                "the clock offset to the database is back within {max:?} ({reading}); times for \
+                 group {:?} are no longer corrected",
+                self.group
+            );
+        } else {
+            log::debug!("clock offset of group {:?}: {reading}", self.group);
+        }
+        state.last = reading;
+        state.adjusting = exceeded;
+    }
+}
+
+/// Reads the database clock between two readings of the client clock.
+fn measure(registry: &LockRegistry, clock: &ClientClock) -> Result<ClockOffset> {
+    let before = clock();
+    let (database, round_trip) = registry.database_time()?;
+    let after = clock();
+    let measured_at = Instant::now();
+    let midpoint =
+        (i128::from(micros_since_epoch(before)) + i128::from(micros_since_epoch(after))) / 2;
+    let offset = i128::from(micros_since_epoch(database)) - midpoint;
+    Ok(ClockOffset {
+        micros: i64::try_from(offset).unwrap_or(if offset < 0 { i64::MIN + 1 } else { i64::MAX }),
+        round_trip,
+        measured_at,
+    })
+}
+
+fn micros_since_epoch(at: SystemTime) -> i64 {
+    match at.duration_since(UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),
+    }
+}
+
+/// One term, shared by the agent (which updates it) and the [`Leadership`] handle.
+struct Term {
+    number: u64,
+    group: String,
+    elected_at: SystemTime,
+    state: Mutex<TermState>,
+}
+
+struct TermState {
+    /// The step-down instant: lease deadline minus the margin, as last seen by the agent.
+    leader_until: Instant,
+    /// The lease deadline as last seen by the agent.
+    lease_deadline: Instant,
+    lost: Option<LeadershipLost>,
+    /// Resigned (or the election shut down).
+    ended: bool,
+    listeners: Vec<Sender<LeadershipLost>>,
+}
+
+impl Term {
+    fn is_held(&self) -> bool {
+        let state = self.state.lock();
+        !state.ended && state.lost.is_none() && Instant::now() < state.leader_until
+    }
+
+    fn lost(&self) -> Option<LeadershipLost> {
+        self.state.lock().lost.clone()
+    }
+
+    fn leader_until(&self) -> Instant {
+        self.state.lock().leader_until
+    }
+
+    /// Moves the step-down instant to `deadline - margin`. `false` when the step-down instant
+    /// has passed already: a promise of `is_leader()` is never taken back by a late renewal.
+    fn extend(&self, now: Instant, deadline: Instant, margin: Duration) -> bool {
+        let mut state = self.state.lock();
+        if now >= state.leader_until {
+            return false;
+        }
+        let until = deadline.checked_sub(margin).unwrap_or(now);
+        if until <= now {
+            state.leader_until = now;
+            return false;
+        }
+        state.leader_until = state.leader_until.max(until);
+        state.lease_deadline = state.lease_deadline.max(deadline);
+        true
+    }
+
+    fn mark_lost(&self, event: &LeadershipLost) {
+        let mut state = self.state.lock();
+        if state.ended || state.lost.is_some() {
+            return;
+        }
+        state.lost = Some(event.clone());
+        for listener in state.listeners.drain(..) {
+            let _ = listener.try_send(event.clone());
+        }
+    }
+
+    fn end(&self) {
+        let mut state = self.state.lock();
+        state.ended = true;
+        state.listeners.clear();
+    }
+
+    fn loss_channel(&self) -> Receiver<LeadershipLost> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut state = self.state.lock();
+        match &state.lost {
+            Some(event) => {
+                let _ = tx.try_send(event.clone());
+            }
+            None if state.ended => {}
+            None => state.listeners.push(tx),
+        }
+        rx
+    }
+}
+
+/// What handles ask the agent.
+enum Command {
+    Campaign(Request),
+    Withdraw(u64),
+    Resign {
+        term: u64,
+        reply: Option<Sender<Result<()>>>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One attempt; `Ok(None)` when held elsewhere.
+    Once,
+    /// One attempt; an error naming [`GroupAlreadyLed`] when held elsewhere.
+    OnceOrFail,
+    /// Attempts every sleep interval until elected, the deadline passes, or withdrawn.
+    StandBy,
+}
+
+struct Request {
+    id: u64,
+    kind: Kind,
+    deadline: Option<Instant>,
+    started: Instant,
+    reply: Sender<Result<Option<Leadership>>>,
+    /// The requester's mailbox, for the [`Leadership`] handed out.
+    commands: Sender<Command>,
+}
+
+/// The term this agent holds.
+struct Held {
+    guard: LockGuard,
+    term: Arc<Term>,
+    lease_loss: Receiver<LeaseLost>,
+}
+
+/// The thread that competes, holds the guard and watches it.
+struct Agent {
+    shared: Arc<Shared>,
+    lock: Lock,
+    commands: Receiver<Command>,
+    waiting: VecDeque<Request>,
+    held: Option<Held>,
+    next_attempt: Instant,
+    next_check: Instant,
+    next_clock: Instant,
+    clock_tick: Sender<()>,
+    last_error: Option<String>,
+}
+
+impl Agent {
+    fn run(mut self) {
+        loop {
+            let timer = match self.next_wake() {
+                Some(at) => crossbeam_channel::at(at),
+                None => crossbeam_channel::never(),
+            };
+            let lease_loss = match &self.held {
+                Some(held) => held.lease_loss.clone(),
+                None => crossbeam_channel::never(),
+            };
+            crossbeam_channel::select! {
+                recv(self.commands) -> command => match command {
+                    Ok(command) => self.handle(command),
+                    Err(_) => {
+                        self.shut_down();
+                        return;
+                    }
+                },
+                recv(lease_loss) -> event => {
+                    let reason = event.map_or(LossReason::Expired(None), |e| e.reason);
+                    self.lose(LeadershipLossReason::Lease(reason));
+                },
+                recv(timer) -> _ => {},
+            }
+            self.tick();
+        }
+    }
+
+    fn active(&self) -> bool {
+        self.held.is_some() || !self.waiting.is_empty()
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        let mut wake = match &self.held {
+            Some(held) => Some(self.next_check.min(held.term.leader_until())),
+            None if self.waiting.is_empty() => None,
+            None => {
+                let deadlines = self.waiting.iter().filter_map(|r| r.deadline);
+                Some(deadlines.fold(self.next_attempt, Instant::min))
+            }
+        };
+        if self.active() {
+            wake = Some(wake.map_or(self.next_clock, |w| w.min(self.next_clock)));
+        }
+        wake
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        if self.active() && now >= self.next_clock {
+            self.measure_soon();
+        }
+        if self.held.is_some() {
+            self.watch();
+            return;
+        }
+        self.expire_waiting(now);
+        if !self.waiting.is_empty() && Instant::now() >= self.next_attempt {
+            self.attempt();
+        }
+    }
+
+    fn measure_soon(&mut self) {
+        let _ = self.clock_tick.try_send(());
+        self.next_clock = Instant::now() + self.shared.timings.keep_alive;
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Campaign(request) => self.enqueue(request),
+            Command::Withdraw(id) => self.waiting.retain(|r| r.id != id),
+            Command::Resign { term, reply } => {
+                let outcome = self.resign(term);
+                if let Some(reply) = reply {
+                    let _ = reply.send(outcome);
+                } else if let Err(e) = outcome {
+                    log::warn!("resigning leadership of {:?}: {e}", self.shared.group);
+                }
+            }
+        }
+    }
+
+    fn enqueue(&mut self, request: Request) {
+        if !self.active() && Instant::now() >= self.next_clock {
+            self.measure_soon();
+        }
+        if request.kind == Kind::StandBy {
+            self.waiting.push_back(request);
+            return;
+        }
+        if self.held.is_some() {
+            let outcome = match request.kind {
+                Kind::OnceOrFail => Err(self.already_led(true)),
+                _ => Ok(None),
+            };
+            let _ = request.reply.send(outcome);
+            return;
+        }
+        match self.lock.try_lock() {
+            Ok(Some(guard)) => self.elect(guard, request),
+            Ok(None) if request.kind == Kind::OnceOrFail => {
+                let _ = request.reply.send(Err(self.already_led(false)));
+            }
+            Ok(None) => {
+                let _ = request.reply.send(Ok(None));
+            }
+            Err(e) => {
+                let _ = request.reply.send(Err(e));
+            }
+        }
+    }
+
+    fn already_led(&self, by_this_election: bool) -> Error {
+        let led = GroupAlreadyLed {
+            group: self.shared.group.clone(),
+            by_this_election,
+        };
+        Error::Database {
+            operation: "acquire leadership",
+            hint: format!("{led} and fail_if_locked is set, so this instance does not stand by"),
+            source: Box::new(led),
+        }
+    }
+
+    /// Answers standby requests whose deadline has passed.
+    fn expire_waiting(&mut self, now: Instant) {
+        let mut index = 0;
+        while index < self.waiting.len() {
+            if self.waiting[index].deadline.is_some_and(|d| d <= now) {
+                let request = self.waiting.remove(index).expect("index is in range");
+                let outcome = match &self.last_error {
+                    Some(last) => Err(Error::Timeout {
+                        operation: "acquire leadership",
+                        waited: now.duration_since(request.started),
+                        source: Some(last.clone().into()),
+                    }),
+                    None => Ok(None),
+                };
+                let _ = request.reply.send(outcome);
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    /// One attempt on behalf of the standby requests; the next comes one sleep interval later.
+    ///
+    /// A single `try_lock` rather than a waiting `try_lock_until`, so that the agent stays
+    /// responsive to commands between attempts and sends exactly one statement per interval.
+    fn attempt(&mut self) {
+        let sleep = self.shared.timings.sleep;
+        match self.lock.try_lock() {
+            Ok(Some(guard)) => {
+                self.last_error = None;
+                let request = self.waiting.pop_front().expect("attempts need a request");
+                self.elect(guard, request);
+            }
+            Ok(None) => {
+                self.last_error = None;
+                self.next_attempt = Instant::now() + sleep;
+            }
+            Err(e) => {
+                log::warn!(
+                    "standing by for leadership of {:?}: {e}; retrying in {sleep:?}",
+                    self.shared.group
+                );
+                self.last_error = Some(e.to_string());
+                self.next_attempt = Instant::now() + sleep;
+            }
+        }
+    }
+
+    fn elect(&mut self, guard: LockGuard, request: Request) {
+        let now = Instant::now();
+        let deadline = now + guard.remaining();
+        let number = guard.fencing_token();
+        let term = Arc::new(Term {
+            number,
+            group: self.shared.group.clone(),
+            elected_at: self.shared.now(),
+            state: Mutex::new(TermState {
+                leader_until: deadline
+                    .checked_sub(self.shared.timings.margin)
+                    .unwrap_or(now),
+                lease_deadline: deadline,
+                lost: None,
+                ended: false,
+                listeners: Vec::new(),
+            }),
+        });
+        log::info!(
+            "elected leader of {:?} (term {number}, client {})",
+            self.shared.group,
+            self.shared.registry.client_id()
+        );
+        *self.shared.current.lock() = Some(Arc::clone(&term));
+        let lease_loss = guard.loss_channel();
+        self.held = Some(Held {
+            guard,
+            term: Arc::clone(&term),
+            lease_loss,
+        });
+        self.next_check = now + self.shared.timings.keep_alive / 2;
+        let leadership = Leadership {
+            shared: Arc::clone(&self.shared),
+            term,
+            commands: request.commands.clone(),
+            done: false,
+        };
+        // If the requester is gone, the returned handle is dropped here and resigns.
+        let _ = request.reply.send(Ok(Some(leadership)));
+    }
+
+    /// Looks at the guard: extends the step-down instant after a renewal, or steps down.
+    fn watch(&mut self) {
+        let Some(held) = &self.held else { return };
+        let now = Instant::now();
+        if !held.guard.is_held() {
+            let reason = held
+                .lease_loss
+                .try_recv()
+                .map_or(LossReason::Expired(None), |event| event.reason);
+            self.lose(LeadershipLossReason::Lease(reason));
+            return;
+        }
+        let deadline = now + held.guard.remaining();
+        if held.term.extend(now, deadline, self.shared.timings.margin) {
+            self.next_check = now + self.shared.timings.keep_alive / 2;
+        } else {
+            self.lose(LeadershipLossReason::RenewalOverdue);
+        }
+    }
+
+    /// Ends the held term involuntarily: tells everyone, then releases what is left.
+    fn lose(&mut self, reason: LeadershipLossReason) {
+        let Some(held) = self.held.take() else { return };
+        self.clear_current(&held.term);
+        let event = LeadershipLost {
+            group: self.shared.group.clone(),
+            term: held.term.number,
+            reason,
+        };
+        log::warn!("{event}");
+        held.term.mark_lost(&event);
+        if let Some(callback) = &self.shared.on_lost {
+            let called =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
+            if called.is_err() {
+                log::error!(
+                    "the on_leadership_lost callback of {:?} panicked",
+                    event.group
+                );
+            }
+        }
+        if let Err(e) = held.guard.unlock() {
+            log::debug!(
+                "releasing the lost term {} of {:?}: {e}",
+                event.term,
+                event.group
+            );
+        }
+        self.next_attempt = Instant::now() + self.shared.timings.sleep;
+    }
+
+    fn resign(&mut self, term: u64) -> Result<()> {
+        let Some(held) = self.held.take_if(|held| held.term.number == term) else {
+            return Ok(());
+        };
+        self.clear_current(&held.term);
+        held.term.end();
+        log::info!(
+            "resigning leadership of {:?} (term {term})",
+            self.shared.group
+        );
+        let released = held.guard.unlock();
+        self.next_attempt = Instant::now() + self.shared.timings.sleep;
+        released
+    }
+
+    fn clear_current(&self, term: &Arc<Term>) {
+        let mut current = self.shared.current.lock();
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, term)) {
+            *current = None;
+        }
+    }
+
+    fn shut_down(&mut self) {
+        if let Some(held) = self.held.take() {
+            self.clear_current(&held.term);
+            held.term.end();
+            if let Err(e) = held.guard.unlock() {
+                log::warn!(
+                    "releasing leadership of {:?} at shutdown: {e}",
+                    self.shared.group
+                );
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Term {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Term")
+            .field("group", &self.group)
+            .field("number", &self.number)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offset(micros: i64) -> ClockOffset {
+        ClockOffset {
+            micros,
+            round_trip: Duration::from_millis(2),
+            measured_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn offsets_move_client_time_onto_the_database_clock() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_000);
+        assert_eq!(
+            offset(2_000_000).to_database_time(t),
+            t + Duration::from_secs(2)
+        );
+        assert_eq!(
+            offset(-2_000_000).to_database_time(t),
+            t - Duration::from_secs(2)
+        );
+        assert!(offset(1).database_is_ahead());
+        assert_eq!(offset(-1_500_000).magnitude(), Duration::from_millis(1500));
+        assert!(offset(-1_500_000).to_string().starts_with("-1.500 s"));
+    }
+
+    #[test]
+    fn times_before_the_epoch_are_negative_micros() {
+        assert_eq!(
+            micros_since_epoch(UNIX_EPOCH - Duration::from_micros(5)),
+            -5
+        );
+        assert_eq!(micros_since_epoch(UNIX_EPOCH + Duration::from_micros(5)), 5);
+    }
+}
