@@ -303,7 +303,8 @@ impl ChildReport {
 
     fn parse(line: &str) -> Option<ChildReport> {
         let fields: HashMap<&str, &str> = line
-            .strip_prefix(RESULT_MARK)?
+            .split_once(RESULT_MARK)?
+            .1
             .split_whitespace()
             .filter_map(|field| field.split_once('='))
             .collect();
