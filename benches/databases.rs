@@ -369,7 +369,10 @@ fn main() {
     #[cfg(feature = "mysql")]
     {
         let url = env_or("LEASEHOLD_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-        match mysql::Opts::from_url(&url).and_then(|opts| Ok(mysql::Conn::new(opts)?)) {
+        match mysql::Opts::from_url(&url)
+            .map_err(mysql::Error::from)
+            .and_then(mysql::Conn::new)
+        {
             Ok(mut conn) => {
                 use mysql::prelude::Queryable;
                 conn.query_drop(

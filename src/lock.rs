@@ -143,6 +143,7 @@ impl LockInner {
         ttl: Duration,
     ) -> Result<Option<(Arc<Lease>, bool)>> {
         let settings = &self.core.settings;
+        let mut seen_held = false;
         loop {
             let now = Instant::now();
             if state.owner == Some(me) {
@@ -175,7 +176,17 @@ impl LockInner {
                             .acquire(&self.lock_key, ttl, attempt_deadline)
                     });
                     state.db_busy = false;
-                    match granted? {
+                    let granted = match granted {
+                        // The lock was held at the last attempt and the caller's time ran out
+                        // on this one (often waiting for a pooled connection): still "held".
+                        Err(Error::Timeout { .. })
+                            if seen_held && matches!(wait, Wait::Until(_)) =>
+                        {
+                            return Ok(None)
+                        }
+                        other => other?,
+                    };
+                    match granted {
                         Some(grant) => {
                             let lease = Lease::start(
                                 Arc::clone(&self.key),
@@ -194,6 +205,7 @@ impl LockInner {
                             return Ok(Some((lease, false)));
                         }
                         None => {
+                            seen_held = true;
                             let next_poll = Instant::now() + settings.idle_between_tries;
                             let wake_at = match wait {
                                 Wait::No => return Ok(None),

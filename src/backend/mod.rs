@@ -162,17 +162,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// A statement without parameters returning the database clock (UTC) in microseconds
     /// since the Unix epoch; run through [`Backend::acquire`].
-    fn clock_sql() -> &'static str {
-        match Self::NAME {
-            "PostgreSQL" => "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
-            "MySQL" => "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)",
-            _ => "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
-        }
-    }
+    fn clock_sql() -> &'static str;
 }
 
 /// Called by a release listener with the `LOCK_KEY` of a released row; returns `false` once
-/// the registry is gone, which ends the listener.
+/// the registry is gone, which ends the listener. A listener may call it with an empty key
+/// (which wakes nobody) just to learn whether its registry still exists.
 pub(crate) type ReleaseWaker = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// A grant from the database: the lease's fencing token and when its statement was sent.
@@ -483,7 +478,11 @@ impl<B: Backend> Store for SqlStore<B> {
 
 /// The shipped DDL with `INT_LOCK` renamed to `table`.
 pub(crate) fn ddl_for<B: Backend>(table: &str) -> String {
-    B::DDL.replace("INT_LOCK", table)
+    // A constraint name cannot carry the table's schema: `schema.X_LOCK` names its key X_LOCK_PK.
+    let bare = table.rsplit('.').next().unwrap_or(table);
+    B::DDL
+        .replace("INT_LOCK_PK", &format!("{bare}_PK"))
+        .replace("INT_LOCK", table)
 }
 
 fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {

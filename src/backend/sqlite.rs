@@ -155,6 +155,10 @@ impl Backend for Sqlite {
     fn mark_broken(conn: &mut Conn<Self>) {
         conn.broken = true;
     }
+
+    fn clock_sql() -> &'static str {
+        "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+    }
 }
 
 /// Binds parameters 1 to the statement's highest parameter number, so a statement may use any
