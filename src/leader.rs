@@ -1143,18 +1143,17 @@ impl Agent {
     }
 
     fn next_wake(&self) -> Option<Instant> {
-        let mut wake = match &self.held {
-            Some(held) => Some(self.next_check.min(held.term.leader_until())),
-            None if self.waiting.is_empty() => None,
-            None => {
-                let deadlines = self.waiting.iter().filter_map(|r| r.deadline);
-                Some(deadlines.fold(self.next_attempt, Instant::min))
-            }
-        };
-        if self.active() {
-            wake = Some(wake.map_or(self.next_clock, |w| w.min(self.next_clock)));
+        let mut times = Vec::with_capacity(4);
+        match &self.held {
+            Some(held) => times.extend([self.next_check, held.term.leader_until()]),
+            None if !self.waiting.is_empty() => times.push(self.next_attempt),
+            None => {}
         }
-        wake
+        times.extend(self.waiting.iter().filter_map(|r| r.deadline));
+        if self.active() {
+            times.push(self.next_clock);
+        }
+        times.into_iter().min()
     }
 
     fn tick(&mut self) {
@@ -1162,12 +1161,10 @@ impl Agent {
         if self.active() && now >= self.next_clock {
             self.measure_soon();
         }
+        self.expire_waiting(now);
         if self.held.is_some() {
             self.watch();
-            return;
-        }
-        self.expire_waiting(now);
-        if !self.waiting.is_empty() && Instant::now() >= self.next_attempt {
+        } else if !self.waiting.is_empty() && Instant::now() >= self.next_attempt {
             self.attempt();
         }
     }

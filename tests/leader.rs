@@ -643,6 +643,10 @@ mod suite {
             leader.try_acquire().unwrap().is_none(),
             "one term per election"
         );
+        assert!(
+            leader.try_acquire_for(ms(100)).unwrap().is_none(),
+            "a bounded wait ends while this election leads"
+        );
         assert!(other.try_acquire().unwrap().is_none());
         assert!(!other.is_leader());
         assert_eq!(other.current_term(), None);
