@@ -1,0 +1,351 @@
+//! Property tests: the key mapping, and input validation that accepts exactly what the docs say
+//! and never panics.
+//!
+//! The oracles here are written from the specifications, not from the library: the MD5 name
+//! UUID is computed byte by byte, Java's lenient `UUID.fromString` is modelled from the JDK's
+//! documented parsing, and Spring Integration's own test (since 6.2, `UUIDConverter`) is the
+//! canonical 8-4-4-4-12 pattern of ASCII hex digits.
+
+use md5::{Digest, Md5};
+use proptest::prelude::*;
+
+/// `cases` cases, without writing regression files into the source tree.
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(cases)
+    }
+}
+
+/// `UUID.nameUUIDFromBytes`: MD5, version 3, IETF variant, lower-case hyphenated.
+fn md5_name_uuid(text: &str) -> String {
+    let mut bytes: [u8; 16] = Md5::digest(text.as_bytes()).into();
+    bytes[6] = (bytes[6] & 0x0f) | 0x30;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// Spring Integration's `UUIDConverter` test (6.2 and later): exactly 8-4-4-4-12 ASCII hex
+/// digits.
+fn is_canonical_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(group, len)| group.len() == len && group.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Whether Java's `UUID.fromString` (JDK 9+) accepts `text`, for text whose only digits are
+/// ASCII (Java's `Character.digit` also takes other Unicode digits; the generators below avoid
+/// them). At most 36 UTF-16 units, exactly four dashes, five groups each parsed by
+/// `Long.parseLong(group, 16)`: an optional sign, at least one hex digit, within `long` range.
+fn java_accepts(text: &str) -> bool {
+    if text.encode_utf16().count() > 36 {
+        return false;
+    }
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5 && groups.iter().all(|group| java_parses_hex_long(group))
+}
+
+fn java_parses_hex_long(group: &str) -> bool {
+    let (negative, digits) = match group.as_bytes().first() {
+        Some(b'+') => (false, &group[1..]),
+        Some(b'-') => (true, &group[1..]),
+        Some(_) => (false, group),
+        None => return false,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return false;
+    }
+    let significant = digits.trim_start_matches('0');
+    let limit = if negative {
+        "8000000000000000"
+    } else {
+        "7fffffffffffffff"
+    };
+    significant.len() < 16
+        || (significant.len() == 16 && significant.to_ascii_lowercase().as_str() <= limit)
+}
+
+fn is_lower_case_uuid(text: &str) -> bool {
+    text.len() == 36
+        && text.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
+        })
+}
+
+/// Strings without non-ASCII digits (see [`java_accepts`]).
+fn no_unicode_digits(text: &str) -> bool {
+    text.chars()
+        .all(|c| c.is_ascii() || !(c.is_numeric() || ('\u{ff21}'..='\u{ff5a}').contains(&c)))
+}
+
+/// Keys that look like UUIDs to a lenient parser: five dash-separated groups of hex digits,
+/// some signed, of any length, in any case.
+fn uuid_like() -> impl Strategy<Value = String> {
+    let group = ("[+-]?", "[0-9a-fA-F]{0,13}").prop_map(|(sign, digits)| sign + &digits);
+    proptest::collection::vec(group, 4..=6).prop_map(|groups| groups.join("-"))
+}
+
+/// Canonical UUID strings, in mixed case.
+fn canonical() -> impl Strategy<Value = String> {
+    "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+}
+
+/// Any key: arbitrary Unicode, short ASCII, dashes and hex, and UUID-like shapes.
+fn any_key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<String>(),
+        "[ -~]{0,40}",
+        "[0-9a-fA-F+-]{0,40}",
+        "[\\x00é日🔒a-f0-9-]{0,36}",
+        uuid_like(),
+        canonical(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config(2000))]
+
+    #[test]
+    fn lock_keys_are_deterministic_lower_case_uuids(key in any_key()) {
+        let mapped = leasehold::lock_key_for(&key);
+        prop_assert!(is_lower_case_uuid(&mapped), "{key:?} -> {mapped:?}");
+        prop_assert_eq!(&mapped, &leasehold::lock_key_for(&key));
+        prop_assert_eq!(&mapped, &leasehold::lock_key_for(&key.clone()));
+    }
+
+    /// The issue's property: a key Java cannot parse as a UUID gets the MD5 name UUID.
+    #[test]
+    fn keys_java_cannot_parse_map_to_their_md5_name_uuid(
+        key in any_key().prop_filter("ASCII digits only", |k| no_unicode_digits(k))
+    ) {
+        prop_assume!(!java_accepts(&key));
+        prop_assert_eq!(leasehold::lock_key_for(&key), md5_name_uuid(&key), "key {:?}", key);
+    }
+
+    /// Spring Integration 6.2+ (`UUIDConverter`, the version whose table layout leasehold
+    /// uses) parses only canonical UUID strings; every other key — including ones Java's
+    /// lenient `UUID.fromString` would accept, such as `1-2-3-4-5` — gets the MD5 name UUID.
+    #[test]
+    fn keys_that_are_not_canonical_uuids_map_to_their_md5_name_uuid(key in any_key()) {
+        prop_assume!(!is_canonical_uuid(&key));
+        prop_assert_eq!(leasehold::lock_key_for(&key), md5_name_uuid(&key), "key {:?}", key);
+    }
+
+    #[test]
+    fn canonical_uuid_keys_map_to_themselves_in_lower_case(key in canonical()) {
+        prop_assert_eq!(leasehold::lock_key_for(&key), key.to_ascii_lowercase());
+    }
+}
+
+/// Values printed by Spring Integration's rule (`UUIDConverter.getUUID`: canonical pattern, then
+/// `UUID.fromString`, else `UUID.nameUUIDFromBytes`) on OpenJDK 17.
+#[test]
+fn non_canonical_uuid_like_keys_match_spring() {
+    for (key, spring) in [
+        ("1-2-3-4-5", "601bcbd1-2379-33a0-bbcb-ad773954109d"),
+        ("+a-b-c-d-e", "3b4e17ad-c53d-3507-87b0-1262bf70772b"),
+        ("-1-2-3-4-5", "fabc4ac1-bc32-390f-93da-884bbb495929"),
+        (
+            "\u{661}-\u{662}-\u{663}-\u{664}-\u{665}",
+            "8eb89d8c-4f7f-3b09-839d-c07f4249df0d",
+        ),
+        (
+            "ACBD18DB-4CC2-385C-ADEF-654FCCC4A4D8",
+            "acbd18db-4cc2-385c-adef-654fccc4a4d8",
+        ),
+    ] {
+        assert_eq!(leasehold::lock_key_for(key), spring, "key {key:?}");
+    }
+}
+
+#[test]
+fn the_oracles_agree_with_known_values() {
+    assert_eq!(md5_name_uuid("foo"), "acbd18db-4cc2-385c-adef-654fccc4a4d8");
+    assert!(java_accepts("1-2-3-4-5"));
+    assert!(java_accepts("+a-b-c-d-e"));
+    assert!(java_accepts("+7fffffffffffffff-0-0-0-0"));
+    assert!(java_accepts("00000000000000000001-0-0-0-0"));
+    assert!(!java_accepts("+8000000000000000-0-0-0-0"));
+    assert!(!java_accepts("-1-2-3-4-5"));
+    assert!(!java_accepts("1-2-3-4"));
+    assert!(!java_accepts("12345678123456781-2-3-4-5"));
+    assert!(is_canonical_uuid("ACBD18DB-4CC2-385C-ADEF-654FCCC4A4D8"));
+    assert!(!is_canonical_uuid("1-2-3-4-5"));
+    assert!(!no_unicode_digits("\u{661}"));
+}
+
+/// Validation through a real registry, on SQLite (no server needed).
+#[cfg(feature = "sqlite")]
+mod validation {
+    use leasehold::{Error, LockRegistry, MAX_KEY_BYTES, MAX_PREFIX_CHARS};
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    /// One database file and registry for the whole module.
+    fn shared() -> &'static (tempfile::TempDir, LockRegistry) {
+        static SHARED: OnceLock<(tempfile::TempDir, LockRegistry)> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let registry = LockRegistry::sqlite(dir.path().join("locks.db"))
+                .create_table(true)
+                .cache_capacity(64)
+                .build()
+                .unwrap();
+            (dir, registry)
+        })
+    }
+
+    fn path() -> std::path::PathBuf {
+        shared().0.path().join("locks.db")
+    }
+
+    fn is_setting(result: &Result<LockRegistry, Error>, name: &str) -> bool {
+        matches!(result, Err(Error::InvalidSetting { setting, .. }) if *setting == name)
+    }
+
+    /// The documented prefix rule: letters, digits and `_`, not starting with a digit,
+    /// optionally `schema.` first, at most `MAX_PREFIX_CHARS` characters.
+    fn prefix_is_documented_valid(prefix: &str) -> bool {
+        let identifier = |part: &str| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        let (schema, name) = match prefix.split_once('.') {
+            Some((schema, name)) => (Some(schema), name),
+            None => (None, prefix),
+        };
+        prefix.chars().count() <= MAX_PREFIX_CHARS
+            && schema.is_none_or(identifier)
+            && (name.is_empty() || identifier(name))
+    }
+
+    fn prefixes() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[A-Za-z_][A-Za-z0-9_]{0,70}",
+            "([A-Za-z_][A-Za-z0-9_]{0,8}\\.)?[A-Za-z0-9_;\\- .\"'`]{0,20}",
+            "[a-z0-9_.;\\- ]{0,12}",
+            any::<String>(),
+        ]
+    }
+
+    /// Keys around the byte limit, in ASCII and in multi-byte characters.
+    fn keys_near_the_limit() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0usize..=1100).prop_map(|n| "k".repeat(n)),
+            (0usize..=300).prop_map(|n| "日".repeat(n)),
+            (1000usize..=1030, any::<char>()).prop_map(|(n, c)| "k".repeat(n) + &c.to_string()),
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(super::config(200))]
+
+        #[test]
+        fn keys_of_1_to_1024_bytes_are_accepted_and_others_refused(key in keys_near_the_limit()) {
+            let obtained = shared().1.obtain(&key);
+            let valid = (1..=MAX_KEY_BYTES).contains(&key.len());
+            match obtained {
+                Ok(lock) => {
+                    prop_assert!(valid, "{} bytes accepted", key.len());
+                    prop_assert_eq!(lock.key(), key.as_str());
+                }
+                Err(Error::InvalidKey { .. }) => prop_assert!(!valid, "{} bytes refused", key.len()),
+                Err(other) => prop_assert!(false, "unexpected error {other}"),
+            }
+        }
+
+        #[test]
+        fn prefixes_are_accepted_exactly_when_they_follow_the_documented_rule(
+            prefix in prefixes()
+        ) {
+            let built = LockRegistry::sqlite(path())
+                .prefix(prefix.clone())
+                .create_table(true)
+                .build();
+            let valid = prefix_is_documented_valid(&prefix);
+            prop_assert_eq!(!is_setting(&built, "prefix"), valid, "{:?}: {:?}", prefix, built.as_ref().err());
+            let reserved = prefix.to_ascii_lowercase().starts_with("sqlite_");
+            if valid && reserved {
+                // SQLite keeps `sqlite_*` names for itself: a typed database error, no panic.
+                prop_assert!(matches!(built, Err(Error::Database { .. })), "{:?}", built.err());
+            } else if valid && !prefix.contains('.') {
+                // SQLite has no schemas to create; every other valid prefix names a usable table.
+                let registry = built.unwrap();
+                prop_assert_eq!(registry.table(), format!("{prefix}LOCK"));
+                let guard = registry.obtain("p").unwrap().try_lock().unwrap();
+                prop_assert!(guard.is_some());
+            }
+        }
+
+        #[test]
+        fn regions_of_1_to_100_characters_are_accepted(region in "\\PC{0,110}") {
+            let built = LockRegistry::sqlite(path()).region(region.clone()).build();
+            let valid = (1..=leasehold::MAX_REGION_CHARS).contains(&region.chars().count());
+            prop_assert_eq!(!is_setting(&built, "region"), valid);
+            if valid {
+                let registry = built.unwrap();
+                let key = format!("region-{}", region.len());
+                let guard = registry.obtain(&key).unwrap().try_lock().unwrap();
+                prop_assert!(guard.is_some(), "held in a fresh region {region:?}");
+            }
+        }
+
+        #[test]
+        fn client_ids_are_1_to_36_printable_ascii(client_id in prop_oneof!["[!-~]{0,40}", "\\PC{0,40}"]) {
+            let built = LockRegistry::sqlite(path()).client_id(client_id.clone()).build();
+            let valid = (1..=36).contains(&client_id.len())
+                && client_id.bytes().all(|b| b.is_ascii_graphic());
+            prop_assert_eq!(!is_setting(&built, "client_id"), valid);
+            prop_assert_eq!(built.is_ok(), valid, "{:?}", built.err());
+        }
+
+        #[test]
+        fn time_to_live_is_accepted_within_its_documented_range(
+            micros in prop_oneof![0u64..20_000, 0u64..=u64::MAX, 604_799_000_000u64..604_801_000_000]
+        ) {
+            let ttl = Duration::from_micros(micros);
+            let valid = (leasehold::MIN_TIME_TO_LIVE..=leasehold::MAX_TIME_TO_LIVE).contains(&ttl);
+            let built = LockRegistry::sqlite(path()).time_to_live(ttl).build();
+            prop_assert_eq!(built.is_ok(), valid, "{:?}: {:?}", ttl, built.as_ref().err());
+            prop_assert_eq!(!is_setting(&built, "time_to_live"), valid);
+            let lock = shared().1.obtain("ttl").unwrap();
+            match lock.try_lock_with_ttl(ttl) {
+                Ok(Some(guard)) => {
+                    prop_assert!(valid, "{ttl:?} accepted per call");
+                    prop_assert!(guard.remaining() <= ttl);
+                    guard.unlock().unwrap();
+                }
+                Ok(None) => prop_assert!(false, "the lock is free"),
+                Err(Error::InvalidSetting { .. }) => prop_assert!(!valid, "{ttl:?} refused per call"),
+                Err(other) => prop_assert!(false, "unexpected error {other}"),
+            }
+        }
+
+        #[test]
+        fn idle_between_tries_is_accepted_from_1ms_to_an_hour(
+            micros in prop_oneof![0u64..2_000, 0u64..=u64::MAX, 3_599_000_000u64..3_601_000_000]
+        ) {
+            let idle = Duration::from_micros(micros);
+            let valid = (Duration::from_millis(1)..=leasehold::MAX_IDLE_BETWEEN_TRIES).contains(&idle);
+            let built = LockRegistry::sqlite(path()).idle_between_tries(idle).build();
+            prop_assert_eq!(built.is_ok(), valid, "{:?}: {:?}", idle, built.as_ref().err());
+        }
+    }
+}
