@@ -91,6 +91,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// The lock is held and the caller asked not to wait for it (leader election with
+    /// `fail_if_locked`).
+    #[error(
+        "{key:?} is already held by {}; this call was told not to stand by (fail_if_locked)",
+        if *by_this_instance { "this instance" } else { "another instance" }
+    )]
+    AlreadyHeld {
+        /// The lock key (for leader election: the group).
+        key: String,
+        /// `true` when the holder is this very instance (another handle of it).
+        by_this_instance: bool,
+    },
+
     /// The lease ended before its holder released it: another instance may have held the lock
     /// in between, so work done under it was not protected. Fencing tokens exist for this case.
     #[error(

@@ -67,31 +67,6 @@ impl fmt::Display for LeadershipLost {
     }
 }
 
-/// The error behind [`LeaderElection::acquire`]'s failure under
-/// [`fail_if_locked`](LeaderElectionBuilder::fail_if_locked): it is the `source()` of the
-/// [`Error::Database`] returned, so callers can tell it apart with
-/// `error.source().and_then(|s| s.downcast_ref::<GroupAlreadyLed>())`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupAlreadyLed {
-    /// The group.
-    pub group: String,
-    /// `true` when the leader is this very election (another handle holds the term).
-    pub by_this_election: bool,
-}
-
-impl fmt::Display for GroupAlreadyLed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let who = if self.by_this_election {
-            "this election"
-        } else {
-            "another instance"
-        };
-        write!(f, "group {:?} is already led by {who}", self.group)
-    }
-}
-
-impl std::error::Error for GroupAlreadyLed {}
-
 /// One measurement of the offset between the database clock and this instance's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClockOffset {
@@ -213,9 +188,8 @@ impl LeaderElectionBuilder {
     }
 
     /// With `true`, [`LeaderElection::acquire`] and the first round of [`LeaderElection::run`]
-    /// make one attempt and fail with an [`Error::Database`] whose source is
-    /// [`GroupAlreadyLed`] when another instance leads, instead of standing by. Defaults to
-    /// `false`.
+    /// make one attempt and fail with [`Error::AlreadyHeld`] when another instance leads,
+    /// instead of standing by. Defaults to `false`.
     pub fn fail_if_locked(mut self, fail: bool) -> Self {
         self.fail_if_locked = fail;
         self
@@ -1072,7 +1046,7 @@ enum Command {
 enum Kind {
     /// One attempt; `Ok(None)` when held elsewhere.
     Once,
-    /// One attempt; an error naming [`GroupAlreadyLed`] when held elsewhere.
+    /// One attempt; [`Error::AlreadyHeld`] when held elsewhere.
     OnceOrFail,
     /// Attempts every sleep interval until elected, the deadline passes, or withdrawn.
     StandBy,
@@ -1219,15 +1193,10 @@ impl Agent {
         }
     }
 
-    fn already_led(&self, by_this_election: bool) -> Error {
-        let led = GroupAlreadyLed {
-            group: self.shared.group.clone(),
-            by_this_election,
-        };
-        Error::Database {
-            operation: "acquire leadership",
-            hint: format!("{led} and fail_if_locked is set, so this instance does not stand by"),
-            source: Box::new(led),
+    fn already_led(&self, by_this_instance: bool) -> Error {
+        Error::AlreadyHeld {
+            key: self.shared.group.clone(),
+            by_this_instance,
         }
     }
 

@@ -103,7 +103,7 @@ pub use backend::Statistics;
 pub use error::{DatabaseError, Error, LossReason, Result};
 pub use key::{lock_key_for, MAX_KEY_BYTES};
 pub use leader::{
-    ClientClock, ClockOffset, GroupAlreadyLed, LeaderElection, LeaderElectionBuilder, Leadership,
+    ClientClock, ClockOffset, LeaderElection, LeaderElectionBuilder, Leadership,
     LeadershipLossReason, LeadershipLost, LeadershipLostCallback,
 };
 pub use lease::{LeaseLost, LostCallback};

@@ -253,8 +253,8 @@ mod suite {
     use crate::common::Fixture;
     use crate::raw::Raw;
     use leasehold::{
-        Error, GroupAlreadyLed, LeaderElection, LeaderElectionBuilder, Leadership,
-        LeadershipLossReason, LeadershipLost, LossReason,
+        Error, LeaderElection, LeaderElectionBuilder, Leadership, LeadershipLossReason,
+        LeadershipLost, LossReason,
     };
     use parking_lot::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -653,13 +653,16 @@ mod suite {
         assert!(other.try_acquire_for(ms(100)).unwrap().is_none());
         let started = Instant::now();
         let refused = impatient.acquire().expect_err("fail_if_locked");
-        let led = std::error::Error::source(&refused)
-            .and_then(|s| s.downcast_ref::<GroupAlreadyLed>())
-            .unwrap_or_else(|| panic!("{refused}"));
-        assert!(!led.by_this_election && led.group == "busy");
+        match &refused {
+            Error::AlreadyHeld {
+                key,
+                by_this_instance,
+            } => assert!(!by_this_instance && key == "busy", "{refused}"),
+            other => panic!("expected AlreadyHeld, got {other}"),
+        }
         let (_stop, stopped) = crossbeam_channel::bounded::<()>(1);
         let run = impatient.run(|_| panic!("elected"), |_| panic!("lost"), &stopped);
-        assert!(matches!(run, Err(Error::Database { .. })), "{run:?}");
+        assert!(matches!(run, Err(Error::AlreadyHeld { .. })), "{run:?}");
         // Both returned without standing by (a standby would sleep 2 s between attempts).
         assert!(started.elapsed() < ms(timings.2), "{:?}", started.elapsed());
         leadership.resign().unwrap();
