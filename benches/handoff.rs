@@ -4,9 +4,8 @@
 //!   between two threads — the floor for waking a parked thread on this machine.
 //! - `local_handoff/leasehold`: the same ping-pong through one leasehold lock of one registry:
 //!   every acquisition is a local handoff, with no database statement.
-//! - `sqlite/*`: an uncontended `lock()` + `unlock()` (acquire statement, keeper thread start,
-//!   release statement) next to a bare `SELECT 1` and a one-row write commit on the same file
-//!   with the same settings (WAL, `synchronous = NORMAL`).
+//!
+//! Database costs and cross-instance handoffs are in `benches/databases.rs`.
 //!
 //! Run with `cargo bench --bench handoff`; the README's Performance table is made from it.
 
@@ -107,37 +106,6 @@ fn local_handoff(c: &mut Criterion) {
     );
 }
 
-fn sqlite(c: &mut Criterion) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bench.db");
-    let registry = LockRegistry::sqlite(&path)
-        .create_table(true)
-        .build()
-        .unwrap();
-    let raw = rusqlite::Connection::open(&path).unwrap();
-    raw.pragma_update(None, "synchronous", "NORMAL").unwrap();
-    raw.execute_batch("CREATE TABLE IF NOT EXISTS bench_row (id INTEGER PRIMARY KEY, n INTEGER)")
-        .unwrap();
-    raw.execute("INSERT OR REPLACE INTO bench_row VALUES (1, 0)", [])
-        .unwrap();
-    let mut group = c.benchmark_group("sqlite");
-    group.bench_function("select_1", |b| {
-        let mut select = raw.prepare_cached("SELECT 1").unwrap();
-        b.iter(|| select.query_row([], |row| row.get::<_, i64>(0)).unwrap())
-    });
-    group.bench_function("one_row_commit", |b| {
-        let mut update = raw
-            .prepare_cached("UPDATE bench_row SET n = n + 1 WHERE id = 1")
-            .unwrap();
-        b.iter(|| update.execute([]).unwrap())
-    });
-    let lock = registry.obtain("uncontended").unwrap();
-    group.bench_function("lock_unlock", |b| {
-        b.iter(|| lock.lock().unwrap().unlock().unwrap())
-    });
-    group.finish();
-}
-
 fn quick() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -147,6 +115,6 @@ fn quick() -> Criterion {
 criterion_group! {
     name = benches;
     config = quick();
-    targets = local_handoff, sqlite
+    targets = local_handoff
 }
 criterion_main!(benches);

@@ -476,6 +476,42 @@ impl<B: Backend> Store for SqlStore<B> {
     }
 }
 
+/// Tries one direct connection (`connect` returns the classified failure and a short detail)
+/// until `timeout`, retrying every 50 ms while the failure is not fatal (refused, starting up),
+/// so that a wrong password or database name is reported as what it is — a pool would only
+/// time out.
+pub(crate) fn first_connection(
+    database: &str,
+    address: &str,
+    timeout: Duration,
+    mut connect: impl FnMut() -> Result<(), (Failure, String)>,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let pause = Duration::from_millis(50);
+    loop {
+        let Err((failure, detail)) = connect() else {
+            return Ok(());
+        };
+        let retry = failure.kind != FailureKind::Fatal;
+        if !retry || Instant::now() + pause >= deadline {
+            let hint = if retry {
+                format!(
+                    "cannot reach {database} at {address} within {timeout:?} ({detail}): start \
+                     the server or fix the URL"
+                )
+            } else {
+                format!("{} (server {address})", failure.hint)
+            };
+            return Err(Error::Database {
+                operation: "connect",
+                hint,
+                source: failure.source,
+            });
+        }
+        std::thread::sleep(pause);
+    }
+}
+
 /// The shipped DDL with `INT_LOCK` renamed to `table`.
 pub(crate) fn ddl_for<B: Backend>(table: &str) -> String {
     // A constraint name cannot carry the table's schema: `schema.X_LOCK` names its key X_LOCK_PK.

@@ -63,7 +63,7 @@ use mysql::prelude::Queryable;
 use mysql::{Opts, OptsBuilder, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Database "now": UTC, microseconds, fixed for the statement.
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -478,34 +478,13 @@ fn address(opts: &Opts) -> String {
 /// One direct connection, retried while the server is unreachable, so that a wrong password or
 /// database comes back as what it is rather than as a pool timeout.
 fn check_connect(opts: &Opts, timeout: Duration) -> crate::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let error = match mysql::Conn::new(opts.clone()) {
-            Ok(_) => return Ok(()),
-            Err(error) => error,
-        };
-        let failure = classify(error);
-        let retry = failure.kind != FailureKind::Fatal;
-        let pause = Duration::from_millis(50);
-        if !retry || Instant::now() + pause >= deadline {
-            let hint = if retry {
-                format!(
-                    "cannot reach MySQL at {} within {timeout:?} ({}): start the server or fix \
-                     the URL",
-                    address(opts),
-                    failure.source
-                )
-            } else {
-                format!("{} (server {})", failure.hint, address(opts))
-            };
-            return Err(Error::Database {
-                operation: "connect",
-                hint,
-                source: failure.source,
-            });
-        }
-        std::thread::sleep(pause);
-    }
+    super::first_connection(Mysql::NAME, &address(opts), timeout, || {
+        mysql::Conn::new(opts.clone()).map(drop).map_err(|error| {
+            let failure = classify(error);
+            let detail = failure.source.to_string();
+            (failure, detail)
+        })
+    })
 }
 
 /// Opens a store on the MySQL or MariaDB database at `url`.

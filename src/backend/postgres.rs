@@ -467,34 +467,12 @@ fn address(config: &Config) -> String {
 /// One direct connection, retried while the server is unreachable or starting, so that a wrong
 /// password or database comes back as what it is rather than as a pool timeout.
 fn check_connect(config: &Config, timeout: Duration) -> crate::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let error = match config.connect(NoTls) {
-            Ok(_) => return Ok(()),
-            Err(error) => error,
-        };
-        let detail = io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
-        let failure = classify(error);
-        let retry = failure.kind != FailureKind::Fatal;
-        let pause = Duration::from_millis(50);
-        if !retry || Instant::now() + pause >= deadline {
-            let hint = if retry {
-                format!(
-                    "cannot reach PostgreSQL at {} within {timeout:?} ({detail}): start the \
-                     server or fix the URL",
-                    address(config),
-                )
-            } else {
-                format!("{} (server {})", failure.hint, address(config))
-            };
-            return Err(Error::Database {
-                operation: "connect",
-                hint,
-                source: failure.source,
-            });
-        }
-        std::thread::sleep(pause);
-    }
+    super::first_connection(Postgres::NAME, &address(config), timeout, || {
+        config.connect(NoTls).map(drop).map_err(|error| {
+            let detail = io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
+            (classify(error), detail)
+        })
+    })
 }
 
 /// Opens a store on the PostgreSQL database at `url` (a URL or a `key=value` string).
