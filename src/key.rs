@@ -1,8 +1,10 @@
 //! From a user's key to the `LOCK_KEY` column, exactly as Spring Integration does it.
 //!
-//! Spring's `JdbcLockRegistry` stores `UUID.fromString(key)` when the key parses as a UUID under
-//! Java's (lenient) rules, and `UUID.nameUUIDFromBytes(key.getBytes(UTF_8))` otherwise: the MD5
-//! of the bytes with the version set to 3 and the IETF variant. Doing the same here means a Rust
+//! Spring's `JdbcLockRegistry` stores the key itself when it is a UUID in canonical
+//! 8-4-4-4-12 form (lower-cased, as Java prints it), and `UUID.nameUUIDFromBytes(key.getBytes(
+//! UTF_8))` otherwise: the MD5 of the bytes with the version set to 3 and the IETF variant.
+//! (Spring before 6.x also took Java's lenient forms such as `1-2-3-4-5` as UUIDs; current
+//! Spring hashes them, and so does this crate.) Doing the same here means a Rust
 //! service and a Spring service that name a lock alike exclude each other on one table.
 
 use crate::error::{Error, Result};
@@ -38,7 +40,7 @@ pub(crate) fn validate_key(key: &str) -> Result<()> {
 /// assert_eq!(leasehold::lock_key_for("foo"), "acbd18db-4cc2-385c-adef-654fccc4a4d8");
 /// ```
 pub fn lock_key_for(key: &str) -> String {
-    java_uuid_from_string(key)
+    canonical_uuid(key)
         .unwrap_or_else(|| name_uuid_from_bytes(key.as_bytes()))
         .hyphenated()
         .to_string()
@@ -50,67 +52,37 @@ fn name_uuid_from_bytes(bytes: &[u8]) -> Uuid {
     uuid::Builder::from_md5_bytes(digest).into_uuid()
 }
 
-/// Java's `UUID.fromString`, lenient form included: five dash-separated groups, each parsed as
-/// a signed hexadecimal `long` (`Long.parseLong(s, 16)`) and masked to its width; at most 36
-/// characters. Returns `None` where Java throws.
-fn java_uuid_from_string(text: &str) -> Option<Uuid> {
-    if text.chars().count() > 36 {
-        return None;
-    }
-    let groups: Vec<&str> = text.split('-').collect();
-    if groups.len() != 5 {
-        return None;
-    }
-    let mut values = [0u64; 5];
-    for (value, group) in values.iter_mut().zip(&groups) {
-        *value = java_parse_hex_long(group)? as u64;
-    }
-    let most =
-        ((values[0] & 0xffff_ffff) << 32) | ((values[1] & 0xffff) << 16) | (values[2] & 0xffff);
-    let least = ((values[3] & 0xffff) << 48) | (values[4] & 0xffff_ffff_ffff);
-    Some(Uuid::from_u64_pair(most, least))
-}
-
-/// `Long.parseLong(text, 16)`: an optional sign, then one or more hex digits, in `i64` range.
-fn java_parse_hex_long(text: &str) -> Option<i64> {
-    let (negative, digits) = match text.as_bytes().first()? {
-        b'+' => (false, &text[1..]),
-        b'-' => (true, &text[1..]),
-        _ => (false, text),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let significant = digits.trim_start_matches('0');
-    if significant.len() > 16 {
-        return None;
-    }
-    let magnitude = match significant {
-        "" => 0,
-        hex => i128::from_str_radix(hex, 16).ok()?,
-    };
-    let value = if negative { -magnitude } else { magnitude };
-    i64::try_from(value).ok()
+/// The key as a UUID when it is written in the canonical 8-4-4-4-12 hexadecimal form (either
+/// case), the only form Spring Integration (since 6.x) takes as a UUID rather than hashing.
+fn canonical_uuid(text: &str) -> Option<Uuid> {
+    let bytes = text.as_bytes();
+    let canonical = bytes.len() == 36
+        && bytes.iter().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => *b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        });
+    canonical.then(|| Uuid::parse_str(text).ok()).flatten()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Values printed by Java 17's `UUID.fromString`/`UUID.nameUUIDFromBytes`, as Spring uses them.
+    /// Values printed by Java 17's `UUID.fromString`/`UUID.nameUUIDFromBytes`, chosen as
+    /// Spring Integration's `UUIDConverter` chooses (canonical form only).
     const JAVA_VECTORS: &[(&str, &str)] = &[
         ("foo", "acbd18db-4cc2-385c-adef-654fccc4a4d8"),
         ("", "d41d8cd9-8f00-3204-a980-0998ecf8427e"),
         ("ключ", "c3657b66-c60a-3072-92aa-e11f07b04ae7"),
         ("日本語🔒", "7b1638b9-0495-35e8-8328-efca7b9a2858"),
         ("a\0b", "70350f60-27bc-3371-bf6b-76473084309b"),
-        ("1-2-3-4-5", "00000001-0002-0003-0004-000000000005"),
+        ("1-2-3-4-5", "601bcbd1-2379-33a0-bbcb-ad773954109d"),
         (
             "ACBD18DB-4CC2-385C-ADEF-654FCCC4A4D8",
             "acbd18db-4cc2-385c-adef-654fccc4a4d8",
         ),
         ("-1-2-3-4-5", "fabc4ac1-bc32-390f-93da-884bbb495929"),
-        ("+a-b-c-d-e", "0000000a-000b-000c-000d-00000000000e"),
+        ("+a-b-c-d-e", "3b4e17ad-c53d-3507-87b0-1262bf70772b"),
         (
             "12345678123456781-2-3-4-5",
             "89636bcd-ba3b-383f-afb2-8adff4f30083",

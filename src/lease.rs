@@ -14,20 +14,24 @@
 //! statement, which is later, so the holder always gives up first. Crossing the deadline is a
 //! loss even when no thread noticed yet: `is_held()` compares against it directly.
 //!
-//! # The keeper thread
+//! # Threads
 //!
-//! Every grant gets one thread of its own for as long as it is held (see [`keepers`] for how
-//! those threads are reused between grants). It sleeps on a crossbeam channel until the next renewal is due
-//! (a third of the time-to-live after the last renewal was sent, unless configured otherwise),
-//! renews through the registry's renewal pool, and exits as soon as the channel's sender is
-//! dropped (release), the lease is lost, or the registry is gone (it holds only a `Weak` to the
-//! store between renewals). With renewal turned off it still wakes at the deadline to report
-//! the loss.
+//! **The lease clock** (one thread per process, [`clock`]) keeps a list of live leases and
+//! wakes at the earliest moment one of them needs attention: its first renewal is due, or its
+//! deadline has passed. A lease whose deadline passes is marked lost right there — even when
+//! its keeper is stuck in a database call that does not return (a frozen connection), so a
+//! loss is never reported later than the moment another instance could take the lock.
 //!
-//! A keeper can be stuck inside a database call that does not return (a frozen connection).
-//! So that the loss is still reported on time, one process-wide *watchdog* thread also
-//! wakes at the earliest deadline of all live leases and marks a lease lost when its deadline
-//! has passed — never later than the moment another instance could take the lock.
+//! **A keeper thread** per lease does the renewing. The clock hands a lease to a keeper when
+//! its first renewal falls due, so a lease released before that (most short critical sections)
+//! never wakes another thread: starting or waking a thread costs more than an SQLite acquire.
+//! From then on the keeper is the lease's own: it sleeps on a crossbeam channel until the next
+//! renewal (a third of the time-to-live after the last one was sent, unless configured
+//! otherwise), renews through the registry's renewal pool, and stops as soon as the channel's
+//! sender is dropped (release), the lease is lost, or the registry is gone (it holds only a
+//! `Weak` to the store between renewals). Keepers whose lease ended park for a while and are
+//! reused ([`keepers`]). With renewal turned off no keeper is used; the clock reports the loss
+//! at the deadline.
 
 use crate::backend::{Grant, Path, Store};
 use crate::error::LossReason;
@@ -108,8 +112,7 @@ impl Lease {
             finished: AtomicBool::new(false),
             on_lost,
         });
-        keepers::start(Arc::clone(&lease), store, keeper, stop_rx);
-        watchdog::watch(&lease);
+        clock::watch(&lease, keepers::Job::new(store, keeper, stop_rx));
         lease
     }
 
@@ -124,6 +127,13 @@ impl Lease {
             return Some(reason);
         }
         (Instant::now() >= self.deadline()).then_some(LossReason::Expired(None))
+    }
+
+    /// When the next renewal is due under `settings` (never after the deadline).
+    fn next_renewal(&self, settings: KeeperSettings) -> Instant {
+        let times = self.times.lock();
+        let every = settings.renew_every.unwrap_or(times.ttl / 3);
+        (times.last_sent + every).min(times.deadline)
     }
 
     /// Released normally or already reported lost: nothing left to watch.
@@ -208,32 +218,20 @@ impl Lease {
     }
 }
 
-/// The keeper thread's body; see the module docs.
+/// The keeper thread's body (renewal on); see the module docs.
 fn keep(lease: Arc<Lease>, store: Weak<dyn Store>, settings: KeeperSettings, stop: Receiver<()>) {
     loop {
-        let wake_at = {
-            let times = lease.times.lock();
-            if settings.renew {
-                let every = settings.renew_every.unwrap_or(times.ttl / 3);
-                (times.last_sent + every).min(times.deadline)
-            } else {
-                times.deadline
-            }
-        };
-        match stop.recv_deadline(wake_at) {
+        match stop.recv_deadline(lease.next_renewal(settings)) {
             Err(RecvTimeoutError::Timeout) => {}
             _ => return,
         }
-        if lease.lost.lock().is_some() {
+        if lease.is_finished_or_lost() {
             return;
         }
         let deadline = lease.deadline();
-        if Instant::now() >= deadline || !settings.renew {
-            if Instant::now() >= deadline {
-                lease.mark_lost(LossReason::Expired(None));
-                return;
-            }
-            continue;
+        if Instant::now() >= deadline {
+            lease.mark_lost(LossReason::Expired(None));
+            return;
         }
         let Some(store) = store.upgrade() else { return };
         let ttl = lease.ttl();
@@ -253,10 +251,9 @@ fn keep(lease: Arc<Lease>, store: Weak<dyn Store>, settings: KeeperSettings, sto
     }
 }
 
-/// Keeper threads, reused: starting a thread costs more than an SQLite acquire, so a keeper
-/// whose lease ended parks for up to [`keepers::IDLE_LIFETIME`] waiting for the next lease
-/// instead of exiting. Each held lease still has a thread of its own; an idle keeper holds no
-/// reference to any registry.
+/// Keeper threads, reused: a keeper whose lease ended parks for up to
+/// [`keepers::IDLE_LIFETIME`] waiting for the next lease instead of exiting. Each lease being
+/// renewed has a thread of its own; an idle keeper holds no reference to any registry.
 pub(crate) mod keepers {
     use super::{keep, KeeperSettings, Lease};
     use crate::backend::Store;
@@ -267,50 +264,45 @@ pub(crate) mod keepers {
     /// How long a keeper thread without a lease waits for one before exiting.
     pub const IDLE_LIFETIME: Duration = Duration::from_secs(10);
 
-    struct Job {
-        lease: Arc<Lease>,
+    /// What a keeper needs to look after one lease; held by the clock until renewal is due.
+    pub(crate) struct Job {
         store: Weak<dyn Store>,
-        settings: KeeperSettings,
+        pub settings: KeeperSettings,
         stop: Receiver<()>,
     }
 
+    impl Job {
+        pub fn new(store: Weak<dyn Store>, settings: KeeperSettings, stop: Receiver<()>) -> Job {
+            Job {
+                store,
+                settings,
+                stop,
+            }
+        }
+    }
+
+    type Work = (Arc<Lease>, Job);
+
     /// A rendezvous channel: a send succeeds only when an idle keeper is waiting in `recv`.
-    fn channel() -> &'static (Sender<Job>, Receiver<Job>) {
-        static JOBS: OnceLock<(Sender<Job>, Receiver<Job>)> = OnceLock::new();
+    fn channel() -> &'static (Sender<Work>, Receiver<Work>) {
+        static JOBS: OnceLock<(Sender<Work>, Receiver<Work>)> = OnceLock::new();
         JOBS.get_or_init(|| crossbeam_channel::bounded(0))
     }
 
-    /// Runs the keeper of `lease` on an idle keeper thread, or on a new one.
-    pub(crate) fn start(
-        lease: Arc<Lease>,
-        store: Weak<dyn Store>,
-        settings: KeeperSettings,
-        stop: Receiver<()>,
-    ) {
-        let job = Job {
-            lease,
-            store,
-            settings,
-            stop,
-        };
-        let job = match channel().0.try_send(job) {
+    /// Runs `job` on an idle keeper thread, or on a new one.
+    pub(crate) fn start(lease: Arc<Lease>, job: Job) {
+        let work = match channel().0.try_send((lease, job)) {
             Ok(()) => return,
             Err(refused) => refused.into_inner(),
         };
-        let key = Arc::clone(&job.lease.key);
+        let key = Arc::clone(&work.0.key);
         let spawned = std::thread::Builder::new()
             .name("leasehold-keeper".into())
             .spawn(move || {
-                let mut job = Some(job);
-                while let Some(Job {
-                    lease,
-                    store,
-                    settings,
-                    stop,
-                }) = job.take()
-                {
-                    keep(lease, store, settings, stop);
-                    job = channel().1.recv_timeout(IDLE_LIFETIME).ok();
+                let mut work = Some(work);
+                while let Some((lease, job)) = work.take() {
+                    keep(lease, job.store, job.settings, job.stop);
+                    work = channel().1.recv_timeout(IDLE_LIFETIME).ok();
                 }
             });
         if let Err(e) = spawned {
@@ -319,54 +311,89 @@ pub(crate) mod keepers {
     }
 }
 
-/// The process-wide watchdog: reports leases whose deadline passed while their keeper was stuck.
+/// The lease clock: one process-wide thread that starts keepers when renewal falls due and
+/// reports leases whose deadline passed (see the module docs).
 ///
-/// It keeps `Weak` references only, scans its list when the earliest deadline it knows of
-/// arrives, and sleeps without a deadline when no lease is live. Registering a lease wakes it
-/// only when the new deadline is earlier than its next wake-up, which is rare: a new lease's
-/// deadline is a whole time-to-live away.
-pub(crate) mod watchdog {
+/// It holds `Weak` references only. It sleeps until the earliest moment a lease needs it, and
+/// at most [`clock::IDLE_TICK`] at a time, so registering a lease only wakes it when that lease
+/// needs it sooner — rare, since a new lease's first renewal is a third of a time-to-live away.
+/// Ended leases are dropped from its list on each scan, and by `watch` when the list doubles.
+pub(crate) mod clock {
+    use super::keepers::{self, Job};
     use super::Lease;
     use crate::error::LossReason;
     use parking_lot::{Condvar, Mutex};
-    use std::sync::{Arc, OnceLock, Weak};
-    use std::time::Instant;
+    use std::sync::{Arc, OnceLock};
+    use std::time::{Duration, Instant};
 
-    #[derive(Default)]
+    /// The longest the clock sleeps without looking at its list.
+    pub const IDLE_TICK: Duration = Duration::from_secs(1);
+
+    /// One watched lease; `job` is `Some` until its keeper has been started.
+    struct Entry {
+        lease: std::sync::Weak<Lease>,
+        job: Option<Job>,
+    }
+
+    impl Entry {
+        /// When the clock must look at this lease next.
+        fn due(&self, lease: &Lease) -> Instant {
+            match &self.job {
+                Some(job) if job.settings.renew => lease.next_renewal(job.settings),
+                _ => lease.deadline(),
+            }
+        }
+    }
+
     struct Watched {
-        leases: Vec<Weak<Lease>>,
+        entries: Vec<Entry>,
         next_wake: Option<Instant>,
         running: bool,
-        /// List length at which `watch` drops ended leases (amortised O(1) per lease).
         prune_at: usize,
     }
 
     fn state() -> &'static (Mutex<Watched>, Condvar) {
         static STATE: OnceLock<(Mutex<Watched>, Condvar)> = OnceLock::new();
-        STATE.get_or_init(Default::default)
+        STATE.get_or_init(|| {
+            let watched = Watched {
+                entries: Vec::new(),
+                next_wake: None,
+                running: false,
+                prune_at: 64,
+            };
+            (Mutex::new(watched), Condvar::new())
+        })
     }
 
-    /// Adds `lease` to the watch list, starting the watchdog thread on first use.
-    pub(crate) fn watch(lease: &Arc<Lease>) {
+    /// Watches `lease`; its keeper `job` starts when the first renewal is due.
+    pub(crate) fn watch(lease: &Arc<Lease>, job: Job) {
         let (watched, wake) = state();
-        let deadline = lease.deadline();
+        let entry = Entry {
+            lease: Arc::downgrade(lease),
+            job: Some(job),
+        };
+        let due = entry.due(lease);
         let mut list = watched.lock();
-        if list.leases.len() >= list.prune_at {
-            list.leases
-                .retain(|weak| weak.upgrade().is_some_and(|l| !l.is_finished_or_lost()));
-            list.prune_at = (2 * list.leases.len()).max(64);
+        if list.entries.len() >= list.prune_at {
+            list.entries.retain(|entry| {
+                entry
+                    .lease
+                    .upgrade()
+                    .is_some_and(|lease| !lease.is_finished_or_lost())
+            });
+            list.prune_at = (2 * list.entries.len()).max(64);
         }
-        list.leases.push(Arc::downgrade(lease));
+        list.entries.push(entry);
         if !list.running {
             list.running = true;
             let started = std::thread::Builder::new()
-                .name("leasehold-watchdog".into())
+                .name("leasehold-clock".into())
                 .spawn(run);
             if let Err(e) = started {
                 list.running = false;
-                log::error!("could not start the lease watchdog thread: {e}");
+                log::error!("could not start the lease clock thread: {e}");
             }
-        } else if list.next_wake.is_none_or(|next| deadline < next) {
+        } else if list.next_wake.is_none_or(|next| due < next) {
             wake.notify_one();
         }
     }
@@ -376,38 +403,41 @@ pub(crate) mod watchdog {
         let mut list = watched.lock();
         loop {
             let now = Instant::now();
-            let mut next_wake: Option<Instant> = None;
+            let mut next_wake = now + IDLE_TICK;
             let mut expired = Vec::new();
-            list.leases.retain(|weak| {
-                let Some(lease) = weak.upgrade() else {
+            let mut keepers_due = Vec::new();
+            list.entries.retain_mut(|entry| {
+                let Some(lease) = entry.lease.upgrade() else {
                     return false;
                 };
                 if lease.is_finished_or_lost() {
                     return false;
                 }
-                let deadline = lease.deadline();
-                if deadline <= now {
+                if lease.deadline() <= now {
                     expired.push(lease);
                     return false;
                 }
-                next_wake = Some(next_wake.map_or(deadline, |next| next.min(deadline)));
+                if entry.due(&lease) <= now {
+                    if let Some(job) = entry.job.take() {
+                        keepers_due.push((lease.clone(), job));
+                    }
+                }
+                next_wake = next_wake.min(entry.due(&lease));
                 true
             });
-            list.next_wake = next_wake;
-            if !expired.is_empty() {
+            list.next_wake = Some(next_wake);
+            if !expired.is_empty() || !keepers_due.is_empty() {
                 drop(list);
                 for lease in expired {
                     lease.mark_lost(LossReason::Expired(None));
                 }
+                for (lease, job) in keepers_due {
+                    keepers::start(lease, job);
+                }
                 list = watched.lock();
                 continue;
             }
-            match next_wake {
-                Some(at) => {
-                    wake.wait_until(&mut list, at);
-                }
-                None => wake.wait(&mut list),
-            }
+            wake.wait_until(&mut list, next_wake);
         }
     }
 }

@@ -480,6 +480,7 @@ impl<B: Backend> Store for SqlStore<B> {
 /// until `timeout`, retrying every 50 ms while the failure is not fatal (refused, starting up),
 /// so that a wrong password or database name is reported as what it is — a pool would only
 /// time out.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn first_connection(
     database: &str,
     address: &str,
