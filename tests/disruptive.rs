@@ -500,6 +500,10 @@ mod suite {
         for (holder, key) in holders.iter().zip(keys) {
             let held = holder.is_held();
             let lost = holder.loss.try_recv().ok();
+            match &lost {
+                None => println!("{key}: lease kept through the restart"),
+                Some(lost) => println!("{key}: loss reported: {}", lost.reason),
+            }
             findings.check(
                 held == lost.is_none(),
                 format!("{key}: is_held() = {held} but loss message {lost:?}"),
