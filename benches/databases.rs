@@ -225,6 +225,24 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
     group.bench_function("lock_unlock", |b| {
         b.iter(|| lock.lock().unwrap().unlock().unwrap())
     });
+    if name == "postgres" {
+        // What skipping the disk sync on release buys: the same release, committed durably.
+        let durable = target
+            .builder(true)
+            .release_sql(
+                "WITH released AS (UPDATE BENCH_LOCK SET CLIENT_ID = NULL, \
+                 EXPIRED_AFTER = TIMESTAMP '1970-01-01 00:00:00' WHERE LOCK_KEY = $1 \
+                 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
+                 AND EXPIRED_AFTER >= (now() AT TIME ZONE 'UTC') RETURNING 1) \
+                 SELECT pg_notify('bench_lock', $1 || ' ' || $2) FROM released",
+            )
+            .build()
+            .expect("registry with a durable release");
+        let lock = durable.obtain("bench-uncontended-durable").unwrap();
+        group.bench_function("lock_unlock_durable_release", |b| {
+            b.iter(|| lock.lock().unwrap().unlock().unwrap())
+        });
+    }
     group.finish();
     let polling_variants: &[(bool, String)] = if name == "postgres" {
         &[

@@ -318,10 +318,12 @@ impl<B: Backend> SqlStore<B> {
     }
 
     fn check_custom(&self, custom: &CustomQueries, deadline: Instant) -> Result<()> {
+        // Renew and release count affected (or returned) rows, so only acquire's result shape
+        // is fixed: one column, the fencing token.
         let checks = [
-            ("acquire", &custom.acquire, 1usize),
-            ("renew", &custom.renew, 0),
-            ("release", &custom.release, 0),
+            ("acquire", &custom.acquire, Some(1usize)),
+            ("renew", &custom.renew, None),
+            ("release", &custom.release, None),
         ];
         for (statement, sql, result_columns) in checks {
             let Some(sql) = sql else { continue };
@@ -332,12 +334,17 @@ impl<B: Backend> SqlStore<B> {
                 statement,
                 reason: f.source.to_string(),
             })?;
-            if params > 5 || columns != result_columns {
+            if params > 5 || result_columns.is_some_and(|expected| columns != expected) {
                 return Err(Error::InvalidStatement {
                     statement,
                     reason: format!(
                         "it takes {params} parameters and returns {columns} columns; use \
-                         parameters 1-5 as documented and return {result_columns} column(s)"
+                         parameters 1-5 as documented{}",
+                        if statement == "acquire" {
+                            " and return the fencing token as the only column"
+                        } else {
+                            ""
+                        }
                     ),
                 });
             }
