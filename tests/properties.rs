@@ -349,3 +349,143 @@ mod validation {
         }
     }
 }
+
+mod common;
+
+/// Lock tables of the right shape but wrong column types (or no primary key), made from the
+/// shipped DDL with one change each: a registry on one either refuses with a typed error, or
+/// works and still never grants one lock to two instances. Nothing panics.
+mod suite {
+    use crate::common::{Db, Fixture};
+    use leasehold::LockRegistry;
+
+    /// (what is wrong, the shipped DDL's text, its replacement) for `db`.
+    fn variants(db: Db) -> Vec<(&'static str, String, String)> {
+        let timestamp = match db {
+            Db::Mysql => "DATETIME(6)",
+            _ => "TIMESTAMP",
+        };
+        let expiry = format!("EXPIRED_AFTER {timestamp} NOT NULL");
+        let change = |what, from: &str, to: &str| (what, from.to_string(), to.to_string());
+        vec![
+            change(
+                "token as text",
+                "FENCING_TOKEN BIGINT NOT NULL DEFAULT 0",
+                "FENCING_TOKEN VARCHAR(30) NOT NULL DEFAULT '0'",
+            ),
+            change(
+                "expiry as integer",
+                &expiry,
+                "EXPIRED_AFTER BIGINT NOT NULL",
+            ),
+            change(
+                "expiry as short text",
+                &expiry,
+                "EXPIRED_AFTER VARCHAR(10) NOT NULL",
+            ),
+            change("key as integer", "LOCK_KEY CHAR(36)", "LOCK_KEY BIGINT"),
+            change("key too short", "LOCK_KEY CHAR(36)", "LOCK_KEY CHAR(8)"),
+            change(
+                "client as integer",
+                "CLIENT_ID CHAR(36)",
+                "CLIENT_ID BIGINT",
+            ),
+            change(
+                "no primary key",
+                ",\n    CONSTRAINT INT_LOCK_PK PRIMARY KEY (LOCK_KEY, REGION)",
+                "",
+            ),
+        ]
+    }
+
+    fn shipped_ddl(db: Db) -> &'static str {
+        match db {
+            Db::Sqlite => include_str!("../sql/sqlite.sql"),
+            Db::Postgres => include_str!("../sql/postgres.sql"),
+            Db::Mysql => include_str!("../sql/mysql.sql"),
+        }
+    }
+
+    /// Runs DDL on the fixture's database with the driver directly.
+    fn execute(f: &Fixture, ddl: &str) {
+        match f.db {
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite => rusqlite::Connection::open(f.sqlite_path())
+                .unwrap()
+                .execute_batch(ddl)
+                .unwrap(),
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
+                    .unwrap()
+                    .batch_execute(ddl)
+                    .unwrap()
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
+                mysql::Conn::new(opts).unwrap().query_drop(ddl).unwrap()
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("{other:?} is not compiled in"),
+        }
+    }
+
+    /// What one wrong table did; `Err` if two instances held one lock.
+    fn exercise(f: &Fixture, prefix: &str) -> Result<String, String> {
+        let build = || f.builder().prefix(prefix.to_string()).build();
+        let a: LockRegistry = match build() {
+            Ok(registry) => registry,
+            Err(e) => return Ok(format!("build refused: {e}")),
+        };
+        let first = match a.obtain("k").unwrap().try_lock() {
+            Ok(Some(guard)) => guard,
+            Ok(None) => return Ok("a free lock reported held".into()),
+            Err(e) => return Ok(format!("lock refused: {e}")),
+        };
+        let b = build().map_err(|e| format!("second registry: {e}"))?;
+        let second = b.obtain("k").unwrap().try_lock();
+        if let Ok(Some(_)) = second {
+            return Err("two instances hold the same lock".into());
+        }
+        let other_key = b.obtain("other").unwrap().try_lock();
+        let released = first.unlock();
+        Ok(format!(
+            "works: second try {:?}, other key {:?}, unlock {:?}",
+            second.map(|g| g.is_some()),
+            other_key.map(|g| g.is_some()),
+            released
+        ))
+    }
+
+    pub fn a_table_with_wrong_column_types_is_refused_or_still_excludes(f: &Fixture) {
+        let mut double_grants = Vec::new();
+        for (n, (what, from, to)) in variants(f.db).into_iter().enumerate() {
+            let prefix = format!("{}w{n}_", f.prefix);
+            let ddl = shipped_ddl(f.db).replacen(&from, &to, 1);
+            assert_ne!(ddl, shipped_ddl(f.db), "variant {what:?} changed nothing");
+            execute(f, &ddl.replace("INT_", &prefix));
+            match exercise(f, &prefix) {
+                Ok(outcome) => println!("{:?} {what}: {outcome}", f.db),
+                Err(e) => double_grants.push(format!("{what}: {e}")),
+            }
+        }
+        assert!(double_grants.is_empty(), "{double_grants:?}");
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite_tables {
+    crate::suite_for!(crate::common::Db::Sqlite; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_tables {
+    crate::suite_for!(crate::common::Db::Postgres; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_tables {
+    crate::suite_for!(crate::common::Db::Mysql; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+}
