@@ -655,6 +655,7 @@ mod suite {
             .try_lock_for(ttl + FIXTURE_IDLE + Duration::from_secs(15))
             .unwrap();
         let taken_at = Instant::now();
+        let reported_before_takeover = !holder.loss.is_empty();
         findings.check(taken.is_some(), "no takeover of a frozen holder's lease");
         let held = holder.is_held();
         findings.check(
@@ -663,7 +664,8 @@ mod suite {
         );
         match holder.loss.recv_timeout(SLACK) {
             Ok(lost) => println!(
-                "{:?}: loss message {:?} after the takeover: {}",
+                "{:?}: loss message (already there when the other instance got the lock: \
+                 {reported_before_takeover}; read {:?} later): {}",
                 f.db,
                 taken_at.elapsed(),
                 lost.reason

@@ -443,6 +443,9 @@ mod suite {
             let holding = holder.expect("HOLDING", GENEROUS);
             let stale_token: u64 = holding.split_whitespace().next().unwrap().parse().unwrap();
             assert_eq!(fields(&holding)["first_write_accepted"], "true");
+            // On SQLite a process stopped inside a write transaction would keep the file locked
+            // for everyone; the holder is idle here (its keeper runs for microseconds every
+            // TTL/3), so that window is tiny.
             holder.signal("STOP");
             let stopped_at = Instant::now();
             let bound = config.ttl + FIXTURE_IDLE + SLACK;
