@@ -82,6 +82,18 @@ pub enum Error {
         fix: String,
     },
 
+    /// The lock table has no unique key on exactly (`LOCK_KEY`, `REGION`): without it two
+    /// instances could both insert a row for one lock.
+    #[error(
+        "lock table {table} has no primary key or unique index on (LOCK_KEY, REGION): run `{fix}`"
+    )]
+    KeyMissing {
+        /// The table that was checked.
+        table: String,
+        /// The statement that adds the key.
+        fix: String,
+    },
+
     /// A replacement SQL statement given to the builder does not fit the table or parameters.
     #[error("custom {statement} statement rejected: {reason}")]
     InvalidStatement {

@@ -166,3 +166,29 @@ fn a_keeper_stuck_in_a_renewal_still_reports_the_loss_at_the_deadline() {
     assert!(reported_after < Duration::from_secs(30));
     std::mem::forget(guard); // the file stays write-locked until the slow renewal ends
 }
+
+#[test]
+fn a_table_without_its_primary_key_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nokey.db");
+    let conn = raw(&path);
+    conn.execute_batch(
+        "CREATE TABLE INT_LOCK (LOCK_KEY CHAR(36) NOT NULL, REGION VARCHAR(100) NOT NULL, \
+         CLIENT_ID CHAR(36), CREATED_DATE TIMESTAMP NOT NULL, EXPIRED_AFTER TIMESTAMP NOT NULL, \
+         FENCING_TOKEN BIGINT NOT NULL DEFAULT 0)",
+    )
+    .unwrap();
+    match LockRegistry::sqlite(&path).build() {
+        Err(Error::KeyMissing { table, fix }) => {
+            assert_eq!(table, "INT_LOCK");
+            assert_eq!(
+                fix,
+                "CREATE UNIQUE INDEX INT_LOCK_PK ON INT_LOCK (LOCK_KEY, REGION)"
+            );
+            conn.execute_batch(&fix).unwrap();
+        }
+        other => panic!("expected KeyMissing, got {other:?}"),
+    }
+    let registry = LockRegistry::sqlite(&path).build().unwrap();
+    assert!(registry.obtain("k").unwrap().try_lock().unwrap().is_some());
+}

@@ -139,6 +139,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Upper-case column names of `table`; empty when the table does not exist.
     fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure>;
 
+    /// (index name, upper-case column name) for every column of every unique index of `table`.
+    fn unique_key_columns(
+        conn: &mut Conn<Self>,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, Failure>;
+
     /// Prepares `sql` without running it and returns (parameter count, result column count).
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure>;
 
@@ -313,6 +319,10 @@ impl<B: Backend> SqlStore<B> {
             B::columns(conn, &table.table)
         })?;
         check_columns::<B>(&table.table, &columns)?;
+        let unique = store.run(Path::Main, "check table", deadline, |conn| {
+            B::unique_key_columns(conn, &table.table)
+        })?;
+        check_primary_key(&table.table, &unique)?;
         store.check_custom(&table.custom, deadline)?;
         Ok(store)
     }
@@ -527,6 +537,27 @@ pub(crate) fn ddl_for<B: Backend>(table: &str) -> String {
     B::DDL
         .replace("INT_LOCK_PK", &format!("{bare}_PK"))
         .replace("INT_LOCK", table)
+}
+
+/// The table must have a unique index on exactly (LOCK_KEY, REGION): the acquire statements
+/// rely on it to refuse a second row for one lock.
+fn check_primary_key(table: &str, unique_columns: &[(String, String)]) -> Result<()> {
+    let mut indexes: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for (index, column) in unique_columns {
+        indexes.entry(index).or_default().push(column);
+    }
+    let keyed = indexes.values_mut().any(|columns| {
+        columns.sort_unstable();
+        columns.as_slice() == ["LOCK_KEY", "REGION"]
+    });
+    if keyed {
+        return Ok(());
+    }
+    let bare = table.rsplit('.').next().unwrap_or(table);
+    Err(Error::KeyMissing {
+        table: table.to_string(),
+        fix: format!("CREATE UNIQUE INDEX {bare}_PK ON {table} (LOCK_KEY, REGION)"),
+    })
 }
 
 fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {

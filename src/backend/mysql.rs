@@ -337,6 +337,24 @@ impl Backend for Mysql {
             .map_err(classify)
     }
 
+    fn unique_key_columns(
+        conn: &mut Conn<Self>,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, Failure> {
+        let (schema, name) = match table.split_once('.') {
+            Some((schema, name)) => (Value::from(schema), name),
+            None => (Value::NULL, table),
+        };
+        conn.conn
+            .exec(
+                "SELECT INDEX_NAME, UPPER(COLUMN_NAME) FROM information_schema.STATISTICS \
+                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+                 AND NON_UNIQUE = 0",
+                (schema, name),
+            )
+            .map_err(classify)
+    }
+
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
         let plan = plan(sql)?;
         let statement = conn.conn.prep(&plan.query).map_err(classify)?;

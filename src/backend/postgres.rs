@@ -225,6 +225,30 @@ impl Backend for Postgres {
             .collect()
     }
 
+    fn unique_key_columns(
+        conn: &mut Conn<Self>,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, Failure> {
+        let statement = conn
+            .client
+            .prepare(
+                "SELECT i.indexrelid::regclass::text, upper(a.attname::text) \
+                 FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a \
+                 ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+                 WHERE i.indrelid = to_regclass($1::text) AND i.indisunique",
+            )
+            .map_err(classify)?;
+        let rows = conn.client.query(&statement, &[&table]).map_err(classify)?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0).map_err(classify)?,
+                    row.try_get(1).map_err(classify)?,
+                ))
+            })
+            .collect()
+    }
+
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
         let statement = conn
             .client

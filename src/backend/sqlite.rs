@@ -132,6 +132,23 @@ impl Backend for Sqlite {
         names.collect::<Result<_, _>>().map_err(classify)
     }
 
+    fn unique_key_columns(
+        conn: &mut Conn<Self>,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, Failure> {
+        let mut statement = conn
+            .conn
+            .prepare_cached(
+                "SELECT il.name, upper(ii.name) FROM pragma_index_list(?1) AS il, \
+                 pragma_index_info(il.name) AS ii WHERE il.\"unique\" = 1",
+            )
+            .map_err(classify)?;
+        let rows = statement
+            .query_map([table], |row| Ok((row.get(0)?, row.get(1)?)))
+            .map_err(classify)?;
+        rows.collect::<Result<_, _>>().map_err(classify)
+    }
+
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
         let statement = conn.conn.prepare(sql).map_err(classify)?;
         Ok((statement.parameter_count(), statement.column_count()))
