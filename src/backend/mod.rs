@@ -29,6 +29,7 @@
 
 use crate::error::{DatabaseError, Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "mysql")]
@@ -72,6 +73,28 @@ pub(crate) struct Params<'a> {
     pub client_id: &'a str,
     pub ttl_micros: i64,
     pub token: i64,
+}
+
+/// [`Params`] owned, so that an attempt can run on a statement thread.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedParams {
+    lock_key: String,
+    region: Arc<str>,
+    client_id: Arc<str>,
+    ttl_micros: i64,
+    token: i64,
+}
+
+impl OwnedParams {
+    fn borrowed(&self) -> Params<'_> {
+        Params {
+            lock_key: &self.lock_key,
+            region: &self.region,
+            client_id: &self.client_id,
+            ttl_micros: self.ttl_micros,
+            token: self.token,
+        }
+    }
 }
 
 /// How the shared retry loop treats a failed statement.
@@ -119,6 +142,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Human name, used in messages: `SQLite`, `PostgreSQL`, `MySQL`.
     const NAME: &'static str;
+    /// Whether statements travel over a network connection that can stop answering; such
+    /// statements run on statement threads so that callers' deadlines hold.
+    const NETWORKED: bool = true;
     /// Path of the shipped DDL file, named in errors.
     const DDL_FILE: &'static str;
     /// The shipped DDL (`include_str!` of `DDL_FILE`), written for table `INT_LOCK`.
@@ -262,10 +288,10 @@ pub(crate) struct TableSettings {
 pub(crate) struct SqlStore<B: Backend> {
     pool: r2d2::Pool<B::Manager>,
     renewal_pool: r2d2::Pool<B::Manager>,
-    queries: Queries,
-    region: String,
-    client_id: String,
-    counters: Counters,
+    queries: Arc<Queries>,
+    region: Arc<str>,
+    client_id: Arc<str>,
+    counters: Arc<Counters>,
     manager: B::Manager,
     table: TableSettings,
 }
@@ -301,26 +327,29 @@ impl<B: Backend> SqlStore<B> {
         let store = SqlStore {
             pool: main,
             renewal_pool,
-            queries,
-            region: table.region.clone(),
-            client_id: table.client_id.clone(),
-            counters: Counters::default(),
+            queries: Arc::new(queries),
+            region: table.region.as_str().into(),
+            client_id: table.client_id.as_str().into(),
+            counters: Arc::default(),
             manager,
             table: table.clone(),
         };
         let deadline = Instant::now() + pool.connect_timeout;
-        store.run(Path::Main, "check table", deadline, |conn| {
-            if table.create_table {
-                B::execute_batch(conn, &ddl_for::<B>(&table.table))?;
+        let ddl = table.create_table.then(|| ddl_for::<B>(&table.table));
+        store.run(Path::Main, "check table", deadline, move |conn| {
+            if let Some(ddl) = &ddl {
+                B::execute_batch(conn, ddl)?;
             }
             Ok(())
         })?;
-        let columns = store.run(Path::Main, "check table", deadline, |conn| {
-            B::columns(conn, &table.table)
+        let name = table.table.clone();
+        let columns = store.run(Path::Main, "check table", deadline, move |conn| {
+            B::columns(conn, &name)
         })?;
         check_columns::<B>(&table.table, &columns)?;
-        let unique = store.run(Path::Main, "check table", deadline, |conn| {
-            B::unique_key_columns(conn, &table.table)
+        let name = table.table.clone();
+        let unique = store.run(Path::Main, "check table", deadline, move |conn| {
+            B::unique_key_columns(conn, &name)
         })?;
         check_primary_key(&table.table, &unique)?;
         store.check_custom(&table.custom, deadline)?;
@@ -337,9 +366,13 @@ impl<B: Backend> SqlStore<B> {
         ];
         for (statement, sql, result_columns) in checks {
             let Some(sql) = sql else { continue };
-            let described = self.run(Path::Main, "check custom statement", deadline, |conn| {
-                Ok(B::describe(conn, sql))
-            })?;
+            let sql = sql.clone();
+            let described = self.run(
+                Path::Main,
+                "check custom statement",
+                deadline,
+                move |conn| Ok(B::describe(conn, &sql)),
+            )?;
             let (params, columns) = described.map_err(|f| Error::InvalidStatement {
                 statement,
                 reason: f.source.to_string(),
@@ -362,11 +395,11 @@ impl<B: Backend> SqlStore<B> {
         Ok(())
     }
 
-    fn params<'a>(&'a self, lock_key: &'a str, ttl: Duration, token: i64) -> Params<'a> {
-        Params {
-            lock_key,
-            region: &self.region,
-            client_id: &self.client_id,
+    fn params(&self, lock_key: &str, ttl: Duration, token: i64) -> OwnedParams {
+        OwnedParams {
+            lock_key: lock_key.into(),
+            region: Arc::clone(&self.region),
+            client_id: Arc::clone(&self.client_id),
             ttl_micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),
             token,
         }
@@ -375,13 +408,23 @@ impl<B: Backend> SqlStore<B> {
     /// Runs `attempt` on a pooled connection until it succeeds, fails for good, or `deadline`
     /// passes. Transient failures sleep a short, doubling pause (1 ms to 100 ms, never past the
     /// deadline); broken connections are discarded.
-    fn run<T>(
+    ///
+    /// On a networked database each attempt runs on a statement thread ([`statement_threads`])
+    /// while the caller waits at most until `deadline`: a server or connection that stops
+    /// answering cannot hold the caller past it. The abandoned connection is discarded once its
+    /// call returns. (An acquire granted after its caller gave up is left to expire.)
+    fn run<T, F>(
         &self,
         path: Path,
         operation: &'static str,
         deadline: Instant,
-        mut attempt: impl FnMut(&mut Conn<B>) -> Result<T, Failure>,
-    ) -> Result<T> {
+        attempt: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Conn<B>) -> Result<T, Failure> + Send + Sync + 'static,
+    {
+        let attempt = Arc::new(attempt);
         let pool = match path {
             Path::Main => &self.pool,
             Path::Renewal => &self.renewal_pool,
@@ -400,9 +443,13 @@ impl<B: Backend> SqlStore<B> {
             }
             match pool.get_timeout(remaining) {
                 Err(e) => last = Some(Box::new(e)),
-                Ok(mut conn) => match attempt(&mut conn) {
-                    Ok(value) => return Ok(value),
-                    Err(failure) => {
+                Ok(conn) => match attempt_once::<B, T, F>(conn, &attempt, deadline) {
+                    None => {
+                        last =
+                            Some(format!("no answer from {} before the deadline", B::NAME).into())
+                    }
+                    Some(Ok(value)) => return Ok(value),
+                    Some(Err(failure)) => {
                         log::debug!("{operation} on {}: {failure:?}", B::NAME);
                         match failure.kind {
                             FailureKind::Fatal => {
@@ -412,8 +459,7 @@ impl<B: Backend> SqlStore<B> {
                                     source: failure.source,
                                 })
                             }
-                            FailureKind::Broken => B::mark_broken(&mut conn),
-                            FailureKind::Transient => {}
+                            FailureKind::Broken | FailureKind::Transient => {}
                         }
                         last = Some(failure.source);
                     }
@@ -429,12 +475,13 @@ impl<B: Backend> SqlStore<B> {
 impl<B: Backend> Store for SqlStore<B> {
     fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>> {
         let params = self.params(lock_key, ttl, 0);
-        self.run(Path::Main, "acquire", deadline, |conn| {
+        let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
+        self.run(Path::Main, "acquire", deadline, move |conn| {
             let sent_at = Instant::now();
-            self.counters.acquires.fetch_add(1, Ordering::Relaxed);
-            let token = B::acquire(conn, &self.queries.acquire, &params)?;
+            counters.acquires.fetch_add(1, Ordering::Relaxed);
+            let token = B::acquire(conn, &queries.acquire, &params.borrowed())?;
             if token.is_some() {
-                self.counters.grants.fetch_add(1, Ordering::Relaxed);
+                counters.grants.fetch_add(1, Ordering::Relaxed);
             }
             Ok(token.map(|token| Grant { token, sent_at }))
         })
@@ -449,19 +496,21 @@ impl<B: Backend> Store for SqlStore<B> {
         path: Path,
     ) -> Result<Option<Instant>> {
         let params = self.params(lock_key, ttl, token);
-        self.run(path, "renew", deadline, |conn| {
+        let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
+        self.run(path, "renew", deadline, move |conn| {
             let sent_at = Instant::now();
-            self.counters.renewals.fetch_add(1, Ordering::Relaxed);
-            let rows = B::update(conn, &self.queries.renew, &params)?;
+            counters.renewals.fetch_add(1, Ordering::Relaxed);
+            let rows = B::update(conn, &queries.renew, &params.borrowed())?;
             Ok((rows > 0).then_some(sent_at))
         })
     }
 
     fn release(&self, lock_key: &str, token: i64, deadline: Instant) -> Result<bool> {
         let params = self.params(lock_key, Duration::ZERO, token);
-        self.run(Path::Main, "release", deadline, |conn| {
-            self.counters.releases.fetch_add(1, Ordering::Relaxed);
-            Ok(B::update(conn, &self.queries.release, &params)? > 0)
+        let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
+        self.run(Path::Main, "release", deadline, move |conn| {
+            counters.releases.fetch_add(1, Ordering::Relaxed);
+            Ok(B::update(conn, &queries.release, &params.borrowed())? > 0)
         })
     }
 
@@ -475,11 +524,17 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)> {
         let params = self.params("", Duration::ZERO, 0);
-        self.run(Path::Main, "read the database clock", deadline, |conn| {
-            let sent_at = Instant::now();
-            let micros = B::acquire(conn, B::clock_sql(), &params)?.unwrap_or_default();
-            Ok((micros, sent_at, Instant::now()))
-        })
+        self.run(
+            Path::Main,
+            "read the database clock",
+            deadline,
+            move |conn| {
+                let sent_at = Instant::now();
+                let micros =
+                    B::acquire(conn, B::clock_sql(), &params.borrowed())?.unwrap_or_default();
+                Ok((micros, sent_at, Instant::now()))
+            },
+        )
     }
 
     fn statistics(&self) -> Statistics {
@@ -489,6 +544,83 @@ impl<B: Backend> Store for SqlStore<B> {
             grants: read(&self.counters.grants),
             renewals: read(&self.counters.renewals),
             releases: read(&self.counters.releases),
+        }
+    }
+}
+
+/// One attempt on `conn`: on the calling thread for an embedded database, on a statement
+/// thread for a networked one, waiting at most until `deadline` (`None`: no answer in time).
+/// A connection whose attempt failed as broken, or was abandoned, is flagged for discarding.
+fn attempt_once<B, T, F>(
+    mut conn: r2d2::PooledConnection<B::Manager>,
+    attempt: &Arc<F>,
+    deadline: Instant,
+) -> Option<Result<T, Failure>>
+where
+    B: Backend,
+    T: Send + 'static,
+    F: Fn(&mut Conn<B>) -> Result<T, Failure> + Send + Sync + 'static,
+{
+    let finish = |conn: &mut Conn<B>, outcome: &Result<T, Failure>| {
+        if matches!(outcome, Err(f) if f.kind == FailureKind::Broken) {
+            B::mark_broken(conn);
+        }
+    };
+    if !B::NETWORKED {
+        let outcome = attempt(&mut conn);
+        finish(&mut conn, &outcome);
+        return Some(outcome);
+    }
+    let (answer, answered) = crossbeam_channel::bounded(1);
+    let attempt = Arc::clone(attempt);
+    statement_threads::run(Box::new(move || {
+        let outcome = attempt(&mut conn);
+        finish(&mut conn, &outcome);
+        if answer.send(outcome).is_err() {
+            B::mark_broken(&mut conn);
+        }
+    }));
+    answered.recv_deadline(deadline).ok()
+}
+
+/// Threads that run statements of networked databases for callers with deadlines. A thread
+/// that finished parks for [`statement_threads::IDLE_LIFETIME`] waiting for the next statement
+/// (a rendezvous channel hands it over); a new one starts when none is idle. A thread stuck on
+/// a connection that stopped answering stays stuck only until that call returns; its caller has
+/// long gone on.
+pub(crate) mod statement_threads {
+    use crossbeam_channel::{Receiver, Sender};
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    /// How long an idle statement thread waits for work before exiting.
+    pub const IDLE_LIFETIME: Duration = Duration::from_secs(10);
+
+    type Job = Box<dyn FnOnce() + Send>;
+
+    fn channel() -> &'static (Sender<Job>, Receiver<Job>) {
+        static JOBS: OnceLock<(Sender<Job>, Receiver<Job>)> = OnceLock::new();
+        JOBS.get_or_init(|| crossbeam_channel::bounded(0))
+    }
+
+    /// Runs `job` on an idle statement thread, or on a new one. If no thread can be started
+    /// the job is dropped, which its caller sees as an attempt without an answer.
+    pub(crate) fn run(job: Job) {
+        let job = match channel().0.try_send(job) {
+            Ok(()) => return,
+            Err(refused) => refused.into_inner(),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-statement".into())
+            .spawn(move || {
+                let mut job = Some(job);
+                while let Some(work) = job.take() {
+                    work();
+                    job = channel().1.recv_timeout(IDLE_LIFETIME).ok();
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("could not start a statement thread: {e}");
         }
     }
 }
