@@ -265,7 +265,10 @@ mod suite {
         let (one, sixteen) = (polls_with(1), polls_with(16));
         // One poller every 20 ms for 600 ms is about 30 statements, however many threads wait;
         // sixteen pollers would send about 480.
-        assert!(sixteen <= 2 * one + 10, "1 waiter: {one} statements, 16 waiters: {sixteen}");
+        assert!(
+            sixteen <= 2 * one + 10,
+            "1 waiter: {one} statements, 16 waiters: {sixteen}"
+        );
         guard.unlock().unwrap();
     }
 
