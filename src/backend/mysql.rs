@@ -52,6 +52,12 @@
 //! the rows it changed: a renew that happens to write the same `EXPIRED_AFTER` twice still
 //! counts as renewed. (Acquire does not rely on affected rows.)
 //!
+//! Pooling: connections live in the crate's shared r2d2 pools (main and renewal), through a
+//! small connection manager of this module, rather than in the `mysql` crate's own pool or
+//! `r2d2_mysql`. One pool implementation for all backends keeps deadlines, retries and the
+//! renewal pool in one place; `r2d2_mysql` would also pull in C zlib, and the driver's own pool
+//! pings on checkout and resets sessions on return (two extra round trips per statement).
+//!
 //! The driver caches prepared statements per connection (`stmt_cache_size`, 32 by default; a
 //! registry uses four). Connections are checked once when the registry is built, so a wrong
 //! password or database name is reported as such instead of as a pool timeout.
