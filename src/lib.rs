@@ -38,21 +38,35 @@
 //! # Design at a glance
 //!
 //! ```text
-//!  thread ─┐                         ┌─ keeper thread (one per held grant): renew every TTL/3
-//!  thread ─┼─ Lock ── LockInner ─────┤     through the renewal pool; report loss
-//!  thread ─┘  (per key: parking_lot  └─ Store (SqlStore<Backend>): pools, deadlines, retries
-//!              mutex, FIFO queue,          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
-//!              one DB poller)
+//!  thread ─┐                          ┌─ lease clock (one per process): starts a keeper when a
+//!  thread ─┼─ Lock ── LockInner ──────┤    lease's first renewal is due; reports expired leases
+//!  thread ─┘  (per key: parking_lot   ├─ keeper thread (one per renewed lease): renew every
+//!              mutex, FIFO queue,     │    TTL/3 through the renewal pool; report loss
+//!              one DB poller)         └─ Store (SqlStore<Backend>): pools, deadlines, retries;
+//!                                          statement threads for networked databases
+//!                                          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
+//!  PostgreSQL only: a listener thread per registry turns release notifications into wake-ups.
 //! ```
+//!
+//! Threads and what they do:
+//!
+//! | thread | how many | job |
+//! |--------|----------|-----|
+//! | caller | yours | waits in the local queue, or polls the database as the key's one poller |
+//! | lease clock | 1 per process | hands leases to keepers when renewal falls due; marks a lease lost at its deadline even if its keeper is stuck |
+//! | keeper | 1 per lease being renewed (reused) | renews; reports "not the owner" at once |
+//! | statement | as many as statements in flight (reused) | runs a PostgreSQL/MySQL statement so its caller can give up at its deadline |
+//! | listener | 1 per PostgreSQL registry | `LISTEN`s and wakes the local poller of a released key |
 //!
 //! | module | job |
 //! |--------|-----|
 //! | `registry` | builder, validation, the registry and its shared core |
 //! | `cache` | bounded LRU of per-key state that never evicts a key in use |
 //! | `lock` | the local state machine: queue, poller, instant handoff, `LockGuard` |
-//! | `lease` | one database grant, its deadline, loss reporting, the keeper threads |
-//! | `backend` | the three statements, the retry loop and pools, one file per database |
+//! | `lease` | one database grant, its deadline, loss reporting, the lease clock and keepers |
+//! | `backend` | the three statements, the retry loop, pools and statement threads; one file per database |
 //! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
+//! | `leader` | leader election on top of the registry |
 //! | `error` | the error enum |
 //!
 //! **Which SQL runs when.** A thread that finds the key free in its registry runs **acquire**
