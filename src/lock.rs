@@ -9,8 +9,10 @@
 //! |-------|-------|-----------|---------|----------------------------------------|
 //! | none | none | no | free here | becomes the *poller*: sets `db_busy`, runs **acquire** |
 //! | none | none | yes | another thread is polling or releasing | waits on the condvar |
-//! | none | some | – | a lease nobody took (its last waiter left) | takes it if still held |
 //! | thread T | some | – | T holds it | T: reentrant (depth + 1); others queue and wait |
+//!
+//! Invariant: a lease is present exactly when an owner is — a grant sets both, and a release
+//! either moves ownership to the next queued thread or clears both.
 //!
 //! Every thread inside an acquire of the key sits in a FIFO `queue`. Only the poller talks to
 //! the database for this key, so N waiting threads cost one statement per
@@ -27,8 +29,7 @@
 //!
 //! **Release to the database** happens when nobody queues (or the limit is reached, or the
 //! lease is no longer held): the keeper thread is stopped and the **release** statement runs
-//! with `db_busy` set, so no local thread polls while it is in flight. A waiter that leaves an
-//! untaken lease behind releases it the same way.
+//! with `db_busy` set, so no local thread polls while it is in flight.
 
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, LeaseLost};
@@ -115,9 +116,6 @@ impl LockInner {
         if let Some(position) = state.queue.iter().position(|waiter| *waiter == me) {
             state.queue.remove(position);
         }
-        if !matches!(outcome, Ok(Some(_))) {
-            self.release_abandoned(&mut state);
-        }
         self.changed.notify_all();
         drop(state);
         match outcome {
@@ -152,17 +150,7 @@ impl LockInner {
                 return Ok(Some((lease, retune)));
             }
             if state.owner.is_none() {
-                if let Some(lease) = state.lease.clone() {
-                    if lease.is_held() {
-                        state.owner = Some(me);
-                        state.depth = 1;
-                        let retune = lease.ttl() != ttl;
-                        return Ok(Some((lease, retune)));
-                    }
-                    state.lease = None;
-                    lease.finish();
-                    continue;
-                }
+                debug_assert!(state.lease.is_none(), "a lease always has an owner");
                 let yielding = state.yield_until.filter(|until| *until > now);
                 if !state.db_busy && yielding.is_none() {
                     let attempt_deadline = match wait {
@@ -307,22 +295,6 @@ impl LockInner {
         state.db_busy = false;
         self.changed.notify_all();
         outcome
-    }
-
-    /// Releases a handed-over lease that the last waiter left without taking.
-    fn release_abandoned(&self, state: &mut MutexGuard<'_, LocalState>) {
-        if !state.queue.is_empty() || state.owner.is_some() || state.db_busy {
-            return;
-        }
-        let Some(lease) = state.lease.take() else {
-            return;
-        };
-        state.db_busy = true;
-        let outcome = MutexGuard::unlocked(state, || self.release_to_database(&lease));
-        state.db_busy = false;
-        if let Err(e) = outcome {
-            log::warn!("releasing abandoned lease on {:?}: {e}", self.key);
-        }
     }
 
     fn release_to_database(&self, lease: &Lease) -> Result<()> {

@@ -149,6 +149,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     const DDL_FILE: &'static str;
     /// The shipped DDL (`include_str!` of `DDL_FILE`), written for table `INT_LOCK`.
     const DDL: &'static str;
+    /// The column type of `CREATED_DATE` and `EXPIRED_AFTER` in `DDL`.
+    const TIMESTAMP_TYPE: &'static str;
+    /// The literal a released row's `EXPIRED_AFTER` holds (1970-01-01).
+    const RELEASED_TIMESTAMP: &'static str;
 
     /// The default statements for `table`.
     fn default_queries(table: &str) -> Queries;
@@ -173,9 +177,6 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Prepares `sql` without running it and returns (parameter count, result column count).
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure>;
-
-    /// The statement that adds `column` to an existing `table`.
-    fn add_column_sql(table: &str, column: &str) -> String;
 
     /// Flags `conn` so that the manager's `has_broken` discards it.
     fn mark_broken(conn: &mut Conn<Self>);
@@ -721,6 +722,27 @@ fn check_primary_key(table: &str, unique_columns: &[(String, String)]) -> Result
     })
 }
 
+/// The statement that adds `column` to an existing lock `table` (the Spring 7.0 upgrade adds
+/// `EXPIRED_AFTER`; leasehold adds `FENCING_TOKEN`). Key columns cannot be added in place.
+fn add_column_sql<B: Backend>(table: &str, column: &str) -> String {
+    let definition = match column {
+        "EXPIRED_AFTER" | "CREATED_DATE" => format!(
+            "{} NOT NULL DEFAULT {}",
+            B::TIMESTAMP_TYPE,
+            B::RELEASED_TIMESTAMP
+        ),
+        "FENCING_TOKEN" => "BIGINT NOT NULL DEFAULT 0".to_string(),
+        "CLIENT_ID" => "CHAR(36)".to_string(),
+        key => {
+            return format!(
+                "DROP TABLE {table}, then run {}: column {key} is part of the key",
+                B::DDL_FILE
+            )
+        }
+    };
+    format!("ALTER TABLE {table} ADD COLUMN {column} {definition}")
+}
+
 fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {
     if columns.is_empty() {
         return Err(Error::TableMissing {
@@ -733,7 +755,7 @@ fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {
             return Err(Error::ColumnMissing {
                 table: table.to_string(),
                 column,
-                fix: B::add_column_sql(table, column),
+                fix: add_column_sql::<B>(table, column),
             });
         }
     }

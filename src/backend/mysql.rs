@@ -253,6 +253,8 @@ impl Backend for Mysql {
     const NAME: &'static str = "MySQL";
     const DDL_FILE: &'static str = "sql/mysql.sql";
     const DDL: &'static str = include_str!("../../sql/mysql.sql");
+    const TIMESTAMP_TYPE: &'static str = "DATETIME(6)";
+    const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
     fn default_queries(table: &str) -> Queries {
         let expired = format!("EXPIRED_AFTER < {NOW}");
@@ -374,26 +376,6 @@ impl Backend for Mysql {
             columns = 1;
         }
         Ok((params, columns))
-    }
-
-    fn add_column_sql(table: &str, column: &str) -> String {
-        match column {
-            "EXPIRED_AFTER" => format!(
-                "ALTER TABLE {table} ADD COLUMN EXPIRED_AFTER DATETIME(6) NOT NULL \
-                 DEFAULT {RELEASED}"
-            ),
-            "FENCING_TOKEN" => {
-                format!("ALTER TABLE {table} ADD COLUMN FENCING_TOKEN BIGINT NOT NULL DEFAULT 0")
-            }
-            "CLIENT_ID" => format!("ALTER TABLE {table} ADD COLUMN CLIENT_ID CHAR(36)"),
-            "CREATED_DATE" => format!(
-                "ALTER TABLE {table} ADD COLUMN CREATED_DATE DATETIME(6) NOT NULL \
-                 DEFAULT {RELEASED}"
-            ),
-            other => format!(
-                "DROP TABLE {table}, then run sql/mysql.sql: column {other} is part of the key"
-            ),
-        }
     }
 
     fn mark_broken(conn: &mut Conn<Self>) {

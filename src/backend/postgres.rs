@@ -143,6 +143,8 @@ impl Backend for Postgres {
     const NAME: &'static str = "PostgreSQL";
     const DDL_FILE: &'static str = "sql/postgres.sql";
     const DDL: &'static str = include_str!("../../sql/postgres.sql");
+    const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
+    const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
     fn default_queries(table: &str) -> Queries {
         Queries {
@@ -255,24 +257,6 @@ impl Backend for Postgres {
             .prepare_typed(sql, &PARAM_TYPES)
             .map_err(classify)?;
         Ok((statement.params().len(), statement.columns().len()))
-    }
-
-    fn add_column_sql(table: &str, column: &str) -> String {
-        match column {
-            "EXPIRED_AFTER" => format!(
-                "ALTER TABLE {table} ADD COLUMN EXPIRED_AFTER TIMESTAMP NOT NULL DEFAULT {RELEASED}"
-            ),
-            "FENCING_TOKEN" => {
-                format!("ALTER TABLE {table} ADD COLUMN FENCING_TOKEN BIGINT NOT NULL DEFAULT 0")
-            }
-            "CLIENT_ID" => format!("ALTER TABLE {table} ADD COLUMN CLIENT_ID CHAR(36)"),
-            "CREATED_DATE" => format!(
-                "ALTER TABLE {table} ADD COLUMN CREATED_DATE TIMESTAMP NOT NULL DEFAULT {RELEASED}"
-            ),
-            other => format!(
-                "DROP TABLE {table}, then run sql/postgres.sql: column {other} is part of the key"
-            ),
-        }
     }
 
     fn mark_broken(conn: &mut Conn<Self>) {

@@ -76,6 +76,8 @@ impl Backend for Sqlite {
     const NETWORKED: bool = false;
     const DDL_FILE: &'static str = "sql/sqlite.sql";
     const DDL: &'static str = include_str!("../../sql/sqlite.sql");
+    const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
+    const RELEASED_TIMESTAMP: &'static str = "'1970-01-01 00:00:00.000'";
 
     fn default_queries(table: &str) -> Queries {
         Queries {
@@ -153,21 +155,6 @@ impl Backend for Sqlite {
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
         let statement = conn.conn.prepare(sql).map_err(classify)?;
         Ok((statement.parameter_count(), statement.column_count()))
-    }
-
-    fn add_column_sql(table: &str, column: &str) -> String {
-        match column {
-            "EXPIRED_AFTER" => format!(
-                "ALTER TABLE {table} ADD COLUMN EXPIRED_AFTER TIMESTAMP NOT NULL \
-                 DEFAULT '1970-01-01 00:00:00.000'"
-            ),
-            "FENCING_TOKEN" => {
-                format!("ALTER TABLE {table} ADD COLUMN FENCING_TOKEN BIGINT NOT NULL DEFAULT 0")
-            }
-            other => format!(
-                "DROP TABLE {table}, then run sql/sqlite.sql: column {other} is part of the key"
-            ),
-        }
     }
 
     fn mark_broken(conn: &mut Conn<Self>) {
