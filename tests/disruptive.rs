@@ -68,6 +68,19 @@ impl Findings {
         }
     }
 
+    /// Checks that `registry` grants a fresh key again (its pool recovered).
+    fn check_recovers(&mut self, registry: &LockRegistry, key: &str, what: &str) {
+        let lock = registry.obtain(key).unwrap();
+        let fresh = within(GENEROUS, move || {
+            lock.try_lock_for(Duration::from_secs(20))
+                .map(|g| g.is_some())
+        });
+        self.check(
+            matches!(fresh, Ok((Ok(true), _))),
+            format!("{what}: {fresh:?}"),
+        );
+    }
+
     fn assert_none(self) {
         assert!(self.0.is_empty(), "findings:\n- {}", self.0.join("\n- "));
     }
@@ -538,15 +551,7 @@ mod suite {
             findings.check(waiter.join().is_ok(), "a waiter panicked");
         }
         for registry in [&holder_registry, &waiter_registry] {
-            let lock = registry.obtain("after-restart").unwrap();
-            let fresh = within(GENEROUS, move || {
-                lock.try_lock_for(Duration::from_secs(20))
-                    .map(|g| g.is_some())
-            });
-            findings.check(
-                matches!(fresh, Ok((Ok(true), _))),
-                format!("pool did not recover: {fresh:?}"),
-            );
+            findings.check_recovers(registry, "after-restart", "pool did not recover");
         }
         findings.assert_none();
     }
@@ -616,15 +621,7 @@ mod suite {
             ),
             other => findings.check(false, format!("the waiter after the outage: {other:?}")),
         }
-        let lock = holder_registry.obtain("after-outage").unwrap();
-        let fresh = within(GENEROUS, move || {
-            lock.try_lock_for(Duration::from_secs(20))
-                .map(|g| g.is_some())
-        });
-        findings.check(
-            matches!(fresh, Ok((Ok(true), _))),
-            format!("pool did not recover: {fresh:?}"),
-        );
+        findings.check_recovers(&holder_registry, "after-outage", "pool did not recover");
         findings.assert_none();
     }
 
@@ -692,14 +689,10 @@ mod suite {
             ),
         }
         proxy.thaw();
-        let lock = holder_registry.obtain("after-thaw").unwrap();
-        let recovered = within(GENEROUS, move || {
-            lock.try_lock_for(Duration::from_secs(20))
-                .map(|g| g.is_some())
-        });
-        findings.check(
-            matches!(recovered, Ok((Ok(true), _))),
-            format!("registry did not recover after the thaw: {recovered:?}"),
+        findings.check_recovers(
+            &holder_registry,
+            "after-thaw",
+            "registry did not recover after the thaw",
         );
         if let Some(guard) = taken {
             findings.check(guard.unlock().is_ok(), "the taker lost its lease");

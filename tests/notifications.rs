@@ -56,6 +56,22 @@ fn until_polled_once(waiter: &LockRegistry) {
     thread::sleep(Duration::from_millis(300));
 }
 
+/// `holder` takes "job", a thread of `waiter` waits for it and polls once, `holder` releases:
+/// whether the waiter got the lock within `within`. Joins the waiter either way.
+fn release_reaches_waiter(holder: &LockRegistry, waiter: &LockRegistry, within: Duration) -> bool {
+    let guard = holder.obtain("job").unwrap().lock().unwrap();
+    let (granted, handle) = wait_for(waiter.clone(), "job");
+    until_polled_once(waiter);
+    guard.unlock().unwrap();
+    let in_time = set_within(&granted, within);
+    handle.join().unwrap();
+    assert!(
+        granted.load(Ordering::SeqCst),
+        "the waiter got the lock in the end"
+    );
+    in_time
+}
+
 #[test]
 fn a_release_wakes_a_waiter_of_another_registry_before_its_next_poll() {
     let Some(f) = fixture("notify_wakes") else {
@@ -63,15 +79,10 @@ fn a_release_wakes_a_waiter_of_another_registry_before_its_next_poll() {
     };
     let holder = f.registry();
     let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
-    let guard = holder.obtain("job").unwrap().lock().unwrap();
-    let (granted, handle) = wait_for(waiter.clone(), "job");
-    until_polled_once(&waiter);
-    guard.unlock().unwrap();
     assert!(
-        set_within(&granted, WOKEN_WITHIN),
+        release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
         "the waiter slept until its next poll"
     );
-    handle.join().unwrap();
     assert_eq!(
         waiter.statistics().acquires,
         2,
@@ -100,15 +111,10 @@ fn the_listener_comes_back_after_its_connection_is_killed() {
     );
     // Give the listener time to notice and reconnect (it checks at least every second).
     thread::sleep(Duration::from_secs(3));
-    let guard = holder.obtain("job").unwrap().lock().unwrap();
-    let (granted, handle) = wait_for(waiter.clone(), "job");
-    until_polled_once(&waiter);
-    guard.unlock().unwrap();
     assert!(
-        set_within(&granted, WOKEN_WITHIN),
+        release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
         "no wake-up after the listener was killed"
     );
-    handle.join().unwrap();
 }
 
 #[test]
@@ -123,15 +129,9 @@ fn without_notifications_a_waiter_wakes_only_at_its_next_poll() {
         .idle_between_tries(Duration::from_secs(3))
         .build()
         .unwrap();
-    let guard = holder.obtain("job").unwrap().lock().unwrap();
-    let (granted, handle) = wait_for(waiter.clone(), "job");
-    until_polled_once(&waiter);
-    guard.unlock().unwrap();
     assert!(
-        !set_within(&granted, Duration::from_millis(500)),
+        !release_reaches_waiter(&holder, &waiter, Duration::from_millis(500)),
         "woken without notifications"
     );
-    handle.join().unwrap();
-    assert!(granted.load(Ordering::SeqCst));
     assert_eq!(waiter.statistics().acquires, 2);
 }

@@ -31,8 +31,13 @@ trait Spring {
     fn row(&mut self, key: &str) -> Option<(Option<String>, i64)>;
     /// The lock table's name.
     fn table(&self) -> &str;
+    /// Runs one statement without parameters.
+    fn execute(&mut self, sql: &str);
     /// Drops the test's table.
-    fn drop_table(&mut self);
+    fn drop_table(&mut self) {
+        let sql = format!("DROP TABLE IF EXISTS {}", self.table());
+        self.execute(&sql);
+    }
 }
 
 /// `true` when an unreachable server must fail the test.
@@ -225,8 +230,76 @@ fn assert_rejected(result: leasehold::Result<LockRegistry>, statement: &str) {
     }
 }
 
+/// A table in Spring's pre-7.0 layout (no `EXPIRED_AFTER`) and without leasehold's
+/// `FENCING_TOKEN`: `build()` names each missing column with a statement that works, in turn.
+fn a_pre_7_0_table_gets_statements_that_upgrade_it(
+    builder: impl Fn() -> RegistryBuilder,
+    spring: &mut dyn Spring,
+    timestamp_type: &str,
+) {
+    let table = spring.table().to_string();
+    spring.execute(&format!(
+        "CREATE TABLE {table} (LOCK_KEY CHAR(36) NOT NULL, REGION VARCHAR(100) NOT NULL, \
+         CLIENT_ID CHAR(36), CREATED_DATE {timestamp_type} NOT NULL, \
+         CONSTRAINT {table}_PK PRIMARY KEY (LOCK_KEY, REGION))"
+    ));
+    for expected in ["EXPIRED_AFTER", "FENCING_TOKEN"] {
+        match builder().create_table(false).build() {
+            Err(Error::ColumnMissing { column, fix, .. }) => {
+                assert_eq!(column, expected);
+                spring.execute(&fix);
+            }
+            other => panic!("expected {expected} to be missing, got {other:?}"),
+        }
+    }
+    let registry = builder()
+        .create_table(false)
+        .build()
+        .expect("upgraded table");
+    let guard = registry.obtain("upgraded").unwrap().lock().unwrap();
+    assert!(guard.fencing_token() > 0);
+    guard.unlock().unwrap();
+}
+
+/// The tests whose bodies are the same on every server; each module provides `setup()`.
+macro_rules! shared_tests {
+    () => {
+        #[test]
+        fn spring_and_leasehold_exclude_each_other() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |spring| mutual_exclusion(&builder, spring));
+        }
+
+        #[test]
+        fn lease_cycle_and_racing_registries() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |spring| {
+                lease_cycle(&builder, spring);
+                racing(&builder);
+                racing_for_each_key(&builder);
+            });
+        }
+
+        #[test]
+        fn a_pre_7_0_table_is_upgraded_by_the_statements_named() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |spring| {
+                a_pre_7_0_table_gets_statements_that_upgrade_it(&builder, spring, TIMESTAMP_TYPE)
+            });
+        }
+    };
+}
+
 #[cfg(feature = "postgres")]
 mod postgres_interop {
+    /// The timestamp column type of Spring's PostgreSQL DDL.
+    const TIMESTAMP_TYPE: &str = "TIMESTAMP";
     use super::*;
     use postgres::error::SqlState;
     use postgres::{Client, NoTls};
@@ -311,11 +384,8 @@ mod postgres_interop {
             &self.table
         }
 
-        fn drop_table(&mut self) {
-            let table = &self.table;
-            self.client
-                .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
-                .unwrap();
+        fn execute(&mut self, sql: &str) {
+            self.client.batch_execute(sql).unwrap();
         }
     }
 
@@ -345,25 +415,7 @@ mod postgres_interop {
         Some((builder, spring))
     }
 
-    #[test]
-    fn spring_and_leasehold_exclude_each_other() {
-        let Some((builder, mut spring)) = setup() else {
-            return;
-        };
-        with_table(&mut spring, |spring| mutual_exclusion(&builder, spring));
-    }
-
-    #[test]
-    fn lease_cycle_and_racing_registries() {
-        let Some((builder, mut spring)) = setup() else {
-            return;
-        };
-        with_table(&mut spring, |spring| {
-            lease_cycle(&builder, spring);
-            racing(&builder);
-            racing_for_each_key(&builder);
-        });
-    }
+    shared_tests!();
 
     #[test]
     fn replacement_statements_are_checked() {
@@ -490,6 +542,8 @@ mod postgres_interop {
 
 #[cfg(feature = "mysql")]
 mod mysql_interop {
+    /// The timestamp column type of Spring's MySQL DDL.
+    const TIMESTAMP_TYPE: &str = "DATETIME(6)";
     use super::*;
     use mysql::consts::CapabilityFlags;
     use mysql::prelude::Queryable;
@@ -623,11 +677,8 @@ mod mysql_interop {
             &self.table
         }
 
-        fn drop_table(&mut self) {
-            let table = &self.table;
-            self.conn
-                .query_drop(format!("DROP TABLE IF EXISTS {table}"))
-                .unwrap();
+        fn execute(&mut self, sql: &str) {
+            self.conn.query_drop(sql).unwrap();
         }
     }
 
@@ -659,25 +710,7 @@ mod mysql_interop {
         Some((builder, spring))
     }
 
-    #[test]
-    fn spring_and_leasehold_exclude_each_other() {
-        let Some((builder, mut spring)) = setup() else {
-            return;
-        };
-        with_table(&mut spring, |spring| mutual_exclusion(&builder, spring));
-    }
-
-    #[test]
-    fn lease_cycle_and_racing_registries() {
-        let Some((builder, mut spring)) = setup() else {
-            return;
-        };
-        with_table(&mut spring, |spring| {
-            lease_cycle(&builder, spring);
-            racing(&builder);
-            racing_for_each_key(&builder);
-        });
-    }
+    shared_tests!();
 
     #[test]
     fn replacement_statements_are_checked() {

@@ -5,7 +5,20 @@
 
 use leasehold::{Error, LockRegistry};
 use rusqlite::Connection;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// A temporary directory (kept alive by the caller) and a lock table file in it, created
+/// through a first registry, which is returned too.
+fn fresh_table() -> (tempfile::TempDir, PathBuf, LockRegistry) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let registry = LockRegistry::sqlite(&path)
+        .create_table(true)
+        .build()
+        .unwrap();
+    (dir, path, registry)
+}
 
 fn raw(path: &std::path::Path) -> Connection {
     let conn = Connection::open(path).unwrap();
@@ -41,12 +54,7 @@ fn a_pre_7_0_spring_table_gets_the_alter_table_to_run() {
 
 #[test]
 fn a_try_that_finds_the_lock_held_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("locks.db");
-    let holder = LockRegistry::sqlite(&path)
-        .create_table(true)
-        .build()
-        .unwrap();
+    let (_dir, path, holder) = fresh_table();
     let held = holder.obtain("busy").unwrap().lock().unwrap();
     let observer = raw(&path);
     let version = || -> i64 {
@@ -71,12 +79,7 @@ fn a_try_that_finds_the_lock_held_writes_nothing() {
 
 #[test]
 fn a_busy_file_is_retried_until_the_deadline_and_no_longer() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("locks.db");
-    let registry = LockRegistry::sqlite(&path)
-        .create_table(true)
-        .build()
-        .unwrap();
+    let (_dir, path, registry) = fresh_table();
     let lock = registry.obtain("blocked").unwrap();
     let writer = raw(&path);
     writer.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -98,12 +101,7 @@ fn a_busy_file_is_retried_until_the_deadline_and_no_longer() {
 
 #[test]
 fn the_shipped_ddl_is_what_create_table_makes() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("locks.db");
-    LockRegistry::sqlite(&path)
-        .create_table(true)
-        .build()
-        .unwrap();
+    let (_dir, path, _created) = fresh_table();
     let conn = raw(&path);
     let made: String = conn
         .query_row(
@@ -128,12 +126,7 @@ fn the_shipped_ddl_is_what_create_table_makes() {
 
 #[test]
 fn a_keeper_stuck_in_a_renewal_still_reports_the_loss_at_the_deadline() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("locks.db");
-    LockRegistry::sqlite(&path)
-        .create_table(true)
-        .build()
-        .unwrap();
+    let (_dir, path, _created) = fresh_table();
     // A renew statement that takes seconds, like one sent on a frozen connection.
     let slow_renew = "WITH RECURSIVE spin(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM spin \
                       WHERE n < 20000000) UPDATE INT_LOCK SET EXPIRED_AFTER = EXPIRED_AFTER \
