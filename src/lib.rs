@@ -112,6 +112,7 @@ mod leader;
 mod lease;
 mod lock;
 mod registry;
+mod wakeups;
 
 pub use backend::Statistics;
 pub use error::{DatabaseError, Error, LossReason, Result};

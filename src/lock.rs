@@ -112,7 +112,12 @@ impl LockInner {
             return Ok(Some(self.guard(lease)));
         }
         state.queue.push_back(me);
-        let outcome = self.acquire_locked(&mut state, me, wait, ttl);
+        let mut registered = false;
+        let outcome = self.acquire_locked(&mut state, me, wait, ttl, &mut registered);
+        if registered {
+            // Under the state lock: the next poller of this key cannot have registered yet.
+            self.core.wakeups.unregister(&self.lock_key);
+        }
         if let Some(position) = state.queue.iter().position(|waiter| *waiter == me) {
             state.queue.remove(position);
         }
@@ -139,6 +144,7 @@ impl LockInner {
         me: ThreadId,
         wait: Wait,
         ttl: Duration,
+        registered: &mut bool,
     ) -> Result<Option<(Arc<Lease>, bool)>> {
         let settings = &self.core.settings;
         let mut seen_held = false;
@@ -157,6 +163,12 @@ impl LockInner {
                         Wait::Until(deadline) => deadline.max(now + Duration::from_millis(1)),
                         _ => now + settings.operation_timeout,
                     };
+                    if !matches!(wait, Wait::No) {
+                        *registered |= self.core.wakeups.register(&self.lock_key, self);
+                    }
+                    // A release notified from here on cuts the sleep after a failed attempt
+                    // short, even one that arrives while the attempt is in flight.
+                    state.nudged = false;
                     state.db_busy = true;
                     let granted = MutexGuard::unlocked(state, || {
                         self.core
@@ -231,27 +243,12 @@ impl LockInner {
         }
     }
 
-    /// The poller's sleep until its next attempt; a release notification cuts it short.
-    fn sleep_between_polls(
-        self: &Arc<Self>,
-        state: &mut MutexGuard<'_, LocalState>,
-        wake_at: Instant,
-    ) {
-        let listening = self
-            .core
-            .listening
-            .load(std::sync::atomic::Ordering::Acquire);
-        if listening {
-            let entry = (Arc::clone(&self.lock_key), Arc::downgrade(self));
-            self.core.polling.lock().insert(entry.0, entry.1);
-        }
-        state.nudged = false;
+    /// The poller's sleep until its next attempt; a release notification (since the attempt
+    /// was sent) cuts it short.
+    fn sleep_between_polls(&self, state: &mut MutexGuard<'_, LocalState>, wake_at: Instant) {
+        self.core.wakeups.before_sleep();
         while Instant::now() < wake_at && !state.nudged {
             self.changed.wait_until(state, wake_at);
-        }
-        state.nudged = false;
-        if listening {
-            self.core.polling.lock().remove(&self.lock_key);
         }
     }
 

@@ -1,14 +1,15 @@
 //! The registry: configuration, the handle cache, and the way into a backend.
 
-use crate::backend::{CustomQueries, PoolSettings, Store, TableSettings};
+use crate::backend::{
+    CustomQueries, ListenerHandler, ListenerReply, PoolSettings, Store, TableSettings,
+};
 use crate::cache::HandleCache;
 use crate::error::{Error, Result};
 use crate::lease::{KeeperSettings, LeaseLost, LostCallback};
 use crate::lock::{Lock, LockInner};
+use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The shortest time-to-live accepted: a lease shorter than this cannot be renewed reliably.
@@ -66,20 +67,8 @@ pub(crate) struct Core {
     pub client_id: String,
     pub region: String,
     pub table: String,
-    /// Whether a release listener runs: pollers then register in `polling` to be woken.
-    pub listening: AtomicBool,
-    /// Keys whose poller sleeps between attempts, by `LOCK_KEY`, for the release listener.
-    pub polling: Mutex<HashMap<Arc<str>, Weak<LockInner>>>,
-}
-
-impl Core {
-    /// Wakes the poller of `lock_key`, if one sleeps: its lock was just released.
-    fn wake_poller(&self, lock_key: &str) {
-        let inner = self.polling.lock().get(lock_key).and_then(Weak::upgrade);
-        if let Some(inner) = inner {
-            inner.nudge();
-        }
-    }
+    /// Release notifications: which pollers to wake, and when to listen.
+    pub wakeups: Wakeups,
 }
 
 /// Where the lock table lives.
@@ -429,6 +418,7 @@ impl RegistryBuilder {
             #[cfg(feature = "mysql")]
             Database::Mysql(url) => crate::backend::mysql::open(&url, &pool, &table_settings)?,
         };
+        let (wakeups, subscription_requests) = Wakeups::new();
         let core = Arc::new(Core {
             store,
             settings,
@@ -436,18 +426,20 @@ impl RegistryBuilder {
             client_id,
             region: self.region,
             table,
-            listening: AtomicBool::new(false),
-            polling: Mutex::new(HashMap::new()),
+            wakeups,
         });
         if self.notifications {
             let weak = Arc::downgrade(&core);
-            let waker: crate::backend::ReleaseWaker = Arc::new(move |lock_key: &str| {
+            let handler: ListenerHandler = Arc::new(move |event| {
                 weak.upgrade()
-                    .map(|core| core.wake_poller(lock_key))
-                    .is_some()
+                    .map_or(ListenerReply::Stop, |core| core.wakeups.handle(event))
             });
-            let listening = core.store.listen_for_releases(waker);
-            core.listening.store(listening, Ordering::Release);
+            if core
+                .store
+                .listen_for_releases(handler, subscription_requests)
+            {
+                core.wakeups.enable();
+            }
         }
         Ok(LockRegistry {
             core,

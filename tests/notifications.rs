@@ -1,5 +1,6 @@
-//! PostgreSQL release notifications: a release wakes waiters of other registries at once,
-//! the listener survives losing its connection, and the feature can be turned off.
+//! PostgreSQL release notifications: a release wakes waiters of other registries at once, a
+//! registry listens only while it has waiters, the listener survives losing its connection,
+//! and the feature can be turned off.
 //!
 //! Waiters here poll only every 30 s, so a waiter that gets the lock within a few seconds of
 //! the release was woken by the notification, not by its timer.
@@ -47,10 +48,10 @@ fn set_within(flag: &AtomicBool, within: Duration) -> bool {
     flag.load(Ordering::SeqCst)
 }
 
-/// Waits until the waiter's first attempt has been sent, and a little longer for its answer
-/// (the lock is held) to arrive.
-fn until_polled_once(waiter: &LockRegistry) {
-    while waiter.statistics().acquires == 0 {
+/// Waits until the waiter has sent more than `before` attempts, and a little longer for the
+/// answer (the lock is held) to arrive.
+fn until_polled(waiter: &LockRegistry, before: u64) {
+    while waiter.statistics().acquires <= before {
         thread::sleep(Duration::from_millis(5));
     }
     thread::sleep(Duration::from_millis(300));
@@ -60,8 +61,9 @@ fn until_polled_once(waiter: &LockRegistry) {
 /// whether the waiter got the lock within `within`. Joins the waiter either way.
 fn release_reaches_waiter(holder: &LockRegistry, waiter: &LockRegistry, within: Duration) -> bool {
     let guard = holder.obtain("job").unwrap().lock().unwrap();
+    let before = waiter.statistics().acquires;
     let (granted, handle) = wait_for(waiter.clone(), "job");
-    until_polled_once(waiter);
+    until_polled(waiter, before);
     guard.unlock().unwrap();
     let in_time = set_within(&granted, within);
     handle.join().unwrap();
@@ -85,8 +87,69 @@ fn a_release_wakes_a_waiter_of_another_registry_before_its_next_poll() {
     );
     assert_eq!(
         waiter.statistics().acquires,
-        2,
-        "one failed try, one woken try"
+        3,
+        "one failed try, one when the subscription took effect, one woken try"
+    );
+}
+
+/// Backends of `f`'s table that are subscribed to its channel right now, as far as
+/// `pg_stat_activity` tells: an idle connection whose last statement was this `LISTEN`.
+fn listening_backends(admin: &mut postgres::Client, f: &Fixture) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query = $1",
+            &[&format!("LISTEN \"{}\"", f.table().to_ascii_lowercase())],
+        )
+        .unwrap()
+        .get(0)
+}
+
+#[test]
+fn a_registry_listens_only_while_one_of_its_threads_waits() {
+    let Some(f) = fixture("notify_on_demand") else {
+        return;
+    };
+    let mut admin = postgres::Client::connect(&common::postgres_url(), postgres::NoTls).unwrap();
+    let holder = f.registry();
+    let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+    let guard = holder.obtain("job").unwrap().lock().unwrap();
+    waiter
+        .obtain("other")
+        .unwrap()
+        .lock()
+        .unwrap()
+        .unlock()
+        .unwrap();
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        listening_backends(&mut admin, &f),
+        0,
+        "locking and releasing without waiting subscribes nobody"
+    );
+    let before = waiter.statistics().acquires;
+    let (granted, handle) = wait_for(waiter.clone(), "job");
+    until_polled(&waiter, before);
+    assert_eq!(
+        listening_backends(&mut admin, &f),
+        1,
+        "the waiting registry listens, the holding one does not"
+    );
+    guard.unlock().unwrap();
+    assert!(set_within(&granted, WOKEN_WITHIN), "the waiter was woken");
+    handle.join().unwrap();
+    // The listener lets go one to two ticks (seconds) after the last wait.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while listening_backends(&mut admin, &f) > 0 && std::time::Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        listening_backends(&mut admin, &f),
+        0,
+        "the listener unsubscribed after the wait"
+    );
+    assert!(
+        release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
+        "a later wait subscribes again"
     );
 }
 
@@ -98,6 +161,11 @@ fn the_listener_comes_back_after_its_connection_is_killed() {
     let holder = f.registry();
     let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
     let mut admin = postgres::Client::connect(&common::postgres_url(), postgres::NoTls).unwrap();
+    let guard = holder.obtain("job").unwrap().lock().unwrap();
+    let before = waiter.statistics().acquires;
+    let (granted, handle) = wait_for(waiter.clone(), "job");
+    until_polled(&waiter, before);
+    let polls_before = waiter.statistics().acquires;
     let killed = admin
         .query(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1",
@@ -105,16 +173,24 @@ fn the_listener_comes_back_after_its_connection_is_killed() {
         )
         .unwrap()
         .len();
+    assert_eq!(killed, 1, "the waiting registry's listener was found");
+    // Give the listener time to notice and subscribe again (it checks every second); it then
+    // has the waiter try once more, for releases it may have missed meanwhile.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while waiter.statistics().acquires == polls_before && std::time::Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
     assert!(
-        killed >= 2,
-        "both registries' listeners were found ({killed})"
+        waiter.statistics().acquires > polls_before,
+        "the waiter tried again once the listener was back"
     );
-    // Give the listener time to notice and reconnect (it checks at least every second).
-    thread::sleep(Duration::from_secs(3));
+    thread::sleep(Duration::from_millis(300));
+    guard.unlock().unwrap();
     assert!(
-        release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
+        set_within(&granted, WOKEN_WITHIN),
         "no wake-up after the listener was killed"
     );
+    handle.join().unwrap();
 }
 
 #[test]

@@ -142,9 +142,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Human name, used in messages: `SQLite`, `PostgreSQL`, `MySQL`.
     const NAME: &'static str;
-    /// Whether statements travel over a network connection that can stop answering; such
-    /// statements run on statement threads so that callers' deadlines hold.
-    const NETWORKED: bool = true;
+    /// Whether statements may run on the caller's thread. True when a call cannot outlive the
+    /// deadline given to [`Backend::set_deadline`]: the database is embedded, or the driver
+    /// bounds every call by that deadline. Otherwise each statement runs on a statement thread
+    /// ([`statement_threads`]) while its caller waits at most until its deadline.
+    const INLINE: bool = false;
     /// Path of the shipped DDL file, named in errors.
     const DDL_FILE: &'static str;
     /// The shipped DDL (`include_str!` of `DDL_FILE`), written for table `INT_LOCK`.
@@ -181,14 +183,22 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Flags `conn` so that the manager's `has_broken` discards it.
     fn mark_broken(conn: &mut Conn<Self>);
 
+    /// Sets the deadline of the calls that follow on `conn`. A backend with `INLINE` set
+    /// returns a [`FailureKind::Broken`] failure from a call still unanswered at the deadline.
+    fn set_deadline(_conn: &mut Conn<Self>, _deadline: Instant) {}
+
     /// Starts this database's release notifications, if it has any: a listener (its own
-    /// connection and thread, outside the pools) that calls `wake` with the `LOCK_KEY` of every
-    /// row of `table.table` released in `table.region`, until `wake` returns `false`. Returns
-    /// whether a listener was started; the default is none (waiters rely on polling).
+    /// connection and thread, outside the pools) that subscribes when `requests` delivers,
+    /// reports to `handler` every row of `table.table` released in `table.region` while
+    /// subscribed, ticks about once a second, and does what `handler` replies (see
+    /// [`crate::wakeups`]). It ends when `handler` says [`ListenerReply::Stop`] or `requests`
+    /// disconnects. Returns whether a listener was started; the default is none (waiters rely
+    /// on polling).
     fn listen_for_releases(
         _manager: &Self::Manager,
         _table: &TableSettings,
-        _wake: ReleaseWaker,
+        _handler: ListenerHandler,
+        _requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
         false
     }
@@ -198,10 +208,30 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn clock_sql() -> &'static str;
 }
 
-/// Called by a release listener with the `LOCK_KEY` of a released row; returns `false` once
-/// the registry is gone, which ends the listener. A listener may call it with an empty key
-/// (which wakes nobody) just to learn whether its registry still exists.
-pub(crate) type ReleaseWaker = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
+/// What a release listener reports to its registry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ListenerEvent<'a> {
+    /// The row of this `LOCK_KEY` was released in the registry's region.
+    Released(&'a str),
+    /// The subscription took effect (first time, or again after a reconnect).
+    Subscribed,
+    /// About a second passed while subscribed.
+    Tick,
+}
+
+/// What the registry wants its listener to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListenerReply {
+    Keep,
+    /// Stop listening until the next request.
+    Unsubscribe,
+    /// The registry is gone: close the connection and end the thread.
+    Stop,
+}
+
+/// The registry's handler of listener events.
+pub(crate) type ListenerHandler =
+    std::sync::Arc<dyn Fn(ListenerEvent<'_>) -> ListenerReply + Send + Sync>;
 
 /// A grant from the database: the lease's fencing token and when its statement was sent.
 #[derive(Debug, Clone, Copy)]
@@ -238,7 +268,11 @@ pub(crate) trait Store: Send + Sync {
     /// Statements sent so far.
     fn statistics(&self) -> Statistics;
     /// Starts the backend's release listener (see [`Backend::listen_for_releases`]).
-    fn listen_for_releases(&self, wake: ReleaseWaker) -> bool;
+    fn listen_for_releases(
+        &self,
+        handler: ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool;
     /// Reads the database clock: (µs since the Unix epoch, when the query was sent, when the
     /// answer arrived).
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)>;
@@ -410,10 +444,11 @@ impl<B: Backend> SqlStore<B> {
     /// passes. Transient failures sleep a short, doubling pause (1 ms to 100 ms, never past the
     /// deadline); broken connections are discarded.
     ///
-    /// On a networked database each attempt runs on a statement thread ([`statement_threads`])
-    /// while the caller waits at most until `deadline`: a server or connection that stops
-    /// answering cannot hold the caller past it. The abandoned connection is discarded once its
-    /// call returns. (An acquire granted after its caller gave up is left to expire.)
+    /// A server or connection that stops answering cannot hold the caller past `deadline`:
+    /// either the backend bounds the call itself ([`Backend::INLINE`]), or the attempt runs on
+    /// a statement thread ([`statement_threads`]) while the caller waits at most until the
+    /// deadline. Either way the connection is discarded. (An acquire granted after its caller
+    /// gave up is left to expire.)
     fn run<T, F>(
         &self,
         path: Path,
@@ -519,8 +554,12 @@ impl<B: Backend> Store for SqlStore<B> {
         B::NAME
     }
 
-    fn listen_for_releases(&self, wake: ReleaseWaker) -> bool {
-        B::listen_for_releases(&self.manager, &self.table, wake)
+    fn listen_for_releases(
+        &self,
+        handler: ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool {
+        B::listen_for_releases(&self.manager, &self.table, handler, requests)
     }
 
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)> {
@@ -549,9 +588,9 @@ impl<B: Backend> Store for SqlStore<B> {
     }
 }
 
-/// One attempt on `conn`: on the calling thread for an embedded database, on a statement
-/// thread for a networked one, waiting at most until `deadline` (`None`: no answer in time).
-/// A connection whose attempt failed as broken, or was abandoned, is flagged for discarding.
+/// One attempt on `conn`: on the calling thread when the backend is [`Backend::INLINE`], else
+/// on a statement thread, waiting at most until `deadline` (`None`: no answer in time). A
+/// connection whose attempt failed as broken, or was abandoned, is flagged for discarding.
 fn attempt_once<B, T, F>(
     mut conn: r2d2::PooledConnection<B::Manager>,
     attempt: &Arc<F>,
@@ -567,7 +606,8 @@ where
             B::mark_broken(conn);
         }
     };
-    if !B::NETWORKED {
+    B::set_deadline(&mut conn, deadline);
+    if B::INLINE {
         let outcome = attempt(&mut conn);
         finish(&mut conn, &outcome);
         return Some(outcome);

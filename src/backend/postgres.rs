@@ -61,15 +61,22 @@
 //! the registry is built, so a wrong password or database name is reported as such instead of
 //! as a pool timeout.
 
-use super::{Backend, Conn, Failure, FailureKind, Params, Queries, ReleaseWaker, TableSettings};
+use super::{
+    Backend, Conn, Failure, FailureKind, ListenerEvent, ListenerHandler, ListenerReply, Params,
+    Queries, TableSettings,
+};
 use crate::error::Error;
-use postgres::config::Host;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::types::{ToSql, Type};
-use postgres::{Client, Config, NoTls, Statement};
 use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+use tokio_postgres::config::Host;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Config, NoTls, Statement};
 
 /// Database "now": UTC wall-clock time without a time zone, fixed for the statement.
 const NOW: &str = "(now() AT TIME ZONE 'UTC')";
@@ -87,6 +94,8 @@ const PARAM_TYPES: [Type; 5] = [
     Type::INT8,
     Type::INT8,
 ];
+/// The deadline of calls made before any was set (checks run by r2d2 itself).
+const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(5);
 
 /// Opens PostgreSQL connections from one parsed configuration.
 #[derive(Clone)]
@@ -94,43 +103,134 @@ pub(crate) struct PgManager {
     config: Config,
 }
 
-/// A connection, its prepared statements, and the flag `mark_broken` sets.
+/// The half of a connection that reads the socket and dispatches the server's messages to the
+/// client's calls; it makes progress only while polled, and is dropped once it finishes (the
+/// connection closed), which fails every call still waiting on it at once.
+type Driver = Option<Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>>;
+
+/// A pooled connection: the asynchronous client, the runtime its calls block on, its prepared
+/// statements, and the flag `mark_broken` sets.
+///
+/// Every call blocks the calling thread on the connection's own current-thread runtime (as the
+/// `postgres` crate does), polling the socket driver and the call together, but gives up at the
+/// deadline `set_deadline` gave it: a server that stops answering costs the caller its deadline
+/// and this connection, never more. No thread hop sits between the caller and the socket.
 pub(crate) struct PgConn {
+    runtime: Runtime,
     client: Client,
+    driver: Driver,
     statements: HashMap<String, Statement>,
+    deadline: Instant,
     broken: bool,
 }
 
 impl PgConn {
+    /// Connects; the configuration's connect timeout bounds the wait.
+    fn open(config: &Config) -> Result<PgConn, PgConnError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(PgConnError::Runtime)?;
+        let (client, connection) = runtime.block_on(config.connect(NoTls))?;
+        Ok(PgConn {
+            runtime,
+            client,
+            driver: Some(Box::pin(connection)),
+            statements: HashMap::new(),
+            deadline: Instant::now() + DEFAULT_CALL_LIMIT,
+            broken: false,
+        })
+    }
+}
+
+/// Runs `call` to completion on `runtime`, driving the connection meanwhile; `None` when
+/// `deadline` passes first.
+fn block_on<T>(
+    runtime: &Runtime,
+    driver: &mut Driver,
+    deadline: Instant,
+    call: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Option<Result<T, tokio_postgres::Error>> {
+    let mut call = pin!(call);
+    let both = poll_fn(|cx| {
+        if let Some(running) = driver {
+            if let Poll::Ready(outcome) = running.as_mut().poll(cx) {
+                if let Err(e) = outcome {
+                    log::debug!("PostgreSQL connection closed: {e}");
+                }
+                *driver = None;
+            }
+        }
+        call.as_mut().poll(cx)
+    });
+    runtime.block_on(async { tokio::time::timeout_at(deadline.into(), both).await.ok() })
+}
+
+/// One call on a [`PgConn`], bounded by its deadline: `$conn` is the connection and
+/// `$client => $call` the future built from its client.
+macro_rules! call {
+    ($conn:expr, |$client:ident| $call:expr) => {{
+        let conn: &mut PgConn = $conn;
+        let $client = &conn.client;
+        match block_on(&conn.runtime, &mut conn.driver, conn.deadline, $call) {
+            Some(outcome) => outcome.map_err(classify),
+            None => {
+                conn.broken = true;
+                Err(no_answer())
+            }
+        }
+    }};
+}
+
+/// The failure of a call that was still unanswered at its deadline.
+fn no_answer() -> Failure {
+    Failure::new(
+        FailureKind::Broken,
+        "PostgreSQL did not answer before the deadline: check the server and the network",
+        "no answer from PostgreSQL before the deadline",
+    )
+}
+
+impl PgConn {
     /// The prepared statement for `sql`, prepared on first use.
-    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+    fn statement(&mut self, sql: &str) -> Result<Statement, Failure> {
         if let Some(statement) = self.statements.get(sql) {
             return Ok(statement.clone());
         }
-        let statement = self.client.prepare_typed(sql, &PARAM_TYPES)?;
+        let statement = call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
         self.statements.insert(sql.to_string(), statement.clone());
         Ok(statement)
     }
 }
 
+/// Why a pooled connection could not be opened or checked.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PgConnError {
+    #[error(transparent)]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("could not start the connection's runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("no answer from PostgreSQL within {0:?}")]
+    NoAnswer(Duration),
+}
+
 impl r2d2::ManageConnection for PgManager {
     type Connection = PgConn;
-    type Error = postgres::Error;
+    type Error = PgConnError;
 
-    fn connect(&self) -> Result<PgConn, postgres::Error> {
-        Ok(PgConn {
-            client: self.config.connect(NoTls)?,
-            statements: HashMap::new(),
-            broken: false,
-        })
+    fn connect(&self) -> Result<PgConn, PgConnError> {
+        PgConn::open(&self.config)
     }
 
-    fn is_valid(&self, conn: &mut PgConn) -> Result<(), postgres::Error> {
-        conn.client.is_valid(Duration::from_secs(5))
+    fn is_valid(&self, conn: &mut PgConn) -> Result<(), PgConnError> {
+        conn.deadline = Instant::now() + DEFAULT_CALL_LIMIT;
+        call!(conn, |client| client.simple_query(""))
+            .map(drop)
+            .map_err(|_| PgConnError::NoAnswer(DEFAULT_CALL_LIMIT))
     }
 
     fn has_broken(&self, conn: &mut PgConn) -> bool {
-        conn.broken || conn.client.is_closed()
+        conn.broken || conn.driver.is_none() || conn.client.is_closed()
     }
 }
 
@@ -141,6 +241,7 @@ impl Backend for Postgres {
     type Manager = PgManager;
 
     const NAME: &'static str = "PostgreSQL";
+    const INLINE: bool = true;
     const DDL_FILE: &'static str = "sql/postgres.sql";
     const DDL: &'static str = include_str!("../../sql/postgres.sql");
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
@@ -178,12 +279,9 @@ impl Backend for Postgres {
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
-        let statement = conn.statement(sql).map_err(classify)?;
+        let statement = conn.statement(sql)?;
         let values = bind(&statement, params);
-        let row = conn
-            .client
-            .query_opt(&statement, &values)
-            .map_err(classify)?;
+        let row = call!(conn, |client| client.query_opt(&statement, &values))?;
         match row {
             Some(row) => Ok(Some(row.try_get::<_, i64>(0).map_err(classify)?)),
             None => Ok(None),
@@ -191,21 +289,16 @@ impl Backend for Postgres {
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
-        let statement = conn.statement(sql).map_err(classify)?;
+        let statement = conn.statement(sql)?;
         let values = bind(&statement, params);
-        conn.client.execute(&statement, &values).map_err(classify)
+        call!(conn, |client| client.execute(&statement, &values))
     }
 
     fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
-        conn.client.batch_execute(sql).map_err(|error| {
+        call!(conn, |client| client.batch_execute(sql)).map_err(|mut failure| {
             // Two processes creating the table at once: the loser trips over the catalog's
             // unique indexes; running the batch again finds the table and does nothing.
-            let racing = matches!(
-                error.code().map(|code| code.code()),
-                Some("23505" | "42P07")
-            );
-            let mut failure = classify(error);
-            if racing {
+            if matches!(sql_state(&failure), Some("23505" | "42P07")) {
                 failure.kind = FailureKind::Transient;
             }
             failure
@@ -213,15 +306,10 @@ impl Backend for Postgres {
     }
 
     fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure> {
-        let statement = conn
-            .client
-            .prepare(
-                "SELECT upper(attname::text) FROM pg_catalog.pg_attribute \
-                 WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped \
-                 ORDER BY attnum",
-            )
-            .map_err(classify)?;
-        let rows = conn.client.query(&statement, &[&table]).map_err(classify)?;
+        let sql = "SELECT upper(attname::text) FROM pg_catalog.pg_attribute \
+                   WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped \
+                   ORDER BY attnum";
+        let rows = call!(conn, |client| client.query(sql, &[&table]))?;
         rows.iter()
             .map(|row| row.try_get::<_, String>(0).map_err(classify))
             .collect()
@@ -231,16 +319,11 @@ impl Backend for Postgres {
         conn: &mut Conn<Self>,
         table: &str,
     ) -> Result<Vec<(String, String)>, Failure> {
-        let statement = conn
-            .client
-            .prepare(
-                "SELECT i.indexrelid::regclass::text, upper(a.attname::text) \
-                 FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a \
-                 ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
-                 WHERE i.indrelid = to_regclass($1::text) AND i.indisunique",
-            )
-            .map_err(classify)?;
-        let rows = conn.client.query(&statement, &[&table]).map_err(classify)?;
+        let sql = "SELECT i.indexrelid::regclass::text, upper(a.attname::text) \
+                   FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a \
+                   ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+                   WHERE i.indrelid = to_regclass($1::text) AND i.indisunique";
+        let rows = call!(conn, |client| client.query(sql, &[&table]))?;
         rows.iter()
             .map(|row| {
                 Ok((
@@ -252,10 +335,7 @@ impl Backend for Postgres {
     }
 
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
-        let statement = conn
-            .client
-            .prepare_typed(sql, &PARAM_TYPES)
-            .map_err(classify)?;
+        let statement = call!(conn, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
         Ok((statement.params().len(), statement.columns().len()))
     }
 
@@ -263,19 +343,28 @@ impl Backend for Postgres {
         conn.broken = true;
     }
 
+    fn set_deadline(conn: &mut Conn<Self>, deadline: Instant) {
+        conn.deadline = deadline;
+    }
+
     fn clock_sql() -> &'static str {
         "SELECT CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS BIGINT)"
     }
 
-    fn listen_for_releases(manager: &PgManager, table: &TableSettings, wake: ReleaseWaker) -> bool {
+    fn listen_for_releases(
+        manager: &PgManager,
+        table: &TableSettings,
+        handler: ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool {
         let listener = Listener {
-            config: manager.config.clone(),
+            config: manager.config.clone().into(),
             channel: channel(&table.table),
             region: table.region.clone(),
-            wake,
+            handler,
         };
-        // Listen before returning, so that no release after `build()` goes unnoticed.
-        let client = match listener.connect() {
+        // Connect now, so that a listener that cannot work is reported at build().
+        let client = match listener.config.connect(NoTls) {
             Ok(client) => client,
             Err(e) => {
                 log::warn!("PostgreSQL release notifications are off (waiters poll): {e}");
@@ -284,7 +373,7 @@ impl Backend for Postgres {
         };
         std::thread::Builder::new()
             .name("leasehold-listen".into())
-            .spawn(move || listener.run(client))
+            .spawn(move || listener.run(client, requests))
             .is_ok()
     }
 }
@@ -295,70 +384,103 @@ fn channel(table: &str) -> String {
     table.to_ascii_lowercase()
 }
 
-/// The thread that turns release notifications into wake-ups of this registry's pollers.
+/// The thread that turns release notifications into wake-ups of this registry's pollers,
+/// subscribed only while the registry asks for it (see [`crate::wakeups`]).
 struct Listener {
-    config: Config,
+    config: postgres::Config,
     channel: String,
     region: String,
-    wake: ReleaseWaker,
+    handler: ListenerHandler,
 }
 
 impl Listener {
-    /// How long the listener waits for a notification before checking that the registry lives.
-    const PROBE: Duration = Duration::from_secs(1);
-    /// How often an idle listener checks its connection.
+    /// How often a subscribed listener reports a tick (and learns whether to go on).
+    const TICK: Duration = Duration::from_secs(1);
+    /// How often a subscribed listener without traffic checks its connection.
     const CHECK: Duration = Duration::from_secs(30);
 
-    fn connect(&self) -> Result<Client, postgres::Error> {
-        let mut client = self.config.connect(NoTls)?;
-        client.batch_execute(&format!("LISTEN \"{}\"", self.channel))?;
-        Ok(client)
+    /// Waits for subscription requests and serves each until the registry lets it go; ends
+    /// with the registry.
+    fn run(self, mut client: postgres::Client, requests: crossbeam_channel::Receiver<()>) {
+        while requests.recv().is_ok() {
+            while requests.try_recv().is_ok() {}
+            if !self.subscribe(&mut client) || !self.while_subscribed(&mut client) {
+                return;
+            }
+        }
     }
 
-    /// Delivers notifications until the registry is gone, reconnecting when the connection
-    /// fails.
-    fn run(self, mut client: Client) {
+    /// `LISTEN`s, reconnecting (every `TICK`) until it works; `false` once the registry is
+    /// gone.
+    fn subscribe(&self, client: &mut postgres::Client) -> bool {
+        loop {
+            if client.is_closed() {
+                match self.config.connect(NoTls) {
+                    Ok(fresh) => *client = fresh,
+                    Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
+                }
+            }
+            match client.batch_execute(&format!("LISTEN \"{}\"", self.channel)) {
+                Ok(()) => return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop,
+                Err(e) => log::debug!("PostgreSQL release listener could not subscribe: {e}"),
+            }
+            std::thread::sleep(Self::TICK);
+            if (self.handler)(ListenerEvent::Tick) == ListenerReply::Stop {
+                return false;
+            }
+        }
+    }
+
+    /// Delivers notifications and ticks until the registry says to unsubscribe (`true`) or
+    /// is gone (`false`); subscribes again after losing the connection.
+    fn while_subscribed(&self, client: &mut postgres::Client) -> bool {
         let mut checked = Instant::now();
-        while self.deliver(&mut client) && (self.wake)("") {
+        loop {
+            if !self.deliver(client) {
+                return false;
+            }
+            match (self.handler)(ListenerEvent::Tick) {
+                ListenerReply::Stop => return false,
+                ListenerReply::Unsubscribe => {
+                    if let Err(e) = client.batch_execute("UNLISTEN *") {
+                        log::debug!("PostgreSQL release listener could not unsubscribe: {e}");
+                    }
+                    // Releases seen before UNLISTEN would only cause stale wake-ups later.
+                    let _ = client.notifications().iter().count();
+                    return true;
+                }
+                ListenerReply::Keep => {}
+            }
             let mut lost = client.is_closed();
             if !lost && checked.elapsed() >= Self::CHECK {
                 checked = Instant::now();
                 lost = client.is_valid(Duration::from_secs(5)).is_err();
             }
-            if lost {
-                match self.reconnect() {
-                    Some(fresh) => client = fresh,
-                    None => return,
-                }
+            if lost && !self.subscribe(client) {
+                return false;
             }
         }
     }
 
-    /// Wakes pollers for the notifications that arrive until none has for `PROBE` (or the
-    /// connection fails); `false` once the registry is gone.
-    fn deliver(&self, client: &mut Client) -> bool {
+    /// Hands the registry the releases that arrive during one `TICK` (less if the connection
+    /// fails); `false` once the registry is gone.
+    fn deliver(&self, client: &mut postgres::Client) -> bool {
+        let until = Instant::now() + Self::TICK;
         let mut notifications = client.notifications();
-        let mut pending = notifications.timeout_iter(Self::PROBE);
-        while let Ok(Some(notification)) = pending.next() {
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            let Ok(Some(notification)) = notifications.timeout_iter(left).next() else {
+                return true;
+            };
             if let Some((lock_key, region)) = notification.payload().split_once(' ') {
-                if region == self.region && !(self.wake)(lock_key) {
+                if region == self.region
+                    && (self.handler)(ListenerEvent::Released(lock_key)) == ListenerReply::Stop
+                {
                     return false;
                 }
-            }
-        }
-        true
-    }
-
-    /// A new listening connection, retried every second; `None` once the registry is gone.
-    fn reconnect(&self) -> Option<Client> {
-        loop {
-            std::thread::sleep(Self::PROBE);
-            if !(self.wake)("") {
-                return None;
-            }
-            match self.connect() {
-                Ok(client) => return Some(client),
-                Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
             }
         }
     }
@@ -377,7 +499,13 @@ fn bind<'a>(statement: &Statement, params: &'a Params) -> Vec<&'a (dyn ToSql + S
     values[..statement.params().len().min(5)].to_vec()
 }
 
-fn classify(error: postgres::Error) -> Failure {
+/// The SQLSTATE of a failure from the server, if it is one.
+fn sql_state(failure: &Failure) -> Option<&str> {
+    let error = failure.source.downcast_ref::<tokio_postgres::Error>()?;
+    error.code().map(|code| code.code())
+}
+
+fn classify(error: tokio_postgres::Error) -> Failure {
     let (kind, hint) = if let Some(db) = error.as_db_error() {
         let message = db.message();
         match db.code().code() {
@@ -447,7 +575,7 @@ fn classify(error: postgres::Error) -> Failure {
     Failure::new(kind, hint, error)
 }
 
-fn io_cause(error: &postgres::Error) -> Option<&std::io::Error> {
+fn io_cause(error: &tokio_postgres::Error) -> Option<&std::io::Error> {
     std::error::Error::source(error).and_then(|e| e.downcast_ref::<std::io::Error>())
 }
 
@@ -476,9 +604,17 @@ fn address(config: &Config) -> String {
 /// password or database comes back as what it is rather than as a pool timeout.
 fn check_connect(config: &Config, timeout: Duration) -> crate::Result<()> {
     super::first_connection(Postgres::NAME, &address(config), timeout, || {
-        config.connect(NoTls).map(drop).map_err(|error| {
-            let detail = io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
-            (classify(error), detail)
+        PgConn::open(config).map(drop).map_err(|error| match error {
+            PgConnError::Postgres(error) => {
+                let detail =
+                    io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
+                (classify(error), detail)
+            }
+            other => {
+                let detail = other.to_string();
+                let hint = format!("cannot open a PostgreSQL connection: {detail}");
+                (Failure::new(FailureKind::Fatal, hint, other), detail)
+            }
         })
     })
 }
