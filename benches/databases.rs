@@ -6,6 +6,12 @@
 //! - `select_1`: a prepared `SELECT 1` round trip on a raw driver connection (baseline);
 //! - `durable_commit`: a prepared one-row `UPDATE` committed durably (baseline);
 //! - `lock_unlock`: an uncontended `lock()` + `unlock()` through a registry;
+//! - `lease_statements` (PostgreSQL): the registry's own acquire and release statements
+//!   ([`LockRegistry::statements`]) run back to back on the raw connection — the floor under
+//!   `lock_unlock`, so the difference is what the registry itself costs;
+//! - `durable_commit_after_idle` (in the handoff group): the durable commit again, but after
+//!   the same idle pause the handoffs wait through; on a virtual machine waking idle processes
+//!   costs more than the commit itself, and every handoff pays that too;
 //! - `handoff_instances`: registry A releases, registry B (own pool) was waiting in `lock()`:
 //!   time from A's `unlock()` call to B's `lock()` returning;
 //! - `handoff_processes`: the same with B in another OS process (this binary, re-spawned).
@@ -194,20 +200,34 @@ impl Drop for ProcessWaiter {
     }
 }
 
+/// A pause of 5 to 105 ms (pseudo-random, uniform): the idle time before each handoff.
+struct IdlePause(u64);
+
+impl IdlePause {
+    fn new() -> Self {
+        IdlePause(micros_now() as u64 | 1)
+    }
+
+    fn sleep(&mut self) {
+        let seed = &mut self.0;
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        thread::sleep(Duration::from_millis(5 + *seed % 100));
+    }
+}
+
 /// `iterations` handoffs from `holder` to `waiter`; the sum of (grant − release call).
 fn handoffs(holder: &LockRegistry, waiter: &mut dyn Waiter, iterations: u64) -> Duration {
     let lock = holder.obtain(HANDOFF_KEY).unwrap();
     let mut total = Duration::ZERO;
-    let mut seed = micros_now() as u64 | 1;
+    let mut pause = IdlePause::new();
     for _ in 0..iterations {
         let guard = lock.lock().unwrap();
         waiter.start();
         // Let the waiter make its first (failing) attempt and start waiting, then release at a
-        // random point of its polling cycle (5 to 105 ms), as a real release would.
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        thread::sleep(Duration::from_millis(5 + seed % 100));
+        // random point of its polling cycle, as a real release would.
+        pause.sleep();
         let released = micros_now();
         guard.unlock().unwrap();
         let granted = waiter.granted();
@@ -225,6 +245,9 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
     group.bench_function("lock_unlock", |b| {
         b.iter(|| lock.lock().unwrap().unlock().unwrap())
     });
+    if raw.prepare_lease(registry.statements()) {
+        group.bench_function("lease_statements", |b| b.iter(|| raw.lease_cycle()));
+    }
     if name == "postgres" {
         // What skipping the disk sync on release buys: the same release, committed durably.
         let durable = target
@@ -264,6 +287,21 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
                 8
             },
         ));
+        if *notifications {
+            group.bench_function("durable_commit_after_idle", |b| {
+                b.iter_custom(|n| {
+                    let mut pause = IdlePause::new();
+                    let mut total = Duration::ZERO;
+                    for _ in 0..n {
+                        pause.sleep();
+                        let started = std::time::Instant::now();
+                        raw.commit();
+                        total += started.elapsed();
+                    }
+                    total
+                })
+            });
+        }
         let holder = target.builder(*notifications).build().unwrap();
         let mut thread_waiter = ThreadWaiter::new(target.builder(*notifications).build().unwrap());
         group.bench_function("handoff_instances", |b| {
@@ -281,6 +319,12 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
 trait Raw {
     fn select_1(&mut self);
     fn commit(&mut self);
+    /// Prepares `statements` for [`Raw::lease_cycle`]; `false` where that is not measured.
+    fn prepare_lease(&mut self, _statements: &leasehold::Statements) -> bool {
+        false
+    }
+    /// Runs the prepared acquire, then the release of the lease it granted.
+    fn lease_cycle(&mut self) {}
 }
 
 struct RawSqlite(rusqlite::Connection);
@@ -300,15 +344,52 @@ impl Raw for RawSqlite {
 }
 
 #[cfg(feature = "postgres")]
-struct RawPostgres(postgres::Client, postgres::Statement, postgres::Statement);
+struct RawPostgres {
+    client: postgres::Client,
+    select_1: postgres::Statement,
+    commit: postgres::Statement,
+    /// The registry's acquire and release statements, prepared as the registry prepares them.
+    lease: Option<(postgres::Statement, postgres::Statement)>,
+}
 
 #[cfg(feature = "postgres")]
 impl Raw for RawPostgres {
     fn select_1(&mut self) {
-        self.0.query_one(&self.1, &[]).unwrap();
+        self.client.query_one(&self.select_1, &[]).unwrap();
     }
     fn commit(&mut self) {
-        self.0.execute(&self.2, &[]).unwrap();
+        self.client.execute(&self.commit, &[]).unwrap();
+    }
+    fn prepare_lease(&mut self, statements: &leasehold::Statements) -> bool {
+        use postgres::types::Type;
+        let types = [
+            Type::BPCHAR,
+            Type::VARCHAR,
+            Type::BPCHAR,
+            Type::INT8,
+            Type::INT8,
+        ];
+        let acquire = self.client.prepare_typed(&statements.acquire, &types);
+        let release = self.client.prepare_typed(&statements.release, &types);
+        self.lease = Some((acquire.unwrap(), release.unwrap()));
+        true
+    }
+    fn lease_cycle(&mut self) {
+        use postgres::types::ToSql;
+        let (acquire, release) = self.lease.as_ref().expect("prepared");
+        let key = leasehold::lock_key_for("bench-raw-statements");
+        let (region, client_id, ttl) = ("DEFAULT", "bench-raw-client", 10_000_000_i64);
+        let no_token = 0_i64;
+        let params: [&(dyn ToSql + Sync); 5] = [&key, &region, &client_id, &ttl, &no_token];
+        let row = self
+            .client
+            .query_opt(acquire, &params[..acquire.params().len()]);
+        let token: i64 = row.unwrap().expect("granted").get(0);
+        let params: [&(dyn ToSql + Sync); 5] = [&key, &region, &client_id, &ttl, &token];
+        let released = self
+            .client
+            .execute(release, &params[..release.params().len()]);
+        assert_eq!(released.unwrap(), 1);
     }
 }
 
@@ -377,7 +458,12 @@ fn main() {
                 let update = client
                     .prepare("UPDATE bench_commit SET n = n + 1 WHERE id = 1")
                     .unwrap();
-                let mut raw = RawPostgres(client, select, update);
+                let mut raw = RawPostgres {
+                    client,
+                    select_1: select,
+                    commit: update,
+                    lease: None,
+                };
                 bench_backend(&mut c, "postgres", &Target::Postgres(url), &mut raw);
             }
             Err(e) => eprintln!("skipping PostgreSQL: {e}"),

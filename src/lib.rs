@@ -43,9 +43,10 @@
 //!  thread ─┘  (per key: parking_lot   ├─ keeper thread (one per renewed lease): renew every
 //!              mutex, FIFO queue,     │    TTL/3 through the renewal pool; report loss
 //!              one DB poller)         └─ Store (SqlStore<Backend>): pools, deadlines, retries;
-//!                                          statement threads for networked databases
+//!                                          statement threads for MySQL
 //!                                          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
-//!  PostgreSQL only: a listener thread per registry turns release notifications into wake-ups.
+//!  PostgreSQL only: a listener thread per registry turns release notifications into wake-ups
+//!  (subscribed only while a thread of the registry waits; see `wakeups`).
 //! ```
 //!
 //! Threads and what they do:
@@ -55,8 +56,8 @@
 //! | caller | yours | waits in the local queue, or polls the database as the key's one poller |
 //! | lease clock | 1 per process | hands leases to keepers when renewal falls due; marks a lease lost at its deadline even if its keeper is stuck |
 //! | keeper | 1 per lease being renewed (reused) | renews; reports "not the owner" at once |
-//! | statement | as many as statements in flight (reused) | runs a PostgreSQL/MySQL statement so its caller can give up at its deadline |
-//! | listener | 1 per PostgreSQL registry | `LISTEN`s and wakes the local poller of a released key |
+//! | statement | as many as MySQL statements in flight (reused) | runs a MySQL statement so its caller can give up at its deadline (PostgreSQL calls carry the deadline themselves and run on the caller's thread) |
+//! | listener | 1 per PostgreSQL registry | `LISTEN`s while a local thread waits, and wakes the local poller of a released key |
 //!
 //! | module | job |
 //! |--------|-----|
@@ -65,6 +66,7 @@
 //! | `lock` | the local state machine: queue, poller, instant handoff, `LockGuard` |
 //! | `lease` | one database grant, its deadline, loss reporting, the lease clock and keepers |
 //! | `backend` | the three statements, the retry loop, pools and statement threads; one file per database |
+//! | `wakeups` | which pollers a release notification wakes, and when the listener subscribes |
 //! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
 //! | `leader` | leader election on top of the registry |
 //! | `error` | the error enum |
@@ -114,7 +116,7 @@ mod lock;
 mod registry;
 mod wakeups;
 
-pub use backend::Statistics;
+pub use backend::{Statements, Statistics};
 pub use error::{DatabaseError, Error, LossReason, Result};
 pub use key::{lock_key_for, MAX_KEY_BYTES};
 pub use leader::{

@@ -1,7 +1,7 @@
 //! The registry: configuration, the handle cache, and the way into a backend.
 
 use crate::backend::{
-    CustomQueries, ListenerHandler, ListenerReply, PoolSettings, Store, TableSettings,
+    CustomQueries, ListenerHandler, ListenerReply, PoolSettings, Statements, Store, TableSettings,
 };
 use crate::cache::HandleCache;
 use crate::error::{Error, Result};
@@ -156,6 +156,12 @@ impl LockRegistry {
     /// `SQLite`, `PostgreSQL` or `MySQL`.
     pub fn backend_name(&self) -> &'static str {
         self.core.store.backend_name()
+    }
+
+    /// The SQL this registry runs, with its table name spliced in: the backend's defaults or
+    /// the builder's replacements. A starting point for custom statements.
+    pub fn statements(&self) -> &Statements {
+        self.core.store.statements()
     }
 
     /// How many lease statements this registry has sent so far.
@@ -349,9 +355,9 @@ impl RegistryBuilder {
         self
     }
 
-    /// Replaces the acquire statement. It gets parameters 1–4 (see the `backend` docs in the
-    /// crate documentation) and must return one row with the fencing token when granted, none
-    /// otherwise. Checked against the table by `build()`.
+    /// Replaces the acquire statement. It gets parameters 1–4 (see [`Statements`]) and must
+    /// return one row with the fencing token when granted, none otherwise. Checked against the
+    /// table by `build()`; [`LockRegistry::statements`] shows the default to start from.
     pub fn acquire_sql(mut self, sql: impl Into<String>) -> Self {
         self.custom.acquire = Some(sql.into());
         self

@@ -480,6 +480,26 @@ mod suite {
             "{result:?}"
         );
     }
+
+    pub fn the_default_statements_are_shown_and_work_as_replacements(f: &Fixture) {
+        let defaults = f.registry().statements().clone();
+        for statement in [&defaults.acquire, &defaults.renew, &defaults.release] {
+            assert!(statement.contains(&f.table()), "{statement}");
+        }
+        // The defaults, passed back as replacements, pass the build check and lock.
+        let registry = f
+            .builder()
+            .acquire_sql(defaults.acquire.clone())
+            .renew_sql(defaults.renew.clone())
+            .release_sql(defaults.release.clone())
+            .build()
+            .unwrap();
+        assert_eq!(registry.statements(), &defaults);
+        let guard = registry.obtain("replaced").unwrap().lock().unwrap();
+        guard.renew().unwrap();
+        guard.unlock().unwrap();
+        assert_eq!(registry.statistics().grants, 1);
+    }
 }
 
 macro_rules! conformance {
@@ -503,6 +523,7 @@ macro_rules! conformance {
             a_missing_table_is_named_with_the_file_to_run,
             regions_do_not_conflict,
             a_custom_statement_that_does_not_fit_is_rejected,
+            the_default_statements_are_shown_and_work_as_replacements,
             the_database_clock_is_readable_and_near_ours,
             a_full_pool_does_not_starve_renewals,
         );

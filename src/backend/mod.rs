@@ -49,15 +49,34 @@ pub(crate) const COLUMNS: [&str; 6] = [
     "FENCING_TOKEN",
 ];
 
-/// The three statements a registry runs, after the table name has been spliced in.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Queries {
+/// The three statements a registry runs, with its table name spliced in (see
+/// [`LockRegistry::statements`](crate::LockRegistry::statements)): the backend's defaults, or
+/// the replacements given to the builder (`acquire_sql`, `renew_sql`, `release_sql`) — start
+/// from the defaults when writing a replacement.
+///
+/// Every statement takes the same parameters (`$1` on PostgreSQL, `?1` on SQLite; MySQL names
+/// them `:lock_key`, `:region`, `:client_id`, `:ttl_micros`, `:token`), so a replacement binds
+/// the same way on every database; it may leave some out:
+///
+/// | # | value | type |
+/// |---|-------|------|
+/// | 1 | `LOCK_KEY` (the key's UUID, see [`lock_key_for`](crate::lock_key_for)) | text |
+/// | 2 | `REGION` | text |
+/// | 3 | `CLIENT_ID` of this registry | text |
+/// | 4 | time-to-live in microseconds | integer |
+/// | 5 | fencing token of the lease | integer |
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Statements {
+    /// Takes the lock if it is free or expired; returns the fencing token, or no row.
     pub acquire: String,
+    /// Extends a held lease; one affected row means renewed.
     pub renew: String,
+    /// Frees a held lease; one affected row means released.
     pub release: String,
 }
 
-/// User replacements for some of the [`Queries`]; `None` keeps the backend's default.
+/// User replacements for some of the [`Statements`]; `None` keeps the backend's default.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CustomQueries {
     pub acquire: Option<String>,
@@ -157,7 +176,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     const RELEASED_TIMESTAMP: &'static str;
 
     /// The default statements for `table`.
-    fn default_queries(table: &str) -> Queries;
+    fn default_queries(table: &str) -> Statements;
 
     /// Runs an acquire statement: `Some(token)` when granted, `None` when held elsewhere.
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure>;
@@ -265,6 +284,8 @@ pub(crate) trait Store: Send + Sync {
     fn release(&self, lock_key: &str, token: i64, deadline: Instant) -> Result<bool>;
     /// `SQLite`, `PostgreSQL`, `MySQL`.
     fn backend_name(&self) -> &'static str;
+    /// The statements this store runs.
+    fn statements(&self) -> &Statements;
     /// Statements sent so far.
     fn statistics(&self) -> Statistics;
     /// Starts the backend's release listener (see [`Backend::listen_for_releases`]).
@@ -323,7 +344,7 @@ pub(crate) struct TableSettings {
 pub(crate) struct SqlStore<B: Backend> {
     pool: r2d2::Pool<B::Manager>,
     renewal_pool: r2d2::Pool<B::Manager>,
-    queries: Arc<Queries>,
+    queries: Arc<Statements>,
     region: Arc<str>,
     client_id: Arc<str>,
     counters: Arc<Counters>,
@@ -354,7 +375,7 @@ impl<B: Backend> SqlStore<B> {
         let renewal_pool = build(manager.clone(), 2)?;
         let main = build(manager.clone(), pool.pool_size)?;
         let defaults = B::default_queries(&table.table);
-        let queries = Queries {
+        let queries = Statements {
             acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
             renew: table.custom.renew.clone().unwrap_or(defaults.renew),
             release: table.custom.release.clone().unwrap_or(defaults.release),
@@ -554,6 +575,10 @@ impl<B: Backend> Store for SqlStore<B> {
         B::NAME
     }
 
+    fn statements(&self) -> &Statements {
+        &self.queries
+    }
+
     fn listen_for_releases(
         &self,
         handler: ListenerHandler,
@@ -624,7 +649,8 @@ where
     answered.recv_deadline(deadline).ok()
 }
 
-/// Threads that run statements of networked databases for callers with deadlines.
+/// Threads that run statements of backends that cannot bound a call by a deadline themselves
+/// (MySQL), for callers with deadlines.
 ///
 /// A thread that finished a statement counts itself idle and waits up to
 /// [`statement_threads::IDLE_LIFETIME`] for the next one. A caller claims an idle thread by

@@ -62,7 +62,7 @@
 //! registry uses four). Connections are checked once when the registry is built, so a wrong
 //! password or database name is reported as such instead of as a pool timeout.
 
-use super::{Backend, Conn, Failure, FailureKind, Params, Queries};
+use super::{Backend, Conn, Failure, FailureKind, Params, Statements};
 use crate::error::Error;
 use mysql::consts::CapabilityFlags;
 use mysql::prelude::Queryable;
@@ -256,9 +256,9 @@ impl Backend for Mysql {
     const TIMESTAMP_TYPE: &'static str = "DATETIME(6)";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str) -> Queries {
+    fn default_queries(table: &str) -> Statements {
         let expired = format!("EXPIRED_AFTER < {NOW}");
-        Queries {
+        Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
                  FENCING_TOKEN) VALUES (:lock_key, :region, :client_id, {NOW}, {NOW_PLUS_TTL}, \

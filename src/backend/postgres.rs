@@ -46,13 +46,27 @@
 //! # Release notifications
 //!
 //! With `notifications(true)` (the default) a registry opens one more connection, outside the
-//! pools, runs `LISTEN "<table>"` (the table name in lower case, as PostgreSQL folds it: at
-//! most 63 characters, so it always fits a channel name) and keeps a thread that wakes this
-//! registry's sleeping pollers for every release in its region. Releases by Spring (`DELETE`)
-//! and leases that simply expire send nothing; polling every `idle_between_tries` still covers
-//! them. When no notification arrives for a second the thread calls the waker with an empty
-//! key to learn whether the registry still exists, and every 30 s it checks the connection;
-//! a lost connection is reopened (missed releases are again left to polling).
+//! pools, and a listener thread. The connection `LISTEN`s on `"<table>"` (the table name in
+//! lower case, as PostgreSQL folds it: at most 63 characters, so it always fits a channel name)
+//! only while a thread of the registry waits for a lock held elsewhere: every release in the
+//! database wakes every listening connection, so an idle subscription would tax every release
+//! of every instance (measured: about 15 µs per uncontended lock+unlock on this machine). The
+//! state machine (request on the first sleeping poller, `UNLISTEN` a tick after the last one,
+//! a re-poll whenever the subscription takes effect) lives in [`crate::wakeups`]. While
+//! subscribed the thread hands every release in its region to the registry, which wakes that
+//! key's sleeping poller. Releases by Spring (`DELETE`) and leases that simply expire send
+//! nothing; polling every `idle_between_tries` still covers them. A lost connection is reopened
+//! and subscribed again (every waiter then tries once more, for releases missed meanwhile).
+//!
+//! # Connections and deadlines
+//!
+//! Pooled connections use the asynchronous `tokio-postgres` client, each on a current-thread
+//! runtime of its own, blocked on by the calling thread — what the `postgres` crate does — with
+//! one difference: every call is bounded by the caller's deadline. A server or network that
+//! stops answering costs the caller its deadline and the connection (it is discarded), and no
+//! thread hop sits between a caller and its socket. Consequently these calls must not be made
+//! from inside an asynchronous runtime (use `spawn_blocking` there), as with the `postgres`
+//! crate. The listener uses the `postgres` crate itself: it has no deadlines to keep.
 //!
 //! `columns` resolves the table name with `to_regclass`, exactly as the statements do
 //! (`search_path`, an optional `schema.` and case folding of unquoted names).
@@ -63,7 +77,7 @@
 
 use super::{
     Backend, Conn, Failure, FailureKind, ListenerEvent, ListenerHandler, ListenerReply, Params,
-    Queries, TableSettings,
+    Statements, TableSettings,
 };
 use crate::error::Error;
 use postgres::fallible_iterator::FallibleIterator;
@@ -247,8 +261,8 @@ impl Backend for Postgres {
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str) -> Queries {
-        Queries {
+    fn default_queries(table: &str) -> Statements {
+        Statements {
             acquire: format!(
                 "WITH expired AS (UPDATE {table} SET CLIENT_ID = $3, CREATED_DATE = {NOW}, \
                  EXPIRED_AFTER = {NOW_PLUS_TTL}, \

@@ -9,7 +9,7 @@
 //! `'now'` is fixed for the duration of one statement, so every timestamp a statement writes or
 //! compares comes from one reading of the clock.
 
-use super::{Backend, Conn, Failure, FailureKind, Params, Queries};
+use super::{Backend, Conn, Failure, FailureKind, Params, Statements};
 use rusqlite::{ffi::ErrorCode, types::ToSql, Connection};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -79,8 +79,8 @@ impl Backend for Sqlite {
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
     const RELEASED_TIMESTAMP: &'static str = "'1970-01-01 00:00:00.000'";
 
-    fn default_queries(table: &str) -> Queries {
-        Queries {
+    fn default_queries(table: &str) -> Statements {
+        Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
                  FENCING_TOKEN) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, {CLOCK_MICROS}) \
