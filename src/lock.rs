@@ -34,11 +34,12 @@
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, LeaseLost};
 use crate::registry::Core;
+use crate::wakeups::Nudge;
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
@@ -115,8 +116,9 @@ impl LockInner {
         let mut registered = false;
         let outcome = self.acquire_locked(&mut state, me, wait, ttl, &mut registered);
         if registered {
-            // Under the state lock: the next poller of this key cannot have registered yet.
-            self.core.wakeups.unregister(&self.lock_key);
+            self.core
+                .wakeups
+                .unregister(&self.lock_key, &self.as_poller());
         }
         if let Some(position) = state.queue.iter().position(|waiter| *waiter == me) {
             state.queue.remove(position);
@@ -164,7 +166,7 @@ impl LockInner {
                         _ => now + settings.operation_timeout,
                     };
                     if !matches!(wait, Wait::No) {
-                        *registered |= self.core.wakeups.register(&self.lock_key, self);
+                        *registered |= self.core.wakeups.register(&self.lock_key, self.as_poller());
                     }
                     // A release notified from here on cuts the sleep after a failed attempt
                     // short, even one that arrives while the attempt is in flight.
@@ -252,10 +254,9 @@ impl LockInner {
         }
     }
 
-    /// Called by the release listener: the lock was released elsewhere, poll now.
-    pub fn nudge(&self) {
-        self.state.lock().nudged = true;
-        self.changed.notify_all();
+    /// This key's poller, as release notifications see it.
+    fn as_poller(self: &Arc<Self>) -> Weak<dyn Nudge> {
+        Arc::downgrade(self) as Weak<dyn Nudge>
     }
 
     /// Called by a guard whose depth reaches this thread's last hold.
@@ -338,6 +339,14 @@ pub struct Lock {
     inner: Arc<LockInner>,
 }
 
+impl Nudge for LockInner {
+    /// Called by the release listener: the lock was released elsewhere, poll now.
+    fn nudge(&self) {
+        self.state.lock().nudged = true;
+        self.changed.notify_all();
+    }
+}
+
 impl Lock {
     pub(crate) fn new(inner: Arc<LockInner>) -> Self {
         Lock { inner }
@@ -346,6 +355,23 @@ impl Lock {
     /// The key this lock was obtained with.
     pub fn key(&self) -> &str {
         &self.inner.key
+    }
+
+    /// Registers (`watch`) or unregisters `poller` for release notifications of this key, for
+    /// a poller that calls `try_lock` on its own schedule (a leader election's agent). Returns
+    /// whether it is registered now.
+    pub(crate) fn watch_releases(&self, poller: &Weak<dyn Nudge>, watch: bool) -> bool {
+        let wakeups = &self.inner.core.wakeups;
+        if watch {
+            return wakeups.register(&self.inner.lock_key, Weak::clone(poller));
+        }
+        wakeups.unregister(&self.inner.lock_key, poller);
+        false
+    }
+
+    /// A watching poller found the lock held and sleeps until its next attempt.
+    pub(crate) fn expect_release(&self) {
+        self.inner.core.wakeups.before_sleep();
     }
 
     /// The `LOCK_KEY` stored in the table (see [`lock_key_for`](crate::lock_key_for)).

@@ -1,5 +1,6 @@
-//! Release wake-ups: which keys have a waiting poller in this registry, and whether the
-//! backend's release listener is subscribed to the database's release notifications.
+//! Release wake-ups: which keys have a waiting poller in this registry (a lock's poller, or a
+//! leader election's standby agent), and whether the backend's release listener is subscribed
+//! to the database's release notifications.
 //!
 //! Only PostgreSQL has a listener (see `backend::postgres`). A subscription is not free: while
 //! a connection `LISTEN`s, every release in the database wakes that connection's server process
@@ -16,7 +17,8 @@
 //!
 //! - A poller registers its key before each attempt of a waiting call and unregisters when the
 //!   call ends; a notification that arrives while its attempt is in flight is not lost (the
-//!   attempt may already have found the lock held), it cuts the next sleep short.
+//!   attempt may already have found the lock held), it cuts the next sleep short. Several
+//!   pollers may watch one key (a lock's poller and an election's agent); each is woken.
 //! - Entering `On` nudges every registered poller once: a release that committed before the
 //!   subscription took effect is then seen by a fresh attempt. The same happens after the
 //!   listener had to reconnect.
@@ -28,12 +30,16 @@
 //! expiry takeovers, Spring's `DELETE`s, and a listener that is down.
 
 use crate::backend::{ListenerEvent, ListenerReply};
-use crate::lock::LockInner;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+
+/// Something a release notification wakes: it should try the database again now.
+pub(crate) trait Nudge: Send + Sync {
+    fn nudge(&self);
+}
 
 /// The registry's side of release notifications.
 pub(crate) struct Wakeups {
@@ -52,8 +58,8 @@ enum Subscription {
 }
 
 struct State {
-    /// The poller of each key that has one, by `LOCK_KEY`.
-    pollers: HashMap<Arc<str>, Weak<LockInner>>,
+    /// The pollers of each key that has any, by `LOCK_KEY`.
+    pollers: HashMap<Arc<str>, Vec<Weak<dyn Nudge>>>,
     subscription: Subscription,
     /// Whether a poller registered since the listener's last tick.
     waited_since_tick: bool,
@@ -85,23 +91,31 @@ impl Wakeups {
         self.enabled.load(Ordering::Acquire)
     }
 
-    /// `poller` is about to ask the database for `lock_key` in a call that will wait; returns
-    /// whether it registered (then it must call [`Wakeups::unregister`] when the call ends).
-    pub fn register(&self, lock_key: &Arc<str>, poller: &Arc<LockInner>) -> bool {
+    /// `poller` is about to ask the database for `lock_key` and will wait if the lock is held;
+    /// returns whether it is registered (then it must call [`Wakeups::unregister`] when it
+    /// stops waiting). Registering again changes nothing.
+    pub fn register(&self, lock_key: &Arc<str>, poller: Weak<dyn Nudge>) -> bool {
         if !self.is_enabled() {
             return false;
         }
         let mut state = self.state.lock();
         state.waited_since_tick = true;
-        state
-            .pollers
-            .insert(Arc::clone(lock_key), Arc::downgrade(poller));
+        let pollers = state.pollers.entry(Arc::clone(lock_key)).or_default();
+        if !pollers.iter().any(|known| known.ptr_eq(&poller)) {
+            pollers.push(poller);
+        }
         true
     }
 
-    /// The waiting call on `lock_key` ended.
-    pub fn unregister(&self, lock_key: &str) {
-        self.state.lock().pollers.remove(lock_key);
+    /// `poller` stopped waiting for `lock_key`.
+    pub fn unregister(&self, lock_key: &str, poller: &Weak<dyn Nudge>) {
+        let mut state = self.state.lock();
+        if let Some(pollers) = state.pollers.get_mut(lock_key) {
+            pollers.retain(|known| !known.ptr_eq(poller));
+            if pollers.is_empty() {
+                state.pollers.remove(lock_key);
+            }
+        }
     }
 
     /// A registered poller found the lock held and is about to sleep: subscribe if nobody has
@@ -120,18 +134,24 @@ impl Wakeups {
 
     /// What the listener reports; the registry answers what it should do next.
     pub fn handle(&self, event: ListenerEvent<'_>) -> ListenerReply {
-        let woken: Vec<Arc<LockInner>> = {
+        let woken: Vec<Arc<dyn Nudge>> = {
             let mut state = self.state.lock();
             match event {
                 ListenerEvent::Released(lock_key) => state
                     .pollers
                     .get(lock_key)
-                    .and_then(Weak::upgrade)
                     .into_iter()
+                    .flatten()
+                    .filter_map(Weak::upgrade)
                     .collect(),
                 ListenerEvent::Subscribed => {
                     state.subscription = Subscription::On;
-                    state.pollers.values().filter_map(Weak::upgrade).collect()
+                    state
+                        .pollers
+                        .values()
+                        .flatten()
+                        .filter_map(Weak::upgrade)
+                        .collect()
                 }
                 ListenerEvent::Tick => {
                     let idle = state.pollers.is_empty() && !state.waited_since_tick;

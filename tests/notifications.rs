@@ -211,3 +211,41 @@ fn without_notifications_a_waiter_wakes_only_at_its_next_poll() {
     );
     assert_eq!(waiter.statistics().acquires, 2);
 }
+
+#[test]
+fn a_standby_of_another_instance_is_woken_when_the_leader_resigns() {
+    let Some(f) = fixture("notify_leader") else {
+        return;
+    };
+    // Standbys poll every 20 s and the lease lasts 30 s: only the release can explain a
+    // takeover within a few seconds.
+    let election = || {
+        leasehold::LeaderElection::builder(f.builder(), "leader")
+            .lease_duration(Duration::from_secs(30))
+            .lock_keep_alive_period(Duration::from_secs(10))
+            .lock_acquire_sleep_interval(Duration::from_secs(20))
+            .build()
+            .unwrap()
+    };
+    let (first, second) = (election(), election());
+    let leadership = first.acquire().unwrap();
+    let standby = second.clone();
+    let standing_by = thread::spawn(move || standby.acquire().unwrap());
+    // Let the standby make its first attempt, find the lease held, and subscribe.
+    thread::sleep(Duration::from_secs(1));
+    assert!(!standing_by.is_finished(), "taken from a live leader");
+    let resigned_at = std::time::Instant::now();
+    leadership.resign().unwrap();
+    let deadline = resigned_at + WOKEN_WITHIN;
+    while !standing_by.is_finished() && std::time::Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        standing_by.is_finished(),
+        "the standby slept until its next attempt"
+    );
+    let next = standing_by.join().unwrap();
+    assert!(second.is_leader());
+    assert!(!first.is_leader(), "the resigning instance rests");
+    next.resign().unwrap();
+}

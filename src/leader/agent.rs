@@ -3,6 +3,7 @@
 //! deadline, and answers the handles' requests.
 
 use super::*;
+use crate::wakeups::Nudge;
 
 /// One term, shared by the agent (which updates it) and the [`Leadership`] handle.
 pub(super) struct Term {
@@ -85,6 +86,18 @@ impl Term {
     }
 }
 
+/// Wakes the agent when another instance releases the group's lock (see `crate::wakeups`).
+pub(super) struct ReleaseWatch {
+    pub(super) woken: Sender<()>,
+}
+
+impl Nudge for ReleaseWatch {
+    fn nudge(&self) {
+        // One pending wake-up is enough.
+        let _ = self.woken.try_send(());
+    }
+}
+
 /// What handles ask the agent.
 pub(super) enum Command {
     Campaign(Request),
@@ -134,6 +147,13 @@ pub(super) struct Agent {
     pub(super) next_clock: Instant,
     pub(super) clock_tick: Sender<()>,
     pub(super) last_error: Option<String>,
+    /// This agent as a poller of release notifications, and where its wake-ups arrive.
+    pub(super) release_watch: Arc<dyn Nudge>,
+    pub(super) released: Receiver<()>,
+    /// Whether `release_watch` is registered with the registry.
+    pub(super) watching: bool,
+    /// After resigning or losing a term, no attempt before this instant, woken or not.
+    pub(super) resting_until: Instant,
 }
 
 impl Agent {
@@ -154,6 +174,10 @@ impl Agent {
                         self.shut_down();
                         return;
                     }
+                },
+                recv(self.released) -> _ => {
+                    let soonest = Instant::now().max(self.resting_until);
+                    self.next_attempt = self.next_attempt.min(soonest);
                 },
                 recv(lease_loss) -> event => {
                     let reason = event.map_or(LossReason::Expired(None), |e| e.reason);
@@ -193,6 +217,15 @@ impl Agent {
             self.watch();
         } else if !self.waiting.is_empty() && Instant::now() >= self.next_attempt {
             self.attempt();
+        }
+        self.watch_releases(self.held.is_none() && !self.waiting.is_empty());
+    }
+
+    /// Registers or unregisters this agent for release notifications of its group's lock.
+    fn watch_releases(&mut self, watch: bool) {
+        if watch != self.watching {
+            let poller = Arc::downgrade(&self.release_watch);
+            self.watching = self.lock.watch_releases(&poller, watch);
         }
     }
 
@@ -280,6 +313,10 @@ impl Agent {
     /// responsive to commands between attempts and sends exactly one statement per interval.
     pub(super) fn attempt(&mut self) {
         let sleep = self.shared.timings.sleep;
+        // Watch before the attempt, so that a release while it is in flight is not missed;
+        // wake-ups from before it are stale.
+        self.watch_releases(true);
+        while self.released.try_recv().is_ok() {}
         match self.lock.try_lock() {
             Ok(Some(guard)) => {
                 self.last_error = None;
@@ -289,6 +326,7 @@ impl Agent {
             Ok(None) => {
                 self.last_error = None;
                 self.next_attempt = Instant::now() + sleep;
+                self.lock.expect_release();
             }
             Err(e) => {
                 log::warn!(
@@ -390,7 +428,13 @@ impl Agent {
                 event.group
             );
         }
+        self.rest();
+    }
+
+    /// No attempt for one sleep interval, even when woken: another instance gets its turn.
+    fn rest(&mut self) {
         self.next_attempt = Instant::now() + self.shared.timings.sleep;
+        self.resting_until = self.next_attempt;
     }
 
     pub(super) fn resign(&mut self, term: u64) -> Result<()> {
@@ -404,7 +448,7 @@ impl Agent {
             self.shared.group
         );
         let released = held.guard.unlock();
-        self.next_attempt = Instant::now() + self.shared.timings.sleep;
+        self.rest();
         released
     }
 
