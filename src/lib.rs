@@ -77,8 +77,10 @@
 //! registry — polls again every `idle_between_tries`; other local threads wait on a condition
 //! variable and cost nothing. The keeper thread runs **renew** every third of the
 //! time-to-live. Unlocking with a local thread waiting hands the lease over with **no
-//! statement**; otherwise **release** runs. The statements are listed per database in the
-//! backend modules; the DDL is in `sql/`.
+//! statement**; otherwise **release** runs. On PostgreSQL the release also notifies, and a
+//! registry whose thread sleeps between polls `LISTEN`s (only while it has such a sleeper) and
+//! wakes that thread at once. The statements are listed per database in the backend modules
+//! and shown by [`LockRegistry::statements`]; the DDL is in `sql/`.
 //!
 //! **Time.** Expiry is decided only in SQL, on the database's clock, stored as UTC, so clients'
 //! clocks never matter. A holder considers its lease gone at (instant the last acquire or renew
