@@ -406,6 +406,7 @@ impl RegistryBuilder {
         let pool = PoolSettings {
             pool_size: self.pool_size,
             connect_timeout: self.connect_timeout,
+            operation_timeout: self.operation_timeout,
         };
         let table_settings = TableSettings {
             table: table.clone(),

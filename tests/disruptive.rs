@@ -700,6 +700,23 @@ mod suite {
         findings.assert_none();
     }
 
+    /// A server that accepts connections but never answers (a hung server behind a live
+    /// socket): `build()` gives up after `connect_timeout` with an error instead of hanging.
+    pub fn building_against_a_server_that_never_answers_fails_in_time(f: &Fixture) {
+        let proxy = Proxy::to(server_address(f.db));
+        proxy.freeze();
+        let url = proxy.url_for(&server_url(f.db));
+        let builder = builder_at(f, &url).connect_timeout(Duration::from_secs(1));
+        let built = within(Duration::from_secs(1) + SLACK, move || {
+            builder.build().map(drop)
+        });
+        assert!(
+            matches!(built, Ok((Err(_), _))),
+            "build() against a silent server: {built:?}"
+        );
+        proxy.thaw();
+    }
+
     /// Connections cut again and again: renewals and releases go through on new connections
     /// and the lease is kept.
     pub fn cut_connections_are_replaced_and_the_lease_kept(f: &Fixture) {
@@ -770,6 +787,7 @@ macro_rules! all_disruptive {
         disruptive!($db;
             a_frozen_connection_does_not_block_calls_past_their_deadlines,
             cut_connections_are_replaced_and_the_lease_kept,
+            building_against_a_server_that_never_answers_fails_in_time,
             a_server_restart_while_leases_are_held_and_threads_wait,
             an_outage_longer_than_the_ttl_reports_the_loss_and_recovers,
         );

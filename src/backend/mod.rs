@@ -328,6 +328,8 @@ struct Counters {
 pub(crate) struct PoolSettings {
     pub pool_size: u32,
     pub connect_timeout: Duration,
+    /// The registry's `operation_timeout`: the usual deadline of one statement.
+    pub operation_timeout: Duration,
 }
 
 /// Where a registry's table lives and who it is.

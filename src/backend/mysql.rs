@@ -509,11 +509,25 @@ pub(crate) fn open(
         .get_tcp_connect_timeout()
         .unwrap_or(pool.connect_timeout);
     let capabilities = opts.get_additional_capabilities() | CapabilityFlags::CLIENT_FOUND_ROWS;
-    let opts: Opts = OptsBuilder::from_opts(opts)
+    let opts = OptsBuilder::from_opts(opts)
         .additional_capabilities(capabilities)
-        .tcp_connect_timeout(Some(connect_timeout))
-        .into();
-    check_connect(&opts, pool.connect_timeout)?;
+        .tcp_connect_timeout(Some(connect_timeout));
+    // The driver has no per-call timeout: socket timeouts are what stop a server that accepts
+    // connections but never answers from holding a connection attempt (or a statement thread)
+    // forever; callers with shorter deadlines do not wait for them (statement threads). The
+    // first connection is bounded by the connect timeout, pooled ones by the longer of it and
+    // the operation timeout. Timeouts given in the URL win.
+    let with_socket_timeout = |limit: Duration| -> Opts {
+        let opts: Opts = opts.clone().into();
+        let read = opts.get_read_timeout().copied().unwrap_or(limit);
+        let write = opts.get_write_timeout().copied().unwrap_or(limit);
+        OptsBuilder::from_opts(opts)
+            .read_timeout(Some(read))
+            .write_timeout(Some(write))
+            .into()
+    };
+    check_connect(&with_socket_timeout(connect_timeout), pool.connect_timeout)?;
+    let opts = with_socket_timeout(connect_timeout.max(pool.operation_timeout));
     let store = super::SqlStore::<Mysql>::open(MysqlManager { opts }, pool, table)?;
     Ok(Arc::new(store))
 }

@@ -108,7 +108,8 @@ const PARAM_TYPES: [Type; 5] = [
     Type::INT8,
     Type::INT8,
 ];
-/// The deadline of calls made before any was set (checks run by r2d2 itself).
+/// The deadline of calls made before any was set (checks run by r2d2 itself), and the connect
+/// limit when the configuration has none.
 const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(5);
 
 /// Opens PostgreSQL connections from one parsed configuration.
@@ -139,13 +140,22 @@ pub(crate) struct PgConn {
 }
 
 impl PgConn {
-    /// Connects; the configuration's connect timeout bounds the wait.
+    /// Connects; the configuration's connect timeout bounds the whole wait, the startup
+    /// handshake included (a server that accepts connections but never answers).
     fn open(config: &Config) -> Result<PgConn, PgConnError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(PgConnError::Runtime)?;
-        let (client, connection) = runtime.block_on(config.connect(NoTls))?;
+        let limit = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CALL_LIMIT);
+        // The timer must be made inside the runtime, which owns the clock it registers with.
+        let connecting = async { tokio::time::timeout(limit, config.connect(NoTls)).await };
+        let (client, connection) = runtime
+            .block_on(connecting)
+            .map_err(|_| PgConnError::NoAnswer(limit))??;
         Ok(PgConn {
             runtime,
             client,
@@ -180,8 +190,8 @@ fn block_on<T>(
     runtime.block_on(async { tokio::time::timeout_at(deadline.into(), both).await.ok() })
 }
 
-/// One call on a [`PgConn`], bounded by its deadline: `$conn` is the connection and
-/// `$client => $call` the future built from its client.
+/// One call on a [`PgConn`], bounded by its deadline: `call!(conn, |client| future)` runs the
+/// future built from the connection's client.
 macro_rules! call {
     ($conn:expr, |$client:ident| $call:expr) => {{
         let conn: &mut PgConn = $conn;
@@ -626,8 +636,12 @@ fn check_connect(config: &Config, timeout: Duration) -> crate::Result<()> {
             }
             other => {
                 let detail = other.to_string();
+                let kind = match other {
+                    PgConnError::NoAnswer(_) => FailureKind::Broken,
+                    _ => FailureKind::Fatal,
+                };
                 let hint = format!("cannot open a PostgreSQL connection: {detail}");
-                (Failure::new(FailureKind::Fatal, hint, other), detail)
+                (Failure::new(kind, hint, other), detail)
             }
         })
     })
