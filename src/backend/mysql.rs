@@ -61,6 +61,13 @@
 //! The driver caches prepared statements per connection (`stmt_cache_size`, 32 by default; a
 //! registry uses four). Connections are checked once when the registry is built, so a wrong
 //! password or database name is reported as such instead of as a pool timeout.
+//!
+//! Deadlines: the driver cannot bound one call, so statements run on statement threads (see
+//! `SqlStore::run`) and the caller stops waiting at its deadline. Sockets carry read and write
+//! timeouts (unless the URL sets its own): the connect timeout for the connection checked at
+//! build, the longer of it and `operation_timeout` for pooled connections. They end the wait of
+//! a statement thread on a silent server, and of a connection attempt that was accepted but is
+//! never answered.
 
 use super::{Backend, Conn, Failure, FailureKind, Params, Statements};
 use crate::error::Error;
