@@ -227,8 +227,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn clock_sql() -> &'static str;
 }
 
-/// What a release listener reports to its registry.
+/// What a release listener reports to its registry (only PostgreSQL has a listener).
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum ListenerEvent<'a> {
     /// The row of this `LOCK_KEY` was released in the registry's region.
     Released(&'a str),
@@ -329,6 +330,7 @@ pub(crate) struct PoolSettings {
     pub pool_size: u32,
     pub connect_timeout: Duration,
     /// The registry's `operation_timeout`: the usual deadline of one statement.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub operation_timeout: Duration,
 }
 
