@@ -330,7 +330,13 @@ mod validation {
                 Ok(Some(guard)) => {
                     prop_assert!(valid, "{ttl:?} accepted per call");
                     prop_assert!(guard.remaining() <= ttl);
-                    guard.unlock().unwrap();
+                    // A lease of a few milliseconds may run out before unlock() on a busy
+                    // machine; that is the lease working, not the setting being refused.
+                    match guard.unlock() {
+                        Ok(()) => {}
+                        Err(lost) if lost.is_lease_lost() && ttl < Duration::from_secs(1) => {}
+                        Err(other) => prop_assert!(false, "unlock with {ttl:?}: {other}"),
+                    }
                 }
                 Ok(None) => prop_assert!(false, "the lock is free"),
                 Err(Error::InvalidSetting { .. }) => prop_assert!(!valid, "{ttl:?} refused per call"),
