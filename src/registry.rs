@@ -348,8 +348,10 @@ impl RegistryBuilder {
 
     /// Whether waiters are woken by the database when another instance releases a lock, instead
     /// of only at their next poll. Defaults to `true`; used where the database can notify
-    /// (PostgreSQL `LISTEN`/`NOTIFY`: one extra connection per registry, outside the pool) and
-    /// ignored elsewhere. Polling every `idle_between_tries` stays on as the safety net.
+    /// (PostgreSQL `LISTEN`/`NOTIFY`: one extra connection per registry, outside the pool,
+    /// subscribed only while a thread of this registry waits for a lock held elsewhere) and
+    /// ignored elsewhere. Polling every `idle_between_tries` stays on as the safety net. Leader
+    /// election standbys are woken the same way.
     pub fn notifications(mut self, enabled: bool) -> Self {
         self.notifications = enabled;
         self
