@@ -11,7 +11,7 @@
 //!            a poller is about to sleep                 listener: LISTEN done
 //!   Off ───────────────────────────────► Requested ───────────────────────────► On
 //!    ▲                                                                            │
-//!    └───────────── listener tick: no poller now, and none since the last tick ──┘
+//!    └──────── listener tick: no poller now, and none slept since the last tick ──┘
 //!                                  (listener: UNLISTEN)
 //! ```
 //!
@@ -61,8 +61,10 @@ struct State {
     /// The pollers of each key that has any, by `LOCK_KEY`.
     pollers: HashMap<Arc<str>, Vec<Weak<dyn Nudge>>>,
     subscription: Subscription,
-    /// Whether a poller registered since the listener's last tick.
-    waited_since_tick: bool,
+    /// Whether a poller went to sleep since the listener's last tick. (Registering alone does
+    /// not count: every waiting call registers before its first attempt, and a registry whose
+    /// locks are all free would otherwise never let go of its subscription.)
+    slept_since_tick: bool,
 }
 
 impl Wakeups {
@@ -76,7 +78,7 @@ impl Wakeups {
             state: Mutex::new(State {
                 pollers: HashMap::new(),
                 subscription: Subscription::Off,
-                waited_since_tick: false,
+                slept_since_tick: false,
             }),
         };
         (wakeups, requests)
@@ -99,7 +101,6 @@ impl Wakeups {
             return false;
         }
         let mut state = self.state.lock();
-        state.waited_since_tick = true;
         let pollers = state.pollers.entry(Arc::clone(lock_key)).or_default();
         if !pollers.iter().any(|known| known.ptr_eq(&poller)) {
             pollers.push(poller);
@@ -125,6 +126,7 @@ impl Wakeups {
             return;
         }
         let mut state = self.state.lock();
+        state.slept_since_tick = true;
         if state.subscription == Subscription::Off {
             state.subscription = Subscription::Requested;
             // The listener holds the receiver until the registry is gone.
@@ -154,8 +156,8 @@ impl Wakeups {
                         .collect()
                 }
                 ListenerEvent::Tick => {
-                    let idle = state.pollers.is_empty() && !state.waited_since_tick;
-                    state.waited_since_tick = false;
+                    let idle = state.pollers.is_empty() && !state.slept_since_tick;
+                    state.slept_since_tick = false;
                     if idle && state.subscription == Subscription::On {
                         state.subscription = Subscription::Off;
                         return ListenerReply::Unsubscribe;
