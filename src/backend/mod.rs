@@ -7,16 +7,9 @@
 //!
 //! # The statements
 //!
-//! Every statement takes the same numbered parameters, so a replacement written by a user
-//! (`RegistryBuilder::acquire_sql` and friends) binds the same way on every database:
-//!
-//! | # | value | type |
-//! |---|-------|------|
-//! | 1 | `LOCK_KEY` (the key's UUID, see [`lock_key_for`](crate::lock_key_for)) | text |
-//! | 2 | `REGION` | text |
-//! | 3 | `CLIENT_ID` of this registry | text |
-//! | 4 | time-to-live in microseconds | integer |
-//! | 5 | fencing token of the lease | integer |
+//! Every statement takes the same numbered parameters (listed on [`Statements`]), so a
+//! replacement written by a user (`RegistryBuilder::acquire_sql` and friends) binds the same
+//! way on every database:
 //!
 //! - **acquire** (1–4): one statement that takes the row when it is absent or expired on the
 //!   database's clock, bumps `FENCING_TOKEN` to `max(old + 1, database clock in µs)` and returns

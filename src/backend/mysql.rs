@@ -3,7 +3,7 @@
 //! # Parameters
 //!
 //! MySQL only has positional `?` placeholders, so statements name the documented parameters
-//! (see the [backend docs](super)) instead of numbering them:
+//! (see [`Statements`]) instead of numbering them:
 //!
 //! | # | name |
 //! |---|------|

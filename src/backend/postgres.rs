@@ -9,7 +9,7 @@
 //!
 //! # The statements
 //!
-//! Parameters are `$1`–`$5` as numbered in the [backend docs](super), prepared with declared
+//! Parameters are `$1`–`$5` as numbered in [`Statements`], prepared with declared
 //! types — `CHAR`, `VARCHAR`, `CHAR`, `BIGINT`, `BIGINT`, the types of Spring's columns — so
 //! that `LOCK_KEY = $1` compares `CHAR` to `CHAR` and uses the primary key (a `TEXT` parameter
 //! would turn it into a text comparison and a sequential scan), and so that a statement may
@@ -49,8 +49,8 @@
 //! pools, and a listener thread. The connection `LISTEN`s on `"<table>"` (the table name in
 //! lower case, as PostgreSQL folds it: at most 63 characters, so it always fits a channel name)
 //! only while a thread of the registry waits for a lock held elsewhere: every release in the
-//! database wakes every listening connection, so an idle subscription would tax every release
-//! of every instance (measured: about 15 µs per uncontended lock+unlock on this machine). The
+//! database wakes every listening connection (a server process and a client thread), so an idle
+//! subscription would tax every release of every instance, waiters or not. The
 //! state machine (request on the first sleeping poller, `UNLISTEN` a tick after the last one,
 //! a re-poll whenever the subscription takes effect) lives in [`crate::wakeups`]. While
 //! subscribed the thread hands every release in its region to the registry, which wakes that
