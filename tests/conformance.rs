@@ -500,6 +500,24 @@ mod suite {
         guard.unlock().unwrap();
         assert_eq!(registry.statistics().grants, 1);
     }
+
+    /// A sync library called from async code blocks that thread (use `spawn_blocking`), but it
+    /// must still work: the PostgreSQL driver cannot start its own runtime inside another.
+    pub fn calls_from_inside_an_async_runtime_work(f: &Fixture) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let token = runtime.block_on(async {
+            let registry = f.registry();
+            let guard = registry.obtain("from-async").unwrap().lock().unwrap();
+            guard.renew().unwrap();
+            let token = guard.fencing_token();
+            guard.unlock().unwrap();
+            token
+        });
+        let again = f.registry().obtain("from-async").unwrap().lock().unwrap();
+        assert!(again.fencing_token() > token);
+    }
 }
 
 macro_rules! conformance {
@@ -524,6 +542,7 @@ macro_rules! conformance {
             regions_do_not_conflict,
             a_custom_statement_that_does_not_fit_is_rejected,
             the_default_statements_are_shown_and_work_as_replacements,
+            calls_from_inside_an_async_runtime_work,
             the_database_clock_is_readable_and_near_ours,
             a_full_pool_does_not_starve_renewals,
         );

@@ -154,11 +154,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Human name, used in messages: `SQLite`, `PostgreSQL`, `MySQL`.
     const NAME: &'static str;
-    /// Whether statements may run on the caller's thread. True when a call cannot outlive the
-    /// deadline given to [`Backend::set_deadline`]: the database is embedded, or the driver
-    /// bounds every call by that deadline. Otherwise each statement runs on a statement thread
-    /// ([`statement_threads`]) while its caller waits at most until its deadline.
-    const INLINE: bool = false;
+    /// Whether a statement may run on the calling thread now. True when a call cannot outlive
+    /// the deadline given to [`Backend::set_deadline`] (the database is embedded, or the driver
+    /// bounds every call by that deadline) and the driver can block this thread. Otherwise the
+    /// statement runs on a statement thread ([`statement_threads`]) while its caller waits at
+    /// most until its deadline.
+    fn runs_inline() -> bool {
+        false
+    }
     /// Path of the shipped DDL file, named in errors.
     const DDL_FILE: &'static str;
     /// The shipped DDL (`include_str!` of `DDL_FILE`), written for table `INT_LOCK`.
@@ -195,7 +198,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Flags `conn` so that the manager's `has_broken` discards it.
     fn mark_broken(conn: &mut Conn<Self>);
 
-    /// Sets the deadline of the calls that follow on `conn`. A backend with `INLINE` set
+    /// Sets the deadline of the calls that follow on `conn`. A backend that runs inline
     /// returns a [`FailureKind::Broken`] failure from a call still unanswered at the deadline.
     fn set_deadline(_conn: &mut Conn<Self>, _deadline: Instant) {}
 
@@ -463,7 +466,7 @@ impl<B: Backend> SqlStore<B> {
     /// deadline); broken connections are discarded.
     ///
     /// A server or connection that stops answering cannot hold the caller past `deadline`:
-    /// either the backend bounds the call itself ([`Backend::INLINE`]), or the attempt runs on
+    /// either the backend bounds the call itself ([`Backend::runs_inline`]), or the attempt runs on
     /// a statement thread ([`statement_threads`]) while the caller waits at most until the
     /// deadline. Either way the connection is discarded. (An acquire granted after its caller
     /// gave up is left to expire.)
@@ -610,7 +613,7 @@ impl<B: Backend> Store for SqlStore<B> {
     }
 }
 
-/// One attempt on `conn`: on the calling thread when the backend is [`Backend::INLINE`], else
+/// One attempt on `conn`: on the calling thread when [`Backend::runs_inline`], else
 /// on a statement thread, waiting at most until `deadline` (`None`: no answer in time). A
 /// connection whose attempt failed as broken, or was abandoned, is flagged for discarding.
 fn attempt_once<B, T, F>(
@@ -629,7 +632,7 @@ where
         }
     };
     B::set_deadline(&mut conn, deadline);
-    if B::INLINE {
+    if B::runs_inline() {
         let outcome = attempt(&mut conn);
         finish(&mut conn, &outcome);
         return Some(outcome);

@@ -64,9 +64,11 @@
 //! runtime of its own, blocked on by the calling thread — what the `postgres` crate does — with
 //! one difference: every call is bounded by the caller's deadline. A server or network that
 //! stops answering costs the caller its deadline and the connection (it is discarded), and no
-//! thread hop sits between a caller and its socket. Consequently these calls must not be made
-//! from inside an asynchronous runtime (use `spawn_blocking` there), as with the `postgres`
-//! crate. The listener uses the `postgres` crate itself: it has no deadlines to keep.
+//! thread hop sits between a caller and its socket. A caller on a thread of an asynchronous
+//! runtime (where a second runtime cannot be started, and where blocking is a mistake anyway:
+//! use `spawn_blocking`) still works: its statements go to statement threads, its connection
+//! attempts to a short-lived thread, and connection runtimes shut down without blocking when
+//! dropped. The listener uses the `postgres` crate itself: it has no deadlines to keep.
 //!
 //! `columns` resolves the table name with `to_regclass`, exactly as the statements do
 //! (`search_path`, an optional `schema.` and case folding of unquoted names).
@@ -131,12 +133,34 @@ type Driver = Option<Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Erro
 /// deadline `set_deadline` gave it: a server that stops answering costs the caller its deadline
 /// and this connection, never more. No thread hop sits between the caller and the socket.
 pub(crate) struct PgConn {
-    runtime: Runtime,
     client: Client,
     driver: Driver,
     statements: HashMap<String, Statement>,
     deadline: Instant,
     broken: bool,
+    /// Declared last, so dropped after the socket it drives.
+    runtime: ConnRuntime,
+}
+
+/// A connection's runtime, shut down without blocking when dropped: a registry may be dropped
+/// on a thread of someone else's asynchronous runtime, where dropping a runtime the usual way
+/// panics.
+struct ConnRuntime(Option<Runtime>);
+
+impl std::ops::Deref for ConnRuntime {
+    type Target = Runtime;
+
+    fn deref(&self) -> &Runtime {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for ConnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl PgConn {
@@ -157,7 +181,7 @@ impl PgConn {
             .block_on(connecting)
             .map_err(|_| PgConnError::NoAnswer(limit))??;
         Ok(PgConn {
-            runtime,
+            runtime: ConnRuntime(Some(runtime)),
             client,
             driver: Some(Box::pin(connection)),
             statements: HashMap::new(),
@@ -165,6 +189,18 @@ impl PgConn {
             broken: false,
         })
     }
+}
+
+/// Runs `work` on this thread, or, when this thread is inside an asynchronous runtime (where
+/// the drivers cannot start their own), on a short-lived thread of its own.
+fn outside_async<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return work();
+    }
+    std::thread::scope(|scope| match scope.spawn(work).join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
 }
 
 /// Runs `call` to completion on `runtime`, driving the connection meanwhile; `None` when
@@ -265,7 +301,12 @@ impl Backend for Postgres {
     type Manager = PgManager;
 
     const NAME: &'static str = "PostgreSQL";
-    const INLINE: bool = true;
+    /// Inline unless the calling thread is inside an asynchronous runtime, where starting the
+    /// connection's own runtime would panic: such a caller (which should not block there
+    /// anyway) gets its statements run on a statement thread.
+    fn runs_inline() -> bool {
+        tokio::runtime::Handle::try_current().is_err()
+    }
     const DDL_FILE: &'static str = "sql/postgres.sql";
     const DDL: &'static str = include_str!("../../sql/postgres.sql");
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
@@ -388,7 +429,7 @@ impl Backend for Postgres {
             handler,
         };
         // Connect now, so that a listener that cannot work is reported at build().
-        let client = match listener.config.connect(NoTls) {
+        let client = match outside_async(|| listener.config.connect(NoTls)) {
             Ok(client) => client,
             Err(e) => {
                 log::warn!("PostgreSQL release notifications are off (waiters poll): {e}");
@@ -628,22 +669,24 @@ fn address(config: &Config) -> String {
 /// password or database comes back as what it is rather than as a pool timeout.
 fn check_connect(config: &Config, timeout: Duration) -> crate::Result<()> {
     super::first_connection(Postgres::NAME, &address(config), timeout, || {
-        PgConn::open(config).map(drop).map_err(|error| match error {
-            PgConnError::Postgres(error) => {
-                let detail =
-                    io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
-                (classify(error), detail)
-            }
-            other => {
-                let detail = other.to_string();
-                let kind = match other {
-                    PgConnError::NoAnswer(_) => FailureKind::Broken,
-                    _ => FailureKind::Fatal,
-                };
-                let hint = format!("cannot open a PostgreSQL connection: {detail}");
-                (Failure::new(kind, hint, other), detail)
-            }
-        })
+        outside_async(|| PgConn::open(config))
+            .map(drop)
+            .map_err(|error| match error {
+                PgConnError::Postgres(error) => {
+                    let detail =
+                        io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
+                    (classify(error), detail)
+                }
+                other => {
+                    let detail = other.to_string();
+                    let kind = match other {
+                        PgConnError::NoAnswer(_) => FailureKind::Broken,
+                        _ => FailureKind::Fatal,
+                    };
+                    let hint = format!("cannot open a PostgreSQL connection: {detail}");
+                    (Failure::new(kind, hint, other), detail)
+                }
+            })
     })
 }
 

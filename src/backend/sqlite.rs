@@ -73,7 +73,9 @@ impl Backend for Sqlite {
     type Manager = SqliteManager;
 
     const NAME: &'static str = "SQLite";
-    const INLINE: bool = true;
+    fn runs_inline() -> bool {
+        true
+    }
     const DDL_FILE: &'static str = "sql/sqlite.sql";
     const DDL: &'static str = include_str!("../../sql/sqlite.sql");
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
