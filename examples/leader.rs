@@ -1,5 +1,6 @@
 //! Leader election between processes: three contenders, the leader is killed, a standby takes
-//! over; then the new leader resigns and the last standby takes over at once.
+//! over; then the new leader resigns and the last standby takes over without waiting out the
+//! lease (on PostgreSQL woken by the release within milliseconds, elsewhere at its next poll).
 //!
 //! The example re-runs itself as child processes (`leader contender NAME ...`), one per
 //! contender, and prints their events on one timeline. The first leader is killed with
