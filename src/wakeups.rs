@@ -172,3 +172,124 @@ impl Wakeups {
         ListenerReply::Keep
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[derive(Default)]
+    struct Counter(AtomicUsize);
+
+    impl Nudge for Counter {
+        fn nudge(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Counter {
+        fn count(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    fn poller() -> (Arc<Counter>, Weak<dyn Nudge>) {
+        let counter = Arc::new(Counter::default());
+        let as_dyn: Arc<dyn Nudge> = counter.clone();
+        (counter, Arc::downgrade(&as_dyn))
+    }
+
+    fn enabled() -> (Wakeups, Receiver<()>) {
+        let (wakeups, requests) = Wakeups::new();
+        wakeups.enable();
+        (wakeups, requests)
+    }
+
+    #[test]
+    fn without_a_listener_nothing_registers_or_asks() {
+        let (wakeups, requests) = Wakeups::new();
+        let (_, weak) = poller();
+        assert!(!wakeups.register(&Arc::from("k"), weak));
+        wakeups.before_sleep();
+        assert!(requests.try_recv().is_err());
+    }
+
+    #[test]
+    fn the_first_sleeper_asks_once_and_subscribing_nudges_every_poller() {
+        let (wakeups, requests) = enabled();
+        let (a, weak_a) = poller();
+        let (b, weak_b) = poller();
+        assert!(wakeups.register(&Arc::from("a"), weak_a.clone()));
+        assert!(wakeups.register(&Arc::from("a"), weak_a), "twice is once");
+        assert!(wakeups.register(&Arc::from("b"), weak_b));
+        wakeups.before_sleep();
+        wakeups.before_sleep();
+        assert_eq!(
+            requests.try_iter().count(),
+            1,
+            "one request while one is pending"
+        );
+        assert_eq!(
+            wakeups.handle(ListenerEvent::Subscribed),
+            ListenerReply::Keep
+        );
+        assert_eq!((a.count(), b.count()), (1, 1));
+        wakeups.handle(ListenerEvent::Released("a"));
+        assert_eq!(
+            (a.count(), b.count()),
+            (2, 1),
+            "a release wakes its key's pollers only"
+        );
+        wakeups.before_sleep();
+        assert!(requests.try_recv().is_err(), "no request while subscribed");
+    }
+
+    #[test]
+    fn a_tick_unsubscribes_only_without_pollers_and_without_sleepers_since_the_last() {
+        let (wakeups, requests) = enabled();
+        let (_a, weak) = poller();
+        let key: Arc<str> = Arc::from("a");
+        let wait_once = || {
+            wakeups.register(&key, weak.clone());
+            wakeups.before_sleep();
+            wakeups.handle(ListenerEvent::Subscribed);
+        };
+        wait_once();
+        assert_eq!(
+            wakeups.handle(ListenerEvent::Tick),
+            ListenerReply::Keep,
+            "a poller waits"
+        );
+        assert_eq!(
+            wakeups.handle(ListenerEvent::Tick),
+            ListenerReply::Keep,
+            "it still does"
+        );
+        wakeups.unregister(&key, &weak);
+        assert_eq!(
+            wakeups.handle(ListenerEvent::Tick),
+            ListenerReply::Unsubscribe
+        );
+        assert_eq!(requests.try_iter().count(), 1);
+
+        wait_once();
+        assert_eq!(
+            requests.try_iter().count(),
+            1,
+            "the next sleeper asks again"
+        );
+        wakeups.unregister(&key, &weak);
+        assert_eq!(
+            wakeups.handle(ListenerEvent::Tick),
+            ListenerReply::Keep,
+            "it slept since the last tick"
+        );
+        // A call that registers and ends without sleeping does not keep the subscription.
+        wakeups.register(&key, weak.clone());
+        wakeups.unregister(&key, &weak);
+        assert_eq!(
+            wakeups.handle(ListenerEvent::Tick),
+            ListenerReply::Unsubscribe
+        );
+    }
+}
