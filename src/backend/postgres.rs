@@ -191,10 +191,16 @@ impl PgConn {
     }
 }
 
+/// Whether this thread is inside an asynchronous runtime, where a driver cannot block on a
+/// runtime of its own.
+fn on_async_thread() -> bool {
+    tokio::runtime::Handle::try_current().is_ok()
+}
+
 /// Runs `work` on this thread, or, when this thread is inside an asynchronous runtime (where
 /// the drivers cannot start their own), on a short-lived thread of its own.
 fn outside_async<T: Send>(work: impl FnOnce() -> T + Send) -> T {
-    if tokio::runtime::Handle::try_current().is_err() {
+    if !on_async_thread() {
         return work();
     }
     std::thread::scope(|scope| match scope.spawn(work).join() {
@@ -305,7 +311,7 @@ impl Backend for Postgres {
     /// connection's own runtime would panic: such a caller (which should not block there
     /// anyway) gets its statements run on a statement thread.
     fn runs_inline() -> bool {
-        tokio::runtime::Handle::try_current().is_err()
+        !on_async_thread()
     }
     const DDL_FILE: &'static str = "sql/postgres.sql";
     const DDL: &'static str = include_str!("../../sql/postgres.sql");
