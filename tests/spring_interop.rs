@@ -10,8 +10,9 @@
 //! reached its tests print why and pass, unless `CI=true`, where they fail.
 //!
 //! The same file also exercises each backend directly: grant, renew, release, a held try,
-//! takeover of an expired lease, tokens counting up, racing registries, connection errors and
-//! replacement statements.
+//! takeover of an expired lease, tokens counting up, racing registries, connection errors,
+//! replacement statements, and that a try refused by a held row writes nothing (no PostgreSQL
+//! transaction id, no InnoDB row modified), so polling waiters cost the server no disk sync.
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
 use leasehold::{lock_key_for, Error, LockRegistry, RegistryBuilder};
@@ -33,6 +34,12 @@ trait Spring {
     fn table(&self) -> &str;
     /// Runs one statement without parameters.
     fn execute(&mut self, sql: &str);
+    /// Runs the acquire statement `sql` for `key` as `client_id` (time-to-live 10 s) inside a
+    /// transaction that is then rolled back, and returns whether it granted the lock and
+    /// whether the transaction wrote anything: on PostgreSQL, whether it was given a
+    /// transaction id (without one there is no WAL record and no commit to sync); on InnoDB,
+    /// whether it modified a row.
+    fn probe_acquire(&mut self, sql: &str, key: &str, client_id: &str) -> (bool, bool);
     /// Drops the test's table.
     fn drop_table(&mut self) {
         let sql = format!("DROP TABLE IF EXISTS {}", self.table());
@@ -153,6 +160,45 @@ fn lease_cycle(builder: impl Fn() -> RegistryBuilder, spring: &mut dyn Spring) {
     assert!(guard.unlock().unwrap_err().is_lease_lost());
     assert_eq!(spring.row(&key).unwrap().0.as_deref(), Some(b.client_id()));
     taken.unlock().unwrap();
+}
+
+/// Issue item: a try that finds the lock held must not write. The registry's own acquire
+/// statement is run by hand so the transaction can be inspected before it ends.
+fn a_refused_try_writes_nothing(builder: impl Fn() -> RegistryBuilder, spring: &mut dyn Spring) {
+    let holder = builder().build().unwrap();
+    let acquire = holder.statements().acquire.clone();
+    let other_client = uuid::Uuid::new_v4().to_string();
+    let key = format!("probe-{}", uuid::Uuid::new_v4());
+    let guard = holder.obtain(&key).unwrap().try_lock().unwrap().unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            spring.probe_acquire(&acquire, &key, &other_client),
+            (false, false),
+            "a refused try must neither grant nor write"
+        );
+    }
+    // The control: on an absent row the statement grants, and that is a write.
+    assert_eq!(
+        spring.probe_acquire(&acquire, "probe-absent", &other_client),
+        (true, true),
+        "a grant of an absent key writes"
+    );
+    assert_eq!(
+        spring.probe_acquire(&acquire, &key, &other_client),
+        (false, false),
+        "still refused, still no write"
+    );
+    guard.unlock().unwrap();
+    assert_eq!(
+        spring.probe_acquire(&acquire, &key, &other_client),
+        (true, true),
+        "a released row is granted, and that is a write"
+    );
+    assert_eq!(
+        spring.row(&key).map(|row| row.0),
+        Some(None),
+        "the probes were rolled back"
+    );
 }
 
 /// Registries racing for one key: never two holders, never an error, tokens rising.
@@ -279,6 +325,7 @@ macro_rules! shared_tests {
             };
             with_table(&mut spring, |spring| {
                 lease_cycle(&builder, spring);
+                a_refused_try_writes_nothing(&builder, spring);
                 racing(&builder);
                 racing_for_each_key(&builder);
             });
@@ -387,6 +434,30 @@ mod postgres_interop {
         fn execute(&mut self, sql: &str) {
             self.client.batch_execute(sql).unwrap();
         }
+
+        fn probe_acquire(&mut self, sql: &str, key: &str, client_id: &str) -> (bool, bool) {
+            use postgres::types::{ToSql, Type};
+            // The parameter types the registry declares.
+            let types = [
+                Type::BPCHAR,
+                Type::VARCHAR,
+                Type::BPCHAR,
+                Type::INT8,
+                Type::INT8,
+            ];
+            let mut transaction = self.client.transaction().unwrap();
+            let statement = transaction.prepare_typed(sql, &types).unwrap();
+            let (lock_key, ttl_micros, token) = (lock_key_for(key), 10_000_000_i64, 0_i64);
+            let params: [&(dyn ToSql + Sync); 5] =
+                [&lock_key, &"DEFAULT", &client_id, &ttl_micros, &token];
+            let granted = transaction.query(&statement, &params).unwrap().len() == 1;
+            let xid: Option<String> = transaction
+                .query_one("SELECT pg_current_xact_id_if_assigned()::text", &[])
+                .unwrap()
+                .get(0);
+            transaction.rollback().unwrap();
+            (granted, xid.is_some())
+        }
     }
 
     /// A registry builder on a fresh table, and Spring on the same table; `None` if the server
@@ -456,6 +527,35 @@ mod postgres_interop {
                     .build(),
                 "acquire",
             );
+        });
+    }
+
+    /// The probe of `a_refused_try_writes_nothing` can tell: the plain upsert the issue warns
+    /// about is refused by a held row too, yet it locks the row and so takes a transaction id.
+    #[test]
+    fn a_plain_upsert_writes_even_when_refused() {
+        let Some((builder, mut spring)) = setup() else {
+            return;
+        };
+        with_table(&mut spring, |spring| {
+            let holder = builder().build().unwrap();
+            let table = spring.table().to_string();
+            let upsert = format!(
+                "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER) \
+                 VALUES ($1, $2, $3, now() AT TIME ZONE 'UTC', \
+                 (now() AT TIME ZONE 'UTC') + $4 * INTERVAL '1 microsecond') \
+                 ON CONFLICT (LOCK_KEY, REGION) DO UPDATE SET CLIENT_ID = EXCLUDED.CLIENT_ID, \
+                 EXPIRED_AFTER = EXCLUDED.EXPIRED_AFTER \
+                 WHERE {table}.EXPIRED_AFTER < (now() AT TIME ZONE 'UTC') \
+                 RETURNING FENCING_TOKEN"
+            );
+            let guard = holder.obtain("held").unwrap().lock().unwrap();
+            let other_client = uuid::Uuid::new_v4().to_string();
+            assert_eq!(
+                spring.probe_acquire(&upsert, "held", &other_client),
+                (false, true)
+            );
+            guard.unlock().unwrap();
         });
     }
 
@@ -687,6 +787,34 @@ mod mysql_interop {
 
         fn execute(&mut self, sql: &str) {
             self.conn.query_drop(sql).unwrap();
+        }
+
+        fn probe_acquire(&mut self, sql: &str, key: &str, client_id: &str) -> (bool, bool) {
+            self.conn.query_drop("START TRANSACTION").unwrap();
+            use mysql::params;
+            let params = params! {
+                "lock_key" => lock_key_for(key),
+                "region" => "DEFAULT",
+                "client_id" => client_id,
+                "ttl_micros" => 10_000_000_i64,
+                "token" => 0_i64,
+            };
+            self.conn.exec_drop(sql, params).unwrap();
+            // The default statement reports a grant's token through LAST_INSERT_ID().
+            let granted = self.conn.last_insert_id() != 0;
+            // InnoDB refreshes the table behind `innodb_trx` at most every 100 ms: wait past that
+            // so the row read below is this statement's, not a cached earlier one.
+            std::thread::sleep(Duration::from_millis(250));
+            let modified: Option<u64> = self
+                .conn
+                .query_first(
+                    "SELECT trx_rows_modified FROM information_schema.innodb_trx \
+                     WHERE trx_mysql_thread_id = CONNECTION_ID()",
+                )
+                .unwrap();
+            self.conn.query_drop("ROLLBACK").unwrap();
+            let modified = modified.expect("the statement started an InnoDB transaction");
+            (granted, modified > 0)
         }
     }
 
