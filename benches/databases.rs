@@ -9,6 +9,14 @@
 //! - `lease_statements` (PostgreSQL): the registry's own acquire and release statements
 //!   ([`LockRegistry::statements`]) run back to back on the raw connection — the floor under
 //!   `lock_unlock`, so the difference is what the registry itself costs;
+//! - `durable_then_unsynced_commit` (PostgreSQL): the durable commit, then the same `UPDATE`
+//!   committed without a disk sync — the floor of any design that syncs a grant and not its
+//!   release, as leasehold does; a write costs the server more than `SELECT 1`, so this floor
+//!   lies above "one durable commit + two `SELECT 1`" wherever the server's work for a one-row
+//!   write exceeds a round trip;
+//! - `spring_statements` (PostgreSQL): Spring Integration's statements for one uncontended lock
+//!   and unlock (`UPDATE` finding no row, `INSERT`, `DELETE`), each committed on its own — a
+//!   lower bound of what a `JdbcLockRegistry` pays, which runs them in transactions;
 //! - `durable_commit_after_idle` (in the handoff group): the durable commit again, but after
 //!   the same idle pause the handoffs wait through; on a virtual machine waking idle processes
 //!   costs more than the commit itself, and every handoff pays that too;
@@ -248,6 +256,17 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
     if raw.prepare_lease(registry.statements()) {
         group.bench_function("lease_statements", |b| b.iter(|| raw.lease_cycle()));
     }
+    if raw.has_unsynced_commit() {
+        group.bench_function("durable_then_unsynced_commit", |b| {
+            b.iter(|| {
+                raw.commit();
+                raw.unsynced_commit();
+            })
+        });
+    }
+    if raw.prepare_spring("BENCH_LOCK") {
+        group.bench_function("spring_statements", |b| b.iter(|| raw.spring_cycle()));
+    }
     if name == "postgres" {
         // What skipping the disk sync on release buys: the same release, committed durably.
         let durable = target
@@ -325,6 +344,21 @@ trait Raw {
     }
     /// Runs the prepared acquire, then the release of the lease it granted.
     fn lease_cycle(&mut self) {}
+    /// Whether one transaction can skip the disk sync at commit (PostgreSQL).
+    fn has_unsynced_commit(&self) -> bool {
+        false
+    }
+    /// The baseline's `UPDATE`, committed without waiting for the disk.
+    fn unsynced_commit(&mut self) {}
+    /// Prepares Spring's statements on `table` for [`Raw::spring_cycle`]; `false` where that
+    /// is not measured.
+    fn prepare_spring(&mut self, _table: &str) -> bool {
+        false
+    }
+    /// One uncontended lock + unlock the way Spring Integration's `JdbcLockRegistry` does it,
+    /// each statement committed on its own (a lower bound: Spring wraps them in transactions
+    /// that cost more round trips): `UPDATE` (no row: Spring deleted it), `INSERT`, `DELETE`.
+    fn spring_cycle(&mut self) {}
 }
 
 struct RawSqlite(rusqlite::Connection);
@@ -350,6 +384,10 @@ struct RawPostgres {
     commit: postgres::Statement,
     /// The registry's acquire and release statements, prepared as the registry prepares them.
     lease: Option<(postgres::Statement, postgres::Statement)>,
+    /// `commit` with `synchronous_commit` off for its transaction.
+    unsynced_commit: postgres::Statement,
+    /// Spring's update, insert and delete.
+    spring: Option<[postgres::Statement; 3]>,
 }
 
 #[cfg(feature = "postgres")]
@@ -390,6 +428,49 @@ impl Raw for RawPostgres {
             .client
             .execute(release, &params[..release.params().len()]);
         assert_eq!(released.unwrap(), 1);
+    }
+    fn has_unsynced_commit(&self) -> bool {
+        true
+    }
+    fn unsynced_commit(&mut self) {
+        self.client.execute(&self.unsynced_commit, &[]).unwrap();
+    }
+    fn prepare_spring(&mut self, table: &str) -> bool {
+        let sql = [
+            format!(
+                "UPDATE {table} SET CLIENT_ID=$1, EXPIRED_AFTER=$2 WHERE REGION=$3 \
+                 AND LOCK_KEY=$4 AND (CLIENT_ID=$5 OR EXPIRED_AFTER<$6)"
+            ),
+            format!(
+                "INSERT INTO {table} (REGION, LOCK_KEY, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER) \
+                 VALUES ($1, $2, $3, $4, $5)"
+            ),
+            format!("DELETE FROM {table} WHERE REGION=$1 AND LOCK_KEY=$2 AND CLIENT_ID=$3"),
+        ];
+        let prepared = sql.map(|sql| self.client.prepare(&sql).unwrap());
+        self.spring = Some(prepared);
+        true
+    }
+    fn spring_cycle(&mut self) {
+        let [update, insert, delete] = self.spring.as_ref().expect("prepared");
+        let key = leasehold::lock_key_for("bench-spring-statements");
+        let (region, client_id) = ("DEFAULT", "bench-spring-client");
+        let now = SystemTime::now();
+        let expires = now + Duration::from_secs(10);
+        let updated = self
+            .client
+            .execute(
+                update,
+                &[&client_id, &expires, &region, &key, &client_id, &now],
+            )
+            .unwrap();
+        assert_eq!(updated, 0, "Spring deleted the row when it released");
+        let inserted = self
+            .client
+            .execute(insert, &[&region, &key, &client_id, &now, &expires]);
+        assert_eq!(inserted.unwrap(), 1);
+        let deleted = self.client.execute(delete, &[&region, &key, &client_id]);
+        assert_eq!(deleted.unwrap(), 1);
     }
 }
 
@@ -458,11 +539,19 @@ fn main() {
                 let update = client
                     .prepare("UPDATE bench_commit SET n = n + 1 WHERE id = 1")
                     .unwrap();
+                let unsynced_commit = client
+                    .prepare(
+                        "WITH unsynced AS (SELECT set_config('synchronous_commit', 'off', true)) \
+                         UPDATE bench_commit SET n = n + 1 FROM unsynced WHERE id = 1",
+                    )
+                    .unwrap();
                 let mut raw = RawPostgres {
                     client,
                     select_1: select,
                     commit: update,
                     lease: None,
+                    unsynced_commit,
+                    spring: None,
                 };
                 bench_backend(&mut c, "postgres", &Target::Postgres(url), &mut raw);
             }
