@@ -65,6 +65,9 @@ struct LocalState {
     yield_until: Option<Instant>,
     /// Set by the release listener: the poller should try again now.
     nudged: bool,
+    /// When an acquire statement for this key last found it held elsewhere. A waiter that took
+    /// over polling from another thread knows from it that the lock was held during its wait.
+    refused_at: Option<Instant>,
 }
 
 /// Shared state of one key in one registry.
@@ -90,6 +93,7 @@ impl LockInner {
                 db_busy: false,
                 chain_started: Instant::now(),
                 yield_until: None,
+                refused_at: None,
                 nudged: false,
             }),
             changed: Condvar::new(),
@@ -149,7 +153,7 @@ impl LockInner {
         registered: &mut bool,
     ) -> Result<Option<(Arc<Lease>, bool)>> {
         let settings = &self.core.settings;
-        let mut seen_held = false;
+        let waiting_since = Instant::now();
         loop {
             let now = Instant::now();
             if state.owner == Some(me) {
@@ -178,6 +182,9 @@ impl LockInner {
                             .acquire(&self.lock_key, ttl, attempt_deadline)
                     });
                     state.db_busy = false;
+                    // An attempt of this wait (this thread's, or that of the poller it took over
+                    // from) found the lock held.
+                    let seen_held = state.refused_at.is_some_and(|at| at >= waiting_since);
                     let granted = match granted {
                         // The lock was held at the last attempt and the caller's time ran out
                         // on this one (often waiting for a pooled connection): still "held".
@@ -207,7 +214,7 @@ impl LockInner {
                             return Ok(Some((lease, false)));
                         }
                         None => {
-                            seen_held = true;
+                            state.refused_at = Some(Instant::now());
                             let next_poll = Instant::now() + settings.idle_between_tries;
                             let wake_at = match wait {
                                 Wait::No => return Ok(None),
