@@ -5,6 +5,10 @@
 //! - `local_handoff/leasehold`: the same ping-pong through one leasehold lock of one registry:
 //!   every acquisition is a local handoff, with no database statement.
 //!
+//! - `local_handoff/leasehold_4_threads`: four threads of one registry taking turns on one
+//!   lock as fast as they can; time per acquisition. Every acquisition but the first is a local
+//!   handoff, so this measures the cost of the queue with several waiters (who is woken).
+//!
 //! Database costs and cross-instance handoffs are in `benches/databases.rs`.
 //!
 //! Run with `cargo bench --bench handoff`; the README's Performance table is made from it.
@@ -85,6 +89,30 @@ fn leasehold_ping_pong(lock: &Lock, handoffs: u64) -> Duration {
     elapsed
 }
 
+/// Four threads each take and release `lock` until `acquisitions` were made in all.
+fn contended(lock: &Lock, acquisitions: u64) -> Duration {
+    const THREADS: u64 = 4;
+    let each = acquisitions.div_ceil(THREADS).max(1);
+    let start_line = Arc::new(std::sync::Barrier::new(THREADS as usize + 1));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (lock, start_line) = (lock.clone(), start_line.clone());
+            thread::spawn(move || {
+                start_line.wait();
+                for _ in 0..each {
+                    drop(lock.lock().unwrap());
+                }
+            })
+        })
+        .collect();
+    start_line.wait();
+    let start = Instant::now();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    start.elapsed() * acquisitions as u32 / (each * THREADS) as u32
+}
+
 fn local_handoff(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let registry = LockRegistry::sqlite(dir.path().join("bench.db"))
@@ -97,6 +125,9 @@ fn local_handoff(c: &mut Criterion) {
     group.bench_function("condvar_baseline", |b| b.iter_custom(condvar_ping_pong));
     group.bench_function("leasehold", |b| {
         b.iter_custom(|handoffs| leasehold_ping_pong(&lock, handoffs))
+    });
+    group.bench_function("leasehold_4_threads", |b| {
+        b.iter_custom(|acquisitions| contended(&lock, acquisitions))
     });
     group.finish();
     let stats = registry.statistics();

@@ -127,6 +127,10 @@ impl LockInner {
         if let Some(position) = state.queue.iter().position(|waiter| *waiter == me) {
             state.queue.remove(position);
         }
+        // Needed when this thread leaves without the lock (another waiter may have to poll).
+        // Leaving with it, the wake-up looks useless, but the waiters it wakes are awake when
+        // the lock is handed on: skipping it made `local_handoff/leasehold_4_threads` 30 %
+        // slower.
         self.changed.notify_all();
         drop(state);
         match outcome {
