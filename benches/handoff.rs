@@ -5,9 +5,14 @@
 //! - `local_handoff/leasehold`: the same ping-pong through one leasehold lock of one registry:
 //!   every acquisition is a local handoff, with no database statement.
 //!
-//! - `local_handoff/leasehold_4_threads`: four threads of one registry taking turns on one
-//!   lock as fast as they can; time per acquisition. Every acquisition but the first is a local
-//!   handoff, so this measures the cost of the queue with several waiters (who is woken).
+//! - `local_handoff/fair_lock_baseline`: the least a lock that hands itself over in FIFO order
+//!   needs (owner and queue under a `parking_lot` mutex, a condvar), passed back and forth with
+//!   the same harness as leasehold's lock — the floor for `leasehold`. It costs more than the
+//!   condvar ping-pong because each side must see the other queued before letting go.
+//! - `local_handoff/leasehold_4_threads`: four threads taking turns on one lock as fast as they
+//!   can; time per acquisition. A turn is a local handoff when another thread is queued, else a
+//!   release to and a grant from the database (SQLite): the queue under contention, fallbacks
+//!   included.
 //!
 //! Database costs and cross-instance handoffs are in `benches/databases.rs`.
 //!
@@ -53,6 +58,79 @@ fn condvar_ping_pong(handoffs: u64) -> Duration {
     elapsed
 }
 
+/// The least a lock that hands itself over in FIFO order needs: an owner and a queue under a
+/// `parking_lot` mutex, and a condvar to wake the next owner. The `fair_lock_baseline`
+/// measures it with the same harness as leasehold's lock (each side waits until the other
+/// queued before letting go).
+#[derive(Default)]
+struct FairLock {
+    state: Mutex<(
+        Option<thread::ThreadId>,
+        std::collections::VecDeque<thread::ThreadId>,
+    )>,
+    changed: Condvar,
+}
+
+impl FairLock {
+    fn lock(&self) {
+        let me = thread::current().id();
+        let mut state = self.state.lock();
+        if state.0.is_none() {
+            state.0 = Some(me);
+            return;
+        }
+        state.1.push_back(me);
+        while state.0 != Some(me) {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    fn unlock(&self) {
+        let mut state = self.state.lock();
+        state.0 = state.1.pop_front();
+        self.changed.notify_all();
+    }
+
+    fn queued(&self) -> usize {
+        self.state.lock().1.len()
+    }
+}
+
+/// [`leasehold_ping_pong`] on a [`FairLock`].
+fn fair_lock_ping_pong(handoffs: u64) -> Duration {
+    let lock = Arc::new(FairLock::default());
+    let rounds = handoffs.div_ceil(2).max(1);
+    let until_queued = |lock: &FairLock| {
+        while lock.queued() == 0 {
+            thread::yield_now();
+        }
+    };
+    lock.lock();
+    let partner = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            for _ in 0..rounds {
+                lock.lock();
+                until_queued(&lock);
+                lock.unlock();
+            }
+        })
+    };
+    until_queued(&lock);
+    let start = Instant::now();
+    for round in 0..rounds {
+        lock.unlock();
+        lock.lock();
+        if round + 1 < rounds {
+            until_queued(&lock);
+        }
+    }
+    let elapsed = start.elapsed();
+    lock.unlock();
+    partner.join().unwrap();
+    elapsed
+}
+
 /// Waits (spinning, then yielding) until another thread queues on `lock`.
 fn until_someone_queues(lock: &Lock) {
     while lock.queued_threads() == 0 {
@@ -89,18 +167,19 @@ fn leasehold_ping_pong(lock: &Lock, handoffs: u64) -> Duration {
     elapsed
 }
 
-/// Four threads each take and release `lock` until `acquisitions` were made in all.
-fn contended(lock: &Lock, acquisitions: u64) -> Duration {
+/// Four threads each run `take_turn` (take and release one lock) until `acquisitions` were
+/// made in all.
+fn contended(take_turn: impl Fn() + Clone + Send + 'static, acquisitions: u64) -> Duration {
     const THREADS: u64 = 4;
     let each = acquisitions.div_ceil(THREADS).max(1);
     let start_line = Arc::new(std::sync::Barrier::new(THREADS as usize + 1));
     let workers: Vec<_> = (0..THREADS)
         .map(|_| {
-            let (lock, start_line) = (lock.clone(), start_line.clone());
+            let (take_turn, start_line) = (take_turn.clone(), start_line.clone());
             thread::spawn(move || {
                 start_line.wait();
                 for _ in 0..each {
-                    drop(lock.lock().unwrap());
+                    take_turn();
                 }
             })
         })
@@ -123,18 +202,22 @@ fn local_handoff(c: &mut Criterion) {
     let lock = registry.obtain("ping-pong").unwrap();
     let mut group = c.benchmark_group("local_handoff");
     group.bench_function("condvar_baseline", |b| b.iter_custom(condvar_ping_pong));
+    group.bench_function("fair_lock_baseline", |b| b.iter_custom(fair_lock_ping_pong));
     group.bench_function("leasehold", |b| {
         b.iter_custom(|handoffs| leasehold_ping_pong(&lock, handoffs))
     });
-    group.bench_function("leasehold_4_threads", |b| {
-        b.iter_custom(|acquisitions| contended(&lock, acquisitions))
-    });
-    group.finish();
     let stats = registry.statistics();
     assert!(
         stats.grants < 1000,
         "handoffs must not go to the database: {stats:?}"
     );
+    group.bench_function("leasehold_4_threads", |b| {
+        b.iter_custom(|acquisitions| {
+            let lock = lock.clone();
+            contended(move || drop(lock.lock().unwrap()), acquisitions)
+        })
+    });
+    group.finish();
 }
 
 fn quick() -> Criterion {
