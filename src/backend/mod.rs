@@ -296,6 +296,41 @@ pub(crate) trait Store: Send + Sync {
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)>;
 }
 
+/// What one connection keeps per statement text it has run (a prepared statement, a rewrite),
+/// found again by that text.
+///
+/// A connection only ever runs a handful of texts — the three lease statements or their
+/// replacements, and the clock query — so a scan that compares lengths first and then bytes
+/// beats hashing a text of several hundred bytes on every call.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct PerStatement<T> {
+    entries: Vec<(Box<str>, T)>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<T> PerStatement<T> {
+    pub fn new() -> Self {
+        PerStatement {
+            entries: Vec::new(),
+        }
+    }
+
+    /// What was kept for `sql`.
+    pub fn get(&self, sql: &str) -> Option<&T> {
+        self.entries
+            .iter()
+            .find(|(text, _)| &**text == sql)
+            .map(|(_, kept)| kept)
+    }
+
+    /// Keeps `value` for `sql`, which must not be kept yet; returns it.
+    pub fn insert(&mut self, sql: &str, value: T) -> &T {
+        debug_assert!(self.get(sql).is_none(), "kept twice: {sql}");
+        self.entries.push((sql.into(), value));
+        &self.entries.last().expect("just pushed").1
+    }
+}
+
 /// How many lease statements a registry has sent to its database (every attempt counts,
 /// including retries). Useful for metrics, and to see that local handoffs and waiting threads
 /// cost no statements.
@@ -826,4 +861,24 @@ fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, any(feature = "postgres", feature = "mysql")))]
+mod tests {
+    use super::PerStatement;
+
+    #[test]
+    fn per_statement_finds_each_text_and_only_it() {
+        let mut kept = PerStatement::new();
+        assert!(kept.get("SELECT 1").is_none());
+        assert_eq!(*kept.insert("SELECT 1", 1), 1);
+        // Same length, different bytes; a prefix; a longer text.
+        assert_eq!(*kept.insert("SELECT 2", 2), 2);
+        assert_eq!(*kept.insert("SELECT 1 + 1", 3), 3);
+        assert_eq!(kept.get("SELECT 1"), Some(&1));
+        assert_eq!(kept.get("SELECT 2"), Some(&2));
+        assert_eq!(kept.get("SELECT 1 + 1"), Some(&3));
+        assert!(kept.get("SELECT ").is_none());
+        assert!(kept.get("select 1").is_none());
+    }
 }

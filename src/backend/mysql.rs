@@ -69,12 +69,11 @@
 //! a statement thread on a silent server, and of a connection attempt that was accepted but is
 //! never answered.
 
-use super::{Backend, Conn, Failure, FailureKind, Params, Statements};
+use super::{Backend, Conn, Failure, FailureKind, Params, PerStatement, Statements};
 use crate::error::Error;
 use mysql::consts::CapabilityFlags;
 use mysql::prelude::Queryable;
 use mysql::{Opts, OptsBuilder, Value};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,7 +104,7 @@ struct Plan {
 /// A connection, the plans of the statements it ran, and the flag `mark_broken` sets.
 pub(crate) struct MysqlConn {
     conn: mysql::Conn,
-    plans: HashMap<String, Plan>,
+    plans: PerStatement<Plan>,
     broken: bool,
 }
 
@@ -116,11 +115,13 @@ impl MysqlConn {
         sql: &str,
         params: &Params,
     ) -> Result<(mysql::Statement, Vec<Value>), Failure> {
-        if !self.plans.contains_key(sql) {
-            let plan = plan(sql)?;
-            self.plans.insert(sql.to_string(), plan);
-        }
-        let plan = &self.plans[sql];
+        let plan = match self.plans.get(sql) {
+            Some(plan) => plan,
+            None => {
+                let plan = plan(sql)?;
+                self.plans.insert(sql, plan)
+            }
+        };
         let statement = self.conn.prep(&plan.query).map_err(classify)?;
         let values = match &plan.order {
             Some(order) => order.iter().map(|&index| value(params, index)).collect(),
@@ -237,7 +238,7 @@ impl r2d2::ManageConnection for MysqlManager {
     fn connect(&self) -> Result<MysqlConn, mysql::Error> {
         Ok(MysqlConn {
             conn: mysql::Conn::new(self.opts.clone())?,
-            plans: HashMap::new(),
+            plans: PerStatement::new(),
             broken: false,
         })
     }

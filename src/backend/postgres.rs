@@ -79,11 +79,10 @@
 
 use super::{
     Backend, Conn, Failure, FailureKind, ListenerEvent, ListenerHandler, ListenerReply, Params,
-    Statements, TableSettings,
+    PerStatement, Statements, TableSettings,
 };
 use crate::error::Error;
 use postgres::fallible_iterator::FallibleIterator;
-use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
@@ -135,7 +134,7 @@ type Driver = Option<Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Erro
 pub(crate) struct PgConn {
     client: Client,
     driver: Driver,
-    statements: HashMap<String, Statement>,
+    statements: PerStatement<Statement>,
     deadline: Instant,
     broken: bool,
     /// Declared last, so dropped after the socket it drives.
@@ -184,7 +183,7 @@ impl PgConn {
             runtime: ConnRuntime(Some(runtime)),
             client,
             driver: Some(Box::pin(connection)),
-            statements: HashMap::new(),
+            statements: PerStatement::new(),
             deadline: Instant::now() + DEFAULT_CALL_LIMIT,
             broken: false,
         })
@@ -264,8 +263,7 @@ impl PgConn {
             return Ok(statement.clone());
         }
         let statement = call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
-        self.statements.insert(sql.to_string(), statement.clone());
-        Ok(statement)
+        Ok(self.statements.insert(sql, statement).clone())
     }
 }
 
