@@ -108,6 +108,16 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+/// A named fail point: with the test-only `failpoints` feature, tests configure it through the
+/// `fail` crate (pause, panic, sleep) to force a race deterministically; without the feature it
+/// compiles to nothing. Names are `module::place`, listed where each is used.
+macro_rules! fail_point {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name);
+    };
+}
+
 mod backend;
 mod cache;
 mod error;
