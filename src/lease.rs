@@ -1,18 +1,43 @@
-//! One database grant — a lease — and the thread that keeps it alive.
+//! One database grant — a lease — and the threads that keep it alive.
+//!
+//! # The deadline invariant
+//!
+//! **The holder's deadline is never later than the database's expiry of its row.** Every
+//! statement that sets the row's expiry (the grant, each renewal) runs `EXPIRED_AFTER =
+//! database-now + ttl`, so a statement *sent* at instant `s` with time-to-live `t` leaves the
+//! row valid at least until `s + t` (it cannot run before it was sent). The deadline is
+//! computed in one place, [`Bounds`], from every statement that may have run:
+//!
+//! - **Renewals of one lease are serialised** (the keeper and manual renewals take the lease's
+//!   *turn* around the statement), so statements whose answer arrived ran in the order they were
+//!   sent, and the last *confirmed* one, sent at `s` with `t`, bounds the row: `s + t`.
+//! - A renewal whose answer never came (timed out, connection broken, any error) **may still
+//!   run later**, after any later statement. If it ran last, it ran after the last confirmed one
+//!   was sent, so its bound is `max(its send instant, s) + its ttl`. The deadline is therefore
+//!   `min(s + t, s + smallest unknown ttl)` after each confirmed renewal and drops to
+//!   `min(deadline, sent + ttl)` at each unknown one. With one time-to-live throughout an unknown
+//!   renewal changes nothing; a shorter one keeps bounding the lease for the rest of its life.
+//! - **Drift allowance.** The database measures the time-to-live on its own clock, which may run
+//!   fast against the holder's monotonic clock (NTP slews up to 500 ppm; SQLite stores
+//!   milliseconds). Every bound is shortened by [`drift_allowance`] (1 % of the time-to-live
+//!   plus 2 ms), so the holder gives up first unless the clocks drift apart by more than that.
 //!
 //! # Lease state machine
 //!
 //! | state | entered when | `is_held()` | left when |
 //! |-------|--------------|-------------|-----------|
-//! | **held** | the acquire statement returned a token | `true` | released, lost |
-//! | **released** | the last local holder let go and no local thread waits | `false` | — |
-//! | **lost** | a renewal found another holder (or none); or the deadline passed | `false` | — |
+//! | **held** | the acquire statement returned a token | `true` until the deadline | released, lost |
+//! | **releasing** | the last local holder lets go | `false` for nobody (no guard left) | released, lost |
+//! | **released** | the release statement answered (or failed) | `false` | — |
+//! | **lost** | a renewal found another holder (or none), the deadline passed, or the release found the row gone | `false` | — |
 //!
-//! The *deadline* is the holder's own estimate of when the database will consider the lease
-//! expired: the instant the last successful acquire or renew statement was **sent**, plus the
-//! time-to-live, on the monotonic clock. The database computes expiry from when it *ran* the
-//! statement, which is later, so the holder always gives up first. Crossing the deadline is a
-//! loss even when no thread noticed yet: `is_held()` compares against it directly.
+//! Crossing the deadline is a loss even when no thread noticed yet: `is_held()` compares
+//! against it directly. **Every loss is reported exactly once** — to the registry's callback and
+//! to the loss channels of the lease's *current* holder — by whichever thread notices first: the
+//! lease clock at the deadline, a keeper or manual renewal that finds another holder, or the
+//! release of a lease that had expired. A loss is never reported once the lease has been
+//! released normally, and loss channels of a holder that handed the lock to another thread
+//! disconnect at the handoff (its hold ended normally).
 //!
 //! # Threads
 //!
@@ -20,24 +45,35 @@
 //! wakes at the earliest moment one of them needs attention: its first renewal is due, or its
 //! deadline has passed. A lease whose deadline passes is marked lost right there — even when
 //! its keeper is stuck in a database call that does not return (a frozen connection), so a
-//! loss is never reported later than the moment another instance could take the lock.
+//! loss is never reported later than the moment another instance could take the lock. A lease
+//! whose deadline or renewal moves earlier (a shorter time-to-live) wakes the clock.
 //!
 //! **A keeper thread** per lease does the renewing. The clock hands a lease to a keeper when
 //! its first renewal falls due, so a lease released before that (most short critical sections)
 //! never wakes another thread: starting or waking a thread costs more than an SQLite acquire.
-//! From then on the keeper is the lease's own: it sleeps on a crossbeam channel until the next
-//! renewal (a third of the time-to-live after the last one was sent, unless configured
-//! otherwise), renews through the registry's renewal pool, and stops as soon as the channel's
-//! sender is dropped (release), the lease is lost, or the registry is gone (it holds only a
-//! `Weak` to the store between renewals). Keepers whose lease ended park for a while and are
-//! reused ([`keepers`]). With renewal turned off no keeper is used; the clock reports the loss
-//! at the deadline.
+//! From then on the keeper is the lease's own: it waits on the lease's condition variable until
+//! the next renewal (a third of the time-to-live after the last one was sent, unless configured
+//! otherwise; recomputed whenever the lease changes), renews through the registry's renewal
+//! pool, and stops as soon as the lease is releasing, released or lost, or the registry is gone
+//! (it holds only a `Weak` to the store between renewals). Keepers whose lease ended park for a
+//! while and are reused ([`keepers`]). With renewal turned off no keeper is used; the clock
+//! reports the loss at the deadline.
+//!
+//! A local handoff to a thread that asked for another time-to-live does not run a statement on
+//! the caller's thread: it records the new time-to-live and asks the keeper to renew now (the
+//! deadline stays bounded by what the database has). The callback is user code: a panic in it
+//! is caught and logged, so it cannot take the clock or a keeper down.
+//!
+//! # Fail points (feature `failpoints`, tests only)
+//!
+//! `lease::renew_before_statement` and `lease::renew_before_record` (the renewal was answered,
+//! not yet recorded) in [`Lease::renew`]; `lease::keeper_before_turn` before a keeper takes the
+//! lease's turn.
 
 use crate::backend::{Grant, Path, Store};
-use crate::error::LossReason;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::error::{Error, LossReason};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -52,7 +88,8 @@ pub struct LeaseLost {
     pub reason: LossReason,
 }
 
-/// Called once per lost lease, on the keeper thread (or the thread that noticed the loss).
+/// Called once per lost lease, on the thread that noticed the loss (a keeper, the lease clock,
+/// or a caller). A panic in it is caught and logged.
 pub type LostCallback = Arc<dyn Fn(&LeaseLost) + Send + Sync>;
 
 /// How the keeper thread behaves; copied from the registry settings.
@@ -64,11 +101,85 @@ pub(crate) struct KeeperSettings {
     pub renew_every: Option<Duration>,
 }
 
-#[derive(Debug)]
-struct Times {
-    ttl: Duration,
-    last_sent: Instant,
+/// How much earlier than the database the holder gives up on a lease of `ttl`: 1 % of it plus
+/// 2 ms, for a database clock that runs fast against the holder's (see the module docs).
+pub fn drift_allowance(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// How long after a statement was sent with `ttl` the holder may still count on the row.
+fn holder_span(ttl: Duration) -> Duration {
+    ttl.saturating_sub(drift_allowance(ttl))
+}
+
+/// What the holder knows about the row's expiry: the one place the deadline is computed (see
+/// "The deadline invariant" in the module docs).
+#[derive(Debug, Clone)]
+struct Bounds {
+    /// When the last confirmed statement (grant or renewal) was sent.
+    confirmed_sent: Instant,
+    /// The smallest time-to-live of a renewal whose outcome is unknown: it may still run.
+    unknown_min_ttl: Option<Duration>,
+    /// The holder's deadline.
     deadline: Instant,
+}
+
+impl Bounds {
+    fn granted(sent_at: Instant, ttl: Duration) -> Bounds {
+        Bounds {
+            confirmed_sent: sent_at,
+            unknown_min_ttl: None,
+            deadline: sent_at + holder_span(ttl),
+        }
+    }
+
+    /// A renewal sent at `sent_at` with `ttl` was answered: it ran after everything confirmed
+    /// before it (renewals are serialised); only unknown ones may run after it.
+    fn confirmed(&mut self, sent_at: Instant, ttl: Duration) {
+        let shortest = self.unknown_min_ttl.map_or(ttl, |unknown| unknown.min(ttl));
+        self.confirmed_sent = sent_at;
+        self.deadline = sent_at + holder_span(shortest);
+    }
+
+    /// A renewal sent (at the latest) at `sent_at` with `ttl` got no answer: it may run at any
+    /// time from now on.
+    fn unknown(&mut self, sent_at: Instant, ttl: Duration) {
+        self.unknown_min_ttl = Some(self.unknown_min_ttl.map_or(ttl, |known| known.min(ttl)));
+        self.deadline = self.deadline.min(sent_at + holder_span(ttl));
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Held,
+    /// The last local holder let go; the release statement is about to run.
+    Releasing,
+    /// Released normally: nothing is reported any more.
+    Released,
+}
+
+struct State {
+    phase: Phase,
+    bounds: Bounds,
+    /// The time-to-live renewals use: the last one a holder asked for.
+    ttl: Duration,
+    /// Counts changes of `ttl`, so a renewal knows whether it carried the latest one.
+    ttl_version: u64,
+    /// A holder asked for a new time-to-live that no renewal has carried yet: the keeper
+    /// renews at once.
+    renew_now: bool,
+    lost: Option<LossReason>,
+    /// Loss channels of the current holder.
+    listeners: Vec<Sender<LeaseLost>>,
+}
+
+/// What a renewal found.
+pub(crate) enum Renewal {
+    Renewed,
+    /// The database records another holder or none; the loss has been reported.
+    NotOwner,
+    /// No answer in time or a database error; the deadline now accounts for it.
+    Failed(Error),
 }
 
 /// One grant from the database. Shared by every local holder it is handed to.
@@ -76,16 +187,16 @@ pub(crate) struct Lease {
     pub key: Arc<str>,
     pub lock_key: Arc<str>,
     pub token: i64,
-    times: Mutex<Times>,
-    lost: Mutex<Option<LossReason>>,
-    listeners: Mutex<Vec<Sender<LeaseLost>>>,
-    stop: Mutex<Option<Sender<()>>>,
-    finished: AtomicBool,
+    state: Mutex<State>,
+    /// Wakes the keeper when the lease changes (new time-to-live, release, loss).
+    changed: Condvar,
+    /// Held around every renew statement: renewals of one lease never overlap.
+    turn: Mutex<()>,
     on_lost: Option<LostCallback>,
 }
 
 impl Lease {
-    /// The lease of `grant`, with its keeper thread started.
+    /// The lease of `grant`, watched by the lease clock (which starts its keeper).
     pub fn start(
         key: Arc<str>,
         lock_key: Arc<str>,
@@ -96,24 +207,31 @@ impl Lease {
         on_lost: Option<LostCallback>,
     ) -> Arc<Lease> {
         let Grant { token, sent_at } = grant;
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded(0);
         let lease = Arc::new(Lease {
             key,
             lock_key,
             token,
-            times: Mutex::new(Times {
+            state: Mutex::new(State {
+                phase: Phase::Held,
+                bounds: Bounds::granted(sent_at, ttl),
                 ttl,
-                last_sent: sent_at,
-                deadline: sent_at + ttl,
+                ttl_version: 0,
+                renew_now: false,
+                lost: None,
+                listeners: Vec::new(),
             }),
-            lost: Mutex::new(None),
-            listeners: Mutex::new(Vec::new()),
-            stop: Mutex::new(Some(stop_tx)),
-            finished: AtomicBool::new(false),
+            changed: Condvar::new(),
+            turn: Mutex::new(()),
             on_lost,
         });
-        clock::watch(&lease, keepers::Job::new(store, keeper, stop_rx));
+        clock::watch(&lease, keepers::Job::new(store, keeper));
         lease
+    }
+
+    /// The deadline a grant sent at `sent_at` with `ttl` would have: a grant whose deadline is
+    /// already past when it arrives is of no use.
+    pub fn grant_deadline(sent_at: Instant, ttl: Duration) -> Instant {
+        Bounds::granted(sent_at, ttl).deadline
     }
 
     /// Held: not lost, and the deadline is still ahead.
@@ -123,53 +241,144 @@ impl Lease {
 
     /// Why the lease is no longer held, or `None` while it is.
     pub fn loss(&self) -> Option<LossReason> {
-        if let Some(reason) = self.lost.lock().clone() {
-            return Some(reason);
+        let state = self.state.lock();
+        if let Some(reason) = &state.lost {
+            return Some(reason.clone());
         }
-        (Instant::now() >= self.deadline()).then_some(LossReason::Expired(None))
+        (Instant::now() >= state.bounds.deadline).then_some(LossReason::Expired(None))
     }
 
-    /// When the next renewal is due under `settings` (never after the deadline).
-    fn next_renewal(&self, settings: KeeperSettings) -> Instant {
-        let times = self.times.lock();
-        let every = settings.renew_every.unwrap_or(times.ttl / 3);
-        (times.last_sent + every).min(times.deadline)
-    }
-
-    /// Released normally or already reported lost: nothing left to watch.
-    fn is_finished_or_lost(&self) -> bool {
-        self.finished.load(Ordering::Acquire) || self.lost.lock().is_some()
+    /// [`loss`](Self::loss), reporting a passed deadline that nobody reported yet.
+    pub fn check(&self) -> Option<LossReason> {
+        let reason = self.loss()?;
+        self.mark_lost(reason.clone());
+        Some(reason)
     }
 
     pub fn deadline(&self) -> Instant {
-        self.times.lock().deadline
+        self.state.lock().bounds.deadline
     }
 
     pub fn ttl(&self) -> Duration {
-        self.times.lock().ttl
+        self.state.lock().ttl
     }
 
-    /// Records a successful renewal sent at `sent_at` with `ttl`.
-    pub fn renewed(&self, sent_at: Instant, ttl: Duration) {
-        let mut times = self.times.lock();
-        if sent_at >= times.last_sent {
-            times.last_sent = sent_at;
-            times.ttl = ttl;
-            times.deadline = sent_at + ttl;
+    /// When the next renewal is due under `settings` (never after the deadline).
+    fn renewal_due(state: &State, settings: KeeperSettings) -> Instant {
+        if state.renew_now {
+            return Instant::now();
+        }
+        let shortest = state
+            .bounds
+            .unknown_min_ttl
+            .map_or(state.ttl, |unknown| unknown.min(state.ttl));
+        let every = settings.renew_every.unwrap_or(shortest / 3);
+        (state.bounds.confirmed_sent + every).min(state.bounds.deadline)
+    }
+
+    /// When the lease clock must look at this lease next.
+    fn due(&self, settings: Option<KeeperSettings>) -> Instant {
+        let state = self.state.lock();
+        match settings.filter(|settings| settings.renew) {
+            Some(settings) => Self::renewal_due(&state, settings),
+            None => state.bounds.deadline,
         }
     }
 
-    /// Marks the lease lost (once, and not after [`Lease::finish`]) and tells the listeners and
-    /// the callback.
+    /// Released normally or already reported lost: nothing left to watch.
+    fn is_over(&self) -> bool {
+        let state = self.state.lock();
+        state.phase != Phase::Held || state.lost.is_some()
+    }
+
+    /// A holder asks for `ttl` from now on (a local handoff to a thread that asked for another
+    /// time-to-live): the keeper renews with it at once. The deadline does not move until the
+    /// database has the new time-to-live.
+    pub fn request_ttl(&self, ttl: Duration) {
+        let mut state = self.state.lock();
+        if state.ttl == ttl {
+            return;
+        }
+        state.ttl = ttl;
+        state.ttl_version += 1;
+        state.renew_now = true;
+        drop(state);
+        self.changed.notify_all();
+        clock::hurry(Instant::now());
+    }
+
+    /// Renews, waiting for the lease's turn until `deadline`, and records what may have
+    /// happened. `ttl`: a new time-to-live for this and later renewals (a manual renewal), or
+    /// `None` for the lease's current one (the keeper).
+    pub fn renew(
+        &self,
+        store: &dyn Store,
+        ttl: Option<Duration>,
+        deadline: Instant,
+        path: Path,
+    ) -> Renewal {
+        let started = Instant::now();
+        let Some(turn) = self.turn.try_lock_until(deadline) else {
+            return Renewal::Failed(Error::Timeout {
+                operation: "renew",
+                waited: started.elapsed(),
+                source: Some("another renewal of this lease was still running".into()),
+            });
+        };
+        let (ttl, version) = {
+            let mut state = self.state.lock();
+            if let Some(ttl) = ttl.filter(|ttl| *ttl != state.ttl) {
+                state.ttl = ttl;
+                state.ttl_version += 1;
+            }
+            (state.ttl, state.ttl_version)
+        };
+        let sent_no_earlier_than = Instant::now();
+        fail_point!("lease::renew_before_statement");
+        let outcome = store.renew(&self.lock_key, self.token, ttl, deadline, path);
+        fail_point!("lease::renew_before_record");
+        let mut state = self.state.lock();
+        let releasing = state.phase != Phase::Held;
+        let earlier_deadline = state.bounds.deadline;
+        if state.ttl_version == version {
+            state.renew_now = false;
+        }
+        let renewal = match outcome {
+            Ok(Some(sent_at)) => {
+                state.bounds.confirmed(sent_at, ttl);
+                Renewal::Renewed
+            }
+            Ok(None) => Renewal::NotOwner,
+            Err(e) => {
+                state.bounds.unknown(sent_no_earlier_than, ttl);
+                Renewal::Failed(e)
+            }
+        };
+        let deadline = state.bounds.deadline;
+        drop(state);
+        drop(turn);
+        self.changed.notify_all();
+        if deadline < earlier_deadline {
+            clock::hurry(deadline);
+        }
+        if matches!(renewal, Renewal::NotOwner) && !releasing {
+            self.mark_lost(LossReason::NotOwner);
+        }
+        renewal
+    }
+
+    /// Marks the lease lost (once, and not after a normal release) and tells the current
+    /// holder's listeners and the callback.
     pub fn mark_lost(&self, reason: LossReason) {
-        {
-            let mut lost = self.lost.lock();
-            if lost.is_some() || self.finished.load(Ordering::Acquire) {
+        let listeners = {
+            let mut state = self.state.lock();
+            if state.lost.is_some() || state.phase == Phase::Released {
                 return;
             }
-            *lost = Some(reason.clone());
-        }
-        self.stop_keeper();
+            state.lost = Some(reason.clone());
+            std::mem::take(&mut state.listeners)
+        };
+        self.changed.notify_all();
         let event = self.event(reason);
         log::warn!(
             "lease on {:?} (token {}) lost: {}",
@@ -177,36 +386,78 @@ impl Lease {
             event.fencing_token,
             event.reason
         );
-        for listener in self.listeners.lock().drain(..) {
+        for listener in listeners {
             let _ = listener.try_send(event.clone());
         }
         if let Some(callback) = &self.on_lost {
-            callback(&event);
+            let called =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
+            if called.is_err() {
+                log::error!(
+                    "the on_lease_lost callback panicked for {:?}; the panic was caught",
+                    event.key
+                );
+            }
         }
     }
 
     /// A channel that receives one [`LeaseLost`] if the lease is lost (at once if it already is).
-    /// It is disconnected without a message when the lease is released normally.
+    /// It is disconnected without a message when the current holder's hold ends normally.
     pub fn loss_channel(&self) -> Receiver<LeaseLost> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        match self.loss() {
-            Some(reason) => {
-                let _ = tx.try_send(self.event(reason));
+        {
+            let mut state = self.state.lock();
+            match &state.lost {
+                Some(reason) => {
+                    let _ = tx.try_send(self.event(reason.clone()));
+                    return rx;
+                }
+                None if state.phase == Phase::Released => return rx,
+                None => state.listeners.push(tx),
             }
-            None => self.listeners.lock().push(tx),
         }
+        self.check();
         rx
     }
 
-    /// Stops the keeper thread and drops the loss listeners (their channels disconnect).
-    pub fn finish(&self) {
-        self.finished.store(true, Ordering::Release);
-        self.stop_keeper();
-        self.listeners.lock().clear();
+    /// The lock passed to another local thread: the previous holder's loss channels disconnect.
+    pub fn handed_over(&self) {
+        self.state.lock().listeners.clear();
     }
 
-    fn stop_keeper(&self) {
-        self.stop.lock().take();
+    /// The last holder lets go: the keeper stops, and a loss found from here on (other than by
+    /// the release itself) is not reported. A deadline already passed is reported now.
+    pub fn begin_release(&self) {
+        self.check();
+        self.state.lock().phase = Phase::Releasing;
+        self.changed.notify_all();
+    }
+
+    /// The release is over: nothing is reported from now on. Returns the loss, if one was
+    /// reported; the current holder's loss channels disconnect otherwise.
+    pub fn end(&self) -> Option<LossReason> {
+        let mut state = self.state.lock();
+        state.phase = Phase::Released;
+        state.listeners.clear();
+        let lost = state.lost.clone();
+        drop(state);
+        self.changed.notify_all();
+        lost
+    }
+
+    /// The keeper's wait: `true` when a renewal is due, `false` when the keeper should stop.
+    fn wait_for_renewal(&self, settings: KeeperSettings) -> bool {
+        let mut state = self.state.lock();
+        loop {
+            if state.phase != Phase::Held || state.lost.is_some() {
+                return false;
+            }
+            let due = Self::renewal_due(&state, settings);
+            if Instant::now() >= due {
+                return true;
+            }
+            self.changed.wait_until(&mut state, due);
+        }
     }
 
     fn event(&self, reason: LossReason) -> LeaseLost {
@@ -219,32 +470,22 @@ impl Lease {
 }
 
 /// The keeper thread's body (renewal on); see the module docs.
-fn keep(lease: Arc<Lease>, store: Weak<dyn Store>, settings: KeeperSettings, stop: Receiver<()>) {
-    loop {
-        match stop.recv_deadline(lease.next_renewal(settings)) {
-            Err(RecvTimeoutError::Timeout) => {}
-            _ => return,
-        }
-        if lease.is_finished_or_lost() {
-            return;
-        }
-        let deadline = lease.deadline();
-        if Instant::now() >= deadline {
-            lease.mark_lost(LossReason::Expired(None));
+fn keep(lease: Arc<Lease>, store: Weak<dyn Store>, settings: KeeperSettings) {
+    while lease.wait_for_renewal(settings) {
+        if lease.check().is_some() {
             return;
         }
         let Some(store) = store.upgrade() else { return };
-        let ttl = lease.ttl();
-        let outcome = store.renew(&lease.lock_key, lease.token, ttl, deadline, Path::Renewal);
-        drop(store);
-        match outcome {
-            Ok(Some(sent_at)) => lease.renewed(sent_at, ttl),
-            Ok(None) => {
-                lease.mark_lost(LossReason::NotOwner);
-                return;
-            }
-            Err(e) => {
-                lease.mark_lost(LossReason::Expired(Some(e.to_string())));
+        fail_point!("lease::keeper_before_turn");
+        let deadline = lease.deadline();
+        match lease.renew(&*store, None, deadline, Path::Renewal) {
+            Renewal::Renewed => {}
+            Renewal::NotOwner => return,
+            // The store retried until the deadline, or the failure is permanent.
+            Renewal::Failed(e) => {
+                if !lease.is_over() {
+                    lease.mark_lost(LossReason::Expired(Some(e.to_string())));
+                }
                 return;
             }
         }
@@ -268,16 +509,11 @@ pub(crate) mod keepers {
     pub(crate) struct Job {
         store: Weak<dyn Store>,
         pub settings: KeeperSettings,
-        stop: Receiver<()>,
     }
 
     impl Job {
-        pub fn new(store: Weak<dyn Store>, settings: KeeperSettings, stop: Receiver<()>) -> Job {
-            Job {
-                store,
-                settings,
-                stop,
-            }
+        pub fn new(store: Weak<dyn Store>, settings: KeeperSettings) -> Job {
+            Job { store, settings }
         }
     }
 
@@ -301,7 +537,7 @@ pub(crate) mod keepers {
             .spawn(move || {
                 let mut work = Some(work);
                 while let Some((lease, job)) = work.take() {
-                    keep(lease, job.store, job.settings, job.stop);
+                    keep(lease, job.store, job.settings);
                     work = channel().1.recv_timeout(IDLE_LIFETIME).ok();
                 }
             });
@@ -315,8 +551,8 @@ pub(crate) mod keepers {
 /// reports leases whose deadline passed (see the module docs).
 ///
 /// It holds `Weak` references only. It sleeps until the earliest moment a lease needs it, and
-/// at most [`clock::IDLE_TICK`] at a time, so registering a lease only wakes it when that lease
-/// needs it sooner — rare, since a new lease's first renewal is a third of a time-to-live away.
+/// at most [`clock::IDLE_TICK`] at a time; registering a lease, or a lease whose next moment
+/// moves earlier ([`clock::hurry`]), wakes it only when that moment is sooner than its wake-up.
 /// Ended leases are dropped from its list on each scan, and by `watch` when the list doubles.
 pub(crate) mod clock {
     use super::keepers::{self, Job};
@@ -338,10 +574,7 @@ pub(crate) mod clock {
     impl Entry {
         /// When the clock must look at this lease next.
         fn due(&self, lease: &Lease) -> Instant {
-            match &self.job {
-                Some(job) if job.settings.renew => lease.next_renewal(job.settings),
-                _ => lease.deadline(),
-            }
+            lease.due(self.job.as_ref().map(|job| job.settings))
         }
     }
 
@@ -375,12 +608,8 @@ pub(crate) mod clock {
         let due = entry.due(lease);
         let mut list = watched.lock();
         if list.entries.len() >= list.prune_at {
-            list.entries.retain(|entry| {
-                entry
-                    .lease
-                    .upgrade()
-                    .is_some_and(|lease| !lease.is_finished_or_lost())
-            });
+            list.entries
+                .retain(|entry| entry.lease.upgrade().is_some_and(|lease| !lease.is_over()));
             list.prune_at = (2 * list.entries.len()).max(64);
         }
         list.entries.push(entry);
@@ -398,6 +627,15 @@ pub(crate) mod clock {
         }
     }
 
+    /// A watched lease needs the clock at `due`, maybe sooner than it planned.
+    pub(crate) fn hurry(due: Instant) {
+        let (watched, wake) = state();
+        let list = watched.lock();
+        if list.running && list.next_wake.is_none_or(|next| due < next) {
+            wake.notify_one();
+        }
+    }
+
     fn run() {
         let (watched, wake) = state();
         let mut list = watched.lock();
@@ -410,7 +648,7 @@ pub(crate) mod clock {
                 let Some(lease) = entry.lease.upgrade() else {
                     return false;
                 };
-                if lease.is_finished_or_lost() {
+                if lease.is_over() {
                     return false;
                 }
                 if lease.deadline() <= now {

@@ -139,5 +139,5 @@ pub use lease::{LeaseLost, LostCallback};
 pub use lock::{Lock, LockGuard};
 pub use registry::{
     LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES, MAX_PREFIX_CHARS, MAX_REGION_CHARS,
-    MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
+    MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
 };

@@ -31,14 +31,16 @@
 //! lease is no longer held): the keeper thread is stopped and the **release** statement runs
 //! with `db_busy` set, so no local thread polls while it is in flight.
 
+use crate::backend::Path;
 use crate::error::{Error, LossReason, Result};
-use crate::lease::{Lease, LeaseLost};
+use crate::lease::{Lease, LeaseLost, Renewal};
 use crate::registry::Core;
 use crate::wakeups::Nudge;
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -60,7 +62,8 @@ struct LocalState {
     lease: Option<Arc<Lease>>,
     /// Threads inside an acquire of this key, oldest first: a release hands over to the front.
     queue: VecDeque<ThreadId>,
-    db_busy: bool,
+    /// The thread talking to the database about this key (polling or releasing), if any.
+    db_user: Option<ThreadId>,
     chain_started: Instant,
     yield_until: Option<Instant>,
     /// Set by the release listener: the poller should try again now.
@@ -90,7 +93,7 @@ impl LockInner {
                 depth: 0,
                 lease: None,
                 queue: VecDeque::new(),
-                db_busy: false,
+                db_user: None,
                 chain_started: Instant::now(),
                 yield_until: None,
                 refused_at: None,
@@ -104,7 +107,10 @@ impl LockInner {
     /// cache may then drop it.
     pub fn is_idle(&self) -> bool {
         let state = self.state.lock();
-        state.owner.is_none() && state.lease.is_none() && state.queue.is_empty() && !state.db_busy
+        state.owner.is_none()
+            && state.lease.is_none()
+            && state.queue.is_empty()
+            && state.db_user.is_none()
     }
 
     fn acquire(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
@@ -112,13 +118,20 @@ impl LockInner {
         let me = std::thread::current().id();
         let mut state = self.state.lock();
         if state.owner == Some(me) {
-            state.depth += 1;
             let lease = state.lease.clone().expect("an owner always has a lease");
+            if let Some(reason) = lease.check() {
+                return Err(self.lost(reason));
+            }
+            state.depth += 1;
             return Ok(Some(self.guard(lease)));
         }
         state.queue.push_back(me);
         let mut registered = false;
-        let outcome = self.acquire_locked(&mut state, me, wait, ttl, &mut registered);
+        // Unwind-safe: whatever panics inside (a bug, a fail point), this thread leaves the
+        // queue, stops being the poller, and a grant it got is handed on or released.
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+            self.acquire_locked(&mut state, me, wait, ttl, &mut registered)
+        }));
         if registered {
             self.core
                 .wakeups
@@ -127,23 +140,34 @@ impl LockInner {
         if let Some(position) = state.queue.iter().position(|waiter| *waiter == me) {
             state.queue.remove(position);
         }
+        if state.db_user == Some(me) {
+            state.db_user = None;
+        }
         // Needed when this thread leaves without the lock (another waiter may have to poll).
         // Leaving with it, the wake-up looks useless, but the waiters it wakes are awake when
         // the lock is handed on: skipping it made `local_handoff/leasehold_4_threads` 30 %
         // slower.
         self.changed.notify_all();
-        drop(state);
-        match outcome {
-            Ok(Some((lease, retune))) => {
-                let guard = self.guard(lease);
-                if retune {
-                    guard.renew_with_ttl(ttl)?;
-                }
-                Ok(Some(guard))
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                let orphan = state.lease.clone().filter(|_| state.owner == Some(me));
+                drop(state);
+                drop(orphan.map(|lease| self.guard(lease)));
+                panic::resume_unwind(panic);
             }
-            Ok(None) => Ok(None),
-            Err(e) => Err(e),
+        };
+        drop(state);
+        let (lease, retune) = match outcome? {
+            Some(taken) => taken,
+            None => return Ok(None),
+        };
+        if retune {
+            // Handed over from a holder with another time-to-live: the keeper renews with this
+            // one at once; the call itself runs no statement and cannot fail.
+            lease.request_ttl(ttl);
         }
+        Ok(Some(self.guard(lease)))
     }
 
     /// The waiting loop; returns the lease taken, and whether it must be renewed with the
@@ -168,7 +192,7 @@ impl LockInner {
             if state.owner.is_none() {
                 debug_assert!(state.lease.is_none(), "a lease always has an owner");
                 let yielding = state.yield_until.filter(|until| *until > now);
-                if !state.db_busy && yielding.is_none() {
+                if state.db_user.is_none() && yielding.is_none() {
                     let attempt_deadline = match wait {
                         Wait::Until(deadline) => deadline.max(now + Duration::from_millis(1)),
                         _ => now + settings.operation_timeout,
@@ -179,13 +203,14 @@ impl LockInner {
                     // A release notified from here on cuts the sleep after a failed attempt
                     // short, even one that arrives while the attempt is in flight.
                     state.nudged = false;
-                    state.db_busy = true;
+                    state.db_user = Some(me);
                     let granted = MutexGuard::unlocked(state, || {
+                        fail_point!("lock::acquire_before_statement");
                         self.core
                             .store
                             .acquire(&self.lock_key, ttl, attempt_deadline)
                     });
-                    state.db_busy = false;
+                    state.db_user = None;
                     // An attempt of this wait (this thread's, or that of the poller it took over
                     // from) found the lock held.
                     let seen_held = state.refused_at.is_some_and(|at| at >= waiting_since);
@@ -200,6 +225,21 @@ impl LockInner {
                         other => other?,
                     };
                     match granted {
+                        // The statement waited so long (a row lock, a stalled server) that the
+                        // lease would be over on arrival: not a usable grant; it runs out.
+                        Some(grant)
+                            if Lease::grant_deadline(grant.sent_at, ttl) <= Instant::now() =>
+                        {
+                            log::warn!(
+                                "the grant of {:?} arrived after its time-to-live ({ttl:?}) ran \
+                                 out; trying again",
+                                self.key
+                            );
+                            if matches!(wait, Wait::No) {
+                                return Ok(None);
+                            }
+                            continue;
+                        }
                         Some(grant) => {
                             let lease = Lease::start(
                                 Arc::clone(&self.key),
@@ -228,9 +268,9 @@ impl LockInner {
                                 Wait::Until(deadline) => next_poll.min(deadline),
                                 Wait::Forever => next_poll,
                             };
-                            state.db_busy = true;
+                            state.db_user = Some(me);
                             self.sleep_between_polls(state, wake_at);
-                            state.db_busy = false;
+                            state.db_user = None;
                             continue;
                         }
                     }
@@ -272,10 +312,11 @@ impl LockInner {
 
     /// Called by a guard whose depth reaches this thread's last hold.
     fn release(&self, lease: &Arc<Lease>) -> Result<()> {
+        let me = std::thread::current().id();
         let mut state = self.state.lock();
         state.depth -= 1;
         if state.depth > 0 {
-            return match lease.loss() {
+            return match lease.check() {
                 Some(reason) => Err(self.lost(reason)),
                 None => Ok(()),
             };
@@ -291,6 +332,7 @@ impl LockInner {
             if let Some(next) = state.queue.pop_front() {
                 state.owner = Some(next);
                 state.depth = 1;
+                lease.handed_over();
                 self.changed.notify_all();
                 return Ok(());
             }
@@ -299,24 +341,32 @@ impl LockInner {
             state.yield_until = Some(now + self.core.settings.idle_between_tries);
         }
         state.lease = None;
-        state.db_busy = true;
-        let outcome = MutexGuard::unlocked(&mut state, || self.release_to_database(lease));
-        state.db_busy = false;
+        state.db_user = Some(me);
+        let outcome = MutexGuard::unlocked(&mut state, || {
+            panic::catch_unwind(AssertUnwindSafe(|| self.release_to_database(lease)))
+        });
+        state.db_user = None;
         self.changed.notify_all();
-        outcome
+        drop(state);
+        outcome.unwrap_or_else(|panic| panic::resume_unwind(panic))
     }
 
+    /// The release statement. A loss known before it (the deadline passed) or found by it (the
+    /// row has another holder) is reported through the lease, once, and returned.
     fn release_to_database(&self, lease: &Lease) -> Result<()> {
-        lease.finish();
+        lease.begin_release();
         let deadline = Instant::now() + self.core.settings.operation_timeout;
+        fail_point!("lock::release_before_statement");
         let released = self
             .core
             .store
             .release(&self.lock_key, lease.token, deadline);
-        match (lease.loss(), released) {
+        if let Ok(false) = released {
+            lease.mark_lost(LossReason::NotOwner);
+        }
+        match (lease.end(), released) {
             (Some(reason), _) => Err(self.lost(reason)),
-            (None, Ok(true)) => Ok(()),
-            (None, Ok(false)) => Err(self.lost(LossReason::NotOwner)),
+            (None, Ok(_)) => Ok(()),
             (None, Err(e)) => Err(e),
         }
     }
@@ -486,6 +536,11 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
+    /// The lease behind this guard (for the leader election).
+    pub(crate) fn lease(&self) -> &Arc<Lease> {
+        &self.lease
+    }
+
     /// The key of the lock held.
     pub fn key(&self) -> &str {
         &self.lock.key
@@ -525,37 +580,30 @@ impl LockGuard {
 
     /// Renews the lease now with a new time-to-live, which later renewals keep.
     /// `Err(LeaseLost)` if the database no longer records this holder.
+    ///
+    /// Renewals of one lease never overlap: this waits for a background renewal in flight. A
+    /// renewal that fails or times out may still run later on the database, so the lease's
+    /// deadline then becomes no later than it would be if it had run
+    /// ([`remaining`](Self::remaining) shows it): with a shorter time-to-live than the lease's,
+    /// the lease ends sooner even if later renewals succeed.
     pub fn renew_with_ttl(&self, ttl: Duration) -> Result<()> {
         let core = &self.lock.core;
         core.settings.check_ttl("time_to_live", ttl)?;
-        if let Some(reason) = self.lease.loss() {
+        if let Some(reason) = self.lease.check() {
             return Err(self.lock.lost(reason));
         }
         let deadline = self
             .lease
             .deadline()
             .min(Instant::now() + core.settings.operation_timeout);
-        let renewed = core.store.renew(
-            &self.lock.lock_key,
-            self.lease.token,
-            ttl,
-            deadline,
-            crate::backend::Path::Main,
-        );
-        match renewed {
-            Ok(Some(sent_at)) => {
-                self.lease.renewed(sent_at, ttl);
-                Ok(())
-            }
-            Ok(None) => {
-                self.lease.mark_lost(LossReason::NotOwner);
-                Err(self.lock.lost(LossReason::NotOwner))
-            }
-            Err(e) => match self.lease.loss() {
-                Some(reason) => {
-                    self.lease.mark_lost(reason.clone());
-                    Err(self.lock.lost(reason))
-                }
+        match self
+            .lease
+            .renew(&*core.store, Some(ttl), deadline, Path::Main)
+        {
+            Renewal::Renewed => Ok(()),
+            Renewal::NotOwner => Err(self.lock.lost(LossReason::NotOwner)),
+            Renewal::Failed(e) => match self.lease.check() {
+                Some(reason) => Err(self.lock.lost(reason)),
                 None => Err(e),
             },
         }

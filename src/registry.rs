@@ -18,6 +18,9 @@ pub const MIN_TIME_TO_LIVE: Duration = Duration::from_millis(10);
 pub const MAX_TIME_TO_LIVE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The longest `idle_between_tries` accepted.
 pub const MAX_IDLE_BETWEEN_TRIES: Duration = Duration::from_secs(3600);
+/// The longest `operation_timeout` and `connect_timeout` accepted: a day. Deadlines are
+/// instants computed from them, so an absurd value must be refused, not overflow.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// The longest region accepted, in characters (the column is `VARCHAR(100)`).
 pub const MAX_REGION_CHARS: usize = 100;
 /// The longest table prefix accepted (the table name is the prefix plus `LOCK`).
@@ -45,12 +48,14 @@ impl Settings {
             ));
         }
         if let Some(every) = self.keeper.renew_every.filter(|_| self.keeper.renew) {
-            if every >= ttl {
+            if every > ttl / 2 {
                 return Err(Error::setting(
                     setting,
                     format!(
-                        "{ttl:?} is not longer than renew_every ({every:?}): the lease would \
-                         expire before its first renewal"
+                        "{ttl:?} is less than twice renew_every ({every:?}): a renewal that \
+                         fails would leave no time for another before the lease ends; use a \
+                         time-to-live of at least {:?}, or renew more often",
+                        every * 2
                     ),
                 ));
             }
@@ -301,7 +306,8 @@ impl RegistryBuilder {
 
     /// How long after a successful renewal (or the grant) the next one is sent. Defaults to a
     /// third of each lease's time-to-live, which leaves two more attempts before it runs out.
-    /// Must be shorter than every time-to-live used.
+    /// Must be at most half of every time-to-live used (so one failed renewal leaves time for
+    /// another).
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
         self
@@ -318,13 +324,14 @@ impl RegistryBuilder {
 
     /// How long an operation without a caller deadline (`lock()`'s attempts, `try_lock()`,
     /// release, manual renew) keeps retrying transient database failures before it returns
-    /// [`Error::Timeout`]. Defaults to 5 s.
+    /// [`Error::Timeout`]. Defaults to 5 s; at most [`MAX_TIMEOUT`].
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
         self
     }
 
-    /// How long `build()` waits for the first connection. Defaults to 5 s.
+    /// How long `build()` waits for the first connection. Defaults to 5 s; at most
+    /// [`MAX_TIMEOUT`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -399,12 +406,7 @@ impl RegistryBuilder {
         if self.pool_size == 0 {
             return Err(Error::setting("pool_size", "must be at least 1"));
         }
-        if self.connect_timeout.is_zero() {
-            return Err(Error::setting(
-                "connect_timeout",
-                "must be longer than zero",
-            ));
-        }
+        check_timeout("connect_timeout", self.connect_timeout)?;
         let pool = PoolSettings {
             pool_size: self.pool_size,
             connect_timeout: self.connect_timeout,
@@ -469,14 +471,18 @@ impl RegistryBuilder {
                 ),
             ));
         }
-        if self.operation_timeout.is_zero() {
-            return Err(Error::setting(
-                "operation_timeout",
-                "must be longer than zero",
-            ));
-        }
+        check_timeout("operation_timeout", self.operation_timeout)?;
         if self.renew_every.is_some_and(|every| every.is_zero()) {
             return Err(Error::setting("renew_every", "must be longer than zero"));
+        }
+        if let Some(limit) = self
+            .local_handoff_limit
+            .filter(|limit| *limit > MAX_TIME_TO_LIVE)
+        {
+            return Err(Error::setting(
+                "local_handoff_limit",
+                format!("{limit:?} is longer than {MAX_TIME_TO_LIVE:?}; use None for no limit"),
+            ));
         }
         let settings = Settings {
             time_to_live: self.time_to_live,
@@ -491,6 +497,20 @@ impl RegistryBuilder {
         settings.check_ttl("time_to_live", self.time_to_live)?;
         Ok(settings)
     }
+}
+
+/// A timeout must be above zero and at most [`MAX_TIMEOUT`].
+fn check_timeout(setting: &'static str, timeout: Duration) -> Result<()> {
+    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+        return Err(Error::setting(
+            setting,
+            format!(
+                "{timeout:?} is outside (0s, {MAX_TIMEOUT:?}]: it bounds how long a call waits \
+                 for the database, so pick seconds to minutes"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a table prefix and returns it: it is spliced into SQL.

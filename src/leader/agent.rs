@@ -22,12 +22,18 @@ pub(super) struct TermState {
     /// Resigned (or the election shut down).
     pub(super) ended: bool,
     pub(super) listeners: Vec<Sender<LeadershipLost>>,
+    /// The term's lease: a loss the lease knows of ends `is_held()` at once, before the agent
+    /// next looks.
+    pub(super) lease: Arc<crate::lease::Lease>,
 }
 
 impl Term {
     pub(super) fn is_held(&self) -> bool {
         let state = self.state.lock();
-        !state.ended && state.lost.is_none() && Instant::now() < state.leader_until
+        !state.ended
+            && state.lost.is_none()
+            && Instant::now() < state.leader_until
+            && state.lease.is_held()
     }
 
     pub(super) fn lost(&self) -> Option<LeadershipLost> {
@@ -355,6 +361,7 @@ impl Agent {
                 lost: None,
                 ended: false,
                 listeners: Vec::new(),
+                lease: Arc::clone(guard.lease()),
             }),
         });
         log::info!(
