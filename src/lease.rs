@@ -66,9 +66,16 @@
 //!
 //! # Fail points (feature `failpoints`, tests only)
 //!
-//! `lease::renew_before_statement` and `lease::renew_before_record` (the renewal was answered,
-//! not yet recorded) in [`Lease::renew`]; `lease::keeper_before_turn` before a keeper takes the
-//! lease's turn.
+//! | name | where |
+//! |------|-------|
+//! | `lease::renew_waits_for_turn` | a renewal finds another of the same lease in flight |
+//! | `lease::renew_before_statement`, `lease::renew_before_record` | around a renew statement |
+//! | `lease::keeper_before_turn` | a keeper about to renew |
+//! | `lease::loss_channel` | a holder asks for a loss channel |
+//! | `lease::clock_before_expiry` | the clock about to report leases whose deadline passed |
+//! | `lock::acquire_before_statement`, `lock::release_before_statement` | the poller's acquire, the last holder's release |
+//! | `backend::acquire_sent`, `backend::renew_sent` | the instant a statement counts as sent; `renew_sent` can `return` a transient failure |
+//! | `leader::agent_watch` | the leader agent about to look at its lease |
 
 use crate::backend::{Grant, Path, Store};
 use crate::error::{Error, LossReason};
@@ -318,7 +325,14 @@ impl Lease {
         path: Path,
     ) -> Renewal {
         let started = Instant::now();
-        let Some(turn) = self.turn.try_lock_until(deadline) else {
+        let turn = match self.turn.try_lock() {
+            Some(turn) => Some(turn),
+            None => {
+                fail_point!("lease::renew_waits_for_turn");
+                self.turn.try_lock_until(deadline)
+            }
+        };
+        let Some(turn) = turn else {
             return Renewal::Failed(Error::Timeout {
                 operation: "renew",
                 waited: started.elapsed(),
@@ -404,6 +418,7 @@ impl Lease {
     /// A channel that receives one [`LeaseLost`] if the lease is lost (at once if it already is).
     /// It is disconnected without a message when the current holder's hold ends normally.
     pub fn loss_channel(&self) -> Receiver<LeaseLost> {
+        fail_point!("lease::loss_channel");
         let (tx, rx) = crossbeam_channel::bounded(1);
         {
             let mut state = self.state.lock();
@@ -666,6 +681,9 @@ pub(crate) mod clock {
             list.next_wake = Some(next_wake);
             if !expired.is_empty() || !keepers_due.is_empty() {
                 drop(list);
+                if !expired.is_empty() {
+                    fail_point!("lease::clock_before_expiry");
+                }
                 for lease in expired {
                     lease.mark_lost(LossReason::Expired(None));
                 }

@@ -116,6 +116,10 @@ macro_rules! fail_point {
         #[cfg(feature = "failpoints")]
         fail::fail_point!($name);
     };
+    ($name:literal, $on_return:expr) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name, $on_return);
+    };
 }
 
 mod backend;

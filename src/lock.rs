@@ -5,10 +5,10 @@
 //! Each [`Lock`] handle points at one `LockInner` per (registry, key). Its state sits behind a
 //! `parking_lot` mutex with a condition variable for local waiters:
 //!
-//! | owner | lease | `db_busy` | meaning | what a thread that wants the lock does |
+//! | owner | lease | `db_user` | meaning | what a thread that wants the lock does |
 //! |-------|-------|-----------|---------|----------------------------------------|
-//! | none | none | no | free here | becomes the *poller*: sets `db_busy`, runs **acquire** |
-//! | none | none | yes | another thread is polling or releasing | waits on the condvar |
+//! | none | none | none | free here | becomes the *poller*: sets `db_user`, runs **acquire** |
+//! | none | none | a thread | another thread is polling or releasing | waits on the condvar |
 //! | thread T | some | – | T holds it | T: reentrant (depth + 1); others queue and wait |
 //!
 //! Invariant: a lease is present exactly when an owner is — a grant sets both, and a release
@@ -16,20 +16,29 @@
 //!
 //! Every thread inside an acquire of the key sits in a FIFO `queue`. Only the poller talks to
 //! the database for this key, so N waiting threads cost one statement per
-//! `idle_between_tries`, not N. Between polls the poller sleeps with `db_busy` still set.
+//! `idle_between_tries`, not N. Between polls the poller sleeps with `db_user` still set.
 //!
 //! **Handoff.** When the holder releases while threads queue, ownership passes directly to the
 //! oldest of them (the owner field is set to its thread before it even wakes, so the releaser
 //! cannot barge back in) and the lease stays in place: the lock changes threads without a
 //! database statement. The fencing token stays the same: tokens order *database grants*, and
 //! the local holders of one grant are ordered by this mutex, each having released before the
-//! next took over. Handoffs are bounded by `local_handoff_limit` (default 1 s since the
-//! database grant): past it the holder releases to the database and local waiters hold off for
-//! one `idle_between_tries`, so other instances polling at that interval get their turn.
+//! next took over (`local_handoff(false)` turns handoffs off for users who need a token per
+//! holder). The previous holder's loss channels disconnect at the handoff. A thread that asked
+//! for another time-to-live gets the lease as it is and the keeper renews with the new one at
+//! once, so the lock call itself runs no statement and cannot fail after the grant. Handoffs are
+//! bounded by `local_handoff_limit` (default 1 s since the database grant): past it the holder
+//! releases to the database and local waiters hold off for one `idle_between_tries`, so other
+//! instances polling at that interval get their turn.
 //!
 //! **Release to the database** happens when nobody queues (or the limit is reached, or the
-//! lease is no longer held): the keeper thread is stopped and the **release** statement runs
-//! with `db_busy` set, so no local thread polls while it is in flight.
+//! lease is no longer held): the lease stops its keeper, reports a deadline already passed,
+//! and the **release** statement runs with `db_user` set, so no local thread polls while it is
+//! in flight.
+//!
+//! **Unwinding.** A panic inside an acquire or a release (a bug, or a fail point in tests)
+//! leaves the state as if the call had returned: the thread leaves the queue, stops being the
+//! key's database user, and a grant it had is handed on or released.
 
 use crate::backend::Path;
 use crate::error::{Error, LossReason, Result};
@@ -328,7 +337,7 @@ impl LockInner {
             .settings
             .local_handoff_limit
             .is_none_or(|limit| now.duration_since(state.chain_started) < limit);
-        if within_limit && lease.is_held() {
+        if self.core.settings.local_handoff && within_limit && lease.is_held() {
             if let Some(next) = state.queue.pop_front() {
                 state.owner = Some(next);
                 state.depth = 1;
@@ -552,9 +561,16 @@ impl LockGuard {
     }
 
     /// The fencing token of the database grant behind this guard. Every grant of a key carries
-    /// a larger token than all earlier grants of that key; a local handoff keeps the token.
-    /// Pass it to the resource you protect and have it refuse tokens smaller than the largest
-    /// it has seen.
+    /// a larger token than all earlier grants of that key. Pass it to the resource you protect
+    /// and have it refuse tokens smaller than the largest it has seen.
+    ///
+    /// **A local handoff keeps the token**: threads of one registry that pass the lock among
+    /// themselves share their grant's token, so the rule above refuses late writes of other
+    /// instances' earlier holders but not of an earlier thread of this registry (its hold ended
+    /// before the next began, yet a write it started may arrive late). If the resource must
+    /// tell those apart too, build the registry with
+    /// [`local_handoff(false)`](crate::RegistryBuilder::local_handoff): every holder then gets
+    /// its own grant and token, at the cost of a release and an acquire per handoff.
     pub fn fencing_token(&self) -> u64 {
         self.lease.token as u64
     }

@@ -32,6 +32,8 @@ pub(crate) struct Settings {
     pub time_to_live: Duration,
     pub idle_between_tries: Duration,
     pub local_handoff_limit: Option<Duration>,
+    /// `false`: every holder takes the lock from the database (a token of its own).
+    pub local_handoff: bool,
     pub operation_timeout: Duration,
     pub keeper: KeeperSettings,
 }
@@ -217,6 +219,7 @@ pub struct RegistryBuilder {
     renewal: bool,
     renew_every: Option<Duration>,
     local_handoff_limit: Option<Duration>,
+    local_handoff: bool,
     operation_timeout: Duration,
     connect_timeout: Duration,
     pool_size: u32,
@@ -239,6 +242,7 @@ impl RegistryBuilder {
             renewal: true,
             renew_every: None,
             local_handoff_limit: Some(Duration::from_secs(1)),
+            local_handoff: true,
             operation_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             pool_size: 8,
@@ -319,6 +323,20 @@ impl RegistryBuilder {
     /// (fastest, but other instances can starve under continuous local contention).
     pub fn local_handoff_limit(mut self, limit: Option<Duration>) -> Self {
         self.local_handoff_limit = limit;
+        self
+    }
+
+    /// Whether a release passes the lock straight to a waiting thread of this registry, keeping
+    /// the database grant (and its fencing token). Defaults to `true`: the handoff costs no
+    /// statement, and the local holders of one grant are ordered by this registry's mutex.
+    ///
+    /// With `false` every holder takes the lock from the database and gets a **fencing token of
+    /// its own**, so a resource that refuses tokens below the largest it has seen also refuses a
+    /// late write of the previous *local* holder (with `true` both carry the same token). The
+    /// cost: each handoff between threads is a release and an acquire (two commits instead of
+    /// none), and another instance may take the lock in between.
+    pub fn local_handoff(mut self, enabled: bool) -> Self {
+        self.local_handoff = enabled;
         self
     }
 
@@ -488,6 +506,7 @@ impl RegistryBuilder {
             time_to_live: self.time_to_live,
             idle_between_tries: self.idle_between_tries,
             local_handoff_limit: self.local_handoff_limit,
+            local_handoff: self.local_handoff,
             operation_timeout: self.operation_timeout,
             keeper: KeeperSettings {
                 renew: self.renewal,

@@ -336,6 +336,147 @@ mod suite {
         ));
     }
 
+    pub fn absurd_durations_are_refused_when_building(f: &Fixture) {
+        let setting = |result: leasehold::Result<leasehold::LockRegistry>| match result {
+            Err(Error::InvalidSetting { setting, .. }) => setting,
+            other => panic!("expected a setting error, got {other:?}"),
+        };
+        assert_eq!(
+            setting(f.builder().operation_timeout(Duration::MAX).build()),
+            "operation_timeout"
+        );
+        assert_eq!(
+            setting(f.builder().connect_timeout(Duration::MAX).build()),
+            "connect_timeout"
+        );
+        assert_eq!(
+            setting(f.builder().local_handoff_limit(Some(Duration::MAX)).build()),
+            "local_handoff_limit"
+        );
+        // A renewal period that leaves no time for a second attempt before the lease ends.
+        assert_eq!(
+            setting(
+                f.builder()
+                    .time_to_live(Duration::from_secs(1))
+                    .renew_every(Duration::from_millis(990))
+                    .build()
+            ),
+            "time_to_live"
+        );
+        let registry = f
+            .builder()
+            .time_to_live(Duration::from_secs(1))
+            .renew_every(Duration::from_millis(500))
+            .operation_timeout(leasehold::MAX_TIMEOUT)
+            .build()
+            .unwrap();
+        registry
+            .obtain("fits")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+    }
+
+    pub fn the_holder_gives_up_before_the_database_by_the_drift_allowance(f: &Fixture) {
+        let registry = f.registry();
+        let ttl = Duration::from_secs(10);
+        let guard = registry
+            .obtain("drift")
+            .unwrap()
+            .lock_with_ttl(ttl)
+            .unwrap();
+        let allowance = ttl / 100 + Duration::from_millis(2);
+        assert!(
+            guard.remaining() <= ttl - allowance,
+            "{:?} left of a {ttl:?} lease",
+            guard.remaining()
+        );
+        assert!(guard.remaining() > ttl / 2);
+        guard.unlock().unwrap();
+    }
+
+    pub fn a_nested_acquire_of_a_lost_lease_reports_the_loss(f: &Fixture) {
+        let registry = f
+            .builder()
+            .time_to_live(Duration::from_millis(50))
+            .renewal(false)
+            .build()
+            .unwrap();
+        let lock = registry.obtain("nested").unwrap();
+        let outer = lock.lock().unwrap();
+        thread::sleep(Duration::from_millis(100));
+        match lock.try_lock() {
+            Err(e) => assert!(e.is_lease_lost(), "{e}"),
+            Ok(guard) => panic!(
+                "a nested try_lock on a lost lease returned {:?}",
+                guard.map(|g| g.is_held())
+            ),
+        }
+        assert!(outer.unlock().unwrap_err().is_lease_lost());
+    }
+
+    pub fn without_local_handoff_every_holder_gets_its_own_token(f: &Fixture) {
+        let registry = f.builder().local_handoff(false).build().unwrap();
+        let lock = registry.obtain("own-token").unwrap();
+        let first = lock.lock().unwrap();
+        let first_token = first.fencing_token();
+        let next = {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                let guard = lock.lock().unwrap();
+                let token = guard.fencing_token();
+                guard.unlock().unwrap();
+                token
+            })
+        };
+        let until = Instant::now() + GENEROUS;
+        while lock.queued_threads() == 0 {
+            assert!(Instant::now() < until, "the next thread never queued");
+            thread::sleep(Duration::from_millis(2));
+        }
+        first.unlock().unwrap();
+        let next_token = next.join().unwrap();
+        assert!(next_token > first_token, "{next_token} after {first_token}");
+        let stats = registry.statistics();
+        assert_eq!((stats.grants, stats.releases), (2, 2), "{stats:?}");
+    }
+
+    pub fn a_previous_holders_loss_channel_ends_at_the_handoff(f: &Fixture) {
+        let registry = f
+            .builder()
+            .time_to_live(Duration::from_millis(300))
+            .renewal(false)
+            .build()
+            .unwrap();
+        let lock = registry.obtain("handed").unwrap();
+        let first = lock.lock().unwrap();
+        let first_losses = first.loss_channel();
+        let next = {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                let guard = lock.lock().unwrap();
+                let losses = guard.loss_channel();
+                let lost = losses.recv_timeout(GENEROUS).is_ok();
+                drop(guard);
+                lost
+            })
+        };
+        let until = Instant::now() + GENEROUS;
+        while lock.queued_threads() == 0 {
+            assert!(Instant::now() < until, "the next thread never queued");
+            thread::sleep(Duration::from_millis(2));
+        }
+        first.unlock().unwrap();
+        assert!(next.join().unwrap(), "the next holder's loss was reported");
+        assert_eq!(
+            first_losses.recv_timeout(GENEROUS),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected),
+            "the first holder's channel must end at the handoff, not report the next loss"
+        );
+    }
+
     pub fn bad_input_gets_typed_errors(f: &Fixture) {
         let registry = f.registry();
         assert!(matches!(registry.obtain(""), Err(Error::InvalidKey { .. })));
@@ -538,6 +679,11 @@ macro_rules! conformance {
             loss_channel_disconnects_on_a_normal_release,
             per_call_time_to_live_is_used_for_the_lease,
             bad_input_gets_typed_errors,
+            absurd_durations_are_refused_when_building,
+            the_holder_gives_up_before_the_database_by_the_drift_allowance,
+            a_nested_acquire_of_a_lost_lease_reports_the_loss,
+            a_previous_holders_loss_channel_ends_at_the_handoff,
+            without_local_handoff_every_holder_gets_its_own_token,
             a_missing_table_is_named_with_the_file_to_run,
             regions_do_not_conflict,
             a_custom_statement_that_does_not_fit_is_rejected,

@@ -495,3 +495,147 @@ mod postgres_tables {
 mod mysql_tables {
     crate::suite_for!(crate::common::Db::Mysql; a_table_with_wrong_column_types_is_refused_or_still_excludes);
 }
+
+/// Sequences of operations by two instances on one key — lock with a time-to-live, renew with
+/// another, pause, unlock — checked against a model of what the guarantees allow: never two
+/// holders that both count themselves as holding, a holder's deadline never past what its last
+/// renewal gives, strictly increasing tokens across grants, and every loss reported exactly
+/// once (by the callback) for a lease whose unlock said it was lost. Time-to-lives are short
+/// so that expiries, takeovers and renewals that come too late all happen within a case.
+#[cfg(feature = "sqlite")]
+mod sequences {
+    use leasehold::{LockGuard, LockRegistry};
+    use parking_lot::Mutex;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Lock { instance: usize, ttl_ms: u64 },
+        Renew { instance: usize, ttl_ms: u64 },
+        Pause { ms: u64 },
+        Unlock { instance: usize },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..2usize, 20..200u64).prop_map(|(instance, ttl_ms)| Op::Lock { instance, ttl_ms }),
+            (0..2usize, 20..200u64).prop_map(|(instance, ttl_ms)| Op::Renew { instance, ttl_ms }),
+            (0..60u64).prop_map(|ms| Op::Pause { ms }),
+            (0..2usize).prop_map(|instance| Op::Unlock { instance }),
+        ]
+    }
+
+    /// Loss reports per fencing token, from both registries' callbacks.
+    type Reports = Arc<Mutex<HashMap<u64, usize>>>;
+
+    fn registry(dir: &tempfile::TempDir, create: bool, reports: &Reports) -> LockRegistry {
+        let reports = Arc::clone(reports);
+        LockRegistry::sqlite(dir.path().join("locks.db"))
+            .create_table(create)
+            .idle_between_tries(Duration::from_millis(5))
+            .on_lease_lost(move |event| {
+                *reports.lock().entry(event.fencing_token).or_default() += 1;
+            })
+            .build()
+            .unwrap()
+    }
+
+    fn run(ops: &[Op]) -> Result<(), TestCaseError> {
+        let dir = tempfile::tempdir().unwrap();
+        let reports = Reports::default();
+        let instances = [
+            registry(&dir, true, &reports),
+            registry(&dir, false, &reports),
+        ];
+        let mut held: [Option<LockGuard>; 2] = [None, None];
+        let mut last_token = 0u64;
+        let mut lost_on_unlock = Vec::new();
+        for op in ops {
+            match *op {
+                Op::Lock { instance, ttl_ms } if held[instance].is_none() => {
+                    let lock = instances[instance].obtain("key").unwrap();
+                    let ttl = Duration::from_millis(ttl_ms);
+                    if let Some(guard) = lock.try_lock_with_ttl(ttl).unwrap() {
+                        prop_assert!(guard.is_held());
+                        prop_assert!(
+                            guard.remaining() < ttl,
+                            "{:?} of {ttl:?}",
+                            guard.remaining()
+                        );
+                        prop_assert!(guard.fencing_token() > last_token);
+                        last_token = guard.fencing_token();
+                        held[instance] = Some(guard);
+                    }
+                }
+                Op::Lock { .. } => {}
+                Op::Renew { instance, ttl_ms } => {
+                    if let Some(guard) = &held[instance] {
+                        let ttl = Duration::from_millis(ttl_ms);
+                        if guard.renew_with_ttl(ttl).is_ok() {
+                            prop_assert!(
+                                guard.remaining() < ttl,
+                                "{:?} of {ttl:?}",
+                                guard.remaining()
+                            );
+                        }
+                    }
+                }
+                Op::Pause { ms } => std::thread::sleep(Duration::from_millis(ms)),
+                Op::Unlock { instance } => {
+                    if let Some(guard) = held[instance].take() {
+                        let token = guard.fencing_token();
+                        if let Err(e) = guard.unlock() {
+                            prop_assert!(e.is_lease_lost(), "{e}");
+                            lost_on_unlock.push(token);
+                        }
+                    }
+                }
+            }
+            let holding: Vec<usize> = (0..2)
+                .filter(|&i| held[i].as_ref().is_some_and(|guard| guard.is_held()))
+                .collect();
+            prop_assert!(holding.len() < 2, "two holders after {op:?}");
+            // The model: whoever counts itself as holding excludes the other instance.
+            if let [holder] = holding[..] {
+                let other = 1 - holder;
+                if held[other].is_none() {
+                    let lock = instances[other].obtain("key").unwrap();
+                    let taken = lock.try_lock().unwrap();
+                    let still = held[holder].as_ref().is_some_and(|guard| guard.is_held());
+                    prop_assert!(
+                        !(still && taken.is_some()),
+                        "granted while held, after {op:?}"
+                    );
+                }
+            }
+        }
+        for guard in held.iter_mut() {
+            if let Some(guard) = guard.take() {
+                let token = guard.fencing_token();
+                if guard.unlock().is_err() {
+                    lost_on_unlock.push(token);
+                }
+            }
+        }
+        // Reports are made on the thread that noticed; the last ones may still be in flight.
+        std::thread::sleep(Duration::from_millis(50));
+        let reports = reports.lock();
+        for token in lost_on_unlock {
+            prop_assert_eq!(reports.get(&token).copied(), Some(1), "token {}", token);
+        }
+        prop_assert!(reports.values().all(|&count| count == 1), "{:?}", *reports);
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(super::config(24))]
+
+        #[test]
+        fn operation_sequences_keep_the_guarantees(ops in prop::collection::vec(op(), 1..12)) {
+            run(&ops)?;
+        }
+    }
+}

@@ -570,6 +570,7 @@ impl<B: Backend> Store for SqlStore<B> {
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         self.run(Path::Main, "acquire", deadline, move |conn| {
             let sent_at = Instant::now();
+            fail_point!("backend::acquire_sent");
             counters.acquires.fetch_add(1, Ordering::Relaxed);
             let token = B::acquire(conn, &queries.acquire, &params.borrowed())?;
             if token.is_some() {
@@ -591,6 +592,7 @@ impl<B: Backend> Store for SqlStore<B> {
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         self.run(path, "renew", deadline, move |conn| {
             let sent_at = Instant::now();
+            fail_point!("backend::renew_sent", |_| Err(injected_failure()));
             counters.renewals.fetch_add(1, Ordering::Relaxed);
             let rows = B::update(conn, &queries.renew, &params.borrowed())?;
             Ok((rows > 0).then_some(sent_at))
@@ -646,6 +648,16 @@ impl<B: Backend> Store for SqlStore<B> {
             releases: read(&self.counters.releases),
         }
     }
+}
+
+/// What the fail point `backend::renew_sent` returns when told to `return`: a transient failure.
+#[cfg(feature = "failpoints")]
+fn injected_failure() -> Failure {
+    Failure::new(
+        FailureKind::Transient,
+        "injected by a fail point",
+        "fail point backend::renew_sent",
+    )
 }
 
 /// One attempt on `conn`: on the calling thread when [`Backend::runs_inline`], else

@@ -389,6 +389,7 @@ impl Agent {
 
     /// Looks at the guard: extends the step-down instant after a renewal, or steps down.
     pub(super) fn watch(&mut self) {
+        fail_point!("leader::agent_watch");
         let Some(held) = &self.held else { return };
         let now = Instant::now();
         if !held.guard.is_held() {

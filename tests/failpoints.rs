@@ -1,0 +1,451 @@
+//! Races forced with fail points (feature `failpoints`, part of `--all-features`): each test
+//! pins one interleaving that an outside audit found to break a guarantee (issue 11), instead of
+//! hoping a loop hits the window. The fail point names are listed in `src/lease.rs`.
+//!
+//! Fail points are process-wide, so every test holds a [`fail::FailScenario`], which runs the
+//! tests of this binary one at a time and clears every fail point when it ends. Waits are
+//! bounded generously; the only timing a test relies on is a time-to-live running out.
+
+#![cfg(feature = "failpoints")]
+
+mod common;
+
+use common::{Db, Fixture};
+use crossbeam_channel::{Receiver, Sender};
+use leasehold::{LeaderElection, LeaseLost, LockGuard, LockRegistry, LossReason};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const GENEROUS: Duration = Duration::from_secs(20);
+
+/// Holds the first thread that reaches a fail point until [`Gate::open`]; later threads pass.
+struct Gate {
+    entered: Receiver<()>,
+    open: Sender<()>,
+}
+
+impl Gate {
+    fn first_at(name: &str) -> Gate {
+        let (entered_tx, entered) = crossbeam_channel::unbounded();
+        let (open, open_rx) = crossbeam_channel::unbounded::<()>();
+        let hits = AtomicUsize::new(0);
+        fail::cfg_callback(name, move || {
+            if hits.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = entered_tx.send(());
+                let _ = open_rx.recv_timeout(GENEROUS);
+            }
+        })
+        .unwrap();
+        Gate { entered, open }
+    }
+
+    fn wait_entered(&self) {
+        self.entered
+            .recv_timeout(GENEROUS)
+            .expect("a thread reached the gate");
+    }
+
+    fn open(&self) {
+        let _ = self.open.send(());
+    }
+}
+
+/// Calls `signal` once when a thread reaches the fail point `name`.
+fn on_reaching(name: &str, signal: Sender<()>) {
+    fail::cfg_callback(name, move || {
+        let _ = signal.try_send(());
+    })
+    .unwrap();
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + GENEROUS;
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting until {what}");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The holder may believe it holds only while no other instance can take the lock.
+fn assert_exclusive(guard: &LockGuard, other: &LockRegistry) {
+    let taken = other.obtain(guard.key()).unwrap().try_lock().unwrap();
+    assert!(
+        !(guard.is_held() && taken.is_some()),
+        "two holders: this one counts {:?} more, and another instance was granted the lock",
+        guard.remaining()
+    );
+}
+
+fn sqlite(test: &str) -> Fixture {
+    Fixture::new(Db::Sqlite, test).expect("SQLite is embedded")
+}
+
+/// Finding 1: the keeper renews with the old time-to-live while the holder renews with a longer
+/// one; the keeper's statement runs last. The holder must not count on the longer one.
+#[test]
+fn renewals_with_different_ttls_are_serialised_and_the_holder_never_outlives_the_row() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("serialised_renewals");
+    let holder = f
+        .builder()
+        .time_to_live(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let other = f.registry();
+    // The keeper's first renewal (with 300 ms) stops after its send instant was taken.
+    let keeper = Gate::first_at("backend::renew_sent");
+    let guard = holder.obtain("reorder").unwrap().lock().unwrap();
+    keeper.wait_entered();
+    // Let the keeper go once the manual renewal has run, or waits for the keeper's turn.
+    let (manual_done, manual_done_rx) = crossbeam_channel::bounded(2);
+    on_reaching("lease::renew_waits_for_turn", manual_done.clone());
+    let releaser = thread::spawn(move || {
+        let _ = manual_done_rx.recv_timeout(GENEROUS);
+        keeper.open();
+    });
+    let renewed = guard.renew_with_ttl(Duration::from_secs(60));
+    let _ = manual_done.try_send(());
+    releaser.join().unwrap();
+    wait_until("both renewals ran", || holder.statistics().renewals >= 2);
+    // Past the keeper's 300 ms: if its statement ran last, the row has expired.
+    thread::sleep(Duration::from_millis(600));
+    assert_exclusive(&guard, &other);
+    assert!(renewed.is_ok(), "{renewed:?}");
+    drop(guard);
+    scenario.teardown();
+}
+
+/// Finding 1, variant: a manual renewal with a shorter time-to-live times out for its caller but
+/// runs on the server later (MySQL statements run on statement threads). The holder must count
+/// with it.
+#[test]
+fn a_renewal_that_timed_out_still_bounds_the_holders_deadline() {
+    let scenario = fail::FailScenario::setup();
+    let Some(f) = Fixture::new(Db::Mysql, "timed_out_renewal") else {
+        return;
+    };
+    let holder = f
+        .builder()
+        .time_to_live(Duration::from_secs(60))
+        .operation_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let other = f.registry();
+    let guard = holder.obtain("late").unwrap().lock().unwrap();
+    let statement = Gate::first_at("backend::renew_sent");
+    let renewed = guard.renew_with_ttl(Duration::from_secs(1));
+    assert!(renewed.is_err(), "the renewal was held back: {renewed:?}");
+    statement.wait_entered();
+    let ran_at = Instant::now();
+    statement.open();
+    // The late statement now sets the row to expire a second after it runs.
+    thread::sleep(Duration::from_millis(1500).saturating_sub(ran_at.elapsed()));
+    assert_exclusive(&guard, &other);
+    drop(guard);
+    scenario.teardown();
+}
+
+/// Finding 2: a shorter time-to-live given to a lease whose keeper already sleeps is renewed
+/// on the new schedule.
+#[test]
+fn a_shorter_ttl_given_by_a_manual_renewal_is_renewed_in_time() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("shorter_ttl_manual");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let guard = registry.obtain("shorter").unwrap().lock().unwrap();
+    let losses = guard.loss_channel();
+    wait_until("the keeper renewed once", || {
+        registry.statistics().renewals >= 1
+    });
+    guard.renew_with_ttl(Duration::from_millis(300)).unwrap();
+    thread::sleep(Duration::from_millis(1200));
+    let lost = losses.try_recv();
+    assert!(lost.is_err(), "lost: {lost:?}");
+    assert!(guard.is_held());
+    guard.unlock().unwrap();
+    scenario.teardown();
+}
+
+/// Finding 2, handoff: a thread that asked for a shorter time-to-live gets the lease from a
+/// local holder and keeps it.
+#[test]
+fn a_shorter_ttl_asked_for_by_the_next_local_holder_is_renewed_in_time() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("shorter_ttl_handoff");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let lock = registry.obtain("shorter").unwrap();
+    let first = lock.lock().unwrap();
+    let next = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let guard = lock.lock_with_ttl(Duration::from_millis(300)).unwrap();
+            let losses = guard.loss_channel();
+            thread::sleep(Duration::from_millis(1200));
+            let held = guard.is_held();
+            let lost = losses.try_recv().ok();
+            guard
+                .unlock()
+                .map_err(|e| e.to_string())
+                .and(Ok((held, lost)))
+        })
+    };
+    wait_until("the next thread queues", || lock.queued_threads() == 1);
+    first.unlock().unwrap();
+    let (held, lost) = next.join().unwrap().unwrap();
+    assert!(held && lost.is_none(), "lost after the handoff: {lost:?}");
+    scenario.teardown();
+}
+
+/// Finding 3: a loss callback that panics does not stop the lease clock.
+#[test]
+fn a_panicking_loss_callback_does_not_stop_loss_reports() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("panicking_callback");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_millis(50))
+        .renewal(false)
+        .on_lease_lost(|_| panic!("a callback that panics"))
+        .build()
+        .unwrap();
+    let first = registry.obtain("first").unwrap().lock().unwrap();
+    let first_losses = first.loss_channel();
+    first_losses.recv_timeout(GENEROUS).expect("first loss");
+    let second = registry.obtain("second").unwrap().lock().unwrap();
+    let second_losses = second.loss_channel();
+    let lost = second_losses.recv_timeout(Duration::from_secs(5));
+    assert!(lost.is_ok(), "the second loss was never reported");
+    drop((first, second));
+    scenario.teardown();
+}
+
+/// Finding 4: a loss that happens while a loss channel is being registered still reaches it.
+#[test]
+fn a_loss_during_loss_channel_registration_is_delivered() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("loss_channel_race");
+    let (lost_tx, lost_rx) = crossbeam_channel::unbounded::<LeaseLost>();
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_millis(100))
+        .renewal(false)
+        .on_lease_lost(move |event| {
+            let _ = lost_tx.send(event.clone());
+        })
+        .build()
+        .unwrap();
+    let guard = registry.obtain("race").unwrap().lock().unwrap();
+    // Registration waits (once) until the loss has been reported.
+    let hits = AtomicUsize::new(0);
+    fail::cfg_callback("lease::loss_channel", move || {
+        if hits.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = lost_rx.recv_timeout(GENEROUS);
+        }
+    })
+    .unwrap();
+    let losses = guard.loss_channel();
+    let delivered = losses.recv_timeout(Duration::from_secs(5));
+    assert!(delivered.is_ok(), "loss channel silent: {delivered:?}");
+    drop(guard);
+    scenario.teardown();
+}
+
+/// Finding 5: a panic inside an acquire leaves the key usable by the other threads.
+#[test]
+fn a_panic_inside_an_acquire_does_not_wedge_the_key() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("panic_in_acquire");
+    let registry = f.registry();
+    let lock = registry.obtain("wedge").unwrap();
+    fail::cfg("lock::acquire_before_statement", "1*panic(injected)").unwrap();
+    let panicked = {
+        let lock = lock.clone();
+        thread::spawn(move || lock.lock().map(drop)).join()
+    };
+    assert!(panicked.is_err(), "the fail point should have panicked");
+    let guard = lock
+        .try_lock_for(Duration::from_secs(5))
+        .unwrap()
+        .expect("the key is usable after a panic");
+    guard.unlock().unwrap();
+    let other = f.registry();
+    let taken = other.obtain("wedge").unwrap().try_lock().unwrap();
+    assert!(taken.is_some(), "the lease was left held after the panic");
+    scenario.teardown();
+}
+
+/// Finding 6: a handoff to a thread that asked for another time-to-live returns within the
+/// caller's deadline, even when renewals are slow.
+#[test]
+fn a_handoff_with_another_ttl_returns_within_the_callers_deadline() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("handoff_deadline");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let lock = registry.obtain("deadline").unwrap();
+    let first = lock.lock().unwrap();
+    let next = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let asked = Instant::now();
+            let taken =
+                lock.try_lock_for_with_ttl(Duration::from_millis(300), Duration::from_secs(20));
+            let waited = asked.elapsed();
+            (
+                taken
+                    .map(|guard| guard.is_some())
+                    .map_err(|e| e.to_string()),
+                waited,
+            )
+        })
+    };
+    wait_until("the next thread queues", || lock.queued_threads() == 1);
+    fail::cfg("backend::renew_sent", "sleep(5000)").unwrap();
+    first.unlock().unwrap();
+    let (taken, waited) = next.join().unwrap();
+    assert_eq!(taken, Ok(true));
+    assert!(
+        waited < Duration::from_secs(2),
+        "a 300 ms try returned after {waited:?}"
+    );
+    scenario.teardown();
+}
+
+/// Finding 10: a grant that arrives after its time-to-live ran out is not returned as held.
+#[test]
+fn a_grant_that_arrives_expired_is_not_returned() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("expired_grant");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    fail::cfg("backend::acquire_sent", "1*sleep(300)").unwrap();
+    let guard = registry.obtain("late").unwrap().lock().unwrap();
+    assert!(guard.is_held(), "lock() returned a lease already over");
+    drop(guard);
+    scenario.teardown();
+}
+
+/// Finding 10: the leader's `is_leader()` follows a loss the lease knows of, even before the
+/// election's agent looks.
+#[test]
+fn is_leader_turns_false_as_soon_as_the_lease_is_lost() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("leader_loss");
+    let election = LeaderElection::builder(f.builder(), "group")
+        .lease_duration(Duration::from_secs(3))
+        .lock_keep_alive_period(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let leadership = election.acquire().unwrap();
+    assert!(leadership.is_leader());
+    fail::cfg("leader::agent_watch", "pause").unwrap();
+    // Another holder takes the row over: the next renewal finds it (NotOwner).
+    let db = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+    let changed = db
+        .execute(&format!("UPDATE {} SET CLIENT_ID = 'thief'", f.table()), [])
+        .unwrap();
+    assert_eq!(changed, 1);
+    let until = Instant::now() + Duration::from_secs(2);
+    while leadership.is_leader() && Instant::now() < until {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let still_leader = leadership.is_leader();
+    fail::remove("leader::agent_watch");
+    assert!(
+        !still_leader,
+        "is_leader() stayed true after the lease was lost"
+    );
+    drop(leadership);
+    scenario.teardown();
+}
+
+/// Finding 11: a holder that finds its own lease expired when it unlocks reports the loss once,
+/// to the callback and to its loss channel.
+#[test]
+fn a_loss_found_by_unlock_is_reported_once() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("loss_found_by_unlock");
+    let reports = Arc::new(AtomicUsize::new(0));
+    let registry = {
+        let reports = Arc::clone(&reports);
+        f.builder()
+            .time_to_live(Duration::from_millis(100))
+            .renewal(false)
+            .on_lease_lost(move |_| {
+                reports.fetch_add(1, Ordering::SeqCst);
+            })
+            .build()
+            .unwrap()
+    };
+    // The lease clock is held back, as if it had not run yet.
+    let clock = Gate::first_at("lease::clock_before_expiry");
+    let guard = registry.obtain("paused").unwrap().lock().unwrap();
+    let losses = guard.loss_channel();
+    clock.wait_entered();
+    let unlocked = guard.unlock();
+    assert!(
+        unlocked.as_ref().is_err_and(|e| e.is_lease_lost()),
+        "{unlocked:?}"
+    );
+    clock.open();
+    let event = losses.recv_timeout(Duration::from_secs(5));
+    assert!(
+        matches!(
+            &event,
+            Ok(LeaseLost {
+                reason: LossReason::Expired(_),
+                ..
+            })
+        ),
+        "{event:?}"
+    );
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(reports.load(Ordering::SeqCst), 1, "reported once");
+    scenario.teardown();
+}
+
+/// Finding 12: once granted (by a local handoff), a lock call succeeds even when the renewal
+/// with the caller's time-to-live fails; the lease keeps what the database has.
+#[test]
+fn a_handoff_with_another_ttl_succeeds_even_when_renewals_fail() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("handoff_renewal_fails");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(3))
+        .operation_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let lock = registry.obtain("retune").unwrap();
+    let first = lock.lock().unwrap();
+    let next = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let taken = lock.lock_with_ttl(Duration::from_secs(5));
+            taken
+                .map(|guard| guard.is_held())
+                .map_err(|e| e.to_string())
+        })
+    };
+    wait_until("the next thread queues", || lock.queued_threads() == 1);
+    fail::cfg("backend::renew_sent", "return").unwrap();
+    first.unlock().unwrap();
+    assert_eq!(next.join().unwrap(), Ok(true));
+    scenario.teardown();
+}
