@@ -83,9 +83,16 @@
 //! and shown by [`LockRegistry::statements`]; the DDL is in `sql/`.
 //!
 //! **Time.** Expiry is decided only in SQL, on the database's clock, stored as UTC, so clients'
-//! clocks never matter. A holder considers its lease gone at (instant the last acquire or renew
-//! was *sent*) + time-to-live on its monotonic clock, which is never later than the database's
-//! view.
+//! wall clocks never matter to leasehold. A holder counts its lease as gone at a *deadline* on
+//! its monotonic clock that is never later than the database's expiry: the instant the last
+//! confirmed acquire or renew was *sent* plus its time-to-live, no later than any renewal whose
+//! outcome is unknown (it timed out and may still run) would leave the row, minus a **drift
+//! allowance** of 1 % of the time-to-live plus 2 ms for a database clock that runs fast. Renewals
+//! of one lease never overlap, so they run in the order they were sent. The `lease` module docs
+//! state the invariant and how each statement moves the deadline. Mixed deployments with Spring
+//! Integration are judged on *Spring's* client clock for Spring's own statements: they compare
+//! `EXPIRED_AFTER` with a timestamp the Java client computes, so a Spring host whose clock runs
+//! ahead takes expired-looking rows early.
 //!
 //! **Fencing tokens.** Each grant sets `FENCING_TOKEN = max(previous + 1, database clock in
 //! µs)`. Released rows are kept (marked free), so tokens keep growing across releases,
