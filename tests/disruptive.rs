@@ -343,6 +343,65 @@ fn builder_at(f: &Fixture, url: &str) -> RegistryBuilder {
         .connect_timeout(Duration::from_secs(3))
 }
 
+/// The ids of this process's PostgreSQL release listener threads, found by their name
+/// (`leasehold-listen`, which the kernel cuts to 15 bytes) in `/proc/self/task`.
+#[cfg(feature = "postgres")]
+fn listener_threads() -> std::collections::BTreeSet<String> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Default::default();
+    };
+    tasks
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            name.starts_with("leasehold-list")
+                .then(|| task.file_name().into_string().ok())?
+        })
+        .collect()
+}
+
+/// How many server connections `LISTEN` on the fixture's table now (asked directly, not
+/// through a proxy).
+#[cfg(feature = "postgres")]
+fn listening_backends(f: &Fixture) -> i64 {
+    let mut admin = ::postgres::Client::connect(&server_url(f.db), ::postgres::NoTls).unwrap();
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = $1",
+            &[&format!("LISTEN \"{}\"", f.table().to_ascii_lowercase())],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// Waits up to `bound` for `done`; returns whether it came true.
+#[cfg(feature = "postgres")]
+fn eventually(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let give_up = Instant::now() + bound;
+    while !done() {
+        if Instant::now() >= give_up {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// Makes the fail point `name` freeze `proxy` the first time it is reached; the flag tells
+/// whether it was.
+#[cfg(all(feature = "postgres", feature = "failpoints"))]
+fn freeze_at(proxy: &Proxy, name: &'static str) -> Arc<AtomicBool> {
+    let fired = Arc::new(AtomicBool::new(false));
+    let (flag, shared) = (Arc::clone(&fired), Arc::clone(&proxy.shared));
+    fail::cfg_callback(name, move || {
+        if !flag.swap(true, Ordering::SeqCst) {
+            shared.frozen.store(true, Ordering::SeqCst);
+        }
+    })
+    .unwrap();
+    fired
+}
+
 /// Starting, stopping and restarting the local test servers.
 mod server {
     use super::{Db, GENEROUS};
@@ -717,6 +776,183 @@ mod suite {
         proxy.thaw();
     }
 
+    /// The server stops answering just as `build()` (notifications on, the default) opens the
+    /// release listener's connection, after the pools connected: `build()` still returns within
+    /// `connect_timeout` plus slack, with a working registry whose listener connects in the
+    /// background; once the server answers again, a release wakes a waiter at once (it polls
+    /// only every 30 s).
+    #[cfg(all(feature = "postgres", feature = "failpoints"))]
+    pub fn building_when_the_listener_gets_no_answer_returns_in_time(f: &Fixture) {
+        let _scenario = fail::FailScenario::setup();
+        let mut findings = Findings::default();
+        let proxy = Proxy::to(server_address(f.db));
+        let connect_timeout = Duration::from_secs(2);
+        let builder = builder_at(f, &proxy.url_for(&server_url(f.db)))
+            .notifications(true)
+            .connect_timeout(connect_timeout)
+            .idle_between_tries(Duration::from_secs(30));
+        let fired = freeze_at(&proxy, "postgres::listener_before_connect");
+        let built = within(connect_timeout + SLACK, move || builder.build());
+        fail::remove("postgres::listener_before_connect");
+        assert!(
+            fired.load(Ordering::SeqCst),
+            "build() did not connect a listener"
+        );
+        proxy.thaw();
+        let registry = match built {
+            Ok((Ok(registry), took)) => {
+                println!("build() with a silent listener connection returned in {took:?}");
+                registry
+            }
+            Ok((Err(e), took)) => {
+                findings.check(false, format!("build() failed after {took:?}: {e}"));
+                return findings.assert_none();
+            }
+            Err(waited) => {
+                findings.check(
+                    false,
+                    format!(
+                        "build() with connect_timeout({connect_timeout:?}) still blocked after \
+                         {waited:?} on the listener's connection"
+                    ),
+                );
+                return findings.assert_none();
+            }
+        };
+        let holder = f.registry();
+        let guard = holder.obtain("silent-listener").unwrap().lock().unwrap();
+        let lock = registry.obtain("silent-listener").unwrap();
+        let (granted, got) = crossbeam_channel::bounded(1);
+        thread::spawn(move || {
+            let outcome = lock.try_lock_for(GENEROUS).map(|g| g.map(|g| g.unlock()));
+            let _ = granted.send(format!("{outcome:?}"));
+        });
+        findings.check(
+            eventually(Duration::from_secs(10), || listening_backends(f) == 1),
+            "the listener did not subscribe once the server answered again",
+        );
+        thread::sleep(Duration::from_millis(300));
+        let released = Instant::now();
+        guard.unlock().unwrap();
+        match got.recv_timeout(Duration::from_secs(10)) {
+            Ok(outcome) => {
+                println!(
+                    "waiter: {outcome} {:?} after the release",
+                    released.elapsed()
+                );
+                findings.check(outcome == "Ok(Some(Ok(())))", format!("waiter: {outcome}"));
+            }
+            Err(_) => findings.check(false, "the release did not wake the waiter"),
+        }
+        findings.assert_none();
+    }
+
+    /// The listener's connection freezes while it is subscribed, so its `UNLISTEN` (sent once
+    /// the registry stops waiting) gets no answer: dropping the registry still ends the
+    /// listener thread within one bounded call.
+    #[cfg(feature = "postgres")]
+    pub fn a_listener_frozen_in_unlisten_ends_with_its_registry(f: &Fixture) {
+        frozen_listener_ends_with_its_registry(f, None);
+    }
+
+    /// The server stops answering just as the listener sends `LISTEN`: dropping the registry
+    /// still ends the listener thread within one bounded call.
+    #[cfg(all(feature = "postgres", feature = "failpoints"))]
+    pub fn a_listener_frozen_in_listen_ends_with_its_registry(f: &Fixture) {
+        let _scenario = fail::FailScenario::setup();
+        frozen_listener_ends_with_its_registry(f, Some("postgres::listener_before_listen"));
+    }
+
+    /// A registry through a proxy waits for a lock another instance holds, so its listener
+    /// subscribes; the proxy freezes (at the fail point `freeze_at`, else once the
+    /// subscription shows on the server); the waiter gives up, the registry is dropped, and its
+    /// listener thread must end within `connect_timeout` (the bound of every listener call)
+    /// plus a tick and slack.
+    #[cfg(feature = "postgres")]
+    fn frozen_listener_ends_with_its_registry(f: &Fixture, freeze_at_point: Option<&'static str>) {
+        let mut findings = Findings::default();
+        let proxy = Proxy::to(server_address(f.db));
+        let connect_timeout = Duration::from_secs(2);
+        let before = listener_threads();
+        let registry = builder_at(f, &proxy.url_for(&server_url(f.db)))
+            .connect_timeout(connect_timeout)
+            .operation_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        // A thread names itself once it runs.
+        let mut ours = Vec::new();
+        eventually(Duration::from_secs(2), || {
+            ours = listener_threads().difference(&before).cloned().collect();
+            !ours.is_empty()
+        });
+        assert_eq!(
+            ours.len(),
+            1,
+            "one new thread named leasehold-listen in /proc/self/task: {ours:?}"
+        );
+        let other = f.registry();
+        let holder = Holder::start(&other, "frozen-listener");
+        #[cfg(feature = "failpoints")]
+        let fired = freeze_at_point.map(|name| freeze_at(&proxy, name));
+        #[cfg(not(feature = "failpoints"))]
+        let fired: Option<Arc<AtomicBool>> = freeze_at_point.map(|_| unreachable!());
+        let lock = registry.obtain("frozen-listener").unwrap();
+        let (waited, waiter) = crossbeam_channel::bounded(1);
+        thread::spawn(move || {
+            let outcome = lock
+                .try_lock_for(Duration::from_secs(3))
+                .map(|g| g.is_some());
+            let _ = waited.send(outcome);
+        });
+        match &fired {
+            Some(fired) => assert!(
+                eventually(Duration::from_secs(10), || fired.load(Ordering::SeqCst)),
+                "the listener never reached {freeze_at_point:?}"
+            ),
+            None => {
+                assert!(
+                    eventually(Duration::from_secs(10), || listening_backends(f) == 1),
+                    "the listener did not subscribe"
+                );
+                // Let the answer to LISTEN reach the listener before freezing.
+                thread::sleep(Duration::from_millis(300));
+                proxy.freeze();
+            }
+        }
+        let outcome = waiter.recv_timeout(GENEROUS);
+        findings.check(
+            matches!(outcome, Ok(Err(_) | Ok(false))),
+            format!("the waiter through a frozen proxy: {outcome:?}"),
+        );
+        // Two ticks without a waiter: the listener unsubscribes (or still tries to subscribe).
+        thread::sleep(Duration::from_millis(3500));
+        drop(registry);
+        let dropped = Instant::now();
+        let bound = connect_timeout + Duration::from_secs(1) + SLACK;
+        let ended = eventually(bound, || !listener_threads().contains(&ours[0]));
+        if ended {
+            println!(
+                "the listener thread ended {:?} after the registry",
+                dropped.elapsed()
+            );
+        }
+        findings.check(
+            ended,
+            format!(
+                "the listener thread of a dropped registry (frozen at {}) still runs after \
+                 {:?}",
+                freeze_at_point.unwrap_or("UNLISTEN"),
+                dropped.elapsed()
+            ),
+        );
+        proxy.thaw();
+        match holder.run(HolderCommand::Unlock, GENEROUS) {
+            Ok((outcome, _)) => findings.check(outcome.is_ok(), format!("unlock(): {outcome:?}")),
+            Err(()) => findings.check(false, "unlock() blocked"),
+        }
+        findings.assert_none();
+    }
+
     /// Connections cut again and again: renewals and releases go through on new connections
     /// and the lease is kept.
     pub fn cut_connections_are_replaced_and_the_lease_kept(f: &Fixture) {
@@ -797,6 +1033,14 @@ macro_rules! all_disruptive {
 #[cfg(feature = "postgres")]
 mod postgres {
     all_disruptive!(crate::common::Db::Postgres);
+    disruptive!(crate::common::Db::Postgres;
+        a_listener_frozen_in_unlisten_ends_with_its_registry,
+    );
+    #[cfg(feature = "failpoints")]
+    disruptive!(crate::common::Db::Postgres;
+        building_when_the_listener_gets_no_answer_returns_in_time,
+        a_listener_frozen_in_listen_ends_with_its_registry,
+    );
 }
 
 #[cfg(feature = "mysql")]

@@ -6,7 +6,7 @@
 //! tests of this binary one at a time and clears every fail point when it ends. Waits are
 //! bounded generously; the only timing a test relies on is a time-to-live running out.
 
-#![cfg(feature = "failpoints")]
+#![cfg(all(feature = "failpoints", feature = "sqlite"))]
 
 mod common;
 

@@ -58,6 +58,26 @@
 //! nothing; polling every `idle_between_tries` still covers them. A lost connection is reopened
 //! and subscribed again (every waiter then tries once more, for releases missed meanwhile).
 //!
+//! No listener call waits without a bound:
+//!
+//! - **connect** (TCP and the whole startup handshake) is bounded by the connect timeout (the
+//!   registry's `connect_timeout` unless the URL sets one), exactly like a pooled connection's.
+//!   `build()` opens the listener's first connection; a server that does not answer within
+//!   the timeout costs `build()` that much and does not fail it (the pools, checked just
+//!   before, work): a warning is logged, waiters poll, and the thread connects again when a
+//!   thread of the registry next waits for a lock held elsewhere.
+//! - **`LISTEN`**, **`UNLISTEN`** and the liveness check (an empty query every 30 s while
+//!   subscribed) are each bounded by the same connect timeout.
+//! - **waiting for notifications** lasts one tick (a second) at a time.
+//!
+//! A call that fails or runs out of time drops the connection; the next subscription opens a
+//! new one. After every bounded call the thread (named `leasehold-listen`) checks whether its
+//! registry is gone (the registry's end of the request channel is dropped, or the handler says
+//! stop), so a listener stuck on a silent server or network outlives its registry by one
+//! bounded call at most. Fail points (feature `failpoints`, tests only):
+//! `postgres::listener_before_connect` (every listener connect, the one in `build()`
+//! included), `postgres::listener_before_listen`, `postgres::listener_before_unlisten`.
+//!
 //! # Connections and deadlines
 //!
 //! Pooled connections use the asynchronous `tokio-postgres` client, each on a current-thread
@@ -68,7 +88,9 @@
 //! runtime (where a second runtime cannot be started, and where blocking is a mistake anyway:
 //! use `spawn_blocking`) still works: its statements go to statement threads, its connection
 //! attempts to a short-lived thread, and connection runtimes shut down without blocking when
-//! dropped. The listener uses the `postgres` crate itself: it has no deadlines to keep.
+//! dropped. The release listener's connection is opened the same way, but the listener reads
+//! its socket itself, since notifications arrive between calls; its calls have deadlines too
+//! (see above).
 //!
 //! `columns` resolves the table name with `to_regclass`, exactly as the statements do
 //! (`search_path`, an optional `schema.` and case folding of unquoted names).
@@ -82,16 +104,18 @@ use super::{
     PerStatement, Statements, TableSettings,
 };
 use crate::error::Error;
-use postgres::fallible_iterator::FallibleIterator;
+use std::cell::Cell;
+use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio_postgres::config::Host;
+use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification, Statement};
 
 /// Database "now": UTC wall-clock time without a time zone, fixed for the statement.
 const NOW: &str = "(now() AT TIME ZONE 'UTC')";
@@ -166,21 +190,10 @@ impl PgConn {
     /// Connects; the configuration's connect timeout bounds the whole wait, the startup
     /// handshake included (a server that accepts connections but never answers).
     fn open(config: &Config) -> Result<PgConn, PgConnError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(PgConnError::Runtime)?;
-        let limit = config
-            .get_connect_timeout()
-            .copied()
-            .unwrap_or(DEFAULT_CALL_LIMIT);
-        // The timer must be made inside the runtime, which owns the clock it registers with.
-        let connecting = async { tokio::time::timeout(limit, config.connect(NoTls)).await };
-        let (client, connection) = runtime
-            .block_on(connecting)
-            .map_err(|_| PgConnError::NoAnswer(limit))??;
+        let runtime = connection_runtime()?;
+        let (client, connection) = connect_on(&runtime, config)?;
         Ok(PgConn {
-            runtime: ConnRuntime(Some(runtime)),
+            runtime,
             client,
             driver: Some(Box::pin(connection)),
             statements: PerStatement::new(),
@@ -188,6 +201,39 @@ impl PgConn {
             broken: false,
         })
     }
+}
+
+/// The socket half of a connection, before it is boxed as a [`Driver`] (the listener reads
+/// its messages itself).
+type PgConnection = tokio_postgres::Connection<tokio_postgres::Socket, NoTlsStream>;
+
+/// The current-thread runtime of a new connection.
+fn connection_runtime() -> Result<ConnRuntime, PgConnError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map(|runtime| ConnRuntime(Some(runtime)))
+        .map_err(PgConnError::Runtime)
+}
+
+/// What bounds opening a connection: the configuration's connect timeout (the registry's
+/// `connect_timeout` unless the URL sets one).
+fn connect_limit(config: &Config) -> Duration {
+    config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(DEFAULT_CALL_LIMIT)
+}
+
+/// Connects on `runtime`; [`connect_limit`] bounds the whole wait, the startup handshake
+/// included (a server that accepts connections but never answers).
+fn connect_on(runtime: &Runtime, config: &Config) -> Result<(Client, PgConnection), PgConnError> {
+    let limit = connect_limit(config);
+    // The timer must be made inside the runtime, which owns the clock it registers with.
+    let connecting = async { tokio::time::timeout(limit, config.connect(NoTls)).await };
+    Ok(runtime
+        .block_on(connecting)
+        .map_err(|_| PgConnError::NoAnswer(limit))??)
 }
 
 /// Whether this thread is inside an asynchronous runtime, where a driver cannot block on a
@@ -427,23 +473,39 @@ impl Backend for Postgres {
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
         let listener = Listener {
-            config: manager.config.clone().into(),
+            config: manager.config.clone(),
+            limit: connect_limit(&manager.config),
             channel: channel(&table.table),
             region: table.region.clone(),
             handler,
+            requests,
+            requested: Cell::new(false),
         };
-        // Connect now, so that a listener that cannot work is reported at build().
-        let client = match outside_async(|| listener.config.connect(NoTls)) {
-            Ok(client) => client,
+        // Connect now, so that the first wait subscribes at once; bounded by the connect
+        // timeout like every listener call. The pools work (they were just checked), so a
+        // listener that gets no answer does not fail build(): it connects again when a thread
+        // first waits, and polling covers waiters meanwhile.
+        fail_point!("postgres::listener_before_connect");
+        let conn = match outside_async(|| ListenerConn::open(&listener.config)) {
+            Ok(conn) => Some(conn),
             Err(e) => {
-                log::warn!("PostgreSQL release notifications are off (waiters poll): {e}");
-                return false;
+                log::warn!(
+                    "PostgreSQL release listener not connected ({e}); it tries again when a \
+                     thread waits for a lock, and waiters poll meanwhile"
+                );
+                None
             }
         };
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("leasehold-listen".into())
-            .spawn(move || listener.run(client, requests))
-            .is_ok()
+            .spawn(move || listener.run(conn));
+        match spawned {
+            Ok(_) => true,
+            Err(e) => {
+                log::warn!("PostgreSQL release notifications are off (waiters poll): {e}");
+                false
+            }
+        }
     }
 }
 
@@ -455,11 +517,22 @@ fn channel(table: &str) -> String {
 
 /// The thread that turns release notifications into wake-ups of this registry's pollers,
 /// subscribed only while the registry asks for it (see [`crate::wakeups`]).
+///
+/// Every call it makes on the database — connect, `LISTEN`, `UNLISTEN`, the liveness check —
+/// gives up after `limit`, and a call that fails or gives up drops the connection (the next
+/// subscription opens a new one). After each such call the thread checks whether the registry
+/// is gone, so it outlives its registry by one bounded call at most.
 struct Listener {
-    config: postgres::Config,
+    config: Config,
+    /// The bound of each call: the connect timeout.
+    limit: Duration,
     channel: String,
     region: String,
     handler: ListenerHandler,
+    /// Subscription requests; disconnected once the registry is gone.
+    requests: crossbeam_channel::Receiver<()>,
+    /// A request [`Listener::gone`] took off the channel, still to be served.
+    requested: Cell<bool>,
 }
 
 impl Listener {
@@ -469,29 +542,58 @@ impl Listener {
     const CHECK: Duration = Duration::from_secs(30);
 
     /// Waits for subscription requests and serves each until the registry lets it go; ends
-    /// with the registry.
-    fn run(self, mut client: postgres::Client, requests: crossbeam_channel::Receiver<()>) {
-        while requests.recv().is_ok() {
-            while requests.try_recv().is_ok() {}
-            if !self.subscribe(&mut client) || !self.while_subscribed(&mut client) {
+    /// with the registry. `conn` is the connection opened by `build()`, if it could be.
+    fn run(self, mut conn: Option<ListenerConn>) {
+        while self.requested.take() || self.requests.recv().is_ok() {
+            while self.requests.try_recv().is_ok() {}
+            if !self.subscribe(&mut conn) || !self.while_subscribed(&mut conn) {
                 return;
             }
         }
     }
 
-    /// `LISTEN`s, reconnecting (every `TICK`) until it works; `false` once the registry is
-    /// gone.
-    fn subscribe(&self, client: &mut postgres::Client) -> bool {
+    /// Whether the registry is gone (it held the sending end of `requests`). Never blocks; a
+    /// request found meanwhile is kept for [`Listener::run`].
+    fn gone(&self) -> bool {
+        match self.requests.try_recv() {
+            Ok(()) => {
+                self.requested.set(true);
+                false
+            }
+            Err(crossbeam_channel::TryRecvError::Empty) => false,
+            Err(crossbeam_channel::TryRecvError::Disconnected) => true,
+        }
+    }
+
+    /// `LISTEN`s, (re)connecting first when there is no open connection, and tries again every
+    /// `TICK` until it works; `false` once the registry is gone.
+    fn subscribe(&self, conn: &mut Option<ListenerConn>) -> bool {
         loop {
-            if client.is_closed() {
-                match self.config.connect(NoTls) {
-                    Ok(fresh) => *client = fresh,
+            if conn.as_ref().is_none_or(ListenerConn::is_closed) {
+                *conn = None;
+                fail_point!("postgres::listener_before_connect");
+                match ListenerConn::open(&self.config) {
+                    Ok(fresh) => *conn = Some(fresh),
                     Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
                 }
+                if self.gone() {
+                    return false;
+                }
             }
-            match client.batch_execute(&format!("LISTEN \"{}\"", self.channel)) {
-                Ok(()) => return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop,
-                Err(e) => log::debug!("PostgreSQL release listener could not subscribe: {e}"),
+            if let Some(open) = conn {
+                fail_point!("postgres::listener_before_listen");
+                match open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit) {
+                    Ok(()) => {
+                        return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop
+                    }
+                    Err(e) => {
+                        log::debug!("PostgreSQL release listener could not subscribe: {e}");
+                        *conn = None;
+                    }
+                }
+                if self.gone() {
+                    return false;
+                }
             }
             std::thread::sleep(Self::TICK);
             if (self.handler)(ListenerEvent::Tick) == ListenerReply::Stop {
@@ -502,48 +604,60 @@ impl Listener {
 
     /// Delivers notifications and ticks until the registry says to unsubscribe (`true`) or
     /// is gone (`false`); subscribes again after losing the connection.
-    fn while_subscribed(&self, client: &mut postgres::Client) -> bool {
+    fn while_subscribed(&self, conn: &mut Option<ListenerConn>) -> bool {
         let mut checked = Instant::now();
         loop {
-            if !self.deliver(client) {
+            let Some(open) = conn.as_mut() else {
+                if !self.subscribe(conn) {
+                    return false;
+                }
+                continue;
+            };
+            if !self.deliver(open) {
                 return false;
             }
             match (self.handler)(ListenerEvent::Tick) {
                 ListenerReply::Stop => return false,
                 ListenerReply::Unsubscribe => {
-                    if let Err(e) = client.batch_execute("UNLISTEN *") {
-                        log::debug!("PostgreSQL release listener could not unsubscribe: {e}");
+                    fail_point!("postgres::listener_before_unlisten");
+                    match open.execute("UNLISTEN *", self.limit) {
+                        // Releases seen before UNLISTEN would only cause stale wake-ups later.
+                        Ok(()) => open.pending.clear(),
+                        Err(e) => {
+                            // A closed connection listens no more either.
+                            log::debug!("PostgreSQL release listener could not unsubscribe: {e}");
+                            *conn = None;
+                        }
                     }
-                    // Releases seen before UNLISTEN would only cause stale wake-ups later.
-                    let _ = client.notifications().iter().count();
-                    return true;
+                    return !self.gone();
                 }
                 ListenerReply::Keep => {}
             }
-            let mut lost = client.is_closed();
+            let mut lost = open.is_closed();
             if !lost && checked.elapsed() >= Self::CHECK {
                 checked = Instant::now();
-                lost = client.is_valid(Duration::from_secs(5)).is_err();
+                if let Err(e) = open.execute("", self.limit) {
+                    log::debug!("PostgreSQL release listener lost its connection: {e}");
+                    lost = true;
+                }
+                if self.gone() {
+                    return false;
+                }
             }
-            if lost && !self.subscribe(client) {
-                return false;
+            if lost {
+                *conn = None;
+                if !self.subscribe(conn) {
+                    return false;
+                }
             }
         }
     }
 
     /// Hands the registry the releases that arrive during one `TICK` (less if the connection
-    /// fails); `false` once the registry is gone.
-    fn deliver(&self, client: &mut postgres::Client) -> bool {
+    /// closes); `false` once the registry is gone.
+    fn deliver(&self, conn: &mut ListenerConn) -> bool {
         let until = Instant::now() + Self::TICK;
-        let mut notifications = client.notifications();
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return true;
-            }
-            let Ok(Some(notification)) = notifications.timeout_iter(left).next() else {
-                return true;
-            };
+        while let Some(notification) = conn.next_notification(until) {
             if let Some((lock_key, region)) = notification.payload().split_once(' ') {
                 if region == self.region
                     && (self.handler)(ListenerEvent::Released(lock_key)) == ListenerReply::Stop
@@ -552,7 +666,111 @@ impl Listener {
                 }
             }
         }
+        true
     }
+}
+
+/// The listener's connection: the asynchronous client on a current-thread runtime of its own,
+/// opened like a pooled connection ([`connect_on`]: the connect timeout bounds the handshake),
+/// whose socket the listener reads itself so that notifications are kept. Every wait on it
+/// has a deadline.
+struct ListenerConn {
+    client: Client,
+    /// `None` once the connection has closed.
+    connection: Option<PgConnection>,
+    /// Notifications read while a statement ran, not handed over yet.
+    pending: VecDeque<Notification>,
+    /// Declared last, so dropped after the socket it drives.
+    runtime: ConnRuntime,
+}
+
+impl ListenerConn {
+    fn open(config: &Config) -> Result<ListenerConn, PgConnError> {
+        let runtime = connection_runtime()?;
+        let (client, connection) = connect_on(&runtime, config)?;
+        Ok(ListenerConn {
+            client,
+            connection: Some(connection),
+            pending: VecDeque::new(),
+            runtime,
+        })
+    }
+
+    fn is_closed(&self) -> bool {
+        self.connection.is_none() || self.client.is_closed()
+    }
+
+    /// Runs `sql` (simple query protocol), giving up after `limit`.
+    fn execute(&mut self, sql: &str, limit: Duration) -> Result<(), String> {
+        let mut call = pin!(self.client.batch_execute(sql));
+        let outcome = read_messages(
+            &self.runtime,
+            &mut self.connection,
+            &mut self.pending,
+            Instant::now() + limit,
+            |cx, _, _| call.as_mut().poll(cx),
+        );
+        match outcome {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err(format!("no answer within {limit:?}")),
+        }
+    }
+
+    /// The next notification, waiting until `deadline` at most; `None` at the deadline or once
+    /// the connection has closed.
+    fn next_notification(&mut self, deadline: Instant) -> Option<Notification> {
+        if let Some(notification) = self.pending.pop_front() {
+            return Some(notification);
+        }
+        read_messages(
+            &self.runtime,
+            &mut self.connection,
+            &mut self.pending,
+            deadline,
+            |_, pending, closed| match pending.pop_front() {
+                Some(notification) => Poll::Ready(Some(notification)),
+                None if closed => Poll::Ready(None),
+                None => Poll::Pending,
+            },
+        )
+        .flatten()
+    }
+}
+
+/// Reads the messages of a listener's connection on `runtime` — notifications go to `pending`;
+/// the connection is dropped once it fails or closes — until `ready` (given the pending
+/// notifications and whether the connection has closed) has a result; `None` when `deadline`
+/// passes first.
+fn read_messages<T>(
+    runtime: &Runtime,
+    connection: &mut Option<PgConnection>,
+    pending: &mut VecDeque<Notification>,
+    deadline: Instant,
+    mut ready: impl FnMut(&mut Context<'_>, &mut VecDeque<Notification>, bool) -> Poll<T>,
+) -> Option<T> {
+    let reading = poll_fn(|cx| {
+        while let Some(open) = connection.as_mut() {
+            match open.poll_message(cx) {
+                Poll::Ready(Some(Ok(AsyncMessage::Notification(notification)))) => {
+                    pending.push_back(notification);
+                }
+                Poll::Ready(Some(Ok(AsyncMessage::Notice(notice)))) => {
+                    log::info!("{}: {}", notice.severity(), notice.message());
+                }
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => {
+                    log::debug!("PostgreSQL release listener connection closed: {e}");
+                    *connection = None;
+                }
+                Poll::Ready(None) => *connection = None,
+                Poll::Pending => break,
+            }
+        }
+        ready(cx, pending, connection.is_none())
+    });
+    // The timer must be made inside the runtime, which owns the clock it registers with.
+    runtime.block_on(async { tokio::time::timeout_at(deadline.into(), reading).await.ok() })
 }
 
 /// The values of the statement's parameters: all five (see `PARAM_TYPES`; a statement naming
