@@ -8,7 +8,7 @@
 //! row valid at least until `s + t` (it cannot run before it was sent). The deadline is
 //! computed in one place, [`Bounds`], from every statement that may have run:
 //!
-//! - **Renewals of one lease are serialised** (the keeper and manual renewals take the lease's
+//! - **Renewals of one lease are serialised** (background and manual renewals take the lease's
 //!   *turn* around the statement), so statements whose answer arrived ran in the order they were
 //!   sent, and the last *confirmed* one, sent at `s` with `t`, bounds the row: `s + t`.
 //! - A renewal whose answer never came (timed out, connection broken, any error) **may still
@@ -34,7 +34,7 @@
 //! Crossing the deadline is a loss even when no thread noticed yet: `is_held()` compares
 //! against it directly. **Every loss is reported exactly once** — to the registry's callback and
 //! to the loss channels of the lease's *current* holder — by whichever thread notices first: the
-//! lease clock at the deadline, a keeper or manual renewal that finds another holder, or the
+//! lease clock at the deadline, a background or manual renewal that finds another holder, or the
 //! release of a lease that had expired. A loss is never reported once the lease has been
 //! released normally, and loss channels of a holder that handed the lock to another thread
 //! disconnect at the handoff (its hold ended normally).
@@ -42,27 +42,26 @@
 //! # Threads
 //!
 //! **The lease clock** (one thread per process, [`clock`]) keeps a list of live leases and
-//! wakes at the earliest moment one of them needs attention: its first renewal is due, or its
-//! deadline has passed. A lease whose deadline passes is marked lost right there — even when
-//! its keeper is stuck in a database call that does not return (a frozen connection), so a
-//! loss is never reported later than the moment another instance could take the lock. A lease
-//! whose deadline or renewal moves earlier (a shorter time-to-live) wakes the clock.
+//! wakes at the earliest moment one of them needs attention: its renewal is nearly due, or its
+//! deadline has passed. A lease whose deadline passes is marked lost right there — even when its
+//! renewal is stuck in a database call that does not return (a frozen connection), so a loss is
+//! never reported later than the moment another instance could take the lock. A lease whose
+//! deadline or renewal moves earlier (a shorter time-to-live) wakes the clock.
 //!
-//! **A keeper thread** per lease does the renewing. The clock hands a lease to a keeper when
-//! its first renewal falls due, so a lease released before that (most short critical sections)
-//! never wakes another thread: starting or waking a thread costs more than an SQLite acquire.
-//! From then on the keeper is the lease's own: it waits on the lease's condition variable until
-//! the next renewal (a third of the time-to-live after the last one was sent, unless configured
-//! otherwise; recomputed whenever the lease changes), renews through the registry's renewal
-//! pool, and stops as soon as the lease is releasing, released or lost, or the registry is gone
-//! (it holds only a `Weak` to the store between renewals). Keepers whose lease ended park for a
-//! while and are reused ([`keepers`]). With renewal turned off no keeper is used; the clock
-//! reports the loss at the deadline.
+//! **A renewal thread per registry** ([`Renewer`]) does the renewing. The clock hands it the
+//! leases whose renewal is due within the next eighth of their renewal period (a third of the
+//! time-to-live after the last renewal was sent, unless configured otherwise), so leases due
+//! together are renewed together: one statement per time-to-live and [`MAX_BATCH`] leases, on the
+//! registry's renewal pool. A lease released before its first renewal (most short critical
+//! sections) never reaches it. Each lease keeps its own responsibility: its turn, its deadline,
+//! its loss report; a batch whose answer never comes only bounds the deadlines of its leases
+//! (see above), which are retried and, if their deadlines pass, reported one by one by the
+//! clock. With renewal turned off no renewal runs; the clock reports the loss at the deadline.
 //!
 //! A local handoff to a thread that asked for another time-to-live does not run a statement on
-//! the caller's thread: it records the new time-to-live and asks the keeper to renew now (the
+//! the caller's thread: it records the new time-to-live and asks for a renewal now (the
 //! deadline stays bounded by what the database has). The callback is user code: a panic in it
-//! is caught and logged, so it cannot take the clock or a keeper down.
+//! is caught and logged, so it cannot take the clock or the renewal thread down.
 //!
 //! # Fail points (feature `failpoints`, tests only)
 //!
@@ -70,7 +69,7 @@
 //! |------|-------|
 //! | `lease::renew_waits_for_turn` | a renewal finds another of the same lease in flight |
 //! | `lease::renew_before_statement`, `lease::renew_before_record` | around a renew statement |
-//! | `lease::keeper_before_turn` | a keeper about to renew |
+//! | `lease::renew_batch_before_statement` | the renewal thread about to send a batch |
 //! | `lease::loss_channel` | a holder asks for a loss channel |
 //! | `lease::clock_before_expiry` | the clock about to report leases whose deadline passed |
 //! | `lock::acquire_before_statement`, `lock::release_before_statement` | the poller's acquire, the last holder's release |
@@ -95,11 +94,11 @@ pub struct LeaseLost {
     pub reason: LossReason,
 }
 
-/// Called once per lost lease, on the thread that noticed the loss (a keeper, the lease clock,
+/// Called once per lost lease, on the thread that noticed the loss (the renewal thread, the lease clock,
 /// or a caller). A panic in it is caught and logged.
 pub type LostCallback = Arc<dyn Fn(&LeaseLost) + Send + Sync>;
 
-/// How the keeper thread behaves; copied from the registry settings.
+/// How background renewal behaves; copied from the registry settings.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KeeperSettings {
     /// `false`: never renew, only report the loss at the deadline.
@@ -172,9 +171,16 @@ struct State {
     ttl: Duration,
     /// Counts changes of `ttl`, so a renewal knows whether it carried the latest one.
     ttl_version: u64,
-    /// A holder asked for a new time-to-live that no renewal has carried yet: the keeper
-    /// renews at once.
+    /// A holder asked for a new time-to-live that no renewal has carried yet: renew at once.
     renew_now: bool,
+    /// A renew statement of this lease is in flight (the lease's *turn*): renewals never overlap.
+    renewing: bool,
+    /// Handed to the renewer and not yet renewed.
+    queued: bool,
+    /// After a failed background renewal: not before this instant again.
+    retry_at: Option<Instant>,
+    /// The last background renewal error, reported with a loss at the deadline.
+    last_error: Option<String>,
     lost: Option<LossReason>,
     /// Loss channels of the current holder.
     listeners: Vec<Sender<LeaseLost>>,
@@ -195,22 +201,39 @@ pub(crate) struct Lease {
     pub lock_key: Arc<str>,
     pub token: i64,
     state: Mutex<State>,
-    /// Wakes the keeper when the lease changes (new time-to-live, release, loss).
+    /// Signals changes of the lease: the end of a renewal's turn, release, loss.
     changed: Condvar,
-    /// Held around every renew statement: renewals of one lease never overlap.
-    turn: Mutex<()>,
+    /// Renews this lease in the background; `None` with renewal turned off.
+    renewer: Option<Weak<Renewer>>,
+    settings: KeeperSettings,
     on_lost: Option<LostCallback>,
 }
 
+/// What one renewal found, as recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewed {
+    Yes,
+    NotOwner,
+    Unknown,
+}
+
+/// A renewal that holds the lease's turn; `ttl` and `version` are what it carries.
+struct Turn {
+    ttl: Duration,
+    version: u64,
+    sent_no_earlier_than: Instant,
+}
+
 impl Lease {
-    /// The lease of `grant`, watched by the lease clock (which starts its keeper).
+    /// The lease of `grant`, watched by the lease clock (which hands it to `renewer` when its
+    /// renewal falls due).
     pub fn start(
         key: Arc<str>,
         lock_key: Arc<str>,
         grant: Grant,
         ttl: Duration,
-        store: Weak<dyn Store>,
-        keeper: KeeperSettings,
+        renewer: Option<&Arc<Renewer>>,
+        settings: KeeperSettings,
         on_lost: Option<LostCallback>,
     ) -> Arc<Lease> {
         let Grant { token, sent_at } = grant;
@@ -224,14 +247,19 @@ impl Lease {
                 ttl,
                 ttl_version: 0,
                 renew_now: false,
+                renewing: false,
+                queued: false,
+                retry_at: None,
+                last_error: None,
                 lost: None,
                 listeners: Vec::new(),
             }),
             changed: Condvar::new(),
-            turn: Mutex::new(()),
+            renewer: renewer.filter(|_| settings.renew).map(Arc::downgrade),
+            settings,
             on_lost,
         });
-        clock::watch(&lease, keepers::Job::new(store, keeper));
+        clock::watch(&lease);
         lease
     }
 
@@ -249,10 +277,15 @@ impl Lease {
     /// Why the lease is no longer held, or `None` while it is.
     pub fn loss(&self) -> Option<LossReason> {
         let state = self.state.lock();
+        Self::loss_in(&state)
+    }
+
+    fn loss_in(state: &State) -> Option<LossReason> {
         if let Some(reason) = &state.lost {
             return Some(reason.clone());
         }
-        (Instant::now() >= state.bounds.deadline).then_some(LossReason::Expired(None))
+        (Instant::now() >= state.bounds.deadline)
+            .then(|| LossReason::Expired(state.last_error.clone()))
     }
 
     /// [`loss`](Self::loss), reporting a passed deadline that nobody reported yet.
@@ -270,26 +303,49 @@ impl Lease {
         self.state.lock().ttl
     }
 
-    /// When the next renewal is due under `settings` (never after the deadline).
-    fn renewal_due(state: &State, settings: KeeperSettings) -> Instant {
-        if state.renew_now {
-            return Instant::now();
-        }
+    /// How often this lease is renewed (see `RegistryBuilder::renew_every`).
+    fn renew_every(&self, state: &State) -> Duration {
         let shortest = state
             .bounds
             .unknown_min_ttl
             .map_or(state.ttl, |unknown| unknown.min(state.ttl));
-        let every = settings.renew_every.unwrap_or(shortest / 3);
-        (state.bounds.confirmed_sent + every).min(state.bounds.deadline)
+        self.settings.renew_every.unwrap_or(shortest / 3)
     }
 
-    /// When the lease clock must look at this lease next.
-    fn due(&self, settings: Option<KeeperSettings>) -> Instant {
-        let state = self.state.lock();
-        match settings.filter(|settings| settings.renew) {
-            Some(settings) => Self::renewal_due(&state, settings),
-            None => state.bounds.deadline,
+    /// When the next background renewal is due (never after the deadline).
+    fn renewal_due(&self, state: &State) -> Instant {
+        if state.renew_now {
+            return Instant::now();
         }
+        let due =
+            (state.bounds.confirmed_sent + self.renew_every(state)).min(state.bounds.deadline);
+        state.retry_at.map_or(due, |retry| due.max(retry))
+    }
+
+    /// When the lease clock must look at this lease next: its deadline, or (renewing in the
+    /// background, none in flight) a little before its renewal is due, so that leases due
+    /// within the same window are renewed together.
+    fn clock_due(&self) -> Instant {
+        let state = self.state.lock();
+        let deadline = state.bounds.deadline;
+        if self.renewer.is_none() || state.queued || state.renewing {
+            return deadline;
+        }
+        let early = self.renew_every(&state) / 8;
+        let due = self.renewal_due(&state);
+        due.checked_sub(early).unwrap_or(due).min(deadline)
+    }
+
+    /// Marks the lease queued for background renewal and returns its renewer, unless it is
+    /// already queued or renewing, or renewal is off (or its registry is gone).
+    fn take_for_renewal(&self) -> Option<Arc<Renewer>> {
+        let renewer = self.renewer.as_ref()?.upgrade()?;
+        let mut state = self.state.lock();
+        if state.queued || state.renewing || state.phase != Phase::Held {
+            return None;
+        }
+        state.queued = true;
+        Some(renewer)
     }
 
     /// Released normally or already reported lost: nothing left to watch.
@@ -299,8 +355,8 @@ impl Lease {
     }
 
     /// A holder asks for `ttl` from now on (a local handoff to a thread that asked for another
-    /// time-to-live): the keeper renews with it at once. The deadline does not move until the
-    /// database has the new time-to-live.
+    /// time-to-live): the background renewal runs with it at once. The deadline does not move
+    /// until the database has the new time-to-live.
     pub fn request_ttl(&self, ttl: Duration) {
         let mut state = self.state.lock();
         if state.ttl == ttl {
@@ -310,75 +366,100 @@ impl Lease {
         state.ttl_version += 1;
         state.renew_now = true;
         drop(state);
-        self.changed.notify_all();
         clock::hurry(Instant::now());
     }
 
-    /// Renews, waiting for the lease's turn until `deadline`, and records what may have
-    /// happened. `ttl`: a new time-to-live for this and later renewals (a manual renewal), or
-    /// `None` for the lease's current one (the keeper).
-    pub fn renew(
-        &self,
-        store: &dyn Store,
-        ttl: Option<Duration>,
-        deadline: Instant,
-        path: Path,
-    ) -> Renewal {
-        let started = Instant::now();
-        let turn = match self.turn.try_lock() {
-            Some(turn) => Some(turn),
-            None => {
-                fail_point!("lease::renew_waits_for_turn");
-                self.turn.try_lock_until(deadline)
+    /// Takes the lease's turn (waiting until `deadline` at most, or not at all with `None`);
+    /// `ttl` replaces the lease's time-to-live for this and later renewals.
+    fn take_turn(&self, ttl: Option<Duration>, deadline: Option<Instant>) -> Option<Turn> {
+        let mut state = self.state.lock();
+        if state.renewing {
+            let deadline = deadline?;
+            fail_point!("lease::renew_waits_for_turn");
+            while state.renewing {
+                if self.changed.wait_until(&mut state, deadline).timed_out() && state.renewing {
+                    return None;
+                }
+            }
+        }
+        if let Some(ttl) = ttl.filter(|ttl| *ttl != state.ttl) {
+            state.ttl = ttl;
+            state.ttl_version += 1;
+        }
+        state.renewing = true;
+        Some(Turn {
+            ttl: state.ttl,
+            version: state.ttl_version,
+            sent_no_earlier_than: Instant::now(),
+        })
+    }
+
+    /// Records what a renewal of `turn` found, ends the turn, and reports a loss it found.
+    /// `outcome`: `Ok(Some(sent_at))` renewed, `Ok(None)` not the holder, `Err` unknown (the
+    /// error's text).
+    fn end_turn(&self, turn: &Turn, outcome: Result<Option<Instant>, String>) -> Renewed {
+        let mut state = self.state.lock();
+        state.renewing = false;
+        state.queued = false;
+        let releasing = state.phase != Phase::Held;
+        let earlier_deadline = state.bounds.deadline;
+        if state.ttl_version == turn.version {
+            state.renew_now = false;
+        }
+        let renewed = match outcome {
+            Ok(Some(sent_at)) => {
+                state.bounds.confirmed(sent_at, turn.ttl);
+                state.retry_at = None;
+                state.last_error = None;
+                Renewed::Yes
+            }
+            Ok(None) => Renewed::NotOwner,
+            Err(error) => {
+                state.bounds.unknown(turn.sent_no_earlier_than, turn.ttl);
+                let pause = self.renew_every(&state) / 4;
+                state.retry_at = Some(Instant::now() + pause);
+                state.last_error = Some(error);
+                Renewed::Unknown
             }
         };
-        let Some(turn) = turn else {
+        let moved_earlier = state.bounds.deadline < earlier_deadline;
+        drop(state);
+        self.changed.notify_all();
+        clock::hurry(if moved_earlier {
+            self.deadline()
+        } else {
+            self.clock_due()
+        });
+        if renewed == Renewed::NotOwner && !releasing {
+            self.mark_lost(LossReason::NotOwner);
+        }
+        renewed
+    }
+
+    /// Renews now with `ttl` (a manual renewal on the main path), waiting for a background
+    /// renewal in flight until `deadline`, and records what may have happened.
+    pub fn renew(&self, store: &dyn Store, ttl: Duration, deadline: Instant) -> Renewal {
+        let started = Instant::now();
+        let Some(turn) = self.take_turn(Some(ttl), Some(deadline)) else {
             return Renewal::Failed(Error::Timeout {
                 operation: "renew",
                 waited: started.elapsed(),
                 source: Some("another renewal of this lease was still running".into()),
             });
         };
-        let (ttl, version) = {
-            let mut state = self.state.lock();
-            if let Some(ttl) = ttl.filter(|ttl| *ttl != state.ttl) {
-                state.ttl = ttl;
-                state.ttl_version += 1;
-            }
-            (state.ttl, state.ttl_version)
-        };
-        let sent_no_earlier_than = Instant::now();
         fail_point!("lease::renew_before_statement");
-        let outcome = store.renew(&self.lock_key, self.token, ttl, deadline, path);
+        let outcome = store.renew(&self.lock_key, self.token, turn.ttl, deadline, Path::Main);
         fail_point!("lease::renew_before_record");
-        let mut state = self.state.lock();
-        let releasing = state.phase != Phase::Held;
-        let earlier_deadline = state.bounds.deadline;
-        if state.ttl_version == version {
-            state.renew_now = false;
-        }
-        let renewal = match outcome {
-            Ok(Some(sent_at)) => {
-                state.bounds.confirmed(sent_at, ttl);
-                Renewal::Renewed
-            }
-            Ok(None) => Renewal::NotOwner,
+        match outcome {
+            Ok(renewed) => match self.end_turn(&turn, Ok(renewed)) {
+                Renewed::Yes => Renewal::Renewed,
+                _ => Renewal::NotOwner,
+            },
             Err(e) => {
-                state.bounds.unknown(sent_no_earlier_than, ttl);
+                self.end_turn(&turn, Err(e.to_string()));
                 Renewal::Failed(e)
             }
-        };
-        let deadline = state.bounds.deadline;
-        drop(state);
-        drop(turn);
-        self.changed.notify_all();
-        if deadline < earlier_deadline {
-            clock::hurry(deadline);
         }
-        if matches!(renewal, Renewal::NotOwner) && !releasing {
-            self.mark_lost(LossReason::NotOwner);
-        }
-        renewal
     }
 
     /// Marks the lease lost (once, and not after a normal release) and tells the current
@@ -440,8 +521,8 @@ impl Lease {
         self.state.lock().listeners.clear();
     }
 
-    /// The last holder lets go: the keeper stops, and a loss found from here on (other than by
-    /// the release itself) is not reported. A deadline already passed is reported now.
+    /// The last holder lets go: background renewal stops, and a loss found from here on (other
+    /// than by the release itself) is not reported. A deadline already passed is reported now.
     pub fn begin_release(&self) {
         self.check();
         self.state.lock().phase = Phase::Releasing;
@@ -460,21 +541,6 @@ impl Lease {
         lost
     }
 
-    /// The keeper's wait: `true` when a renewal is due, `false` when the keeper should stop.
-    fn wait_for_renewal(&self, settings: KeeperSettings) -> bool {
-        let mut state = self.state.lock();
-        loop {
-            if state.phase != Phase::Held || state.lost.is_some() {
-                return false;
-            }
-            let due = Self::renewal_due(&state, settings);
-            if Instant::now() >= due {
-                return true;
-            }
-            self.changed.wait_until(&mut state, due);
-        }
-    }
-
     fn event(&self, reason: LossReason) -> LeaseLost {
         LeaseLost {
             key: self.key.to_string(),
@@ -484,117 +550,159 @@ impl Lease {
     }
 }
 
-/// The keeper thread's body (renewal on); see the module docs.
-fn keep(lease: Arc<Lease>, store: Weak<dyn Store>, settings: KeeperSettings) {
-    while lease.wait_for_renewal(settings) {
-        if lease.check().is_some() {
+/// The most leases one renew statement carries.
+pub(crate) const MAX_BATCH: usize = 500;
+
+/// A registry's background renewals: the lease clock hands it the leases whose renewal falls
+/// due, and its thread renews those of one time-to-live together, with one statement per
+/// [`MAX_BATCH`] leases on the renewal pool ([`Store::renew_batch`]). Each lease keeps its own
+/// state, deadline and loss report: a lease the database no longer records as this client's is
+/// reported by itself, and a batch that fails or hangs only bounds the deadlines of its leases,
+/// which the clock reports one by one when they pass.
+///
+/// The thread starts with the first due lease, holds only a `Weak` to the renewer (which the
+/// registry owns) and ends within [`Renewer::IDLE_TICK`] of the registry's drop.
+pub(crate) struct Renewer {
+    store: Weak<dyn Store>,
+    due: Mutex<RenewerState>,
+    wake: Condvar,
+}
+
+struct RenewerState {
+    leases: Vec<Arc<Lease>>,
+    running: bool,
+}
+
+impl Renewer {
+    /// How long the renewal thread waits for work before checking that its registry lives.
+    pub const IDLE_TICK: Duration = Duration::from_secs(1);
+
+    pub fn new(store: Weak<dyn Store>) -> Arc<Renewer> {
+        Arc::new(Renewer {
+            store,
+            due: Mutex::new(RenewerState {
+                leases: Vec::new(),
+                running: false,
+            }),
+            wake: Condvar::new(),
+        })
+    }
+
+    /// Hands over leases whose renewal falls due.
+    fn submit(self: &Arc<Self>, leases: impl IntoIterator<Item = Arc<Lease>>) {
+        let mut due = self.due.lock();
+        due.leases.extend(leases);
+        if due.running {
+            self.wake.notify_one();
             return;
         }
-        let Some(store) = store.upgrade() else { return };
-        fail_point!("lease::keeper_before_turn");
-        let deadline = lease.deadline();
-        match lease.renew(&*store, None, deadline, Path::Renewal) {
-            Renewal::Renewed => {}
-            Renewal::NotOwner => return,
-            // The store retried until the deadline, or the failure is permanent.
-            Renewal::Failed(e) => {
-                if !lease.is_over() {
-                    lease.mark_lost(LossReason::Expired(Some(e.to_string())));
-                }
+        due.running = true;
+        let renewer = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-renew".into())
+            .spawn(move || Renewer::run(renewer));
+        if let Err(e) = spawned {
+            due.running = false;
+            log::error!("could not start the renewal thread: {e}");
+        }
+    }
+
+    fn run(renewer: Weak<Renewer>) {
+        loop {
+            let Some(this) = renewer.upgrade() else {
                 return;
+            };
+            let leases = {
+                let mut due = this.due.lock();
+                if due.leases.is_empty() {
+                    this.wake.wait_for(&mut due, Self::IDLE_TICK);
+                }
+                std::mem::take(&mut due.leases)
+            };
+            if leases.is_empty() {
+                continue;
+            }
+            let Some(store) = this.store.upgrade() else {
+                this.due.lock().running = false;
+                return;
+            };
+            drop(this);
+            renew_together(&*store, leases);
+        }
+    }
+}
+
+/// A lease whose turn the renewal thread holds.
+type Taken = (Arc<Lease>, Turn);
+
+/// Renews `leases` in batches of one time-to-live (see [`Renewer`]).
+fn renew_together(store: &dyn Store, leases: Vec<Arc<Lease>>) {
+    let mut by_ttl: Vec<(Duration, Vec<Taken>)> = Vec::new();
+    for lease in leases {
+        if lease.is_over() {
+            continue;
+        }
+        // A manual renewal in flight has the turn: this lease is due again after it.
+        let Some(turn) = lease.take_turn(None, None) else {
+            lease.state.lock().queued = false;
+            continue;
+        };
+        match by_ttl.iter_mut().find(|(ttl, _)| *ttl == turn.ttl) {
+            Some((_, group)) => group.push((lease, turn)),
+            None => by_ttl.push((turn.ttl, vec![(lease, turn)])),
+        }
+    }
+    for (ttl, group) in by_ttl {
+        let mut group = group.into_iter().peekable();
+        while group.peek().is_some() {
+            let chunk: Vec<Taken> = group.by_ref().take(MAX_BATCH).collect();
+            let deadline = chunk
+                .iter()
+                .map(|(lease, _)| lease.deadline())
+                .min()
+                .expect("a chunk is never empty");
+            let keys: Vec<(&str, i64)> = chunk
+                .iter()
+                .map(|(lease, _)| (&*lease.lock_key, lease.token))
+                .collect();
+            fail_point!("lease::renew_batch_before_statement");
+            let outcome = store.renew_batch(&keys, ttl, deadline);
+            if let Err(e) = &outcome {
+                log::warn!("renewing {} leases failed: {e}", chunk.len());
+            }
+            for (index, (lease, turn)) in chunk.iter().enumerate() {
+                let mine = match &outcome {
+                    Ok((sent_at, renewed)) => Ok(renewed[index].then_some(*sent_at)),
+                    Err(e) => Err(e.to_string()),
+                };
+                lease.end_turn(turn, mine);
             }
         }
     }
 }
 
-/// Keeper threads, reused: a keeper whose lease ended parks for up to
-/// [`keepers::IDLE_LIFETIME`] waiting for the next lease instead of exiting. Each lease being
-/// renewed has a thread of its own; an idle keeper holds no reference to any registry.
-pub(crate) mod keepers {
-    use super::{keep, KeeperSettings, Lease};
-    use crate::backend::Store;
-    use crossbeam_channel::{Receiver, Sender};
-    use std::sync::{Arc, OnceLock, Weak};
-    use std::time::Duration;
-
-    /// How long a keeper thread without a lease waits for one before exiting.
-    pub const IDLE_LIFETIME: Duration = Duration::from_secs(10);
-
-    /// What a keeper needs to look after one lease; held by the clock until renewal is due.
-    pub(crate) struct Job {
-        store: Weak<dyn Store>,
-        pub settings: KeeperSettings,
-    }
-
-    impl Job {
-        pub fn new(store: Weak<dyn Store>, settings: KeeperSettings) -> Job {
-            Job { store, settings }
-        }
-    }
-
-    type Work = (Arc<Lease>, Job);
-
-    /// A rendezvous channel: a send succeeds only when an idle keeper is waiting in `recv`.
-    fn channel() -> &'static (Sender<Work>, Receiver<Work>) {
-        static JOBS: OnceLock<(Sender<Work>, Receiver<Work>)> = OnceLock::new();
-        JOBS.get_or_init(|| crossbeam_channel::bounded(0))
-    }
-
-    /// Runs `job` on an idle keeper thread, or on a new one.
-    pub(crate) fn start(lease: Arc<Lease>, job: Job) {
-        let work = match channel().0.try_send((lease, job)) {
-            Ok(()) => return,
-            Err(refused) => refused.into_inner(),
-        };
-        let key = Arc::clone(&work.0.key);
-        let spawned = std::thread::Builder::new()
-            .name("leasehold-keeper".into())
-            .spawn(move || {
-                let mut work = Some(work);
-                while let Some((lease, job)) = work.take() {
-                    keep(lease, job.store, job.settings);
-                    work = channel().1.recv_timeout(IDLE_LIFETIME).ok();
-                }
-            });
-        if let Err(e) = spawned {
-            log::error!("could not start the keeper thread of {key:?}: {e}");
-        }
-    }
-}
-
-/// The lease clock: one process-wide thread that starts keepers when renewal falls due and
-/// reports leases whose deadline passed (see the module docs).
+/// The lease clock: one process-wide thread that hands leases to their registry's [`Renewer`]
+/// when their renewal falls due, and reports leases whose deadline passed (see the module
+/// docs).
 ///
 /// It holds `Weak` references only. It sleeps until the earliest moment a lease needs it, and
 /// at most [`clock::IDLE_TICK`] at a time; registering a lease, or a lease whose next moment
 /// moves earlier ([`clock::hurry`]), wakes it only when that moment is sooner than its wake-up.
-/// Ended leases are dropped from its list on each scan, and by `watch` when the list doubles.
+/// A lease is handed over an eighth of its renewal period before it is due, so leases due in the
+/// same window travel in one batch. Ended leases are dropped from its list on each scan, and by
+/// `watch` when the list doubles.
 pub(crate) mod clock {
-    use super::keepers::{self, Job};
-    use super::Lease;
+    use super::{Lease, Renewer};
     use crate::error::LossReason;
     use parking_lot::{Condvar, Mutex};
-    use std::sync::{Arc, OnceLock};
+    use std::sync::{Arc, OnceLock, Weak};
     use std::time::{Duration, Instant};
 
     /// The longest the clock sleeps without looking at its list.
     pub const IDLE_TICK: Duration = Duration::from_secs(1);
 
-    /// One watched lease; `job` is `Some` until its keeper has been started.
-    struct Entry {
-        lease: std::sync::Weak<Lease>,
-        job: Option<Job>,
-    }
-
-    impl Entry {
-        /// When the clock must look at this lease next.
-        fn due(&self, lease: &Lease) -> Instant {
-            lease.due(self.job.as_ref().map(|job| job.settings))
-        }
-    }
-
     struct Watched {
-        entries: Vec<Entry>,
+        leases: Vec<Weak<Lease>>,
         next_wake: Option<Instant>,
         running: bool,
         prune_at: usize,
@@ -604,7 +712,7 @@ pub(crate) mod clock {
         static STATE: OnceLock<(Mutex<Watched>, Condvar)> = OnceLock::new();
         STATE.get_or_init(|| {
             let watched = Watched {
-                entries: Vec::new(),
+                leases: Vec::new(),
                 next_wake: None,
                 running: false,
                 prune_at: 64,
@@ -613,21 +721,17 @@ pub(crate) mod clock {
         })
     }
 
-    /// Watches `lease`; its keeper `job` starts when the first renewal is due.
-    pub(crate) fn watch(lease: &Arc<Lease>, job: Job) {
+    /// Watches `lease` until it is released or lost.
+    pub(crate) fn watch(lease: &Arc<Lease>) {
         let (watched, wake) = state();
-        let entry = Entry {
-            lease: Arc::downgrade(lease),
-            job: Some(job),
-        };
-        let due = entry.due(lease);
+        let due = lease.clock_due();
         let mut list = watched.lock();
-        if list.entries.len() >= list.prune_at {
-            list.entries
-                .retain(|entry| entry.lease.upgrade().is_some_and(|lease| !lease.is_over()));
-            list.prune_at = (2 * list.entries.len()).max(64);
+        if list.leases.len() >= list.prune_at {
+            list.leases
+                .retain(|lease| lease.upgrade().is_some_and(|lease| !lease.is_over()));
+            list.prune_at = (2 * list.leases.len()).max(64);
         }
-        list.entries.push(entry);
+        list.leases.push(Arc::downgrade(lease));
         if !list.running {
             list.running = true;
             let started = std::thread::Builder::new()
@@ -658,9 +762,9 @@ pub(crate) mod clock {
             let now = Instant::now();
             let mut next_wake = now + IDLE_TICK;
             let mut expired = Vec::new();
-            let mut keepers_due = Vec::new();
-            list.entries.retain_mut(|entry| {
-                let Some(lease) = entry.lease.upgrade() else {
+            let mut due: Vec<(Arc<Renewer>, Vec<Arc<Lease>>)> = Vec::new();
+            list.leases.retain(|weak| {
+                let Some(lease) = weak.upgrade() else {
                     return false;
                 };
                 if lease.is_over() {
@@ -670,25 +774,29 @@ pub(crate) mod clock {
                     expired.push(lease);
                     return false;
                 }
-                if entry.due(&lease) <= now {
-                    if let Some(job) = entry.job.take() {
-                        keepers_due.push((lease.clone(), job));
+                if lease.clock_due() <= now {
+                    if let Some(renewer) = lease.take_for_renewal() {
+                        match due.iter_mut().find(|(r, _)| Arc::ptr_eq(r, &renewer)) {
+                            Some((_, leases)) => leases.push(Arc::clone(&lease)),
+                            None => due.push((renewer, vec![Arc::clone(&lease)])),
+                        }
                     }
                 }
-                next_wake = next_wake.min(entry.due(&lease));
+                next_wake = next_wake.min(lease.clock_due());
                 true
             });
             list.next_wake = Some(next_wake);
-            if !expired.is_empty() || !keepers_due.is_empty() {
+            if !expired.is_empty() || !due.is_empty() {
                 drop(list);
                 if !expired.is_empty() {
                     fail_point!("lease::clock_before_expiry");
                 }
                 for lease in expired {
-                    lease.mark_lost(LossReason::Expired(None));
+                    let reason = lease.loss().unwrap_or(LossReason::Expired(None));
+                    lease.mark_lost(reason);
                 }
-                for (lease, job) in keepers_due {
-                    keepers::start(lease, job);
+                for (renewer, leases) in due {
+                    renewer.submit(leases);
                 }
                 list = watched.lock();
                 continue;

@@ -38,11 +38,12 @@
 //! # Design at a glance
 //!
 //! ```text
-//!  thread ─┐                          ┌─ lease clock (one per process): starts a keeper when a
-//!  thread ─┼─ Lock ── LockInner ──────┤    lease's first renewal is due; reports expired leases
-//!  thread ─┘  (per key: parking_lot   ├─ keeper thread (one per renewed lease): renew every
-//!              mutex, FIFO queue,     │    TTL/3 through the renewal pool; report loss
-//!              one DB poller)         └─ Store (SqlStore<Backend>): pools, deadlines, retries;
+//!  thread ─┐                          ┌─ lease clock (one per process): hands leases whose
+//!  thread ─┼─ Lock ── LockInner ──────┤    renewal is due to their registry's renewer; reports
+//!  thread ─┘  (per key: parking_lot   │    expired leases
+//!              mutex, FIFO queue,     ├─ renewer (one thread per registry): renews due leases
+//!              one DB poller)         │    together, a statement per batch, on the renewal pool
+//!                                     └─ Store (SqlStore<Backend>): pools, deadlines, retries;
 //!                                          statement threads for MySQL
 //!                                          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
 //!  PostgreSQL only: a listener thread per registry turns release notifications into wake-ups
@@ -54,8 +55,8 @@
 //! | thread | how many | job |
 //! |--------|----------|-----|
 //! | caller | yours | waits in the local queue, or polls the database as the key's one poller |
-//! | lease clock | 1 per process | hands leases to keepers when renewal falls due; marks a lease lost at its deadline even if its keeper is stuck |
-//! | keeper | 1 per lease being renewed (reused) | renews; reports "not the owner" at once |
+//! | lease clock | 1 per process | hands due leases to their registry's renewer; marks a lease lost at its deadline even if its renewal is stuck |
+//! | renewer | 1 per registry that renews (started with its first due lease) | renews due leases in batches; reports "not the owner" per lease at once |
 //! | statement | as many as MySQL statements in flight (reused) | runs a MySQL statement so its caller can give up at its deadline (PostgreSQL calls carry the deadline themselves and run on the caller's thread) |
 //! | listener | 1 per PostgreSQL registry | `LISTEN`s while a local thread waits, and wakes the local poller of a released key |
 //!
@@ -64,7 +65,7 @@
 //! | `registry` | builder, validation, the registry and its shared core |
 //! | `cache` | bounded LRU of per-key state that never evicts a key in use |
 //! | `lock` | the local state machine: queue, poller, instant handoff, `LockGuard` |
-//! | `lease` | one database grant, its deadline, loss reporting, the lease clock and keepers |
+//! | `lease` | one database grant, its deadline, loss reporting, the lease clock and the renewer |
 //! | `backend` | the three statements, the retry loop, pools and statement threads; one file per database |
 //! | `wakeups` | which pollers a release notification wakes, and when the listener subscribes |
 //! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
@@ -75,8 +76,8 @@
 //! (one statement: take the row if absent or expired on the database clock, bump the fencing
 //! token, return it). If the lock is held elsewhere, that thread — the only one per key per
 //! registry — polls again every `idle_between_tries`; other local threads wait on a condition
-//! variable and cost nothing. The keeper thread runs **renew** every third of the
-//! time-to-live. Unlocking with a local thread waiting hands the lease over with **no
+//! variable and cost nothing. The registry's renewal thread runs **renew** every third of the
+//! time-to-live, for all the leases due in the same window at once. Unlocking with a local thread waiting hands the lease over with **no
 //! statement**; otherwise **release** runs. On PostgreSQL the release also notifies, and a
 //! registry whose thread sleeps between polls `LISTEN`s (only while it has such a sleeper) and
 //! wakes that thread at once. The statements are listed per database in the backend modules
@@ -95,10 +96,15 @@
 //! ahead takes expired-looking rows early.
 //!
 //! **Fencing tokens.** Each grant sets `FENCING_TOKEN = max(previous + 1, database clock in
-//! µs)`. Released rows are kept (marked free), so tokens keep growing across releases,
-//! takeovers and restarts; if a row is deleted (a Spring instance releasing it, or manual
-//! cleanup) the next token still exceeds earlier ones unless the database clock went back.
-//! A local handoff keeps the token (see [`LockGuard::fencing_token`]).
+//! µs, floor + 1)` and the tokens of one key strictly increase, on every database and whatever
+//! the clock's resolution or steps. Released rows are kept (marked free), so the next grant
+//! counts up from the row. Rows deleted by others (Spring's `JdbcLockRegistry` on every
+//! unlock, manual cleanup) are remembered by the *deletion floor*: an `AFTER DELETE` trigger
+//! keeps the highest deleted token per region and key prefix in `{prefix}LOCK_FLOOR`
+//! (`sql/<database>_floor.sql`), which deletions can only raise and grants only read.
+//! `create_table(true)` installs it; without it (not installed, or the trigger could not be
+//! created) `build()` logs a warning and a token after a deletion is only as high as the
+//! clock. A local handoff keeps the token (see [`LockGuard::fencing_token`]).
 //!
 //! **What it does not promise.** A lease cannot stop a holder that pauses past its deadline from
 //! acting; only a resource that checks fencing tokens can refuse its late writes. After a

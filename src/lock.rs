@@ -25,22 +25,33 @@
 //! the local holders of one grant are ordered by this mutex, each having released before the
 //! next took over (`local_handoff(false)` turns handoffs off for users who need a token per
 //! holder). The previous holder's loss channels disconnect at the handoff. A thread that asked
-//! for another time-to-live gets the lease as it is and the keeper renews with the new one at
+//! for another time-to-live gets the lease as it is and the renewal thread renews with the new one at
 //! once, so the lock call itself runs no statement and cannot fail after the grant. Handoffs are
 //! bounded by `local_handoff_limit` (default 1 s since the database grant): past it the holder
 //! releases to the database and local waiters hold off for one `idle_between_tries`, so other
 //! instances polling at that interval get their turn.
 //!
 //! **Release to the database** happens when nobody queues (or the limit is reached, or the
-//! lease is no longer held): the lease stops its keeper, reports a deadline already passed,
+//! lease is no longer held): the lease stops its renewals, reports a deadline already passed,
 //! and the **release** statement runs with `db_user` set, so no local thread polls while it is
 //! in flight.
+//!
+//! **Turns** (fairness between instances, `RegistryBuilder::turn_window`). A registry's *turn*
+//! with a key is the time it keeps the key busy without a break long enough for others to
+//! notice: from a grant, through local handoffs and through grants taken again within the turn
+//! gap (the larger of `turn_window` and 2 × `idle_between_tries`) after its own release, and,
+//! on PostgreSQL, continuing the turn of the instance whose release notification woke it (the
+//! notification carries the turn's age). When a turn reaches `local_handoff_limit` and was
+//! contended (a local thread queued, this registry had waited, or it continued another
+//! instance's turn) and had more than one hold, the release ends it: it does not notify, and
+//! every thread of the registry stays away from the key for `turn_window`, so the first poller
+//! of any instance — Spring's included — takes it. A single long hold (a leader's term) releases
+//! normally.
 //!
 //! **Unwinding.** A panic inside an acquire or a release (a bug, or a fail point in tests)
 //! leaves the state as if the call had returned: the thread leaves the queue, stops being the
 //! key's database user, and a grant it had is handed on or released.
 
-use crate::backend::Path;
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, LeaseLost, Renewal};
 use crate::registry::Core;
@@ -73,10 +84,23 @@ struct LocalState {
     queue: VecDeque<ThreadId>,
     /// The thread talking to the database about this key (polling or releasing), if any.
     db_user: Option<ThreadId>,
+    /// When this registry's current turn with the key began: its database grant, or an earlier
+    /// one if it re-took the key quickly after releasing it (see "Turns" in the module docs).
     chain_started: Instant,
+    /// How many holds the current turn has had, counting one for another instance's turn it
+    /// continues: a turn of a single hold, however long, does not end quietly.
+    holds_in_turn: u32,
+    /// Whether anyone else wanted the key during this turn: a local thread queued, this
+    /// registry had to wait for it, or the turn continues another instance's.
+    turn_contended: bool,
+    /// When this registry last released the key to the database.
+    last_released: Option<Instant>,
     yield_until: Option<Instant>,
     /// Set by the release listener: the poller should try again now.
     nudged: bool,
+    /// From the last release notification: when it arrived, and how long the key had been busy
+    /// without a break (another instance's turn, which a grant right after it continues).
+    inherited_turn: Option<(Instant, Duration)>,
     /// When an acquire statement for this key last found it held elsewhere. A waiter that took
     /// over polling from another thread knows from it that the lock was held during its wait.
     refused_at: Option<Instant>,
@@ -104,9 +128,13 @@ impl LockInner {
                 queue: VecDeque::new(),
                 db_user: None,
                 chain_started: Instant::now(),
+                last_released: None,
+                holds_in_turn: 0,
+                turn_contended: false,
                 yield_until: None,
                 refused_at: None,
                 nudged: false,
+                inherited_turn: None,
             }),
             changed: Condvar::new(),
         }
@@ -172,7 +200,7 @@ impl LockInner {
             None => return Ok(None),
         };
         if retune {
-            // Handed over from a holder with another time-to-live: the keeper renews with this
+            // Handed over from a holder with another time-to-live: the renewal thread renews with this
             // one at once; the call itself runs no statement and cannot fail.
             lease.request_ttl(ttl);
         }
@@ -255,14 +283,35 @@ impl LockInner {
                                 Arc::clone(&self.lock_key),
                                 grant,
                                 ttl,
-                                Arc::downgrade(&self.core.store),
+                                Some(&self.core.renewer),
                                 settings.keeper,
                                 self.core.on_lost.clone(),
                             );
                             state.lease = Some(Arc::clone(&lease));
                             state.owner = Some(me);
                             state.depth = 1;
-                            state.chain_started = Instant::now();
+                            let now = Instant::now();
+                            let waited = state.refused_at.is_some_and(|at| at >= waiting_since);
+                            let gap = settings.turn_gap();
+                            let resumed = state
+                                .last_released
+                                .is_some_and(|at| now.duration_since(at) < gap);
+                            let inherited = state
+                                .inherited_turn
+                                .take()
+                                .filter(|(at, _)| now.duration_since(*at) < gap)
+                                .and_then(|(at, age)| at.checked_sub(age));
+                            if let Some(started) = inherited.filter(|_| waited) {
+                                state.chain_started = started;
+                                state.holds_in_turn = 2;
+                                state.turn_contended = true;
+                            } else if waited || !resumed {
+                                state.chain_started = now;
+                                state.holds_in_turn = 1;
+                                state.turn_contended = waited;
+                            } else {
+                                state.holds_in_turn += 1;
+                            }
                             state.yield_until = None;
                             return Ok(Some((lease, false)));
                         }
@@ -332,27 +381,40 @@ impl LockInner {
         }
         state.owner = None;
         let now = Instant::now();
-        let within_limit = self
-            .core
-            .settings
+        let settings = &self.core.settings;
+        state.turn_contended |= !state.queue.is_empty();
+        let turn_over = settings
             .local_handoff_limit
-            .is_none_or(|limit| now.duration_since(state.chain_started) < limit);
-        if self.core.settings.local_handoff && within_limit && lease.is_held() {
+            .is_some_and(|limit| now.duration_since(state.chain_started) >= limit);
+        if settings.local_handoff && !turn_over && lease.is_held() {
             if let Some(next) = state.queue.pop_front() {
                 state.owner = Some(next);
                 state.depth = 1;
+                state.holds_in_turn += 1;
                 lease.handed_over();
                 self.changed.notify_all();
                 return Ok(());
             }
         }
-        if !state.queue.is_empty() && !within_limit {
-            state.yield_until = Some(now + self.core.settings.idle_between_tries);
+        // The end of a long turn: leave the key to other instances for the turn window, without
+        // waking notified waiters, so that instances that only poll get it too. Otherwise the
+        // notified waiters of other instances continue this turn.
+        let window = settings
+            .turn_window
+            .filter(|_| turn_over && state.holds_in_turn > 1 && state.turn_contended);
+        if let Some(window) = window {
+            state.yield_until = Some(now + window);
         }
+        let turn_age = window
+            .is_none()
+            .then(|| now.duration_since(state.chain_started));
+        state.last_released = Some(now);
         state.lease = None;
         state.db_user = Some(me);
         let outcome = MutexGuard::unlocked(&mut state, || {
-            panic::catch_unwind(AssertUnwindSafe(|| self.release_to_database(lease)))
+            panic::catch_unwind(AssertUnwindSafe(|| {
+                self.release_to_database(lease, turn_age)
+            }))
         });
         state.db_user = None;
         self.changed.notify_all();
@@ -360,16 +422,17 @@ impl LockInner {
         outcome.unwrap_or_else(|panic| panic::resume_unwind(panic))
     }
 
-    /// The release statement. A loss known before it (the deadline passed) or found by it (the
-    /// row has another holder) is reported through the lease, once, and returned.
-    fn release_to_database(&self, lease: &Lease) -> Result<()> {
+    /// The release statement (`turn_age`: see [`Store::release`](crate::backend::Store)). A
+    /// loss known before it (the deadline passed) or found by it (the row has another holder) is
+    /// reported through the lease, once, and returned.
+    fn release_to_database(&self, lease: &Lease, turn_age: Option<Duration>) -> Result<()> {
         lease.begin_release();
         let deadline = Instant::now() + self.core.settings.operation_timeout;
         fail_point!("lock::release_before_statement");
         let released = self
             .core
             .store
-            .release(&self.lock_key, lease.token, deadline);
+            .release(&self.lock_key, lease.token, deadline, turn_age);
         if let Ok(false) = released {
             lease.mark_lost(LossReason::NotOwner);
         }
@@ -411,8 +474,13 @@ pub struct Lock {
 
 impl Nudge for LockInner {
     /// Called by the release listener: the lock was released elsewhere, poll now.
-    fn nudge(&self) {
-        self.state.lock().nudged = true;
+    fn nudge(&self, turn_age: Duration) {
+        let mut state = self.state.lock();
+        state.nudged = true;
+        if !turn_age.is_zero() {
+            state.inherited_turn = Some((Instant::now(), turn_age));
+        }
+        drop(state);
         self.changed.notify_all();
     }
 }
@@ -612,10 +680,7 @@ impl LockGuard {
             .lease
             .deadline()
             .min(Instant::now() + core.settings.operation_timeout);
-        match self
-            .lease
-            .renew(&*core.store, Some(ttl), deadline, Path::Main)
-        {
+        match self.lease.renew(&*core.store, ttl, deadline) {
             Renewal::Renewed => Ok(()),
             Renewal::NotOwner => Err(self.lock.lost(LossReason::NotOwner)),
             Renewal::Failed(e) => match self.lease.check() {

@@ -5,7 +5,7 @@ use crate::backend::{
 };
 use crate::cache::HandleCache;
 use crate::error::{Error, Result};
-use crate::lease::{KeeperSettings, LeaseLost, LostCallback};
+use crate::lease::{KeeperSettings, LeaseLost, LostCallback, Renewer};
 use crate::lock::{Lock, LockInner};
 use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
@@ -23,8 +23,9 @@ pub const MAX_IDLE_BETWEEN_TRIES: Duration = Duration::from_secs(3600);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// The longest region accepted, in characters (the column is `VARCHAR(100)`).
 pub const MAX_REGION_CHARS: usize = 100;
-/// The longest table prefix accepted (the table name is the prefix plus `LOCK`).
-pub const MAX_PREFIX_CHARS: usize = 59;
+/// The longest table prefix accepted: the longest name made from it, `{prefix}LOCK_FLOOR` (the
+/// deletion floor beside the table `{prefix}LOCK`), then fits PostgreSQL's 63 characters.
+pub const MAX_PREFIX_CHARS: usize = 53;
 
 /// Settings every lock of a registry reads; validated by the builder.
 #[derive(Clone, Debug)]
@@ -34,11 +35,21 @@ pub(crate) struct Settings {
     pub local_handoff_limit: Option<Duration>,
     /// `false`: every holder takes the lock from the database (a token of its own).
     pub local_handoff: bool,
+    /// How long a registry that ended a long turn leaves the key to other instances.
+    pub turn_window: Option<Duration>,
     pub operation_timeout: Duration,
     pub keeper: KeeperSettings,
 }
 
 impl Settings {
+    /// A release followed by a grant within this gap (with no refusal between) continues the
+    /// registry's turn: pollers of other instances cannot be expected to have noticed the gap.
+    pub fn turn_gap(&self) -> Duration {
+        self.turn_window
+            .unwrap_or_default()
+            .max(self.idle_between_tries * 2)
+    }
+
     pub fn check_ttl(&self, setting: &'static str, ttl: Duration) -> Result<()> {
         if ttl < MIN_TIME_TO_LIVE || ttl > MAX_TIME_TO_LIVE {
             return Err(Error::setting(
@@ -76,6 +87,8 @@ pub(crate) struct Core {
     pub table: String,
     /// Release notifications: which pollers to wake, and when to listen.
     pub wakeups: Wakeups,
+    /// Background renewals of this registry's leases.
+    pub renewer: Arc<Renewer>,
 }
 
 /// Where the lock table lives.
@@ -92,7 +105,7 @@ enum Database {
 ///
 /// Create one per process (or per component) with a builder from [`LockRegistry::sqlite`],
 /// `LockRegistry::postgres` or `LockRegistry::mysql`, share it (it is cheap to clone), and
-/// [`obtain`](Self::obtain) locks by name. Dropping the last clone stops the keeper threads of
+/// [`obtain`](Self::obtain) locks by name. Dropping the last clone stops the renewal of
 /// leases no guard uses; guards still alive keep what they need.
 #[derive(Clone)]
 pub struct LockRegistry {
@@ -220,6 +233,7 @@ pub struct RegistryBuilder {
     renew_every: Option<Duration>,
     local_handoff_limit: Option<Duration>,
     local_handoff: bool,
+    turn_window: Option<Option<Duration>>,
     operation_timeout: Duration,
     connect_timeout: Duration,
     pool_size: u32,
@@ -243,6 +257,7 @@ impl RegistryBuilder {
             renew_every: None,
             local_handoff_limit: Some(Duration::from_secs(1)),
             local_handoff: true,
+            turn_window: None,
             operation_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             pool_size: 8,
@@ -337,6 +352,25 @@ impl RegistryBuilder {
     /// none), and another instance may take the lock in between.
     pub fn local_handoff(mut self, enabled: bool) -> Self {
         self.local_handoff = enabled;
+        self
+    }
+
+    /// How long a registry whose turn with a key ended (it held the key for
+    /// `local_handoff_limit`, through local handoffs or by taking it again at once after each
+    /// release) stays away from that key, so that other instances get it — including those that
+    /// only poll, like Spring Integration's `JdbcLockRegistry` (every 100 ms by default). The
+    /// release that ends a turn does not wake notified waiters (PostgreSQL): everyone polls, on
+    /// equal footing. Defaults to `Some(2 × idle_between_tries)`, which is longer than one poll
+    /// period plus a round trip when other instances poll at the same interval; raise it to
+    /// twice the longest poll period in the fleet. `None` ends a turn with a plain release
+    /// (notified waiters wake, and this registry competes again at once): the fastest, but
+    /// instances that only poll can starve under continuous contention.
+    ///
+    /// The cost: under continuous contention the key is free for up to this long once per
+    /// `local_handoff_limit`, until a poller takes it. Uncontended and ping-pong handoffs
+    /// between instances never end a turn and pay nothing.
+    pub fn turn_window(mut self, window: Option<Duration>) -> Self {
+        self.turn_window = Some(window);
         self
     }
 
@@ -448,7 +482,9 @@ impl RegistryBuilder {
             Database::Mysql(url) => crate::backend::mysql::open(&url, &pool, &table_settings)?,
         };
         let (wakeups, subscription_requests) = Wakeups::new();
+        let renewer = Renewer::new(Arc::downgrade(&store));
         let core = Arc::new(Core {
+            renewer,
             store,
             settings,
             on_lost: self.on_lost,
@@ -507,6 +543,9 @@ impl RegistryBuilder {
             idle_between_tries: self.idle_between_tries,
             local_handoff_limit: self.local_handoff_limit,
             local_handoff: self.local_handoff,
+            turn_window: self
+                .turn_window
+                .unwrap_or(Some(self.idle_between_tries * 2)),
             operation_timeout: self.operation_timeout,
             keeper: KeeperSettings {
                 renew: self.renewal,

@@ -38,7 +38,9 @@ use std::sync::{Arc, Weak};
 
 /// Something a release notification wakes: it should try the database again now.
 pub(crate) trait Nudge: Send + Sync {
-    fn nudge(&self);
+    /// `turn_age`: how long the key had been busy without a break when it was released (zero
+    /// when unknown), so that the next holder continues that turn (see `RegistryBuilder::turn_window`).
+    fn nudge(&self, turn_age: std::time::Duration);
 }
 
 /// The registry's side of release notifications.
@@ -136,16 +138,23 @@ impl Wakeups {
 
     /// What the listener reports; the registry answers what it should do next.
     pub fn handle(&self, event: ListenerEvent<'_>) -> ListenerReply {
+        let mut turn_age = std::time::Duration::ZERO;
         let woken: Vec<Arc<dyn Nudge>> = {
             let mut state = self.state.lock();
             match event {
-                ListenerEvent::Released(lock_key) => state
-                    .pollers
-                    .get(lock_key)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Weak::upgrade)
-                    .collect(),
+                ListenerEvent::Released {
+                    lock_key,
+                    turn_age: age,
+                } => {
+                    turn_age = age;
+                    state
+                        .pollers
+                        .get(lock_key)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Weak::upgrade)
+                        .collect()
+                }
                 ListenerEvent::Subscribed => {
                     state.subscription = Subscription::On;
                     state
@@ -167,7 +176,7 @@ impl Wakeups {
             }
         };
         for poller in woken {
-            poller.nudge();
+            poller.nudge(turn_age);
         }
         ListenerReply::Keep
     }
@@ -182,7 +191,7 @@ mod tests {
     struct Counter(AtomicUsize);
 
     impl Nudge for Counter {
-        fn nudge(&self) {
+        fn nudge(&self, _turn_age: std::time::Duration) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -234,7 +243,10 @@ mod tests {
             ListenerReply::Keep
         );
         assert_eq!((a.count(), b.count()), (1, 1));
-        wakeups.handle(ListenerEvent::Released("a"));
+        wakeups.handle(ListenerEvent::Released {
+            lock_key: "a",
+            turn_age: std::time::Duration::ZERO,
+        });
         assert_eq!(
             (a.count(), b.count()),
             (2, 1),

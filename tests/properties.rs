@@ -338,7 +338,9 @@ mod validation {
                         Err(other) => prop_assert!(false, "unlock with {ttl:?}: {other}"),
                     }
                 }
-                Ok(None) => prop_assert!(false, "the lock is free"),
+                // Likewise a grant of a few milliseconds may arrive after it ran out (or the
+                // row of the previous case's lost lease may not have expired yet): not a grant.
+                Ok(None) => prop_assert!(ttl < Duration::from_secs(1), "the lock is free"),
                 Err(Error::InvalidSetting { .. }) => prop_assert!(!valid, "{ttl:?} refused per call"),
                 Err(other) => prop_assert!(false, "unexpected error {other}"),
             }

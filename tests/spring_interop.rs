@@ -15,6 +15,9 @@
 //! transaction id, no InnoDB row modified), so polling waiters cost the server no disk sync.
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
+#[path = "common/turns.rs"]
+mod turns;
+
 use leasehold::{lock_key_for, Error, LockRegistry, RegistryBuilder};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -115,6 +118,93 @@ fn mutual_exclusion(builder: impl Fn() -> RegistryBuilder, spring: &mut dyn Spri
         "tokens count up across Spring's delete"
     );
     guard.unlock().unwrap();
+}
+
+/// Issue 16: a Spring instance polling every 100 ms gets turns while two leasehold instances
+/// (two threads each, release notifications on) contend for the same key; the leasehold
+/// instances end a turn after `local_handoff_limit` and leave the key free for `turn_window`
+/// without waking their notified waiters. Figures are printed; the bound is asserted loosely.
+fn spring_gets_turns(builder: impl Fn() -> RegistryBuilder, spring: &mut dyn Spring) {
+    use std::sync::Arc;
+    use std::time::Instant;
+    use turns::{contend, Tally, Witness};
+    const RUN: Duration = Duration::from_secs(6);
+    const LIMIT: Duration = Duration::from_millis(300);
+    const SPRING_POLL: Duration = Duration::from_millis(100);
+    let key = format!("turns-{}", uuid::Uuid::new_v4());
+    let witness = Arc::new(Witness::default());
+    let end = Instant::now() + RUN;
+    let registries: Vec<LockRegistry> = (0..2)
+        .map(|_| {
+            builder()
+                .idle_between_tries(SPRING_POLL)
+                .local_handoff_limit(Some(LIMIT))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let window = 2 * SPRING_POLL;
+    let workers: Vec<_> = registries
+        .iter()
+        .flat_map(|registry| {
+            (0..2).map(|_| {
+                let lock = registry.obtain(&key).unwrap();
+                (lock, Arc::clone(&witness))
+            })
+        })
+        .enumerate()
+        .map(|(n, (lock, witness))| {
+            std::thread::spawn(move || {
+                contend(
+                    n as u64 + 1,
+                    end,
+                    &witness,
+                    || Some(lock.lock().unwrap()),
+                    |guard| guard.unlock().unwrap(),
+                )
+            })
+        })
+        .collect();
+    let give_up = end + Duration::from_secs(30);
+    let table = spring.table().to_string();
+    let spring = std::cell::RefCell::new(spring);
+    let spring_tally = contend(
+        99,
+        end,
+        &witness,
+        || loop {
+            if spring.borrow_mut().try_lock(&key) {
+                return Some(());
+            }
+            if Instant::now() > give_up {
+                return None;
+            }
+            std::thread::sleep(SPRING_POLL);
+        },
+        |()| assert_eq!(spring.borrow_mut().unlock(&key), 1),
+    );
+    let leasehold = Tally::merge(workers.into_iter().map(|worker| worker.join().unwrap()));
+    let bound = 2 * (LIMIT + window + 2 * SPRING_POLL);
+    println!(
+        "{}: Spring ran {} sections, longest wait {:?} (bound {bound:?}); leasehold {} sections, \
+         longest wait {:?}",
+        table,
+        spring_tally.sections,
+        spring_tally.longest_wait,
+        leasehold.sections,
+        leasehold.longest_wait
+    );
+    assert_eq!(witness.overlaps.load(Ordering::SeqCst), 0);
+    assert!(
+        spring_tally.longest_wait <= 3 * bound,
+        "Spring waited {:?}",
+        spring_tally.longest_wait
+    );
+    assert!(
+        spring_tally.sections as u32 * 3 * bound >= RUN,
+        "Spring ran {} sections in {RUN:?}",
+        spring_tally.sections
+    );
 }
 
 /// Grant, renew, release, a held try, takeover of an expired lease, tokens counting up.
@@ -329,6 +419,14 @@ macro_rules! shared_tests {
                 racing(&builder);
                 racing_for_each_key(&builder);
             });
+        }
+
+        #[test]
+        fn spring_instances_get_turns_while_leasehold_instances_contend() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |spring| spring_gets_turns(&builder, spring));
         }
 
         #[test]

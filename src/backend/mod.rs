@@ -12,13 +12,34 @@
 //! way on every database:
 //!
 //! - **acquire** (1–4): one statement that takes the row when it is absent or expired on the
-//!   database's clock, bumps `FENCING_TOKEN` to `max(old + 1, database clock in µs)` and returns
-//!   it; it returns no row — and writes nothing — when the lock is held.
+//!   database's clock, sets `FENCING_TOKEN` to `max(old + 1, database clock in µs, floor + 1)`
+//!   (see below) and returns it; it returns no row — and writes nothing — when the lock is held.
 //! - **renew** (1–5): moves `EXPIRED_AFTER` to database-now + TTL where the row still carries
 //!   this client and token and has not expired; one affected row means renewed.
 //! - **release** (1–3, 5): marks the row released (`CLIENT_ID` NULL, `EXPIRED_AFTER` in 1970)
 //!   under the same condition; zero affected rows means the lease had already been lost. The row
 //!   stays, so the next grant's token still counts up from it.
+//!
+//! # The deletion floor
+//!
+//! Others delete rows: Spring Integration on every unlock, operators when cleaning up. A new row
+//! would then start from the database clock alone, which can be at or below the deleted row's
+//! token (SQLite's clock counts milliseconds, and a grant within the tick of the previous one
+//! takes `old + 1`; any clock can be set back). So each database gets a *floor* beside the lock
+//! table (`sql/<database>_floor.sql`): a table `{table}_FLOOR` holding, per `REGION` and per
+//! first two characters of `LOCK_KEY`, the highest token of any deleted row, kept by an
+//! `AFTER DELETE` trigger `…_FLOOR` on the lock table that only raises it (a deletion cannot
+//! lower it, and rows without a token — Spring's own — do not touch it). Acquire reads it (a
+//! primary-key lookup in a small table; it never writes it): every grant's token exceeds every
+//! earlier token of its key, whoever deleted the row in between and whatever the clock did —
+//! as long as nobody rewrites `FENCING_TOKEN` or the floor by hand. Keeping a mark per key
+//! prefix instead of per region means deletions of different keys rarely write the same row.
+//!
+//! `build()` looks for the floor. When it is missing, `create_table(true)` runs the floor file;
+//! if that fails (the trigger needs privileges table creation does not, e.g. MySQL's `TRIGGER`)
+//! or `create_table` is off, the registry logs a warning naming the file to run and falls back
+//! to acquire statements without the floor, whose tokens rise across deletions only while the
+//! clock is ahead of the deleted token.
 
 use crate::error::{DatabaseError, Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +77,7 @@ pub(crate) const COLUMNS: [&str; 6] = [
 /// | 1 | `LOCK_KEY` (the key's UUID, see [`lock_key_for`](crate::lock_key_for)) | text |
 /// | 2 | `REGION` | text |
 /// | 3 | `CLIENT_ID` of this registry | text |
-/// | 4 | time-to-live in microseconds | integer |
+/// | 4 | time-to-live in microseconds (release: how long the key has been busy without a break, or -1 for a release that ends a turn; see [`RegistryBuilder::turn_window`](crate::RegistryBuilder::turn_window)) | integer |
 /// | 5 | fencing token of the lease | integer |
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -166,13 +187,22 @@ pub(crate) trait Backend: Send + Sync + 'static {
     const DDL_FILE: &'static str;
     /// The shipped DDL (`include_str!` of `DDL_FILE`), written for table `INT_LOCK`.
     const DDL: &'static str;
+    /// Path of the shipped DDL of the deletion floor, named in warnings.
+    const FLOOR_DDL_FILE: &'static str;
+    /// The shipped DDL of the deletion floor (`include_str!` of `FLOOR_DDL_FILE`), written for
+    /// table `INT_LOCK`: table `INT_LOCK_FLOOR` and trigger `INT_LOCK_FLOOR`.
+    const FLOOR_DDL: &'static str;
+    /// Whether a trigger's name belongs to its table (PostgreSQL), so it never carries the
+    /// table's schema; elsewhere it is a schema's object, named like the table.
+    const TRIGGER_NAMES_PER_TABLE: bool = false;
     /// The column type of `CREATED_DATE` and `EXPIRED_AFTER` in `DDL`.
     const TIMESTAMP_TYPE: &'static str;
     /// The literal a released row's `EXPIRED_AFTER` holds (1970-01-01).
     const RELEASED_TIMESTAMP: &'static str;
 
-    /// The default statements for `table`.
-    fn default_queries(table: &str) -> Statements;
+    /// The default statements for `table`; with `floor`, acquire reads the deletion floor
+    /// `{table}_FLOOR` (see [`floor_table`]).
+    fn default_queries(table: &str, floor: bool) -> Statements;
 
     /// Runs an acquire statement: `Some(token)` when granted, `None` when held elsewhere.
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure>;
@@ -185,6 +215,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Upper-case column names of `table`; empty when the table does not exist.
     fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure>;
+
+    /// What there is of the deletion floor of `table` (see [`floor_table`], [`floor_trigger`]).
+    fn floor(conn: &mut Conn<Self>, table: &str) -> Result<FloorFound, Failure>;
 
     /// (index name, upper-case column name) for every column of every unique index of `table`.
     fn unique_key_columns(
@@ -223,12 +256,36 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn clock_sql() -> &'static str;
 }
 
+/// What [`Backend::floor`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FloorFound {
+    /// The floor table exists and this user may read it: acquire can take it into account.
+    pub readable: bool,
+    /// The trigger that fills it is on the lock table (as far as this user can see).
+    pub trigger: bool,
+}
+
+/// The deletion floor's table for lock table `table` (schema-qualified like it).
+pub(crate) fn floor_table(table: &str) -> String {
+    format!("{table}_FLOOR")
+}
+
+/// The name of the trigger that fills the deletion floor of `table`, without any schema.
+pub(crate) fn floor_trigger(table: &str) -> String {
+    let bare = table.rsplit('.').next().unwrap_or(table);
+    format!("{bare}_FLOOR")
+}
+
 /// What a release listener reports to its registry (only PostgreSQL has a listener).
 #[derive(Debug, Clone, Copy)]
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum ListenerEvent<'a> {
-    /// The row of this `LOCK_KEY` was released in the registry's region.
-    Released(&'a str),
+    /// The row of this `LOCK_KEY` was released in the registry's region, after the key had
+    /// been busy for `turn_age` without a break.
+    Released {
+        lock_key: &'a str,
+        turn_age: Duration,
+    },
     /// The subscription took effect (first time, or again after a reconnect).
     Subscribed,
     /// About a second passed while subscribed.
@@ -277,8 +334,35 @@ pub(crate) trait Store: Send + Sync {
         deadline: Instant,
         path: Path,
     ) -> Result<Option<Instant>>;
-    /// Releases; `Ok(false)` when the lease had already been lost.
-    fn release(&self, lock_key: &str, token: i64, deadline: Instant) -> Result<bool>;
+    /// Renews many leases of one time-to-live together, on the renewal path: `leases` are
+    /// (`LOCK_KEY`, fencing token) pairs. `Ok((sent_at, renewed))` with `renewed[i]` telling
+    /// whether lease `i` is still this client's (`false`: not the holder, as `renew`'s `None`);
+    /// `Err` when the outcome is unknown for all of them. The default runs `renew` per lease
+    /// (the send instant is then the first one's, which is the earliest and so the safe one).
+    fn renew_batch(
+        &self,
+        leases: &[(&str, i64)],
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<(Instant, Vec<bool>)> {
+        let started = Instant::now();
+        let mut renewed = Vec::with_capacity(leases.len());
+        for (lock_key, token) in leases {
+            let outcome = self.renew(lock_key, *token, ttl, deadline, Path::Renewal)?;
+            renewed.push(outcome.is_some());
+        }
+        Ok((started, renewed))
+    }
+    /// Releases; `Ok(false)` when the lease had already been lost. `turn_age`: how long the key
+    /// has been busy without a break, which notified waiters continue; `None` for a release
+    /// that ends a turn, which wakes nobody (parameter 4: the age in µs, or -1).
+    fn release(
+        &self,
+        lock_key: &str,
+        token: i64,
+        deadline: Instant,
+        turn_age: Option<Duration>,
+    ) -> Result<bool>;
     /// `SQLite`, `PostgreSQL`, `MySQL`.
     fn backend_name(&self) -> &'static str;
     /// The statements this store runs.
@@ -409,16 +493,11 @@ impl<B: Backend> SqlStore<B> {
         };
         let renewal_pool = build(manager.clone(), 2)?;
         let main = build(manager.clone(), pool.pool_size)?;
-        let defaults = B::default_queries(&table.table);
-        let queries = Statements {
-            acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
-            renew: table.custom.renew.clone().unwrap_or(defaults.renew),
-            release: table.custom.release.clone().unwrap_or(defaults.release),
-        };
-        let store = SqlStore {
+        let mut store = SqlStore {
             pool: main,
             renewal_pool,
-            queries: Arc::new(queries),
+            // Chosen once the table has been checked (whether acquire can read the floor).
+            queries: Arc::default(),
             region: table.region.as_str().into(),
             client_id: table.client_id.as_str().into(),
             counters: Arc::default(),
@@ -443,8 +522,73 @@ impl<B: Backend> SqlStore<B> {
             B::unique_key_columns(conn, &name)
         })?;
         check_primary_key(&table.table, &unique)?;
+        let floor = store.check_floor(table, deadline)?;
+        let defaults = B::default_queries(&table.table, floor);
+        store.queries = Arc::new(Statements {
+            acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
+            renew: table.custom.renew.clone().unwrap_or(defaults.renew),
+            release: table.custom.release.clone().unwrap_or(defaults.release),
+        });
         store.check_custom(&table.custom, deadline)?;
         Ok(store)
+    }
+
+    /// Looks for the deletion floor (module docs), runs its DDL when it is missing and the
+    /// registry may create tables, and returns whether acquire can read it. A floor that is
+    /// missing, or that the DDL could not complete, is logged as a warning: the locks work
+    /// without it.
+    fn check_floor(&self, table: &TableSettings, deadline: Instant) -> Result<bool> {
+        let look = |store: &Self| {
+            let name = table.table.clone();
+            store.run(Path::Main, "check table", deadline, move |conn| {
+                B::floor(conn, &name)
+            })
+        };
+        let mut found = look(self)?;
+        let complete = FloorFound {
+            readable: true,
+            trigger: true,
+        };
+        if found != complete && table.create_table {
+            let ddl = floor_ddl_for::<B>(&table.table);
+            let created = self.run(
+                Path::Main,
+                "create the deletion floor",
+                deadline,
+                move |conn| B::execute_batch(conn, &ddl),
+            );
+            if let Err(e) = created {
+                log::warn!(
+                    "could not create the deletion floor of {} from {}: {e}",
+                    table.table,
+                    B::FLOOR_DDL_FILE
+                );
+            }
+            found = look(self)?;
+        }
+        if found != complete {
+            let missing = if found.readable {
+                format!(
+                    "trigger {} was not found on it, or this user cannot see it",
+                    floor_trigger(&table.table)
+                )
+            } else {
+                format!(
+                    "table {} is missing or this user may not read it",
+                    floor_table(&table.table)
+                )
+            };
+            log::warn!(
+                "lock table {table}: the deletion floor is incomplete ({missing}). Until {file} \
+                 (with INT_ replaced by the prefix) has been run, or a registry has been built \
+                 with create_table(true) by a user allowed to create triggers, a key whose row \
+                 is deleted (Spring Integration's unlock, manual cleanup) may be granted a \
+                 fencing token no greater than before the deletion.",
+                table = table.table,
+                file = B::FLOOR_DDL_FILE,
+            );
+        }
+        Ok(found.readable)
     }
 
     fn check_custom(&self, custom: &CustomQueries, deadline: Instant) -> Result<()> {
@@ -599,8 +743,17 @@ impl<B: Backend> Store for SqlStore<B> {
         })
     }
 
-    fn release(&self, lock_key: &str, token: i64, deadline: Instant) -> Result<bool> {
-        let params = self.params(lock_key, Duration::ZERO, token);
+    fn release(
+        &self,
+        lock_key: &str,
+        token: i64,
+        deadline: Instant,
+        turn_age: Option<Duration>,
+    ) -> Result<bool> {
+        let mut params = self.params(lock_key, turn_age.unwrap_or_default(), token);
+        if turn_age.is_none() {
+            params.ttl_micros = -1;
+        }
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         self.run(Path::Main, "release", deadline, move |conn| {
             counters.releases.fetch_add(1, Ordering::Relaxed);
@@ -807,11 +960,28 @@ pub(crate) fn first_connection(
 
 /// The shipped DDL with `INT_LOCK` renamed to `table`.
 pub(crate) fn ddl_for<B: Backend>(table: &str) -> String {
+    rename::<B>(B::DDL, table)
+}
+
+/// The shipped DDL of the deletion floor with `INT_LOCK` renamed to `table`.
+pub(crate) fn floor_ddl_for<B: Backend>(table: &str) -> String {
+    rename::<B>(B::FLOOR_DDL, table)
+}
+
+/// `ddl` (written for `INT_LOCK`) with `INT_LOCK` renamed to `table`.
+fn rename<B: Backend>(ddl: &str, table: &str) -> String {
     // A constraint name cannot carry the table's schema: `schema.X_LOCK` names its key X_LOCK_PK.
     let bare = table.rsplit('.').next().unwrap_or(table);
-    B::DDL
-        .replace("INT_LOCK_PK", &format!("{bare}_PK"))
-        .replace("INT_LOCK", table)
+    let mut ddl = ddl.replace("INT_LOCK_PK", &format!("{bare}_PK"));
+    if B::TRIGGER_NAMES_PER_TABLE {
+        for lead in ["TRIGGER ", "TRIGGER IF EXISTS "] {
+            ddl = ddl.replace(
+                &format!("{lead}INT_LOCK_FLOOR"),
+                &format!("{lead}{}", floor_trigger(table)),
+            );
+        }
+    }
+    ddl.replace("INT_LOCK", table)
 }
 
 /// The table must have a unique index on exactly (LOCK_KEY, REGION): the acquire statements

@@ -28,17 +28,25 @@
 //! # The statements
 //!
 //! - **acquire** is one statement, one round trip:
-//!   `INSERT … VALUES (…, LAST_INSERT_ID(clock µs)) ON DUPLICATE KEY UPDATE` with every
-//!   column set to `IF(EXPIRED_AFTER < now, new value, old value)`. `EXPIRED_AFTER` is assigned
-//!   last, because MySQL evaluates the assignments left to right and later ones see earlier
-//!   results. The token travels back in the OK packet's insert id: `LAST_INSERT_ID(expr)` makes
-//!   the server report `expr`, so the insert reports the clock, a takeover reports
-//!   `LAST_INSERT_ID(GREATEST(FENCING_TOKEN + 1, clock µs))`, and a held lock evaluates
+//!   `INSERT … VALUES (…, LAST_INSERT_ID(GREATEST(clock µs, floor + 1))) ON DUPLICATE KEY
+//!   UPDATE` with every column set to `IF(EXPIRED_AFTER < now, new value, old value)`, where
+//!   floor is the deletion floor's mark for the key (0 if none; see [`super`]).
+//!   `EXPIRED_AFTER` is assigned last, because MySQL evaluates the assignments left to right
+//!   and later ones see earlier results. The token travels back in the OK packet's insert id:
+//!   `LAST_INSERT_ID(expr)` makes the server report `expr`, so the insert reports its token, a
+//!   takeover reports `LAST_INSERT_ID(GREATEST(FENCING_TOKEN + 1, clock µs, floor + 1))`, and a
+//!   held lock evaluates
 //!   `FENCING_TOKEN + LAST_INSERT_ID(0)` — the token unchanged, the reported id 0. A non-zero id
 //!   therefore means granted (tokens are never 0). When the lock is held the row is set to its
 //!   own values, which InnoDB skips: no redo, no sync. Two acquirers of one key serialize on
 //!   the row (or on the duplicate key); the second sees the first's new `EXPIRED_AFTER` and
 //!   changes nothing. A deadlock victim (1213) is retried.
+//!   Reading the floor is a primary-key lookup that, as every read inside an `INSERT` under
+//!   `REPEATABLE READ`, share-locks the floor's row (or the gap where it would be) until the
+//!   statement ends: acquires do not block each other, a deletion of a key with the same first
+//!   two characters waits for them and they for it (until its commit), and the rare deadlock
+//!   of an acquire with such a deletion is retried. It also means an acquire always sees the
+//!   deletions committed before it.
 //!   A replacement acquire statement may return the token this way too (it then counts as
 //!   returning one column when it is checked: its text must contain `LAST_INSERT_ID(`), or as
 //!   a one-column row.
@@ -69,7 +77,7 @@
 //! a statement thread on a silent server, and of a connection attempt that was accepted but is
 //! never answered.
 
-use super::{Backend, Conn, Failure, FailureKind, Params, PerStatement, Statements};
+use super::{Backend, Conn, Failure, FailureKind, FloorFound, Params, PerStatement, Statements};
 use crate::error::Error;
 use mysql::consts::CapabilityFlags;
 use mysql::prelude::Queryable;
@@ -261,18 +269,33 @@ impl Backend for Mysql {
     const NAME: &'static str = "MySQL";
     const DDL_FILE: &'static str = "sql/mysql.sql";
     const DDL: &'static str = include_str!("../../sql/mysql.sql");
+    const FLOOR_DDL_FILE: &'static str = "sql/mysql_floor.sql";
+    const FLOOR_DDL: &'static str = include_str!("../../sql/mysql_floor.sql");
     const TIMESTAMP_TYPE: &'static str = "DATETIME(6)";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str) -> Statements {
+    fn default_queries(table: &str, floor: bool) -> Statements {
         let expired = format!("EXPIRED_AFTER < {NOW}");
+        // The lower bounds of a token besides old + 1: the clock, and above the floor; a new
+        // row's token is the greatest of them.
+        let (bounds, first_token) = if floor {
+            let bounds = format!(
+                "{CLOCK_MICROS}, IFNULL((SELECT FENCING_TOKEN FROM {floor_table} \
+                 WHERE REGION = :region AND KEY_PREFIX = LEFT(:lock_key, 2)), 0) + 1",
+                floor_table = super::floor_table(table)
+            );
+            let first_token = format!("GREATEST({bounds})");
+            (bounds, first_token)
+        } else {
+            (CLOCK_MICROS.to_string(), CLOCK_MICROS.to_string())
+        };
         Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
                  FENCING_TOKEN) VALUES (:lock_key, :region, :client_id, {NOW}, {NOW_PLUS_TTL}, \
-                 LAST_INSERT_ID({CLOCK_MICROS})) ON DUPLICATE KEY UPDATE \
+                 LAST_INSERT_ID({first_token})) ON DUPLICATE KEY UPDATE \
                  FENCING_TOKEN = IF({expired}, \
-                 LAST_INSERT_ID(GREATEST(FENCING_TOKEN + 1, {CLOCK_MICROS})), \
+                 LAST_INSERT_ID(GREATEST(FENCING_TOKEN + 1, {bounds})), \
                  FENCING_TOKEN + LAST_INSERT_ID(0)), \
                  CLIENT_ID = IF({expired}, :client_id, CLIENT_ID), \
                  CREATED_DATE = IF({expired}, {NOW}, CREATED_DATE), \
@@ -329,13 +352,25 @@ impl Backend for Mysql {
     }
 
     fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
-        let mut result = conn.conn.query_iter(sql).map_err(classify)?;
-        while let Some(set) = result.iter() {
-            for row in set {
-                row.map_err(classify)?;
+        let run = |conn: &mut Conn<Self>| -> Result<(), mysql::Error> {
+            let mut result = conn.conn.query_iter(sql)?;
+            while let Some(set) = result.iter() {
+                for row in set {
+                    row?;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        };
+        run(conn).map_err(|error| {
+            // Two registries creating the floor's trigger at once: the loser finds it made
+            // (1359) between its DROP and its CREATE; running the batch again replaces it.
+            let created_meanwhile = matches!(&error, mysql::Error::MySqlError(e) if e.code == 1359);
+            let mut failure = classify(error);
+            if created_meanwhile {
+                failure.kind = FailureKind::Transient;
+            }
+            failure
+        })
     }
 
     fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure> {
@@ -351,6 +386,40 @@ impl Backend for Mysql {
                 (schema, name),
             )
             .map_err(classify)
+    }
+
+    fn floor(conn: &mut Conn<Self>, table: &str) -> Result<FloorFound, Failure> {
+        let (schema, name) = match table.split_once('.') {
+            Some((schema, name)) => (Value::from(schema), name),
+            None => (Value::NULL, table),
+        };
+        // Lists only triggers of tables this user has the TRIGGER privilege on.
+        let triggers: Option<i64> = conn
+            .conn
+            .exec_first(
+                "SELECT COUNT(*) FROM information_schema.TRIGGERS \
+                 WHERE EVENT_OBJECT_SCHEMA = COALESCE(?, DATABASE()) AND EVENT_OBJECT_TABLE = ? \
+                 AND UPPER(TRIGGER_NAME) = UPPER(?)",
+                (schema, name, super::floor_trigger(table)),
+            )
+            .map_err(classify)?;
+        // Readable: what acquire reads, without rows; no such table (1146) or column (1054),
+        // or no SELECT privilege (1142, 1143) means not.
+        let probe = format!(
+            "SELECT FENCING_TOKEN FROM {} WHERE 1 = 0",
+            super::floor_table(table)
+        );
+        let readable = match conn.conn.query_drop(probe) {
+            Ok(()) => true,
+            Err(mysql::Error::MySqlError(e)) if matches!(e.code, 1054 | 1142 | 1143 | 1146) => {
+                false
+            }
+            Err(e) => return Err(classify(e)),
+        };
+        Ok(FloorFound {
+            readable,
+            trigger: triggers.unwrap_or(0) > 0,
+        })
     }
 
     fn unique_key_columns(

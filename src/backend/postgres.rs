@@ -30,7 +30,12 @@
 //!   against the new version, finds it live and then conflicts in the `INSERT`; two acquirers of
 //!   an absent key race in the `INSERT`, where the loser waits for the winner and then does
 //!   nothing. Neither sees a duplicate-key error. The new token is
-//!   `GREATEST(FENCING_TOKEN + 1, clock µs)`, or the clock alone for a new row.
+//!   `GREATEST(FENCING_TOKEN + 1, clock µs, floor + 1)`, or `GREATEST(clock µs, floor + 1)` for
+//!   a new row, where floor is the deletion floor's mark for the key (0 if none; see
+//!   [`super`]), read in the statement's snapshot — which is why the `INSERT` also requires
+//!   that snapshot to have no row: a row deleted while the statement ran (its deletion not yet
+//!   in the snapshot's floor) makes the try report "held", and the next try sees both. The
+//!   floor is a primary-key lookup; a try that finds the lock held does not read it.
 //! - **renew** moves `EXPIRED_AFTER` to now + `$4` µs where key, region, client and token match
 //!   and the lease has not expired; durable (default `synchronous_commit`).
 //! - **release** sets `CLIENT_ID = NULL, EXPIRED_AFTER = 1970` under the same condition, in a
@@ -38,10 +43,12 @@
 //!   not wait for the disk, in the same single round trip. Losing a release in a server crash
 //!   only leaves the lease to expire; and since WAL is written in order, the next durable grant
 //!   of the key makes the release durable too. For each released row it also calls
-//!   `pg_notify(<table>, '<LOCK_KEY> <REGION>')` (sent at commit, only if a row was released;
-//!   the commit is not waiting for the disk, so the database-wide lock PostgreSQL takes to order
-//!   notifications is held only briefly). Its result is one row per released row, which the
-//!   driver reports as the affected-row count.
+//!   `pg_notify(<table>, '<LOCK_KEY> <TURN_AGE_µs> <REGION>')` (sent at commit, only if a row
+//!   was released, and not when `$4` is -1 — a release that ends a turn, so that notified
+//!   waiters do not beat instances that only poll; the commit is not waiting for
+//!   the disk, so the database-wide lock PostgreSQL takes to order notifications is held only
+//!   briefly). Its result is one row per released row, which the driver reports as the
+//!   affected-row count.
 //!
 //! # Release notifications
 //!
@@ -100,8 +107,8 @@
 //! as a pool timeout.
 
 use super::{
-    Backend, Conn, Failure, FailureKind, ListenerEvent, ListenerHandler, ListenerReply, Params,
-    PerStatement, Statements, TableSettings,
+    Backend, Conn, Failure, FailureKind, FloorFound, ListenerEvent, ListenerHandler, ListenerReply,
+    Params, PerStatement, Statements, TableSettings,
 };
 use crate::error::Error;
 use std::cell::Cell;
@@ -359,21 +366,42 @@ impl Backend for Postgres {
     }
     const DDL_FILE: &'static str = "sql/postgres.sql";
     const DDL: &'static str = include_str!("../../sql/postgres.sql");
+    const FLOOR_DDL_FILE: &'static str = "sql/postgres_floor.sql";
+    const FLOOR_DDL: &'static str = include_str!("../../sql/postgres_floor.sql");
+    const TRIGGER_NAMES_PER_TABLE: bool = true;
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str) -> Statements {
+    fn default_queries(table: &str, floor: bool) -> Statements {
+        // With the deletion floor: tokens also exceed it, and a row only inserts where the
+        // statement's snapshot has no row. (Otherwise the row was deleted while the statement
+        // ran, by a deletion the snapshot's floor does not show: report "held", the next try
+        // sees both.)
+        let (bounds, absent_in_snapshot) = if floor {
+            (
+                format!(
+                    "{CLOCK_MICROS}, COALESCE((SELECT FENCING_TOKEN FROM {floor_table} \
+                     WHERE REGION = $2 AND KEY_PREFIX = substr($1, 1, 2)), 0) + 1",
+                    floor_table = super::floor_table(table)
+                ),
+                format!(
+                    " AND NOT EXISTS (SELECT 1 FROM {table} WHERE LOCK_KEY = $1 AND REGION = $2)"
+                ),
+            )
+        } else {
+            (CLOCK_MICROS.to_string(), String::new())
+        };
         Statements {
             acquire: format!(
                 "WITH expired AS (UPDATE {table} SET CLIENT_ID = $3, CREATED_DATE = {NOW}, \
                  EXPIRED_AFTER = {NOW_PLUS_TTL}, \
-                 FENCING_TOKEN = GREATEST(FENCING_TOKEN + 1, {CLOCK_MICROS}) \
+                 FENCING_TOKEN = GREATEST(FENCING_TOKEN + 1, {bounds}) \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
                  RETURNING FENCING_TOKEN), \
                  absent AS (INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, \
                  EXPIRED_AFTER, FENCING_TOKEN) \
-                 SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, {CLOCK_MICROS} \
-                 WHERE NOT EXISTS (SELECT 1 FROM expired) \
+                 SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}) \
+                 WHERE NOT EXISTS (SELECT 1 FROM expired){absent_in_snapshot} \
                  ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN) \
                  SELECT FENCING_TOKEN FROM expired UNION ALL SELECT FENCING_TOKEN FROM absent"
             ),
@@ -387,7 +415,9 @@ impl Backend for Postgres {
                  released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
                  AND EXPIRED_AFTER >= {NOW} RETURNING 1) \
-                 SELECT pg_notify('{channel}', $1 || ' ' || $2) FROM released, no_sync",
+                 SELECT (SELECT pg_notify('{channel}', $1 || ' ' || $4 || ' ' || $2) \
+                 WHERE $4 >= 0) \
+                 FROM released, no_sync",
                 channel = channel(table)
             ),
         }
@@ -428,6 +458,22 @@ impl Backend for Postgres {
         rows.iter()
             .map(|row| row.try_get::<_, String>(0).map_err(classify))
             .collect()
+    }
+
+    fn floor(conn: &mut Conn<Self>, table: &str) -> Result<FloorFound, Failure> {
+        // Resolved like the statements resolve the table; unquoted names fold to lower case. A
+        // disabled trigger counts as missing.
+        let sql = "SELECT COALESCE(has_table_privilege(to_regclass($1::text), 'SELECT'), false), \
+                   EXISTS (SELECT 1 FROM pg_catalog.pg_trigger \
+                   WHERE tgrelid = to_regclass($2::text) AND tgname = lower($3::text) \
+                   AND tgenabled <> 'D')";
+        let (floor, trigger) = (super::floor_table(table), super::floor_trigger(table));
+        let params: [&(dyn ToSql + Sync); 3] = [&floor, &table, &trigger];
+        let row = call!(conn, |client| client.query_one(sql, &params))?;
+        Ok(FloorFound {
+            readable: row.try_get(0).map_err(classify)?,
+            trigger: row.try_get(1).map_err(classify)?,
+        })
     }
 
     fn unique_key_columns(
@@ -658,9 +704,10 @@ impl Listener {
     fn deliver(&self, conn: &mut ListenerConn) -> bool {
         let until = Instant::now() + Self::TICK;
         while let Some(notification) = conn.next_notification(until) {
-            if let Some((lock_key, region)) = notification.payload().split_once(' ') {
+            if let Some((lock_key, turn_age, region)) = parse_release(notification.payload()) {
                 if region == self.region
-                    && (self.handler)(ListenerEvent::Released(lock_key)) == ListenerReply::Stop
+                    && (self.handler)(ListenerEvent::Released { lock_key, turn_age })
+                        == ListenerReply::Stop
                 {
                     return false;
                 }
@@ -934,4 +981,17 @@ pub(crate) fn open(
     check_connect(&config, pool.connect_timeout)?;
     let store = super::SqlStore::<Postgres>::open(PgManager { config }, pool, table)?;
     Ok(Arc::new(store))
+}
+
+/// Splits a release notification's payload, `<LOCK_KEY> <TURN_AGE_µs> <REGION>`; a payload
+/// without the age (`<LOCK_KEY> <REGION>`, from an older release statement) has age zero.
+fn parse_release(payload: &str) -> Option<(&str, Duration, &str)> {
+    let (lock_key, rest) = payload.split_once(' ')?;
+    match rest.split_once(' ') {
+        Some((age, region)) if !age.is_empty() && age.bytes().all(|b| b.is_ascii_digit()) => {
+            let micros = age.parse().unwrap_or(u64::MAX);
+            Some((lock_key, Duration::from_micros(micros), region))
+        }
+        _ => Some((lock_key, Duration::ZERO, rest)),
+    }
 }

@@ -7,9 +7,14 @@
 //! `SQLITE_BUSY`, which the shared retry loop retries until the caller's deadline.
 //!
 //! `'now'` is fixed for the duration of one statement, so every timestamp a statement writes or
-//! compares comes from one reading of the clock.
+//! compares comes from one reading of the clock — with millisecond resolution, so a grant within
+//! the millisecond of the previous one takes `old + 1`, ahead of the clock. That is why a new
+//! row's token also exceeds the deletion floor (see [`super`]): acquire is
+//! `INSERT … VALUES (…, max(clock µs, floor + 1)) ON CONFLICT DO UPDATE SET FENCING_TOKEN =
+//! max(old + 1, excluded.FENCING_TOKEN) … WHERE expired RETURNING FENCING_TOKEN`. Writers take
+//! the file's one write lock, so an acquire always sees the deletions committed before it.
 
-use super::{Backend, Conn, Failure, FailureKind, Params, Statements};
+use super::{Backend, Conn, Failure, FailureKind, FloorFound, Params, Statements};
 use rusqlite::{ffi::ErrorCode, types::ToSql, Connection};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -78,14 +83,26 @@ impl Backend for Sqlite {
     }
     const DDL_FILE: &'static str = "sql/sqlite.sql";
     const DDL: &'static str = include_str!("../../sql/sqlite.sql");
+    const FLOOR_DDL_FILE: &'static str = "sql/sqlite_floor.sql";
+    const FLOOR_DDL: &'static str = include_str!("../../sql/sqlite_floor.sql");
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
     const RELEASED_TIMESTAMP: &'static str = "'1970-01-01 00:00:00.000'";
 
-    fn default_queries(table: &str) -> Statements {
+    fn default_queries(table: &str, floor: bool) -> Statements {
+        // A new row's token: the clock, and above the floor (the conflict branch adds old + 1).
+        let first_token = if floor {
+            format!(
+                "max({CLOCK_MICROS}, coalesce((SELECT FENCING_TOKEN FROM {floor_table} \
+                 WHERE REGION = ?2 AND KEY_PREFIX = substr(?1, 1, 2)), 0) + 1)",
+                floor_table = super::floor_table(table)
+            )
+        } else {
+            CLOCK_MICROS.to_string()
+        };
         Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
-                 FENCING_TOKEN) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, {CLOCK_MICROS}) \
+                 FENCING_TOKEN) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, {first_token}) \
                  ON CONFLICT (LOCK_KEY, REGION) DO UPDATE SET CLIENT_ID = excluded.CLIENT_ID, \
                  CREATED_DATE = excluded.CREATED_DATE, EXPIRED_AFTER = excluded.EXPIRED_AFTER, \
                  FENCING_TOKEN = max({table}.FENCING_TOKEN + 1, excluded.FENCING_TOKEN) \
@@ -135,6 +152,28 @@ impl Backend for Sqlite {
             .query_map([table], |row| row.get::<_, String>(0))
             .map_err(classify)?;
         names.collect::<Result<_, _>>().map_err(classify)
+    }
+
+    fn floor(conn: &mut Conn<Self>, table: &str) -> Result<FloorFound, Failure> {
+        let (tables, triggers) = conn
+            .conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM sqlite_master WHERE type = 'table' \
+                 AND name = ?1 COLLATE NOCASE), (SELECT count(*) FROM sqlite_master \
+                 WHERE type = 'trigger' AND name = ?2 COLLATE NOCASE \
+                 AND tbl_name = ?3 COLLATE NOCASE)",
+                [
+                    super::floor_table(table),
+                    super::floor_trigger(table),
+                    table.to_string(),
+                ],
+                |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
+            )
+            .map_err(classify)?;
+        Ok(FloorFound {
+            readable: tables > 0,
+            trigger: triggers > 0,
+        })
     }
 
     fn unique_key_columns(

@@ -1,0 +1,82 @@
+//! The contention workload of issue 16 — holds of 1–20 ms, pauses of 0–10 ms, one key — with a
+//! witness that counts overlapping critical sections and a tally of each contender's turns.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// What one contending thread saw.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    /// Critical sections it ran.
+    pub sections: u64,
+    /// The longest it waited for the lock, from asking to holding.
+    pub longest_wait: Duration,
+}
+
+impl Tally {
+    /// Combines the tallies of one instance's threads.
+    pub fn merge(tallies: impl IntoIterator<Item = Tally>) -> Tally {
+        tallies
+            .into_iter()
+            .fold(Tally::default(), |all, one| Tally {
+                sections: all.sections + one.sections,
+                longest_wait: all.longest_wait.max(one.longest_wait),
+            })
+    }
+}
+
+/// Counts critical sections that overlap.
+#[derive(Default)]
+pub struct Witness {
+    inside: AtomicBool,
+    pub overlaps: AtomicU64,
+}
+
+impl Witness {
+    fn enter(&self) {
+        if self.inside.swap(true, Ordering::SeqCst) {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn leave(&self) {
+        self.inside.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A small deterministic generator, so that no test depends on a random crate.
+struct Steps(u64);
+
+impl Steps {
+    fn millis(&mut self, low: u64, high: u64) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        Duration::from_millis(low + self.0 % (high - low + 1))
+    }
+}
+
+/// Runs the workload until `end`: `acquire` blocks until it holds the lock (returning what
+/// `release` needs), or returns `None` when it gave up.
+pub fn contend<G>(
+    seed: u64,
+    end: Instant,
+    witness: &Witness,
+    mut acquire: impl FnMut() -> Option<G>,
+    mut release: impl FnMut(G),
+) -> Tally {
+    let mut steps = Steps(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut tally = Tally::default();
+    while Instant::now() < end {
+        let asked = Instant::now();
+        let Some(held) = acquire() else { break };
+        tally.longest_wait = tally.longest_wait.max(asked.elapsed());
+        witness.enter();
+        std::thread::sleep(steps.millis(1, 20));
+        witness.leave();
+        tally.sections += 1;
+        release(held);
+        std::thread::sleep(steps.millis(0, 10));
+    }
+    tally
+}
