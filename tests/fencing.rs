@@ -272,6 +272,30 @@ mod suite {
         assert_eq!(checked.statements(), with.statements());
     }
 
+    /// The longest prefix accepted makes names (`{prefix}LOCK_FLOOR`, for the floor's table,
+    /// trigger and PostgreSQL function) that every database takes as they are.
+    pub fn the_longest_prefix_fits_every_name(f: &Fixture) {
+        let prefix = format!(
+            "{}{}",
+            f.prefix,
+            "x".repeat(leasehold::MAX_PREFIX_CHARS - f.prefix.len())
+        );
+        assert_eq!(prefix.len(), leasehold::MAX_PREFIX_CHARS);
+        let registry = f
+            .builder()
+            .prefix(prefix.clone())
+            .create_table(true)
+            .build()
+            .unwrap();
+        let floor = format!("{prefix}LOCK_FLOOR");
+        assert!(
+            registry.statements().acquire.contains(&floor),
+            "{}",
+            registry.statements().acquire
+        );
+        a_token_ahead_of_the_clock_survives_a_delete(f, &registry);
+    }
+
     /// Unlocks a guard and returns its token.
     trait UnlockToken {
         fn unlock_token(self) -> u64;
@@ -293,6 +317,7 @@ macro_rules! fencing {
             a_delete_right_after_a_grant_ahead_of_the_clock_keeps_tokens_rising,
             the_floor_is_kept_per_region,
             create_table_adds_the_floor_to_an_existing_table,
+            the_longest_prefix_fits_every_name,
         );
     };
 }

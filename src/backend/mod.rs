@@ -254,6 +254,19 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// A statement without parameters returning the database clock (UTC) in microseconds
     /// since the Unix epoch; run through [`Backend::acquire`].
     fn clock_sql() -> &'static str;
+
+    /// The statements of a batch renewal for `table` (see [`Backend::renew_batch`]).
+    fn renew_batch_sql(table: &str) -> Vec<String>;
+
+    /// Renews many leases of one time-to-live in one transaction with `sql` (from
+    /// [`Backend::renew_batch_sql`]): parameter 1 is a JSON array of `[LOCK_KEY, token]`
+    /// pairs, 2–4 as for renew; each pair's row is renewed under renew's conditions (client,
+    /// token, not expired). Returns the pairs renewed.
+    fn renew_batch(
+        conn: &mut Conn<Self>,
+        sql: &[String],
+        params: &Params,
+    ) -> Result<Vec<(String, i64)>, Failure>;
 }
 
 /// What [`Backend::floor`] found.
@@ -337,22 +350,13 @@ pub(crate) trait Store: Send + Sync {
     /// Renews many leases of one time-to-live together, on the renewal path: `leases` are
     /// (`LOCK_KEY`, fencing token) pairs. `Ok((sent_at, renewed))` with `renewed[i]` telling
     /// whether lease `i` is still this client's (`false`: not the holder, as `renew`'s `None`);
-    /// `Err` when the outcome is unknown for all of them. The default runs `renew` per lease
-    /// (the send instant is then the first one's, which is the earliest and so the safe one).
+    /// `Err` when the outcome is unknown for all of them.
     fn renew_batch(
         &self,
         leases: &[(&str, i64)],
         ttl: Duration,
         deadline: Instant,
-    ) -> Result<(Instant, Vec<bool>)> {
-        let started = Instant::now();
-        let mut renewed = Vec::with_capacity(leases.len());
-        for (lock_key, token) in leases {
-            let outcome = self.renew(lock_key, *token, ttl, deadline, Path::Renewal)?;
-            renewed.push(outcome.is_some());
-        }
-        Ok((started, renewed))
-    }
+    ) -> Result<(Instant, Vec<bool>)>;
     /// Releases; `Ok(false)` when the lease had already been lost. `turn_age`: how long the key
     /// has been busy without a break, which notified waiters continue; `None` for a release
     /// that ends a turn, which wakes nobody (parameter 4: the age in µs, or -1).
@@ -464,6 +468,12 @@ pub(crate) struct SqlStore<B: Backend> {
     pool: r2d2::Pool<B::Manager>,
     renewal_pool: r2d2::Pool<B::Manager>,
     queries: Arc<Statements>,
+    /// The batch renewal statements; `None` with a custom renew statement, which is then run
+    /// once per lease.
+    batch_renew: Option<Arc<Vec<String>>>,
+    /// Set when the database refused the batch statements for good (a server without
+    /// `JSON_TABLE`, say): renewals then run one statement per lease.
+    batch_refused: std::sync::atomic::AtomicBool,
     region: Arc<str>,
     client_id: Arc<str>,
     counters: Arc<Counters>,
@@ -498,6 +508,12 @@ impl<B: Backend> SqlStore<B> {
             renewal_pool,
             // Chosen once the table has been checked (whether acquire can read the floor).
             queries: Arc::default(),
+            batch_renew: table
+                .custom
+                .renew
+                .is_none()
+                .then(|| Arc::new(B::renew_batch_sql(&table.table))),
+            batch_refused: Default::default(),
             region: table.region.as_str().into(),
             client_id: table.client_id.as_str().into(),
             counters: Arc::default(),
@@ -743,6 +759,45 @@ impl<B: Backend> Store for SqlStore<B> {
         })
     }
 
+    fn renew_batch(
+        &self,
+        leases: &[(&str, i64)],
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<(Instant, Vec<bool>)> {
+        let batch = match &self.batch_renew {
+            Some(batch) if !self.batch_refused.load(Ordering::Relaxed) => batch,
+            _ => return renew_each(self, leases, ttl, deadline),
+        };
+        let pairs = pairs_json(leases.iter().map(|(key, token)| (*key, *token)));
+        let params = self.params(&pairs, ttl, 0);
+        let (batch, counters) = (Arc::clone(batch), Arc::clone(&self.counters));
+        let outcome = self.run(Path::Renewal, "renew", deadline, move |conn| {
+            let sent_at = Instant::now();
+            fail_point!("backend::renew_sent", |_| Err(injected_failure()));
+            counters.renewals.fetch_add(1, Ordering::Relaxed);
+            Ok((sent_at, B::renew_batch(conn, &batch, &params.borrowed())?))
+        });
+        let (sent_at, renewed) = match outcome {
+            Err(Error::Database { hint, .. }) => {
+                // Refused, so it did not run: renew one by one from now on.
+                log::warn!(
+                    "{} refused the batch renewal ({hint}); renewing one lease per statement",
+                    B::NAME
+                );
+                self.batch_refused.store(true, Ordering::Relaxed);
+                return renew_each(self, leases, ttl, deadline);
+            }
+            other => other?,
+        };
+        let renewed: std::collections::HashSet<(String, i64)> = renewed.into_iter().collect();
+        let found = leases
+            .iter()
+            .map(|(key, token)| renewed.contains(&((*key).to_string(), *token)))
+            .collect();
+        Ok((sent_at, found))
+    }
+
     fn release(
         &self,
         lock_key: &str,
@@ -803,9 +858,49 @@ impl<B: Backend> Store for SqlStore<B> {
     }
 }
 
+/// `[[LOCK_KEY, token], …]`, the first parameter of a batch renewal. Keys are `LOCK_KEY`s (UUID
+/// text), but are escaped anyway.
+pub(crate) fn pairs_json<'a>(pairs: impl Iterator<Item = (&'a str, i64)>) -> String {
+    let mut json = String::from("[");
+    for (index, (key, token)) in pairs.enumerate() {
+        if index > 0 {
+            json.push(',');
+        }
+        json.push_str("[\"");
+        for c in key.chars() {
+            match c {
+                '"' => json.push_str("\\\""),
+                '\\' => json.push_str("\\\\"),
+                c if (c as u32) < 0x20 => json.push_str(&format!("\\u{:04x}", c as u32)),
+                c => json.push(c),
+            }
+        }
+        json.push_str(&format!("\",{token}]"));
+    }
+    json.push(']');
+    json
+}
+
+/// A batch renewal as one renew statement per lease (custom renew statements), on the renewal
+/// path; the send instant is the first statement's, the earliest and so the safe one.
+fn renew_each(
+    store: &dyn Store,
+    leases: &[(&str, i64)],
+    ttl: Duration,
+    deadline: Instant,
+) -> Result<(Instant, Vec<bool>)> {
+    let started = Instant::now();
+    let mut renewed = Vec::with_capacity(leases.len());
+    for (lock_key, token) in leases {
+        let outcome = store.renew(lock_key, *token, ttl, deadline, Path::Renewal)?;
+        renewed.push(outcome.is_some());
+    }
+    Ok((started, renewed))
+}
+
 /// What the fail point `backend::renew_sent` returns when told to `return`: a transient failure.
 #[cfg(feature = "failpoints")]
-fn injected_failure() -> Failure {
+pub(crate) fn injected_failure() -> Failure {
     Failure::new(
         FailureKind::Transient,
         "injected by a fail point",
@@ -1048,6 +1143,44 @@ fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {
 #[cfg(all(test, any(feature = "postgres", feature = "mysql")))]
 mod tests {
     use super::PerStatement;
+
+    /// `ddl` without its comment lines.
+    fn statements(ddl: &str) -> String {
+        ddl.lines().filter(|line| !line.starts_with("--")).collect()
+    }
+
+    /// A PostgreSQL trigger's name cannot carry a schema; a MySQL trigger must be named in its
+    /// table's schema; everything else follows the table.
+    #[test]
+    fn the_floor_ddl_names_its_objects_after_the_table() {
+        #[cfg(feature = "postgres")]
+        {
+            let ddl = super::floor_ddl_for::<super::postgres::Postgres>("s.APP_LOCK");
+            for expected in [
+                "CREATE TABLE IF NOT EXISTS s.APP_LOCK_FLOOR (",
+                "DROP TRIGGER IF EXISTS APP_LOCK_FLOOR ON s.APP_LOCK;",
+                "CREATE OR REPLACE FUNCTION s.APP_LOCK_FLOOR()",
+                "INSERT INTO s.APP_LOCK_FLOOR AS kept",
+                "CREATE TRIGGER APP_LOCK_FLOOR AFTER DELETE ON s.APP_LOCK",
+                "EXECUTE FUNCTION s.APP_LOCK_FLOOR();",
+            ] {
+                assert!(ddl.contains(expected), "{expected} not in {ddl}");
+            }
+            assert!(!statements(&ddl).contains("INT_"), "{ddl}");
+        }
+        #[cfg(feature = "mysql")]
+        {
+            let ddl = super::floor_ddl_for::<super::mysql::Mysql>("s.APP_LOCK");
+            for expected in [
+                "CREATE TABLE IF NOT EXISTS s.APP_LOCK_FLOOR (",
+                "DROP TRIGGER IF EXISTS s.APP_LOCK_FLOOR;",
+                "CREATE TRIGGER s.APP_LOCK_FLOOR AFTER DELETE ON s.APP_LOCK",
+            ] {
+                assert!(ddl.contains(expected), "{expected} not in {ddl}");
+            }
+            assert!(!statements(&ddl).contains("INT_"), "{ddl}");
+        }
+    }
 
     #[test]
     fn per_statement_finds_each_text_and_only_it() {

@@ -462,6 +462,55 @@ impl Backend for Mysql {
     fn clock_sql() -> &'static str {
         "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
     }
+
+    /// Two statements in one transaction: lock the rows that qualify, then renew exactly those
+    /// (no `RETURNING` for `UPDATE` here). A row locked by the first cannot be taken by anyone
+    /// before the second; `JSON_TABLE` drives primary-key lookups (MariaDB 10.6+, MySQL 8.0+).
+    fn renew_batch_sql(table: &str) -> Vec<String> {
+        let pairs = "JSON_TABLE(:lock_key, '$[*]' COLUMNS (k CHAR(36) PATH '$[0]', \
+                     t BIGINT PATH '$[1]')) AS j STRAIGHT_JOIN";
+        let on = "ON l.LOCK_KEY = j.k AND l.REGION = :region AND l.FENCING_TOKEN = j.t";
+        vec![
+            format!(
+                "SELECT l.LOCK_KEY, l.FENCING_TOKEN FROM {pairs} {table} AS l {on} \
+                 WHERE l.CLIENT_ID = :client_id AND l.EXPIRED_AFTER >= {NOW} FOR UPDATE"
+            ),
+            format!(
+                "UPDATE {pairs} {table} AS l {on} SET l.EXPIRED_AFTER = {NOW_PLUS_TTL} \
+                 WHERE l.CLIENT_ID = :client_id"
+            ),
+        ]
+    }
+
+    fn renew_batch(
+        conn: &mut Conn<Self>,
+        sql: &[String],
+        params: &Params,
+    ) -> Result<Vec<(String, i64)>, Failure> {
+        conn.conn
+            .query_drop("START TRANSACTION")
+            .map_err(classify)?;
+        let renewed = (|| {
+            let (lock, values) = conn.bind(&sql[0], params)?;
+            let rows: Vec<(String, i64)> = conn.conn.exec(&lock, values).map_err(classify)?;
+            if !rows.is_empty() {
+                let pairs =
+                    super::pairs_json(rows.iter().map(|(key, token)| (key.as_str(), *token)));
+                let locked = Params {
+                    lock_key: &pairs,
+                    ..*params
+                };
+                let (update, values) = conn.bind(&sql[1], &locked)?;
+                conn.conn.exec_drop(&update, values).map_err(classify)?;
+            }
+            conn.conn.query_drop("COMMIT").map_err(classify)?;
+            Ok(rows)
+        })();
+        if renewed.is_err() {
+            let _ = conn.conn.query_drop("ROLLBACK");
+        }
+        renewed
+    }
 }
 
 fn classify(error: mysql::Error) -> Failure {

@@ -512,6 +512,35 @@ impl Backend for Postgres {
         "SELECT CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS BIGINT)"
     }
 
+    fn renew_batch_sql(table: &str) -> Vec<String> {
+        vec![format!(
+            "UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} \
+             FROM (SELECT CAST(e ->> 0 AS CHAR(36)) AS k, CAST(e ->> 1 AS BIGINT) AS t \
+             FROM jsonb_array_elements(CAST(CAST($1 AS TEXT) AS JSONB)) AS e) AS j \
+             WHERE l.LOCK_KEY = j.k AND l.REGION = $2 AND l.CLIENT_ID = $3 \
+             AND l.FENCING_TOKEN = j.t AND l.EXPIRED_AFTER >= {NOW} \
+             RETURNING CAST(l.LOCK_KEY AS TEXT), l.FENCING_TOKEN"
+        )]
+    }
+
+    fn renew_batch(
+        conn: &mut Conn<Self>,
+        sql: &[String],
+        params: &Params,
+    ) -> Result<Vec<(String, i64)>, Failure> {
+        let statement = conn.statement(&sql[0])?;
+        let values = bind(&statement, params);
+        let rows = call!(conn, |client| client.query(&statement, &values))?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0).map_err(classify)?,
+                    row.try_get(1).map_err(classify)?,
+                ))
+            })
+            .collect()
+    }
+
     fn listen_for_releases(
         manager: &PgManager,
         table: &TableSettings,

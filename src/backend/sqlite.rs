@@ -205,6 +205,31 @@ impl Backend for Sqlite {
     fn clock_sql() -> &'static str {
         "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
     }
+
+    fn renew_batch_sql(table: &str) -> Vec<String> {
+        vec![format!(
+            "UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} \
+             FROM (SELECT value ->> 0 AS k, value ->> 1 AS t FROM json_each(?1)) AS j \
+             WHERE l.LOCK_KEY = j.k AND l.REGION = ?2 AND l.CLIENT_ID = ?3 \
+             AND l.FENCING_TOKEN = j.t AND l.EXPIRED_AFTER >= {NOW} \
+             RETURNING LOCK_KEY, FENCING_TOKEN"
+        )]
+    }
+
+    fn renew_batch(
+        conn: &mut Conn<Self>,
+        sql: &[String],
+        params: &Params,
+    ) -> Result<Vec<(String, i64)>, Failure> {
+        let mut statement = conn.conn.prepare_cached(&sql[0]).map_err(classify)?;
+        bind(&mut statement, params).map_err(classify)?;
+        let mut rows = statement.raw_query();
+        let mut renewed = Vec::new();
+        while let Some(row) = rows.next().map_err(classify)? {
+            renewed.push((row.get(0).map_err(classify)?, row.get(1).map_err(classify)?));
+        }
+        Ok(renewed)
+    }
 }
 
 /// Binds parameters 1 to the statement's highest parameter number, so a statement may use any
