@@ -185,3 +185,33 @@ fn a_table_without_its_primary_key_is_refused_with_the_fix() {
     let registry = LockRegistry::sqlite(&path).build().unwrap();
     assert!(registry.obtain("k").unwrap().try_lock().unwrap().is_some());
 }
+
+#[test]
+fn a_path_that_cannot_hold_a_database_fails_at_once_naming_the_cause_and_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_database = dir.path().join("notes.txt");
+    std::fs::write(&not_a_database, "these are not the pages of a database, ".repeat(200)).unwrap();
+    let cases = [
+        ("a missing directory", dir.path().join("missing").join("locks.db"), "unable to open"),
+        ("a directory", dir.path().to_path_buf(), "unable to open"),
+        ("a file that is not a database", not_a_database, "not a database"),
+    ];
+    for (what, path, cause) in cases {
+        let asked = Instant::now();
+        let built = LockRegistry::sqlite(&path)
+            .create_table(true)
+            .connect_timeout(Duration::from_secs(30))
+            .build();
+        let waited = asked.elapsed();
+        let message = match built {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{what}: built a registry on {}", path.display()),
+        };
+        assert!(
+            message.contains(&path.display().to_string()) && message.contains(cause),
+            "{what}: {message}"
+        );
+        // Permanent: no retrying until the 30 s connect timeout.
+        assert!(waited < Duration::from_secs(10), "{what}: failed after {waited:?}");
+    }
+}

@@ -257,7 +257,8 @@ fn classify(error: rusqlite::Error) -> Failure {
             ),
             ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly => (
                 FailureKind::Fatal,
-                "SQLite cannot open or write the database file: check its path and permissions"
+                "SQLite cannot open or write the database file: check that its directory exists, \
+                 that the path is a file, and its permissions"
                     .to_string(),
             ),
             ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => (
@@ -287,6 +288,35 @@ pub(crate) fn open(
     pool: &super::PoolSettings,
     table: &super::TableSettings,
 ) -> crate::Result<std::sync::Arc<dyn super::Store>> {
-    let store = super::SqlStore::<Sqlite>::open(SqliteManager::new(path), pool, table)?;
+    let manager = SqliteManager::new(path);
+    first_open(&manager, pool.connect_timeout)?;
+    let store = super::SqlStore::<Sqlite>::open(manager, pool, table)?;
     Ok(std::sync::Arc::new(store))
+}
+
+/// Opens the file once before the pools do, so that a path that cannot hold a database (its
+/// directory is missing, it is a directory, it is some other file, it may not be written) fails
+/// at once with the cause and the path in the message; a pool would wait `connect_timeout` and
+/// say only that it timed out. A busy file is retried until `timeout`.
+fn first_open(manager: &SqliteManager, timeout: Duration) -> crate::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let failure = match r2d2::ManageConnection::connect(manager) {
+            Ok(_) => return Ok(()),
+            Err(error) => classify(error),
+        };
+        if failure.kind == FailureKind::Fatal || std::time::Instant::now() >= deadline {
+            return Err(crate::Error::Database {
+                operation: "open the SQLite database",
+                hint: format!(
+                    "{} ({}): {}",
+                    failure.hint,
+                    manager.path.display(),
+                    failure.source
+                ),
+                source: failure.source,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
