@@ -545,6 +545,11 @@ impl Lock {
 
     /// One attempt: `Ok(None)` when the lock is held elsewhere (another instance, or another
     /// thread of this registry, or one that is acquiring it right now).
+    ///
+    /// The attempt retries transient failures (a server restarting, a busy file) for up to
+    /// `operation_timeout` (5 s by default), so against a server that went away it blocks that
+    /// long before returning [`Error::Timeout`]. For a bounded wait use
+    /// [`try_lock_for`](Self::try_lock_for): a caller deadline bounds database calls too.
     pub fn try_lock(&self) -> Result<Option<LockGuard>> {
         self.try_lock_with_ttl(self.inner.core.settings.time_to_live)
     }

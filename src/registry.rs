@@ -447,6 +447,14 @@ impl RegistryBuilder {
     pub fn build(self) -> Result<LockRegistry> {
         let settings = self.settings()?;
         let table = validate_prefix(&self.prefix)? + "LOCK";
+        #[cfg(feature = "mysql")]
+        if matches!(self.database, Database::Mysql(_)) && table.rsplit('.').next() == Some("LOCK") {
+            return Err(Error::setting(
+                "prefix",
+                "an empty prefix names the table LOCK, a reserved word in MySQL and MariaDB: use \
+                 a prefix such as INT_ (the default)",
+            ));
+        }
         validate_region(&self.region)?;
         let client_id = match self.client_id {
             Some(id) => validate_client_id(id)?,

@@ -336,6 +336,19 @@ mod suite {
         ));
     }
 
+    pub fn an_empty_prefix_is_refused_where_lock_is_reserved(f: &Fixture) {
+        if f.db != Db::Mysql {
+            return; // SQLite and PostgreSQL accept a table named LOCK.
+        }
+        match f.builder().prefix("").create_table(true).build() {
+            Err(Error::InvalidSetting { setting, reason }) => {
+                assert_eq!(setting, "prefix");
+                assert!(reason.contains("reserved"), "{reason}");
+            }
+            other => panic!("expected a prefix error, got {other:?}"),
+        }
+    }
+
     pub fn absurd_durations_are_refused_when_building(f: &Fixture) {
         let setting = |result: leasehold::Result<leasehold::LockRegistry>| match result {
             Err(Error::InvalidSetting { setting, .. }) => setting,
@@ -680,6 +693,7 @@ macro_rules! conformance {
             per_call_time_to_live_is_used_for_the_lease,
             bad_input_gets_typed_errors,
             absurd_durations_are_refused_when_building,
+            an_empty_prefix_is_refused_where_lock_is_reserved,
             the_holder_gives_up_before_the_database_by_the_drift_allowance,
             a_nested_acquire_of_a_lost_lease_reports_the_loss,
             a_previous_holders_loss_channel_ends_at_the_handoff,

@@ -440,7 +440,10 @@ impl Backend for Postgres {
     }
 
     fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
-        call!(conn, |client| client.batch_execute(sql)).map_err(|mut failure| {
+        // DDL that finds its objects made says so in a NOTICE ("already exists, skipping"),
+        // which the driver would log at every start: keep the server's notices to warnings.
+        let sql = format!("SET client_min_messages TO WARNING; {sql}; RESET client_min_messages");
+        call!(conn, |client| client.batch_execute(&sql)).map_err(|mut failure| {
             // Two processes creating the table at once: the loser trips over the catalog's
             // unique indexes; running the batch again finds the table and does nothing.
             if matches!(sql_state(&failure), Some("23505" | "42P07")) {
