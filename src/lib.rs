@@ -35,6 +35,40 @@
 //! Outcomes of contention are values, not errors: `try_lock*` return `Ok(None)` when the lock
 //! is held elsewhere and `Err` only when the input is bad or the database fails.
 //!
+//! # Which backend
+//!
+//! | feature | use it when | notes |
+//! |---------|-------------|-------|
+//! | `sqlite` (default) | the instances run on one host (processes of a batch job, cron runs) | embedded, no server; WAL mode |
+//! | `postgres` | instances on several hosts share a PostgreSQL server | releases wake waiters at once (`LISTEN`/`NOTIFY`) |
+//! | `mysql` | they share MySQL 8.0+ or MariaDB 10.6+ | waiters find a release at their next poll |
+//!
+//! All three keep Spring Integration's `INT_LOCK` table, so a Java service and a Rust one can
+//! share locks while one replaces the other.
+//!
+//! # When a holder crashes
+//!
+//! Its lease is no longer renewed and expires on the database's clock after the time-to-live
+//! (10 s by default): then, and not before, another instance gets the lock. A holder that is
+//! only *paused* (a long GC, `SIGSTOP`, a VM migration) learns when it runs again:
+//! [`LockGuard::is_held`] is `false`, the loss channel and the registry's `on_lease_lost` fire,
+//! and [`LockGuard::unlock`] returns [`Error::LeaseLost`]. What it did while paused cannot be
+//! undone; what it does *after* waking can be refused by the resource, with the fencing token.
+//!
+//! # Fencing the resource you protect
+//!
+//! Every grant carries a [`fencing token`](LockGuard::fencing_token) larger than all earlier
+//! grants of the key. Write it with the data, and have the resource refuse a write whose token
+//! is older than the last one it accepted — in SQL, one conditional statement:
+//!
+//! ```sql
+//! UPDATE invoices SET status = $1, fencing_token = $2
+//!  WHERE id = $3 AND fencing_token <= $2    -- 0 rows: a newer holder wrote since; stop
+//! ```
+//!
+//! A holder that paused past its lease and wakes up after another instance took over carries a
+//! smaller token than the new holder's writes, so its late write changes nothing.
+//!
 //! # Design at a glance
 //!
 //! ```text
