@@ -131,13 +131,16 @@ pub enum Error {
 
     /// The database did not complete an operation before the caller's deadline (or, for calls
     /// without a deadline, before `RegistryBuilder::operation_timeout`). Transient failures are
-    /// retried until then; the last one is kept as the source.
+    /// retried until then; the last one is kept as the source. The message names the pool
+    /// setting that bounds the operation's connections.
     #[error(
         "{operation} did not complete within {waited:?}: the database is unreachable, overloaded \
-         or every connection is busy (check the server and RegistryBuilder::pool_size)"
+         or every connection is busy (check the server and RegistryBuilder::{})",
+        pool_setting(operation)
     )]
     Timeout {
-        /// What was being done: `acquire`, `renew`, `release`, `connect`.
+        /// What was being done: `acquire`, `renew` (a manual renewal), `background renewal`,
+        /// `release`, `connect`.
         operation: &'static str,
         /// How long it was tried.
         waited: Duration,
@@ -157,6 +160,67 @@ pub enum Error {
         #[source]
         source: DatabaseError,
     },
+
+    /// A connection failed because of TLS: the server's certificate did not pass the
+    /// verification the URL asked for, the handshake failed, or one side requires TLS and the
+    /// other has it off. Returned by `build()`, which opens a connection first; `hint` names
+    /// the URL setting to change.
+    #[error("TLS connection to {server} failed ({problem}): {hint}")]
+    Tls {
+        /// What went wrong.
+        problem: TlsProblem,
+        /// The server, `host:port`.
+        server: String,
+        /// What to change.
+        hint: String,
+        /// The driver's or the TLS library's error.
+        #[source]
+        source: Option<DatabaseError>,
+    },
+}
+
+/// What went wrong in a TLS connection ([`Error::Tls`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsProblem {
+    /// The certificate chain is trusted but does not name the host the URL connects to
+    /// (PostgreSQL `sslmode=verify-full`, MySQL `ssl-mode=VERIFY_IDENTITY`).
+    HostName,
+    /// The certificate chain does not lead to a trusted CA: the CA file given in the URL
+    /// (`sslrootcert`, `ssl-ca`), or, without one, Mozilla's root certificates as compiled
+    /// into the `webpki-roots` crate (the system's store is not read).
+    UnknownIssuer,
+    /// The certificate is expired, not yet valid, or otherwise unusable.
+    InvalidCertificate,
+    /// The handshake failed for another reason, e.g. the server refused the client
+    /// certificate or shares no protocol version with the client.
+    Handshake,
+    /// The server requires TLS for this user or database, and the URL turned TLS off.
+    Required,
+    /// The URL requires TLS and the server does not offer it.
+    NotOffered,
+}
+
+impl fmt::Display for TlsProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TlsProblem::HostName => "the certificate does not name the host",
+            TlsProblem::UnknownIssuer => "the certificate is not signed by a trusted CA",
+            TlsProblem::InvalidCertificate => "the certificate is not valid",
+            TlsProblem::Handshake => "the TLS handshake failed",
+            TlsProblem::Required => "the server requires TLS",
+            TlsProblem::NotOffered => "the server does not offer TLS",
+        })
+    }
+}
+
+/// The builder setting that bounds the connections `operation` draws from: background
+/// renewals have a pool of their own.
+fn pool_setting(operation: &str) -> &'static str {
+    match operation {
+        "background renewal" => "renewal_pool_size",
+        _ => "pool_size",
+    }
 }
 
 impl Error {

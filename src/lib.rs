@@ -180,7 +180,7 @@ mod registry;
 mod wakeups;
 
 pub use backend::{Statements, Statistics};
-pub use error::{DatabaseError, Error, LossReason, Result};
+pub use error::{DatabaseError, Error, LossReason, Result, TlsProblem};
 pub use key::{lock_key_for, MAX_KEY_BYTES};
 pub use leader::{
     ClientClock, ClockOffset, LeaderElection, LeaderElectionBuilder, Leadership,

@@ -237,6 +237,8 @@ pub struct RegistryBuilder {
     operation_timeout: Duration,
     connect_timeout: Duration,
     pool_size: u32,
+    renewal_pool_size: u32,
+    idle_connection_timeout: Duration,
     create_table: bool,
     notifications: bool,
     custom: CustomQueries,
@@ -261,6 +263,8 @@ impl RegistryBuilder {
             operation_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             pool_size: 8,
+            renewal_pool_size: 2,
+            idle_connection_timeout: Duration::from_secs(60),
             create_table: false,
             notifications: true,
             custom: CustomQueries::default(),
@@ -389,11 +393,37 @@ impl RegistryBuilder {
         self
     }
 
-    /// Connections in the main pool, used by acquires, releases and manual renewals. Defaults
-    /// to 8. Background renewals use a separate pool of 2, so a full main pool never makes a
-    /// held lease expire.
+    /// The most connections in the main pool, used by acquires, releases and manual renewals.
+    /// Defaults to 8. Connections open when needed and close after
+    /// [`idle_connection_timeout`](Self::idle_connection_timeout), so this bounds a burst, not
+    /// what the process keeps open. Background renewals use a separate pool
+    /// ([`renewal_pool_size`](Self::renewal_pool_size)), so a full main pool never makes a held
+    /// lease expire. Must be at least 1.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
+        self
+    }
+
+    /// The most connections in the renewal pool, used only by background renewals. Defaults to
+    /// 2. A registry renews its leases one batch statement at a time, so one connection is busy
+    /// at most; the second lets the next attempt go out at once while an attempt that got no
+    /// answer in time still holds the first (on MySQL the driver cannot cut a call short, and
+    /// it runs to its end on a statement thread). Raise it if renewals log that they did not
+    /// complete in time while the server is healthy. Must be at least 1.
+    pub fn renewal_pool_size(mut self, size: u32) -> Self {
+        self.renewal_pool_size = size;
+        self
+    }
+
+    /// How long a pooled connection may stay unused before it is closed. Defaults to 60 s.
+    /// Pools open connections only when a statement needs one, so a process holding one lock
+    /// keeps one renewal connection open (renewals reuse it every third of the time-to-live),
+    /// plus the main connection until it has been idle this long. The pools check every 30 s,
+    /// so a connection closes up to 30 s after the timeout. PostgreSQL's release listener
+    /// closes its connection when no thread has waited for this long. On SQLite a connection
+    /// is an open file and its page cache. Must be within 1 ms..=[`MAX_TIMEOUT`].
+    pub fn idle_connection_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_connection_timeout = timeout;
         self
     }
 
@@ -466,9 +496,29 @@ impl RegistryBuilder {
         if self.pool_size == 0 {
             return Err(Error::setting("pool_size", "must be at least 1"));
         }
+        if self.renewal_pool_size == 0 {
+            return Err(Error::setting(
+                "renewal_pool_size",
+                "must be at least 1: background renewals need a connection",
+            ));
+        }
+        if self.idle_connection_timeout < Duration::from_millis(1)
+            || self.idle_connection_timeout > MAX_TIMEOUT
+        {
+            return Err(Error::setting(
+                "idle_connection_timeout",
+                format!(
+                    "{:?} is outside 1ms..={MAX_TIMEOUT:?}: idle connections close after it, so \
+                     pick seconds to minutes",
+                    self.idle_connection_timeout
+                ),
+            ));
+        }
         check_timeout("connect_timeout", self.connect_timeout)?;
         let pool = PoolSettings {
             pool_size: self.pool_size,
+            renewal_pool_size: self.renewal_pool_size,
+            idle_timeout: self.idle_connection_timeout,
             connect_timeout: self.connect_timeout,
             operation_timeout: self.operation_timeout,
         };

@@ -190,11 +190,23 @@ fn a_table_without_its_primary_key_is_refused_with_the_fix() {
 fn a_path_that_cannot_hold_a_database_fails_at_once_naming_the_cause_and_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let not_a_database = dir.path().join("notes.txt");
-    std::fs::write(&not_a_database, "these are not the pages of a database, ".repeat(200)).unwrap();
+    std::fs::write(
+        &not_a_database,
+        "these are not the pages of a database, ".repeat(200),
+    )
+    .unwrap();
     let cases = [
-        ("a missing directory", dir.path().join("missing").join("locks.db"), "unable to open"),
+        (
+            "a missing directory",
+            dir.path().join("missing").join("locks.db"),
+            "unable to open",
+        ),
         ("a directory", dir.path().to_path_buf(), "unable to open"),
-        ("a file that is not a database", not_a_database, "not a database"),
+        (
+            "a file that is not a database",
+            not_a_database,
+            "not a database",
+        ),
     ];
     for (what, path, cause) in cases {
         let asked = Instant::now();
@@ -212,6 +224,9 @@ fn a_path_that_cannot_hold_a_database_fails_at_once_naming_the_cause_and_the_pat
             "{what}: {message}"
         );
         // Permanent: no retrying until the 30 s connect timeout.
-        assert!(waited < Duration::from_secs(10), "{what}: failed after {waited:?}");
+        assert!(
+            waited < Duration::from_secs(10),
+            "{what}: failed after {waited:?}"
+        );
     }
 }

@@ -81,7 +81,7 @@ use super::{Backend, Conn, Failure, FailureKind, FloorFound, Params, PerStatemen
 use crate::error::Error;
 use mysql::consts::CapabilityFlags;
 use mysql::prelude::Queryable;
-use mysql::{Opts, OptsBuilder, Value};
+use mysql::{Opts, OptsBuilder, SslOpts, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,6 +100,8 @@ const NAMES: [&str; 5] = ["lock_key", "region", "client_id", "ttl_micros", "toke
 #[derive(Clone)]
 pub(crate) struct MysqlManager {
     opts: Opts,
+    /// `ssl-mode=PREFERRED`: a server that does not offer TLS is connected to without it.
+    prefer_tls: bool,
 }
 
 /// A statement in `?` form and the parameter (index into [`NAMES`]) each `?` takes; `None` for
@@ -245,7 +247,7 @@ impl r2d2::ManageConnection for MysqlManager {
 
     fn connect(&self) -> Result<MysqlConn, mysql::Error> {
         Ok(MysqlConn {
-            conn: mysql::Conn::new(self.opts.clone())?,
+            conn: open_conn(&self.opts, self.prefer_tls)?,
             plans: PerStatement::new(),
             broken: false,
         })
@@ -557,7 +559,11 @@ fn classify(error: mysql::Error) -> Failure {
                 ),
                 1045 | 1698 => (
                     FailureKind::Fatal,
-                    format!("{message}: check the user and password in the URL"),
+                    format!(
+                        "{message}: check the user and password in the URL (an account that \
+                         requires TLS, REQUIRE SSL, is refused the same way without it: see \
+                         ssl-mode)"
+                    ),
                 ),
                 1049 => (
                     FailureKind::Fatal,
@@ -607,16 +613,167 @@ fn address(opts: &Opts) -> String {
     }
 }
 
+/// Opens a connection; with `prefer_tls`, a server that does not offer TLS is connected to
+/// without it.
+fn open_conn(opts: &Opts, prefer_tls: bool) -> Result<mysql::Conn, mysql::Error> {
+    match mysql::Conn::new(opts.clone()) {
+        Err(mysql::Error::DriverError(mysql::DriverError::TlsNotSupported)) if prefer_tls => {
+            mysql::Conn::new(OptsBuilder::from_opts(opts.clone()).ssl_opts(None::<SslOpts>))
+        }
+        other => other,
+    }
+}
+
 /// One direct connection, retried while the server is unreachable, so that a wrong password or
-/// database comes back as what it is rather than as a pool timeout.
-fn check_connect(opts: &Opts, timeout: Duration) -> crate::Result<()> {
-    super::first_connection(Mysql::NAME, &address(opts), timeout, || {
-        mysql::Conn::new(opts.clone()).map(drop).map_err(|error| {
+/// database comes back as what it is rather than as a pool timeout. A failure caused by TLS is
+/// reported as [`Error::Tls`] at once.
+fn check_connect(
+    opts: &Opts,
+    prefer_tls: bool,
+    settings: &super::tls::MysqlTls,
+    timeout: Duration,
+) -> crate::Result<()> {
+    let server = address(opts);
+    super::first_connection(Mysql::NAME, &server, timeout, || {
+        open_conn(opts, prefer_tls).map(drop).map_err(|error| {
+            if let Some((problem, hint)) = tls_problem(&error, opts, settings) {
+                let failure = super::tls::TlsFailure::new(problem, hint.clone(), error);
+                return (
+                    Failure::new(FailureKind::Fatal, hint.clone(), failure),
+                    hint,
+                );
+            }
             let failure = classify(error);
             let detail = failure.source.to_string();
             (failure, detail)
         })
     })
+    .map_err(|e| super::tls::surface(e, &server))
+}
+
+/// What a failed connection attempt says about TLS, if its cause is TLS: the certificate, the
+/// handshake, a server without TLS, or (found by trying again with TLS) an account that
+/// requires TLS refused on a connection without it.
+fn tls_problem(
+    error: &mysql::Error,
+    opts: &Opts,
+    settings: &super::tls::MysqlTls,
+) -> Option<(crate::TlsProblem, String)> {
+    use crate::TlsProblem;
+    if let mysql::Error::DriverError(mysql::DriverError::TlsNotSupported) = error {
+        return Some((
+            TlsProblem::NotOffered,
+            "the URL's ssl-mode requires TLS but the server does not offer it: configure \
+             ssl_cert and ssl_key in the server, or lower ssl-mode to PREFERRED or DISABLED"
+                .to_string(),
+        ));
+    }
+    #[cfg(feature = "mysql-tls")]
+    {
+        let cause = match error {
+            mysql::Error::IoError(io) => super::tls::find_rustls(io),
+            mysql::Error::CodecError(codec) => super::tls::find_rustls(codec),
+            mysql::Error::TlsError(tls) => super::tls::find_rustls(tls),
+            _ => None,
+        };
+        if let Some(cause) = cause {
+            return Some(super::tls::explain(
+                cause,
+                &opts.get_ip_or_hostname(),
+                &settings.trust(),
+                &super::tls::MYSQL_WORDS,
+            ));
+        }
+        // MySQL answers an account that requires TLS, met without it, as it answers a wrong
+        // password: find out which by trying once with TLS.
+        let refused = match error {
+            mysql::Error::MySqlError(e) if e.code == 1045 => Some(&e.message),
+            _ => None,
+        };
+        if let Some(message) =
+            refused.filter(|_| opts.get_ssl_opts().is_none() && opts.get_socket().is_none())
+        {
+            let encrypted = OptsBuilder::from_opts(opts.clone())
+                .ssl_opts(SslOpts::default().with_danger_accept_invalid_certs(true))
+                .prefer_socket(false);
+            if mysql::Conn::new(encrypted).is_ok() {
+                return Some((
+                    TlsProblem::Required,
+                    format!(
+                        "the server admits this account only over TLS (REQUIRE SSL) and the \
+                         URL turned TLS off ({message}): connect with ssl-mode=VERIFY_IDENTITY \
+                         and ssl-ca naming the server's CA, or ssl-mode=REQUIRED to encrypt \
+                         without verifying"
+                    ),
+                ));
+            }
+        }
+    }
+    let _ = (opts, settings);
+    None
+}
+
+/// `opts` with the URL's TLS settings applied (see [`super::tls`]), and whether a server that
+/// does not offer TLS may be connected to without it.
+fn with_tls(opts: Opts, settings: &super::tls::MysqlTls) -> crate::Result<(Opts, bool)> {
+    use super::tls::Mode;
+    // Without a mode of ours, the driver's own TLS parameters (root_cert_path, …) decide.
+    if settings.mode.is_none() && settings.ca.is_none() && opts.get_ssl_opts().is_some() {
+        return Ok((opts, false));
+    }
+    let mode = settings.effective_mode();
+    let builder = OptsBuilder::from_opts(opts);
+    #[cfg(not(feature = "mysql-tls"))]
+    {
+        if mode.requires_tls() {
+            let name = match mode {
+                Mode::Require => "REQUIRED",
+                Mode::VerifyCa => "VERIFY_CA",
+                _ => "VERIFY_IDENTITY",
+            };
+            return Err(super::tls::feature_missing("ssl-mode", name, "mysql-tls"));
+        }
+        // PREFERRED in a build without TLS: without.
+        Ok((builder.ssl_opts(None::<SslOpts>).into(), false))
+    }
+    #[cfg(feature = "mysql-tls")]
+    {
+        use super::tls::load_certificates;
+        use std::path::PathBuf;
+        if mode == Mode::Disable {
+            return Ok((builder.ssl_opts(None::<SslOpts>).into(), false));
+        }
+        let mut ssl = match mode {
+            Mode::Prefer | Mode::Require => {
+                SslOpts::default().with_danger_accept_invalid_certs(true)
+            }
+            Mode::VerifyCa => SslOpts::default().with_danger_skip_domain_validation(true),
+            Mode::VerifyFull | Mode::Disable => SslOpts::default(),
+        };
+        if let Some(ca) = &settings.ca {
+            // Read now: the driver reads it at every connection, and a bad file would only
+            // show as failed connections.
+            load_certificates("ssl-ca", ca)?;
+            if matches!(mode, Mode::VerifyCa | Mode::VerifyFull) {
+                ssl = ssl.with_root_cert_path(Some(PathBuf::from(ca)));
+            }
+        }
+        if let Some((cert, key)) = &settings.identity {
+            load_certificates("ssl-cert", cert)?;
+            std::fs::File::open(key)
+                .map_err(|e| Error::setting("ssl-key", format!("cannot read {key}: {e}")))?;
+            ssl = ssl.with_client_identity(Some(mysql::ClientIdentity::new(
+                PathBuf::from(cert),
+                PathBuf::from(key),
+            )));
+        }
+        let mut builder = builder.ssl_opts(ssl);
+        // A verified or required TLS connection does not turn into a Unix-socket one.
+        if mode.requires_tls() && !settings.prefer_socket_given {
+            builder = builder.prefer_socket(false);
+        }
+        Ok((builder.into(), mode == Mode::Prefer))
+    }
 }
 
 /// Opens a store on the MySQL or MariaDB database at `url`.
@@ -625,12 +782,14 @@ pub(crate) fn open(
     pool: &super::PoolSettings,
     table: &super::TableSettings,
 ) -> crate::Result<Arc<dyn super::Store>> {
-    let opts = Opts::from_url(url).map_err(|e| Error::Database {
+    let (url, settings) = super::tls::split_mysql(url)?;
+    let opts = Opts::from_url(&url).map_err(|e| Error::Database {
         operation: "connect",
         hint: "the MySQL URL does not parse: use mysql://user:password@host:port/database"
             .to_string(),
         source: Box::new(e),
     })?;
+    let (opts, prefer_tls) = with_tls(opts, &settings)?;
     let connect_timeout = opts
         .get_tcp_connect_timeout()
         .unwrap_or(pool.connect_timeout);
@@ -652,8 +811,14 @@ pub(crate) fn open(
             .write_timeout(Some(write))
             .into()
     };
-    check_connect(&with_socket_timeout(connect_timeout), pool.connect_timeout)?;
+    check_connect(
+        &with_socket_timeout(connect_timeout),
+        prefer_tls,
+        &settings,
+        pool.connect_timeout,
+    )?;
     let opts = with_socket_timeout(connect_timeout.max(pool.operation_timeout));
-    let store = super::SqlStore::<Mysql>::open(MysqlManager { opts }, pool, table)?;
+    let manager = MysqlManager { opts, prefer_tls };
+    let store = super::SqlStore::<Mysql>::open(manager, pool, table)?;
     Ok(Arc::new(store))
 }

@@ -64,6 +64,8 @@
 //! key's sleeping poller. Releases by Spring (`DELETE`) and leases that simply expire send
 //! nothing; polling every `idle_between_tries` still covers them. A lost connection is reopened
 //! and subscribed again (every waiter then tries once more, for releases missed meanwhile).
+//! Unsubscribed for `idle_connection_timeout`, the listener closes its connection; the next
+//! subscription opens a new one.
 //!
 //! No listener call waits without a bound:
 //!
@@ -102,7 +104,9 @@
 //! `columns` resolves the table name with `to_regclass`, exactly as the statements do
 //! (`search_path`, an optional `schema.` and case folding of unquoted names).
 //!
-//! Connections are plain TCP or Unix-socket connections (`NoTls`); they are checked once when
+//! Connections are TCP or Unix-socket connections, encrypted as the URL's `sslmode` says (feature
+//! `postgres-tls`; see [`super::tls`]): every connection, the listener's included, goes through
+//! [`connect_on`] with the registry's one TLS connector. They are checked once when
 //! the registry is built, so a wrong password or database name is reported as such instead of
 //! as a pool timeout.
 
@@ -120,9 +124,17 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio_postgres::config::Host;
-use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::config::SslMode;
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Notification, Socket, Statement};
+
+/// What encrypts connections: one rustls configuration per registry with feature
+/// `postgres-tls`, nothing without.
+#[cfg(feature = "postgres-tls")]
+type Tls = tokio_postgres_rustls::MakeRustlsConnect;
+#[cfg(not(feature = "postgres-tls"))]
+type Tls = tokio_postgres::NoTls;
 
 /// Database "now": UTC wall-clock time without a time zone, fixed for the statement.
 const NOW: &str = "(now() AT TIME ZONE 'UTC')";
@@ -148,6 +160,7 @@ const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub(crate) struct PgManager {
     config: Config,
+    tls: Tls,
 }
 
 /// The half of a connection that reads the socket and dispatches the server's messages to the
@@ -196,9 +209,9 @@ impl Drop for ConnRuntime {
 impl PgConn {
     /// Connects; the configuration's connect timeout bounds the whole wait, the startup
     /// handshake included (a server that accepts connections but never answers).
-    fn open(config: &Config) -> Result<PgConn, PgConnError> {
+    fn open(config: &Config, tls: &Tls) -> Result<PgConn, PgConnError> {
         let runtime = connection_runtime()?;
-        let (client, connection) = connect_on(&runtime, config)?;
+        let (client, connection) = connect_on(&runtime, config, tls)?;
         Ok(PgConn {
             runtime,
             client,
@@ -212,7 +225,7 @@ impl PgConn {
 
 /// The socket half of a connection, before it is boxed as a [`Driver`] (the listener reads
 /// its messages itself).
-type PgConnection = tokio_postgres::Connection<tokio_postgres::Socket, NoTlsStream>;
+type PgConnection = tokio_postgres::Connection<Socket, <Tls as MakeTlsConnect<Socket>>::Stream>;
 
 /// The current-thread runtime of a new connection.
 fn connection_runtime() -> Result<ConnRuntime, PgConnError> {
@@ -233,14 +246,47 @@ fn connect_limit(config: &Config) -> Duration {
 }
 
 /// Connects on `runtime`; [`connect_limit`] bounds the whole wait, the startup handshake
-/// included (a server that accepts connections but never answers).
-fn connect_on(runtime: &Runtime, config: &Config) -> Result<(Client, PgConnection), PgConnError> {
+/// included (a server that accepts connections but never answers). With `sslmode=prefer` a
+/// TLS attempt that fails (the handshake, or the server refusing the encrypted connection) is
+/// made again without TLS, as libpq does; if that fails too, the first error is returned.
+#[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
+fn connect_on(
+    runtime: &Runtime,
+    config: &Config,
+    tls: &Tls,
+) -> Result<(Client, PgConnection), PgConnError> {
     let limit = connect_limit(config);
+    let attempts = async {
+        let first = config.connect(tls.clone()).await;
+        match first {
+            Err(error) if falls_back(config, &error) => {
+                let mut plain = config.clone();
+                plain.ssl_mode(SslMode::Disable);
+                plain.connect(tls.clone()).await.or(Err(error))
+            }
+            other => other,
+        }
+    };
     // The timer must be made inside the runtime, which owns the clock it registers with.
-    let connecting = async { tokio::time::timeout(limit, config.connect(NoTls)).await };
+    let connecting = async { tokio::time::timeout(limit, attempts).await };
     Ok(runtime
         .block_on(connecting)
         .map_err(|_| PgConnError::NoAnswer(limit))??)
+}
+
+/// Whether a failed connection attempt is made again without TLS (`sslmode=prefer`).
+fn falls_back(config: &Config, error: &tokio_postgres::Error) -> bool {
+    #[cfg(feature = "postgres-tls")]
+    {
+        config.get_ssl_mode() == SslMode::Prefer
+            && (error.as_db_error().is_some() || super::tls::find_rustls(error).is_some())
+    }
+    #[cfg(not(feature = "postgres-tls"))]
+    {
+        // Nothing was encrypted: there is nothing to fall back from.
+        let _ = (config, error);
+        false
+    }
 }
 
 /// Whether this thread is inside an asynchronous runtime, where a driver cannot block on a
@@ -336,7 +382,7 @@ impl r2d2::ManageConnection for PgManager {
     type Error = PgConnError;
 
     fn connect(&self) -> Result<PgConn, PgConnError> {
-        PgConn::open(&self.config)
+        PgConn::open(&self.config, &self.tls)
     }
 
     fn is_valid(&self, conn: &mut PgConn) -> Result<(), PgConnError> {
@@ -544,14 +590,18 @@ impl Backend for Postgres {
             .collect()
     }
 
+    #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
     fn listen_for_releases(
         manager: &PgManager,
         table: &TableSettings,
+        idle_timeout: Duration,
         handler: ListenerHandler,
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
         let listener = Listener {
+            idle_timeout,
             config: manager.config.clone(),
+            tls: manager.tls.clone(),
             limit: connect_limit(&manager.config),
             channel: channel(&table.table),
             region: table.region.clone(),
@@ -564,7 +614,7 @@ impl Backend for Postgres {
         // listener that gets no answer does not fail build(): it connects again when a thread
         // first waits, and polling covers waiters meanwhile.
         fail_point!("postgres::listener_before_connect");
-        let conn = match outside_async(|| ListenerConn::open(&listener.config)) {
+        let conn = match outside_async(|| ListenerConn::open(&listener.config, &listener.tls)) {
             Ok(conn) => Some(conn),
             Err(e) => {
                 log::warn!(
@@ -602,8 +652,11 @@ fn channel(table: &str) -> String {
 /// is gone, so it outlives its registry by one bounded call at most.
 struct Listener {
     config: Config,
+    tls: Tls,
     /// The bound of each call: the connect timeout.
     limit: Duration,
+    /// Unsubscribed this long, the listener closes its connection.
+    idle_timeout: Duration,
     channel: String,
     region: String,
     handler: ListenerHandler,
@@ -620,9 +673,26 @@ impl Listener {
     const CHECK: Duration = Duration::from_secs(30);
 
     /// Waits for subscription requests and serves each until the registry lets it go; ends
-    /// with the registry. `conn` is the connection opened by `build()`, if it could be.
+    /// with the registry. `conn` is the connection opened by `build()`, if it could be; an
+    /// unsubscribed connection is closed after `idle_timeout`, so a registry none of whose
+    /// threads waits keeps no listener connection open.
     fn run(self, mut conn: Option<ListenerConn>) {
-        while self.requested.take() || self.requests.recv().is_ok() {
+        loop {
+            let requested = self.requested.take()
+                || match conn {
+                    Some(_) => match self.requests.recv_timeout(self.idle_timeout) {
+                        Ok(()) => true,
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                            conn = None;
+                            continue;
+                        }
+                        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => false,
+                    },
+                    None => self.requests.recv().is_ok(),
+                };
+            if !requested {
+                return;
+            }
             while self.requests.try_recv().is_ok() {}
             if !self.subscribe(&mut conn) || !self.while_subscribed(&mut conn) {
                 return;
@@ -650,7 +720,7 @@ impl Listener {
             if conn.as_ref().is_none_or(ListenerConn::is_closed) {
                 *conn = None;
                 fail_point!("postgres::listener_before_connect");
-                match ListenerConn::open(&self.config) {
+                match ListenerConn::open(&self.config, &self.tls) {
                     Ok(fresh) => *conn = Some(fresh),
                     Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
                 }
@@ -764,9 +834,9 @@ struct ListenerConn {
 }
 
 impl ListenerConn {
-    fn open(config: &Config) -> Result<ListenerConn, PgConnError> {
+    fn open(config: &Config, tls: &Tls) -> Result<ListenerConn, PgConnError> {
         let runtime = connection_runtime()?;
-        let (client, connection) = connect_on(&runtime, config)?;
+        let (client, connection) = connect_on(&runtime, config, tls)?;
         Ok(ListenerConn {
             client,
             connection: Some(connection),
@@ -968,14 +1038,25 @@ fn address(config: &Config) -> String {
 
 /// One direct connection, retried while the server is unreachable or starting, so that a wrong
 /// password or database comes back as what it is rather than as a pool timeout.
-fn check_connect(config: &Config, timeout: Duration) -> crate::Result<()> {
-    super::first_connection(Postgres::NAME, &address(config), timeout, || {
-        outside_async(|| PgConn::open(config))
+/// A failure caused by TLS is reported as [`Error::Tls`] at once.
+fn check_connect(
+    config: &Config,
+    tls: &Tls,
+    settings: &super::tls::PgTls,
+    timeout: Duration,
+) -> crate::Result<()> {
+    let server = address(config);
+    super::first_connection(Postgres::NAME, &server, timeout, || {
+        outside_async(|| PgConn::open(config, tls))
             .map(drop)
             .map_err(|error| match error {
                 PgConnError::Postgres(error) => {
                     let detail =
                         io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
+                    if let Some((problem, hint)) = tls_problem(&error, config, settings) {
+                        let failure = super::tls::TlsFailure::new(problem, hint.clone(), error);
+                        return (Failure::new(FailureKind::Fatal, hint, failure), detail);
+                    }
                     (classify(error), detail)
                 }
                 other => {
@@ -989,6 +1070,78 @@ fn check_connect(config: &Config, timeout: Duration) -> crate::Result<()> {
                 }
             })
     })
+    .map_err(|e| super::tls::surface(e, &server))
+}
+
+/// What a failed connection attempt says about TLS, if its cause is TLS: the certificate, the
+/// handshake, a server without TLS, or a `pg_hba.conf` that admits this user only over TLS.
+fn tls_problem(
+    error: &tokio_postgres::Error,
+    config: &Config,
+    settings: &super::tls::PgTls,
+) -> Option<(crate::TlsProblem, String)> {
+    use crate::TlsProblem;
+    #[cfg(feature = "postgres-tls")]
+    if let Some(cause) = super::tls::find_rustls(error) {
+        let host = config
+            .get_hosts()
+            .iter()
+            .find_map(|host| match host {
+                Host::Tcp(name) => Some(name.as_str()),
+                #[cfg(unix)]
+                Host::Unix(_) => None,
+            })
+            .unwrap_or("");
+        return Some(super::tls::explain(
+            cause,
+            host,
+            &settings.trust(),
+            &super::tls::PG_WORDS,
+        ));
+    }
+    let _ = (config, settings);
+    let text = error.to_string();
+    if text.contains("server does not support TLS") {
+        return Some((
+            TlsProblem::NotOffered,
+            "the URL's sslmode requires TLS but the server does not offer it: turn ssl on in \
+             the server, or lower sslmode to prefer or disable"
+                .to_string(),
+        ));
+    }
+    let db = error.as_db_error()?;
+    let message = db.message();
+    if db.code().code() != "28000" {
+        return None;
+    }
+    // pg_hba.conf's verdict names the encryption of the refused connection.
+    if message.contains("no encryption") || message.ends_with("SSL off") {
+        let fix = if cfg!(feature = "postgres-tls") {
+            "connect with sslmode=verify-full (and sslrootcert naming the server's CA), or \
+             sslmode=require to encrypt without verifying"
+        } else {
+            "this build of leasehold has no TLS: enable its feature `postgres-tls` and connect \
+             with sslmode=verify-full"
+        };
+        return Some((
+            TlsProblem::Required,
+            format!(
+                "the server admits this user only over TLS and the connection was not \
+                 encrypted ({message}): {fix}"
+            ),
+        ));
+    }
+    if message.contains("client certificate") || message.contains("certificate authentication") {
+        return Some((
+            TlsProblem::Handshake,
+            format!(
+                "the server wants a client certificate for this user ({message}): set sslcert \
+                 and sslkey to a certificate signed by a CA the server trusts (ssl_ca_file), \
+                 whose common name is the user name"
+            ),
+        ));
+    }
+    None
 }
 
 /// Opens a store on the PostgreSQL database at `url` (a URL or a `key=value` string).
@@ -997,6 +1150,7 @@ pub(crate) fn open(
     pool: &super::PoolSettings,
     table: &super::TableSettings,
 ) -> crate::Result<Arc<dyn super::Store>> {
+    let (url, settings) = super::tls::split_postgres(url)?;
     let mut config: Config = url.parse().map_err(|e| Error::Database {
         operation: "connect",
         hint: "the PostgreSQL URL does not parse: use postgres://user:password@host:port/database \
@@ -1010,8 +1164,39 @@ pub(crate) fn open(
     if config.get_application_name().is_none() {
         config.application_name("leasehold");
     }
-    check_connect(&config, pool.connect_timeout)?;
-    let store = super::SqlStore::<Postgres>::open(PgManager { config }, pool, table)?;
+    // The mode as tokio-postgres knows it; the connector does the verification.
+    config.ssl_mode(match settings.mode {
+        super::tls::Mode::Disable => SslMode::Disable,
+        super::tls::Mode::Prefer => SslMode::Prefer,
+        _ => SslMode::Require,
+    });
+    // Unix sockets never use TLS (libpq ignores sslmode for them).
+    #[cfg(unix)]
+    if !config.get_hosts().is_empty()
+        && config.get_hostaddrs().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|host| matches!(host, Host::Unix(_)))
+    {
+        config.ssl_mode(SslMode::Disable);
+    }
+    #[cfg(feature = "postgres-tls")]
+    let tls = super::tls::connector(&settings)?;
+    #[cfg(not(feature = "postgres-tls"))]
+    let tls = match settings.mode {
+        mode if mode.requires_tls() && config.get_ssl_mode() != SslMode::Disable => {
+            let name = match mode {
+                super::tls::Mode::Require => "require",
+                super::tls::Mode::VerifyCa => "verify-ca",
+                _ => "verify-full",
+            };
+            return Err(super::tls::feature_missing("sslmode", name, "postgres-tls"));
+        }
+        _ => tokio_postgres::NoTls,
+    };
+    check_connect(&config, &tls, &settings, pool.connect_timeout)?;
+    let store = super::SqlStore::<Postgres>::open(PgManager { config, tls }, pool, table)?;
     Ok(Arc::new(store))
 }
 

@@ -1,0 +1,112 @@
+//! The retry loop every operation of a store runs in: a pooled connection per attempt, deadlines
+//! that a silent server cannot stretch, short pauses between transient failures.
+
+use super::{statement_threads, Backend, Conn, Failure, FailureKind, Path, SqlStore};
+use crate::error::{DatabaseError, Error, Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl<B: Backend> SqlStore<B> {
+    /// Runs `attempt` on a pooled connection until it succeeds, fails for good, or `deadline`
+    /// passes. Transient failures sleep a short, doubling pause (1 ms to 100 ms, never past the
+    /// deadline); broken connections are discarded.
+    ///
+    /// A server or connection that stops answering cannot hold the caller past `deadline`:
+    /// either the backend bounds the call itself ([`Backend::runs_inline`]), or the attempt runs on
+    /// a statement thread ([`statement_threads`]) while the caller waits at most until the
+    /// deadline. Either way the connection is discarded. (An acquire granted after its caller
+    /// gave up is left to expire.)
+    pub(super) fn run<T, F>(
+        &self,
+        path: Path,
+        operation: &'static str,
+        deadline: Instant,
+        attempt: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Conn<B>) -> Result<T, Failure> + Send + Sync + 'static,
+    {
+        let attempt = Arc::new(attempt);
+        let pool = match path {
+            Path::Main => &self.pool,
+            Path::Renewal => &self.renewal_pool,
+        };
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        let mut last: Option<DatabaseError> = None;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(Error::Timeout {
+                    operation,
+                    waited: started.elapsed(),
+                    source: last,
+                });
+            }
+            match pool.get_timeout(remaining) {
+                Err(e) => last = Some(Box::new(e)),
+                Ok(conn) => match attempt_once::<B, T, F>(conn, &attempt, deadline) {
+                    None => {
+                        last =
+                            Some(format!("no answer from {} before the deadline", B::NAME).into())
+                    }
+                    Some(Ok(value)) => return Ok(value),
+                    Some(Err(failure)) => {
+                        log::debug!("{operation} on {}: {failure:?}", B::NAME);
+                        match failure.kind {
+                            FailureKind::Fatal => {
+                                return Err(Error::Database {
+                                    operation,
+                                    hint: failure.hint,
+                                    source: failure.source,
+                                })
+                            }
+                            FailureKind::Broken | FailureKind::Transient => {}
+                        }
+                        last = Some(failure.source);
+                    }
+                },
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            std::thread::sleep(pause.min(remaining));
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+}
+
+/// One attempt on `conn`: on the calling thread when [`Backend::runs_inline`], else
+/// on a statement thread, waiting at most until `deadline` (`None`: no answer in time). A
+/// connection whose attempt failed as broken, or was abandoned, is flagged for discarding.
+fn attempt_once<B, T, F>(
+    mut conn: r2d2::PooledConnection<B::Manager>,
+    attempt: &Arc<F>,
+    deadline: Instant,
+) -> Option<Result<T, Failure>>
+where
+    B: Backend,
+    T: Send + 'static,
+    F: Fn(&mut Conn<B>) -> Result<T, Failure> + Send + Sync + 'static,
+{
+    let finish = |conn: &mut Conn<B>, outcome: &Result<T, Failure>| {
+        if matches!(outcome, Err(f) if f.kind == FailureKind::Broken) {
+            B::mark_broken(conn);
+        }
+    };
+    B::set_deadline(&mut conn, deadline);
+    if B::runs_inline() {
+        let outcome = attempt(&mut conn);
+        finish(&mut conn, &outcome);
+        return Some(outcome);
+    }
+    let (answer, answered) = crossbeam_channel::bounded(1);
+    let attempt = Arc::clone(attempt);
+    statement_threads::run(Box::new(move || {
+        let outcome = attempt(&mut conn);
+        finish(&mut conn, &outcome);
+        if answer.send(outcome).is_err() {
+            B::mark_broken(&mut conn);
+        }
+    }));
+    answered.recv_deadline(deadline).ok()
+}

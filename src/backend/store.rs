@@ -1,0 +1,304 @@
+//! The registry's view of a database ([`Store`]) and its one implementation over any backend
+//! ([`SqlStore`]): the lease operations, each on its pool with a deadline, written once.
+
+#[cfg(feature = "failpoints")]
+use super::injected_failure;
+use super::pools::build_pool;
+use super::statistics::Counters;
+use super::{
+    pairs_json, Backend, ListenerHandler, OwnedParams, PoolSettings, Statements, Statistics,
+    TableSettings,
+};
+use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A grant from the database: the lease's fencing token and when its statement was sent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub token: i64,
+    pub sent_at: Instant,
+}
+
+/// Which pool an operation draws from. Renewals have their own, so that waiters and user code
+/// holding every main connection cannot make a held lease expire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    Main,
+    Renewal,
+}
+
+/// The registry's view of a database: the three lease operations with deadlines.
+pub(crate) trait Store: Send + Sync {
+    /// One acquire attempt (retrying transient failures until `deadline`).
+    fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>>;
+    /// Renews; `Ok(Some(sent_at))` when renewed, `Ok(None)` when this client is not the holder.
+    fn renew(
+        &self,
+        lock_key: &str,
+        token: i64,
+        ttl: Duration,
+        deadline: Instant,
+        path: Path,
+    ) -> Result<Option<Instant>>;
+    /// Renews many leases of one time-to-live together, on the renewal path: `leases` are
+    /// (`LOCK_KEY`, fencing token) pairs. `Ok((sent_at, renewed))` with `renewed[i]` telling
+    /// whether lease `i` is still this client's (`false`: not the holder, as `renew`'s `None`);
+    /// `Err` when the outcome is unknown for all of them.
+    fn renew_batch(
+        &self,
+        leases: &[(&str, i64)],
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<(Instant, Vec<bool>)>;
+    /// Releases; `Ok(false)` when the lease had already been lost. `turn_age`: how long the key
+    /// has been busy without a break, which notified waiters continue; `None` for a release
+    /// that ends a turn, which wakes nobody (parameter 4: the age in µs, or -1).
+    fn release(
+        &self,
+        lock_key: &str,
+        token: i64,
+        deadline: Instant,
+        turn_age: Option<Duration>,
+    ) -> Result<bool>;
+    /// `SQLite`, `PostgreSQL`, `MySQL`.
+    fn backend_name(&self) -> &'static str;
+    /// The statements this store runs.
+    fn statements(&self) -> &Statements;
+    /// Statements sent so far.
+    fn statistics(&self) -> Statistics;
+    /// Starts the backend's release listener (see [`Backend::listen_for_releases`]).
+    fn listen_for_releases(
+        &self,
+        handler: ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool;
+    /// Reads the database clock: (µs since the Unix epoch, when the query was sent, when the
+    /// answer arrived).
+    fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)>;
+}
+
+/// [`Store`] over any [`Backend`]: pools, deadlines and retries, written once.
+pub(crate) struct SqlStore<B: Backend> {
+    pub(super) pool: r2d2::Pool<B::Manager>,
+    pub(super) renewal_pool: r2d2::Pool<B::Manager>,
+    pub(super) queries: Arc<Statements>,
+    /// The batch renewal statements; `None` with a custom renew statement, which is then run
+    /// once per lease.
+    pub(super) batch_renew: Option<Arc<Vec<String>>>,
+    /// Set when the database refused the batch statements for good (a server without
+    /// `JSON_TABLE`, say): renewals then run one statement per lease.
+    pub(super) batch_refused: std::sync::atomic::AtomicBool,
+    pub(super) region: Arc<str>,
+    pub(super) client_id: Arc<str>,
+    pub(super) counters: Arc<Counters>,
+    pub(super) manager: B::Manager,
+    pub(super) table: TableSettings,
+    /// How long an idle connection stays open (see [`PoolSettings`]).
+    pub(super) idle_timeout: Duration,
+}
+
+impl<B: Backend> SqlStore<B> {
+    /// Builds both pools from `manager`, checks (or creates) the table and checks custom SQL.
+    pub fn open(manager: B::Manager, pool: &PoolSettings, table: &TableSettings) -> Result<Self>
+    where
+        B::Manager: Clone,
+    {
+        let renewal_pool = build_pool(manager.clone(), pool.renewal_pool_size, pool);
+        let main = build_pool(manager.clone(), pool.pool_size, pool);
+        let mut store = SqlStore {
+            pool: main,
+            renewal_pool,
+            // Chosen once the table has been checked (whether acquire can read the floor).
+            queries: Arc::default(),
+            batch_renew: table
+                .custom
+                .renew
+                .is_none()
+                .then(|| Arc::new(B::renew_batch_sql(&table.table))),
+            batch_refused: Default::default(),
+            region: table.region.as_str().into(),
+            client_id: table.client_id.as_str().into(),
+            counters: Arc::default(),
+            manager,
+            table: table.clone(),
+            idle_timeout: pool.idle_timeout,
+        };
+        let deadline = Instant::now() + pool.connect_timeout;
+        let floor = store.check_table(table, deadline)?;
+        let defaults = B::default_queries(&table.table, floor);
+        store.queries = Arc::new(Statements {
+            acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
+            renew: table.custom.renew.clone().unwrap_or(defaults.renew),
+            release: table.custom.release.clone().unwrap_or(defaults.release),
+        });
+        store.check_custom(&table.custom, deadline)?;
+        Ok(store)
+    }
+
+    pub(super) fn params(&self, lock_key: &str, ttl: Duration, token: i64) -> OwnedParams {
+        OwnedParams {
+            lock_key: lock_key.into(),
+            region: Arc::clone(&self.region),
+            client_id: Arc::clone(&self.client_id),
+            ttl_micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),
+            token,
+        }
+    }
+}
+
+impl<B: Backend> Store for SqlStore<B> {
+    fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>> {
+        let params = self.params(lock_key, ttl, 0);
+        let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
+        self.run(Path::Main, "acquire", deadline, move |conn| {
+            let sent_at = Instant::now();
+            fail_point!("backend::acquire_sent");
+            counters.acquires.fetch_add(1, Ordering::Relaxed);
+            let token = B::acquire(conn, &queries.acquire, &params.borrowed())?;
+            if token.is_some() {
+                counters.grants.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(token.map(|token| Grant { token, sent_at }))
+        })
+    }
+
+    fn renew(
+        &self,
+        lock_key: &str,
+        token: i64,
+        ttl: Duration,
+        deadline: Instant,
+        path: Path,
+    ) -> Result<Option<Instant>> {
+        let params = self.params(lock_key, ttl, token);
+        let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
+        let operation = match path {
+            Path::Main => "renew",
+            Path::Renewal => "background renewal",
+        };
+        self.run(path, operation, deadline, move |conn| {
+            let sent_at = Instant::now();
+            fail_point!("backend::renew_sent", |_| Err(injected_failure()));
+            counters.renewals.fetch_add(1, Ordering::Relaxed);
+            let rows = B::update(conn, &queries.renew, &params.borrowed())?;
+            Ok((rows > 0).then_some(sent_at))
+        })
+    }
+
+    fn renew_batch(
+        &self,
+        leases: &[(&str, i64)],
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<(Instant, Vec<bool>)> {
+        let batch = match &self.batch_renew {
+            Some(batch) if !self.batch_refused.load(Ordering::Relaxed) => batch,
+            _ => return renew_each(self, leases, ttl, deadline),
+        };
+        let pairs = pairs_json(leases.iter().map(|(key, token)| (*key, *token)));
+        let params = self.params(&pairs, ttl, 0);
+        let (batch, counters) = (Arc::clone(batch), Arc::clone(&self.counters));
+        let outcome = self.run(Path::Renewal, "background renewal", deadline, move |conn| {
+            let sent_at = Instant::now();
+            fail_point!("backend::renew_sent", |_| Err(injected_failure()));
+            counters.renewals.fetch_add(1, Ordering::Relaxed);
+            Ok((sent_at, B::renew_batch(conn, &batch, &params.borrowed())?))
+        });
+        let (sent_at, renewed) = match outcome {
+            Err(Error::Database { hint, .. }) => {
+                // Refused, so it did not run: renew one by one from now on.
+                log::warn!(
+                    "{} refused the batch renewal ({hint}); renewing one lease per statement",
+                    B::NAME
+                );
+                self.batch_refused.store(true, Ordering::Relaxed);
+                return renew_each(self, leases, ttl, deadline);
+            }
+            other => other?,
+        };
+        let renewed: std::collections::HashSet<(String, i64)> = renewed.into_iter().collect();
+        let found = leases
+            .iter()
+            .map(|(key, token)| renewed.contains(&((*key).to_string(), *token)))
+            .collect();
+        Ok((sent_at, found))
+    }
+
+    fn release(
+        &self,
+        lock_key: &str,
+        token: i64,
+        deadline: Instant,
+        turn_age: Option<Duration>,
+    ) -> Result<bool> {
+        let mut params = self.params(lock_key, turn_age.unwrap_or_default(), token);
+        if turn_age.is_none() {
+            params.ttl_micros = -1;
+        }
+        let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
+        self.run(Path::Main, "release", deadline, move |conn| {
+            counters.releases.fetch_add(1, Ordering::Relaxed);
+            Ok(B::update(conn, &queries.release, &params.borrowed())? > 0)
+        })
+    }
+
+    fn backend_name(&self) -> &'static str {
+        B::NAME
+    }
+
+    fn statements(&self) -> &Statements {
+        &self.queries
+    }
+
+    fn listen_for_releases(
+        &self,
+        handler: ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool {
+        B::listen_for_releases(
+            &self.manager,
+            &self.table,
+            self.idle_timeout,
+            handler,
+            requests,
+        )
+    }
+
+    fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)> {
+        let params = self.params("", Duration::ZERO, 0);
+        self.run(
+            Path::Main,
+            "read the database clock",
+            deadline,
+            move |conn| {
+                let sent_at = Instant::now();
+                let micros =
+                    B::acquire(conn, B::clock_sql(), &params.borrowed())?.unwrap_or_default();
+                Ok((micros, sent_at, Instant::now()))
+            },
+        )
+    }
+
+    fn statistics(&self) -> Statistics {
+        self.counters.read()
+    }
+}
+
+/// A batch renewal as one renew statement per lease (custom renew statements), on the renewal
+/// path; the send instant is the first statement's, the earliest and so the safe one.
+fn renew_each(
+    store: &dyn Store,
+    leases: &[(&str, i64)],
+    ttl: Duration,
+    deadline: Instant,
+) -> Result<(Instant, Vec<bool>)> {
+    let started = Instant::now();
+    let mut renewed = Vec::with_capacity(leases.len());
+    for (lock_key, token) in leases {
+        let outcome = store.renew(lock_key, *token, ttl, deadline, Path::Renewal)?;
+        renewed.push(outcome.is_some());
+    }
+    Ok((started, renewed))
+}
