@@ -134,13 +134,17 @@ impl LockRegistry {
     }
 
     /// A builder for a registry on PostgreSQL, e.g.
-    /// `postgres://postgres@127.0.0.1:5432/test` (key=value strings work too).
+    /// `postgres://postgres@127.0.0.1:5432/test` (key=value strings work too). With the
+    /// `postgres-tls` feature the URL's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` are
+    /// honoured as libpq reads them (default `prefer`).
     #[cfg(feature = "postgres")]
     pub fn postgres(url: impl Into<String>) -> RegistryBuilder {
         RegistryBuilder::new(Database::Postgres(url.into()))
     }
 
     /// A builder for a registry on MySQL or MariaDB, e.g. `mysql://root@127.0.0.1:3306/test`.
+    /// With the `mysql-tls` feature the URL's `ssl-mode`, `ssl-ca`, `ssl-cert`/`ssl-key` and
+    /// `require_ssl` are honoured (default `PREFERRED`).
     #[cfg(feature = "mysql")]
     pub fn mysql(url: impl Into<String>) -> RegistryBuilder {
         RegistryBuilder::new(Database::Mysql(url.into()))
