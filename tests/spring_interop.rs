@@ -61,7 +61,12 @@ fn unreachable(database: &str, url: &str, error: &dyn std::fmt::Display) {
         !on_ci(),
         "{database} at {url} is unreachable on CI: {error}"
     );
-    eprintln!("skipping: {database} at {url} is unreachable ({error}); set its URL to run this");
+    use std::io::Write;
+    // Straight to stderr, which the test harness does not capture: the skip shows in the summary.
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "SKIPPED: {database} at {url} is unreachable ({error}); set its URL to run this"
+    );
 }
 
 /// A table prefix no other test uses.

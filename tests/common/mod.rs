@@ -61,7 +61,9 @@ impl Fixture {
                 if ci || db == Db::Sqlite {
                     panic!("{db:?} is required for {test} but failed: {e}");
                 }
-                eprintln!("SKIPPED {test} on {db:?}: no server ({e}); set CI=true to fail instead");
+                skipped(&format!(
+                    "{test} on {db:?}: no server ({e}); set CI=true to fail instead"
+                ));
                 None
             }
         }
@@ -97,6 +99,43 @@ impl Fixture {
 
     pub fn table(&self) -> String {
         format!("{}LOCK", self.prefix)
+    }
+}
+
+/// Says that a test skipped, where `cargo test` shows it even for a test that passes: straight
+/// to the process's stderr, which the test harness does not capture (it captures `eprintln!`).
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {why}");
+}
+
+impl Drop for Fixture {
+    /// Drops the test's tables (and the deletion floor's trigger function) from the server, so
+    /// that test runs leave nothing behind; SQLite's go with the temporary directory.
+    fn drop(&mut self) {
+        let table = self.table();
+        match self.db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                if let Ok(mut client) = postgres::Client::connect(&postgres_url(), postgres::NoTls)
+                {
+                    let _ = client.batch_execute(&format!(
+                        "DROP TABLE IF EXISTS {table} CASCADE; \
+                         DROP TABLE IF EXISTS {table}_FLOOR CASCADE; \
+                         DROP FUNCTION IF EXISTS {table}_FLOOR() CASCADE"
+                    ));
+                }
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                if let Ok(mut conn) = mysql::Conn::new(mysql::Opts::from_url(&mysql_url()).unwrap())
+                {
+                    let _ = conn.query_drop(format!("DROP TABLE IF EXISTS {table}, {table}_FLOOR"));
+                }
+            }
+            _ => {}
+        }
     }
 }
 
