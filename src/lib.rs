@@ -188,6 +188,11 @@ pub use leader::{
 };
 pub use lease::{LeaseLost, LostCallback};
 pub use lock::{Lock, LockGuard};
+
+/// The channel crate behind [`LockGuard::loss_channel`], re-exported so that `select!` over a
+/// loss and your own channels needs no dependency of yours:
+/// `leasehold::crossbeam_channel::select! { recv(guard.loss_channel()) -> lost => …, … }`.
+pub use crossbeam_channel;
 pub use registry::{
     LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES, MAX_PREFIX_CHARS, MAX_REGION_CHARS,
     MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,

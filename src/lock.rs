@@ -543,6 +543,31 @@ impl Lock {
         Ok(guard.expect("an unbounded wait ends only with a grant or an error"))
     }
 
+    /// Locks (waiting as [`lock`](Self::lock) does), runs `work` with the guard, unlocks, and
+    /// returns what `work` returned.
+    ///
+    /// `Err(LeaseLost)` means `work` ran but the lease was lost before it finished: another
+    /// instance may have held the lock meanwhile, so treat its effects as unprotected (its value
+    /// is dropped). `work` can watch [`LockGuard::loss_channel`] or
+    /// [`LockGuard::is_held`] to stop early. A panic in `work` unlocks and goes on unwinding.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+    /// let rows = registry.obtain("nightly-export")?.with_lock(|guard| {
+    ///     // ... export, passing guard.fencing_token() along with each write ...
+    ///     42
+    /// })?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_lock<T>(&self, work: impl FnOnce(&LockGuard) -> T) -> Result<T> {
+        let guard = self.lock()?;
+        let value = work(&guard);
+        guard.unlock().map(|()| value)
+    }
+
     /// One attempt: `Ok(None)` when the lock is held elsewhere (another instance, or another
     /// thread of this registry, or one that is acquiring it right now).
     ///

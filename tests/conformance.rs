@@ -336,6 +336,47 @@ mod suite {
         ));
     }
 
+    pub fn with_lock_runs_the_work_under_the_lock_and_reports_a_lost_lease(f: &Fixture) {
+        let registry = f.registry();
+        let other = f.registry();
+        let lock = registry.obtain("closure").unwrap();
+        let seen = lock
+            .with_lock(|guard| {
+                assert!(guard.is_held());
+                let taken = other.obtain("closure").unwrap().try_lock().unwrap();
+                (taken.is_none(), guard.fencing_token())
+            })
+            .unwrap();
+        assert!(seen.0, "another instance got the lock during the work");
+        assert!(!lock.is_held_by_current_thread(), "unlocked after the work");
+        assert!(other
+            .obtain("closure")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .is_some());
+        let short = f
+            .builder()
+            .time_to_live(Duration::from_millis(50))
+            .renewal(false)
+            .build()
+            .unwrap();
+        let lost = short
+            .obtain("closure-lost")
+            .unwrap()
+            .with_lock(|_| thread::sleep(Duration::from_millis(120)));
+        assert!(lost.unwrap_err().is_lease_lost());
+        // The re-exported channel crate selects over a loss and another channel.
+        let guard = registry.obtain("select").unwrap().lock().unwrap();
+        let (_keep, idle) = leasehold::crossbeam_channel::bounded::<()>(1);
+        leasehold::crossbeam_channel::select! {
+            recv(guard.loss_channel()) -> lost => panic!("lost: {lost:?}"),
+            recv(idle) -> _ => panic!("nothing was sent"),
+            default(Duration::from_millis(20)) => {}
+        }
+        guard.unlock().unwrap();
+    }
+
     pub fn an_empty_prefix_is_refused_where_lock_is_reserved(f: &Fixture) {
         if f.db != Db::Mysql {
             return; // SQLite and PostgreSQL accept a table named LOCK.
@@ -694,6 +735,7 @@ macro_rules! conformance {
             bad_input_gets_typed_errors,
             absurd_durations_are_refused_when_building,
             an_empty_prefix_is_refused_where_lock_is_reserved,
+            with_lock_runs_the_work_under_the_lock_and_reports_a_lost_lease,
             the_holder_gives_up_before_the_database_by_the_drift_allowance,
             a_nested_acquire_of_a_lost_lease_reports_the_loss,
             a_previous_holders_loss_channel_ends_at_the_handoff,
