@@ -23,6 +23,9 @@
 //! - `handoff_instances`: registry A releases, registry B (own pool) was waiting in `lock()`:
 //!   time from A's `unlock()` call to B's `lock()` returning;
 //! - `handoff_processes`: the same with B in another OS process (this binary, re-spawned).
+//! - `handoff_instances_default_turns` (PostgreSQL with notifications): `handoff_instances` with
+//!   the default `local_handoff_limit` and `turn_window` (the others run without a limit), to
+//!   show what fair turns cost.
 //!
 //! PostgreSQL runs the handoffs twice: with release notifications (`LISTEN`/`NOTIFY`, the
 //! default) and with polling only (`postgres_polling`). Polling backends sleep
@@ -330,6 +333,22 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
         group.bench_function("handoff_processes", |b| {
             b.iter_custom(|n| handoffs(&holder, &mut process_waiter, n))
         });
+        if *notifications && name == "postgres" {
+            // What fair turns cost a ping-pong handoff: the default local_handoff_limit (1 s)
+            // and turn_window (2 × idle_between_tries) instead of no limit.
+            let with_turns = |target: &Target| {
+                target
+                    .builder(true)
+                    .local_handoff_limit(Some(Duration::from_secs(1)))
+                    .build()
+                    .unwrap()
+            };
+            let holder = with_turns(target);
+            let mut waiter = ThreadWaiter::new(with_turns(target));
+            group.bench_function("handoff_instances_default_turns", |b| {
+                b.iter_custom(|n| handoffs(&holder, &mut waiter, n))
+            });
+        }
         group.finish();
     }
 }
