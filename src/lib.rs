@@ -189,6 +189,11 @@ pub use leader::{
 pub use lease::{LeaseLost, LostCallback};
 pub use lock::{Lock, LockGuard};
 
+/// The README's Rust snippets, compiled by `cargo test --doc` so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;
+
 /// The channel crate behind [`LockGuard::loss_channel`], re-exported so that `select!` over a
 /// loss and your own channels needs no dependency of yours:
 /// `leasehold::crossbeam_channel::select! { recv(guard.loss_channel()) -> lost => …, … }`.
