@@ -40,6 +40,23 @@ impl fmt::Display for LossReason {
 }
 
 /// Everything that can go wrong, each with what to do about it.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+/// match registry.obtain("") {
+///     Err(leasehold::Error::InvalidKey { reason }) => assert!(reason.contains("empty")),
+///     other => panic!("{other:?}"),
+/// }
+/// let guard = registry.obtain("job")?.lock()?;
+/// match guard.unlock() {
+///     Ok(()) => {}                                   // held throughout
+///     Err(e) if e.is_lease_lost() => eprintln!("work may be unprotected: {e}"),
+///     Err(e) => return Err(e),                      // the database failed: retry later
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

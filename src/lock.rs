@@ -467,6 +467,28 @@ impl LockInner {
 /// Acquiring is reentrant per thread: a thread that holds the lock and asks again gets another
 /// guard at once (and the lock is released when the outermost guard goes). A nested acquire
 /// keeps the lease's current time-to-live.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+/// use std::time::Duration;
+/// let lock = registry.obtain("account-42")?;
+/// let guard = lock.lock()?;
+/// let worker = {
+///     let lock = lock.clone(); // another thread of this instance queues behind us
+///     std::thread::spawn(move || lock.lock().map(|guard| guard.fencing_token()))
+/// };
+/// let nested = lock.try_lock()?.expect("reentrant on this thread");
+/// drop(nested);
+/// let token = guard.fencing_token();
+/// while lock.queued_threads() == 0 {
+///     std::thread::yield_now(); // until the worker waits for us
+/// }
+/// guard.unlock()?; // handed to the worker without a statement, same grant
+/// assert_eq!(worker.join().unwrap()?, token);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Lock {
     inner: Arc<LockInner>,
@@ -634,6 +656,29 @@ impl std::fmt::Debug for Lock {
 /// Dropping releases on a best-effort basis and logs failures; call [`unlock`](Self::unlock)
 /// to learn whether the lease was still held when it was released. The guard is `!Send`: a
 /// lock is held by a thread, which is what makes reentrancy well defined.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+/// use leasehold::crossbeam_channel::{select, tick};
+/// use std::time::Duration;
+/// let guard = registry.obtain("import")?.lock()?;
+/// let lost = guard.loss_channel();
+/// let work = tick(Duration::from_millis(1));
+/// for _batch in 0..3 {
+///     select! {
+///         recv(lost) -> event => return Err(leasehold::Error::LeaseLost {
+///             key: guard.key().into(),
+///             reason: event.expect("lost, not released").reason,
+///         }),
+///         recv(work) -> _ => { /* one batch, written with guard.fencing_token() */ }
+///     }
+/// }
+/// assert!(guard.is_held() && guard.remaining() > Duration::ZERO);
+/// guard.unlock()?;
+/// # Ok(()) }
+/// ```
 #[must_use = "if unused the lock is released at once"]
 pub struct LockGuard {
     lock: Arc<LockInner>,

@@ -224,6 +224,22 @@ impl std::fmt::Debug for LockRegistry {
 }
 
 /// Configures and builds a [`LockRegistry`]. Every setter names its default.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// use std::time::Duration;
+/// let registry = leasehold::LockRegistry::sqlite(dir.path().join("locks.db"))
+///     .prefix("BILLING_")                               // table BILLING_LOCK
+///     .region("eu-west")                                // locks of other regions never conflict
+///     .time_to_live(Duration::from_secs(30))            // a crashed holder blocks 30 s at most
+///     .idle_between_tries(Duration::from_millis(250))   // how often a waiter polls
+///     .on_lease_lost(|lost| eprintln!("lost {}: {}", lost.key, lost.reason))
+///     .create_table(true)
+///     .build()?;
+/// assert_eq!(registry.table(), "BILLING_LOCK");
+/// # Ok(()) }
+/// ```
 #[must_use = "a builder does nothing until build() is called"]
 pub struct RegistryBuilder {
     database: Database,
@@ -441,8 +457,10 @@ impl RegistryBuilder {
 
     /// Whether waiters are woken by the database when another instance releases a lock, instead
     /// of only at their next poll. Defaults to `true`; used where the database can notify
-    /// (PostgreSQL `LISTEN`/`NOTIFY`: one extra connection per registry, outside the pool,
-    /// subscribed only while a thread of this registry waits for a lock held elsewhere) and
+    /// (PostgreSQL `LISTEN`/`NOTIFY`: one extra connection per registry, outside the pools,
+    /// opened when a thread of this registry waits for a lock held elsewhere, subscribed only
+    /// while one does, and closed after [`idle_connection_timeout`](Self::idle_connection_timeout)
+    /// without a waiter) and
     /// ignored elsewhere. Polling every `idle_between_tries` stays on as the safety net. Leader
     /// election standbys are woken the same way.
     pub fn notifications(mut self, enabled: bool) -> Self {
