@@ -370,6 +370,12 @@ impl LockInner {
 
     /// Called by a guard whose depth reaches this thread's last hold.
     fn release(&self, lease: &Arc<Lease>) -> Result<()> {
+        self.release_keeping(lease, None)
+    }
+
+    /// [`release`](Self::release); with `keep`, the row stays held until its grant + `keep`
+    /// (see [`LockGuard::unlock_keeping_for`]) and the lease is never handed over locally.
+    fn release_keeping(&self, lease: &Arc<Lease>, keep: Option<Duration>) -> Result<()> {
         let me = std::thread::current().id();
         let mut state = self.state.lock();
         state.depth -= 1;
@@ -386,7 +392,7 @@ impl LockInner {
         let turn_over = settings
             .local_handoff_limit
             .is_some_and(|limit| now.duration_since(state.chain_started) >= limit);
-        if settings.local_handoff && !turn_over && lease.is_held() {
+        if settings.local_handoff && !turn_over && lease.is_held() && keep.is_none() {
             if let Some(next) = state.queue.pop_front() {
                 state.owner = Some(next);
                 state.depth = 1;
@@ -413,7 +419,7 @@ impl LockInner {
         state.db_user = Some(me);
         let outcome = MutexGuard::unlocked(&mut state, || {
             panic::catch_unwind(AssertUnwindSafe(|| {
-                self.release_to_database(lease, turn_age)
+                self.release_to_database(lease, turn_age, keep)
             }))
         });
         state.db_user = None;
@@ -425,14 +431,20 @@ impl LockInner {
     /// The release statement (`turn_age`: see [`Store::release`](crate::backend::Store)). A
     /// loss known before it (the deadline passed) or found by it (the row has another holder) is
     /// reported through the lease, once, and returned.
-    fn release_to_database(&self, lease: &Lease, turn_age: Option<Duration>) -> Result<()> {
+    fn release_to_database(
+        &self,
+        lease: &Lease,
+        turn_age: Option<Duration>,
+        keep: Option<Duration>,
+    ) -> Result<()> {
         lease.begin_release();
         let deadline = Instant::now() + self.core.settings.operation_timeout;
         fail_point!("lock::release_before_statement");
-        let released = self
-            .core
-            .store
-            .release(&self.lock_key, lease.token, deadline, turn_age);
+        let store = &self.core.store;
+        let released = match keep {
+            Some(keep) => store.release_keeping(&self.lock_key, lease.token, keep, deadline),
+            None => store.release(&self.lock_key, lease.token, deadline, turn_age),
+        };
         if let Ok(false) = released {
             lease.mark_lost(LossReason::NotOwner);
         }
@@ -772,6 +784,48 @@ impl LockGuard {
     pub fn unlock(mut self) -> Result<()> {
         self.released = true;
         self.lock.release(&self.lease)
+    }
+
+    /// Releases the lock but leaves the row held by this registry until `keep` after the grant
+    /// (on the database clock), or releases it outright if that time has passed: ShedLock's
+    /// `lockAtLeastFor`. A job that every host starts on the same schedule then runs once per
+    /// period, even when a host starts it a little late or a run ends early — the others find
+    /// the lock held until the period ends. Renewal stops here; the row simply runs out.
+    ///
+    /// Nobody takes the lock before then, not even threads of this registry: the lease is
+    /// released to the database even when local threads queue (no local handoff), and they
+    /// poll until the row runs out. For a nested (reentrant) guard this only lowers the hold
+    /// count and `keep` does not apply. `keep` is at most
+    /// [`MAX_TIME_TO_LIVE`](crate::MAX_TIME_TO_LIVE); a longer one is refused with
+    /// [`Error::InvalidSetting`] and the lock is released as by [`unlock`](Self::unlock).
+    /// `Err(LeaseLost)` as for `unlock`.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("l.db");
+    /// use std::time::Duration;
+    /// let host_a = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+    /// let host_b = leasehold::LockRegistry::sqlite(&path).build()?;
+    /// let guard = host_a.obtain("daily-report")?.lock()?;
+    /// // ... the report, done in seconds ...
+    /// guard.unlock_keeping_for(Duration::from_secs(600))?;
+    /// // Host B's run of the same job, started a little later, finds it taken.
+    /// assert!(host_b.obtain("daily-report")?.try_lock()?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn unlock_keeping_for(mut self, keep: Duration) -> Result<()> {
+        if keep > crate::MAX_TIME_TO_LIVE {
+            return Err(Error::setting(
+                "keep",
+                format!(
+                    "{keep:?} is longer than {:?}; keep a row at most as long as a lease",
+                    crate::MAX_TIME_TO_LIVE
+                ),
+            ));
+        }
+        self.released = true;
+        self.lock.release_keeping(&self.lease, Some(keep))
     }
 }
 

@@ -109,7 +109,7 @@ enum Database {
 /// leases no guard uses; guards still alive keep what they need.
 #[derive(Clone)]
 pub struct LockRegistry {
-    core: Arc<Core>,
+    pub(crate) core: Arc<Core>,
     cache: Arc<Mutex<HandleCache>>,
 }
 

@@ -1,16 +1,222 @@
 //! Many leases, few connections (issue 12): one registry holds thousands of locks across
 //! several renewals and loses none, renewing them in batches rather than one statement each,
-//! on every backend.
+//! on every backend; and a registry holding one lock keeps at most two connections open at
+//! rest, counted by the server (PostgreSQL `pg_stat_activity` by `application_name`, MariaDB
+//! `PROCESSLIST` by a user of the test's own). SQLite has no server to count them: its pooled
+//! connections are open files, opened and closed by the same pool code.
 
 mod common;
 
 mod suite {
-    use crate::common::Fixture;
+    use crate::common::{Db, Fixture};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     const LEASES: usize = 2_000;
+
+    /// Counts the connections one registry has open, as its database server sees them.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    enum Census {
+        #[cfg(feature = "postgres")]
+        Postgres {
+            admin: Box<postgres::Client>,
+            application_name: String,
+        },
+        #[cfg(feature = "mysql")]
+        Mysql {
+            admin: Box<mysql::Conn>,
+            users: Vec<String>,
+        },
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    impl Census {
+        /// A builder for a registry on `f`'s table whose connections the census can tell from
+        /// everyone else's (`who` names it), and the census.
+        fn new(f: &Fixture, who: &str) -> (leasehold::RegistryBuilder, Census) {
+            let tag = format!("lh_{who}_{}", std::process::id());
+            match f.db {
+                #[cfg(feature = "postgres")]
+                Db::Postgres => {
+                    let url = crate::common::postgres_url();
+                    let admin =
+                        postgres::Client::connect(&url, postgres::NoTls).expect("PostgreSQL");
+                    let tagged = if !url.contains("://") {
+                        format!("{url} application_name={tag}")
+                    } else if url.contains('?') {
+                        format!("{url}&application_name={tag}")
+                    } else {
+                        format!("{url}?application_name={tag}")
+                    };
+                    let builder = leasehold::LockRegistry::postgres(tagged);
+                    let census = Census::Postgres {
+                        admin: Box::new(admin),
+                        application_name: tag,
+                    };
+                    (fixture_settings(f, builder), census)
+                }
+                #[cfg(feature = "mysql")]
+                Db::Mysql => {
+                    use mysql::prelude::Queryable;
+                    let url = crate::common::mysql_url();
+                    let opts = mysql::Opts::from_url(&url).expect("MySQL URL");
+                    let database = opts.get_db_name().unwrap_or("test").to_string();
+                    let mut admin = mysql::Conn::new(opts).expect("MySQL");
+                    // 'localhost' too: the driver may switch to the server's socket.
+                    let mut users = Vec::new();
+                    for host in ["%", "localhost"] {
+                        let user = format!("'{tag}'@'{host}'");
+                        admin
+                            .query_drop(format!("DROP USER IF EXISTS {user}"))
+                            .and_then(|()| admin.query_drop(format!("CREATE USER {user}")))
+                            .and_then(|()| {
+                                admin.query_drop(format!("GRANT ALL ON `{database}`.* TO {user}"))
+                            })
+                            .expect("a user of the test's own (needs CREATE USER)");
+                        users.push(user);
+                    }
+                    let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+                    let server = rest.rsplit_once('@').map_or(rest, |(_, server)| server);
+                    let builder = leasehold::LockRegistry::mysql(format!("mysql://{tag}@{server}"));
+                    let admin = Box::new(admin);
+                    (fixture_settings(f, builder), Census::Mysql { admin, users })
+                }
+                #[allow(unreachable_patterns)]
+                other => panic!("{other:?} support is not compiled in"),
+            }
+        }
+
+        /// The registry's open connections now.
+        fn count(&mut self) -> usize {
+            match self {
+                #[cfg(feature = "postgres")]
+                Census::Postgres {
+                    admin,
+                    application_name,
+                } => {
+                    let row = admin
+                        .query_one(
+                            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                            &[application_name],
+                        )
+                        .expect("pg_stat_activity");
+                    row.get::<_, i64>(0) as usize
+                }
+                #[cfg(feature = "mysql")]
+                Census::Mysql { admin, users } => {
+                    use mysql::prelude::Queryable;
+                    let name = users[0].split('@').next().unwrap().trim_matches('\'');
+                    let count: Option<u64> = admin
+                        .exec_first(
+                            "SELECT count(*) FROM information_schema.PROCESSLIST WHERE USER = ?",
+                            (name,),
+                        )
+                        .expect("PROCESSLIST");
+                    count.unwrap_or(0) as usize
+                }
+            }
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    impl Drop for Census {
+        fn drop(&mut self) {
+            if let Census::Mysql { admin, users } = self {
+                use mysql::prelude::Queryable;
+                for user in users {
+                    let _ = admin.query_drop(format!("DROP USER IF EXISTS {user}"));
+                }
+            }
+        }
+    }
+
+    /// What [`Fixture::builder`] sets, on a builder of another URL.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    fn fixture_settings(
+        f: &Fixture,
+        builder: leasehold::RegistryBuilder,
+    ) -> leasehold::RegistryBuilder {
+        builder
+            .prefix(f.prefix.clone())
+            .idle_between_tries(Duration::from_millis(20))
+            .connect_timeout(Duration::from_secs(3))
+    }
+
+    /// Issue 12, item 3: pools open connections on demand and close idle ones. A registry
+    /// holding one lock keeps at most one main and one renewal connection; one whose thread
+    /// waits for a lock held elsewhere keeps one (plus PostgreSQL's listener while it waits);
+    /// once idle connections time out the holder keeps only its renewal connection, and the
+    /// other registry none.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub fn one_lock_keeps_at_most_two_connections_at_rest(f: &Fixture) {
+        let idle = Duration::from_secs(2);
+        let ttl = Duration::from_secs(3); // renewals every second: the renewal connection stays
+        let lost = Arc::new(AtomicUsize::new(0));
+        let (holder, mut holder_census) = Census::new(f, "holder");
+        let started = Instant::now();
+        let holder = {
+            let lost = Arc::clone(&lost);
+            holder
+                .time_to_live(ttl)
+                .idle_connection_timeout(idle)
+                .on_lease_lost(move |_| {
+                    lost.fetch_add(1, Ordering::SeqCst);
+                })
+                .build()
+                .unwrap()
+        };
+        let guard = holder.obtain("at-rest").unwrap().lock().unwrap();
+        let (mut holder_most, mut waiter_most) = (0, 0);
+        let (builder, mut waiter_census) = Census::new(f, "waiter");
+        let waiter = builder.idle_connection_timeout(idle).build().unwrap();
+        let waiting = {
+            let lock = waiter.obtain("at-rest").unwrap();
+            std::thread::spawn(move || lock.try_lock_for(Duration::from_secs(3)).unwrap().is_none())
+        };
+        while !waiting.is_finished() {
+            holder_most = holder_most.max(holder_census.count());
+            waiter_most = waiter_most.max(waiter_census.count());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(waiting.join().unwrap(), "the waiter got a held lock");
+        let rest_until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < rest_until {
+            holder_most = holder_most.max(holder_census.count());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Idle connections close between the timeout and the pools' next look (every 30 s).
+        let give_up = Instant::now() + idle + Duration::from_secs(40);
+        let (mut holder_now, mut waiter_now) = (holder_census.count(), waiter_census.count());
+        while (holder_now > 1 || waiter_now > 0) && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(250));
+            holder_now = holder_census.count();
+            waiter_now = waiter_census.count();
+        }
+        println!(
+            "{:?}: one lock held: at most {holder_most} connections; waiting elsewhere: at most \
+             {waiter_most}; after {:?}: {holder_now} and {waiter_now}",
+            f.db,
+            started.elapsed()
+        );
+        let listener = usize::from(f.db == Db::Postgres);
+        assert!(
+            holder_most <= 2,
+            "{holder_most} connections for one held lock"
+        );
+        assert!(
+            waiter_most <= 1 + listener,
+            "{waiter_most} connections for one waiting thread"
+        );
+        assert!(
+            holder_now <= 1,
+            "{holder_now} connections left open by the holder"
+        );
+        assert_eq!(waiter_now, 0, "connections left open by the idle registry");
+        assert!(guard.is_held());
+        assert_eq!(lost.load(Ordering::SeqCst), 0, "the lease was lost");
+        guard.unlock().unwrap();
+    }
 
     pub fn thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost(f: &Fixture) {
         let lost = Arc::new(AtomicUsize::new(0));
@@ -66,10 +272,12 @@ crate::suite_for!(crate::common::Db::Sqlite; thousands_of_held_leases_are_renewe
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    crate::suite_for!(crate::common::Db::Postgres; thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost);
+    crate::suite_for!(crate::common::Db::Postgres; thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost,
+        one_lock_keeps_at_most_two_connections_at_rest);
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
-    crate::suite_for!(crate::common::Db::Mysql; thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost);
+    crate::suite_for!(crate::common::Db::Mysql; thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost,
+        one_lock_keeps_at_most_two_connections_at_rest);
 }

@@ -49,6 +49,7 @@
 //! | `statements.rs` | the statements, their parameters, checking replacements |
 //! | `failure.rs` | failure classes ([`FailureKind`]) |
 //! | `store.rs` | [`Store`] and [`SqlStore`]: the lease operations |
+//! | `admin.rs` | the administration statements: holder, forced release, cleanup, keep-for release |
 //! | `retry.rs` | the retry loop: deadlines, pauses, discarding broken connections |
 //! | `pools.rs` | connection pools and the first connection |
 //! | `statement_threads.rs` | threads that run MySQL statements for callers with deadlines |
@@ -69,6 +70,7 @@ pub(crate) mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod tls;
 
+mod admin;
 mod failure;
 mod listener;
 mod pools;
@@ -79,6 +81,7 @@ mod statements;
 mod statistics;
 mod store;
 
+pub(crate) use admin::{AdminStatements, HolderRow};
 #[cfg(feature = "failpoints")]
 pub(crate) use failure::injected_failure;
 pub(crate) use failure::{Failure, FailureKind};
@@ -133,6 +136,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The default statements for `table`; with `floor`, acquire reads the deletion floor
     /// `{table}_FLOOR` (see [`floor_table`]).
     fn default_queries(table: &str, floor: bool) -> Statements;
+
+    /// The administration statements for `table` (see [`AdminStatements`]).
+    fn admin_statements(table: &str) -> AdminStatements;
+
+    /// Runs [`AdminStatements::holder`]: the held row, if any.
+    fn holder(
+        conn: &mut Conn<Self>,
+        sql: &str,
+        params: &Params,
+    ) -> Result<Option<HolderRow>, Failure>;
 
     /// Runs an acquire statement: `Some(token)` when granted, `None` when held elsewhere.
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure>;

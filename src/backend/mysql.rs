@@ -77,7 +77,11 @@
 //! a statement thread on a silent server, and of a connection attempt that was accepted but is
 //! never answered.
 
-use super::{Backend, Conn, Failure, FailureKind, FloorFound, Params, PerStatement, Statements};
+use super::pools::Finding;
+use super::{
+    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, Params,
+    PerStatement, Statements,
+};
 use crate::error::Error;
 use mysql::consts::CapabilityFlags;
 use mysql::prelude::Queryable;
@@ -314,6 +318,58 @@ impl Backend for Mysql {
                  AND FENCING_TOKEN = :token AND EXPIRED_AFTER >= {NOW}"
             ),
         }
+    }
+
+    fn admin_statements(table: &str) -> AdminStatements {
+        let micros =
+            |column: &str| format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {column})");
+        let keep_until = "CREATED_DATE + INTERVAL :ttl_micros MICROSECOND";
+        let cutoff = format!("{NOW} - INTERVAL :ttl_micros MICROSECOND");
+        AdminStatements {
+            holder: format!(
+                "SELECT CLIENT_ID, {created}, {expires}, FENCING_TOKEN FROM {table} \
+                 WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID IS NOT NULL \
+                 AND EXPIRED_AFTER >= {NOW}",
+                created = micros("CREATED_DATE"),
+                expires = micros("EXPIRED_AFTER"),
+            ),
+            force_release: format!(
+                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
+                 WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID IS NOT NULL \
+                 AND EXPIRED_AFTER >= {NOW}"
+            ),
+            delete_released_and_expired: format!(
+                "DELETE FROM {table} WHERE REGION = :region AND EXPIRED_AFTER < {cutoff} \
+                 AND CREATED_DATE < {cutoff}"
+            ),
+            // Neither assignment reads a column the other writes (MySQL assigns in order).
+            release_keeping: format!(
+                "UPDATE {table} SET \
+                 CLIENT_ID = CASE WHEN {keep_until} > {NOW} THEN CLIENT_ID END, \
+                 EXPIRED_AFTER = CASE WHEN {keep_until} > {NOW} THEN {keep_until} \
+                 ELSE {RELEASED} END \
+                 WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID = :client_id \
+                 AND FENCING_TOKEN = :token AND EXPIRED_AFTER >= {NOW}"
+            ),
+        }
+    }
+
+    fn holder(
+        conn: &mut Conn<Self>,
+        sql: &str,
+        params: &Params,
+    ) -> Result<Option<HolderRow>, Failure> {
+        let (statement, values) = conn.bind(sql, params)?;
+        let row: Option<(String, i64, i64, i64)> =
+            conn.conn.exec_first(&statement, values).map_err(classify)?;
+        Ok(row.map(
+            |(client_id, acquired_micros, expires_micros, token)| HolderRow {
+                client_id,
+                acquired_micros,
+                expires_micros,
+                token,
+            },
+        ))
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
@@ -626,7 +682,9 @@ fn open_conn(opts: &Opts, prefer_tls: bool) -> Result<mysql::Conn, mysql::Error>
 
 /// One direct connection, retried while the server is unreachable, so that a wrong password or
 /// database comes back as what it is rather than as a pool timeout. A failure caused by TLS is
-/// reported as [`Error::Tls`] at once.
+/// reported as [`Error::Tls`] at once, and so are the permanent ones: a host name that does not
+/// resolve, and a server that is not MySQL (found by [`super::pools::look_at`] when an
+/// attempt reached a server that sent no MySQL greeting).
 fn check_connect(
     opts: &Opts,
     prefer_tls: bool,
@@ -634,8 +692,16 @@ fn check_connect(
     timeout: Duration,
 ) -> crate::Result<()> {
     let server = address(opts);
-    super::first_connection(Mysql::NAME, &server, timeout, || {
-        open_conn(opts, prefer_tls).map(drop).map_err(|error| {
+    super::first_connection(Mysql::NAME, &server, timeout, |limit, deadline| {
+        // This attempt's socket timeouts: the shorter of the configured ones and `limit`.
+        let within =
+            |configured: Option<Duration>| Some(configured.map_or(limit, |c| c.min(limit)));
+        let attempt: Opts = OptsBuilder::from_opts(opts.clone())
+            .tcp_connect_timeout(within(opts.get_tcp_connect_timeout()))
+            .read_timeout(within(opts.get_read_timeout().copied()))
+            .write_timeout(within(opts.get_write_timeout().copied()))
+            .into();
+        open_conn(&attempt, prefer_tls).map(drop).map_err(|error| {
             if let Some((problem, hint)) = tls_problem(&error, opts, settings) {
                 let failure = super::tls::TlsFailure::new(problem, hint.clone(), error);
                 return (
@@ -643,8 +709,40 @@ fn check_connect(
                     hint,
                 );
             }
-            let failure = classify(error);
-            let detail = failure.source.to_string();
+            // Reached a server (not refused, not unresolved) that sent no MySQL packet, or
+            // not one the driver understood.
+            let odd = matches!(
+                &error,
+                mysql::Error::IoError(_)
+                    | mysql::Error::CodecError(_)
+                    | mysql::Error::DriverError(
+                        mysql::DriverError::PacketOutOfSync
+                            | mysql::DriverError::UnexpectedPacket
+                            | mysql::DriverError::Timeout
+                    )
+            );
+            let mut failure = classify(error);
+            let mut detail = failure.source.to_string();
+            if opts.get_socket().is_none() {
+                let (host, port) = (opts.get_ip_or_hostname(), opts.get_tcp_port());
+                let unknown = (failure.kind != FailureKind::Fatal)
+                    .then(|| super::pools::unknown_host(&host, port))
+                    .flatten();
+                let finding = match unknown {
+                    Some(hint) => Finding::Permanent(hint),
+                    None if odd => {
+                        super::pools::look_at(&host, port, &server, Mysql::NAME, deadline)
+                    }
+                    None => Finding::Nothing,
+                };
+                match finding {
+                    Finding::Permanent(hint) => {
+                        failure = Failure::new(FailureKind::Fatal, hint, failure.source);
+                    }
+                    Finding::Speechless(note) => detail = format!("{detail}; {note}"),
+                    Finding::Nothing => {}
+                }
+            }
             (failure, detail)
         })
     })
@@ -800,8 +898,10 @@ pub(crate) fn open(
     // The driver has no per-call timeout: socket timeouts are what stop a server that accepts
     // connections but never answers from holding a connection attempt (or a statement thread)
     // forever; callers with shorter deadlines do not wait for them (statement threads). The
-    // first connection is bounded by the connect timeout, pooled ones by the longer of it and
-    // the operation timeout. Timeouts given in the URL win.
+    // first connection is bounded by the connect timeout (each of its attempts by what is left
+    // of it, the first by 2 s at most: see `first_connection`), pooled ones by the longer of it
+    // and the operation timeout. Timeouts given in the URL win, within those bounds for the
+    // first connection.
     let with_socket_timeout = |limit: Duration| -> Opts {
         let opts: Opts = opts.clone().into();
         let read = opts.get_read_timeout().copied().unwrap_or(limit);

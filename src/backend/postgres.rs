@@ -52,8 +52,9 @@
 //!
 //! # Release notifications
 //!
-//! With `notifications(true)` (the default) a registry opens one more connection, outside the
-//! pools, and a listener thread. The connection `LISTEN`s on `"<table>"` (the table name in
+//! With `notifications(true)` (the default) a registry has a listener thread, which opens one
+//! more connection, outside the pools, when a thread of the registry waits. The connection
+//! `LISTEN`s on `"<table>"` (the table name in
 //! lower case, as PostgreSQL folds it: at most 63 characters, so it always fits a channel name)
 //! only while a thread of the registry waits for a lock held elsewhere: every release in the
 //! database wakes every listening connection (a server process and a client thread), so an idle
@@ -71,10 +72,9 @@
 //!
 //! - **connect** (TCP and the whole startup handshake) is bounded by the connect timeout (the
 //!   registry's `connect_timeout` unless the URL sets one), exactly like a pooled connection's.
-//!   `build()` opens the listener's first connection; a server that does not answer within
-//!   the timeout costs `build()` that much and does not fail it (the pools, checked just
-//!   before, work): a warning is logged, waiters poll, and the thread connects again when a
-//!   thread of the registry next waits for a lock held elsewhere.
+//!   The listener connects when a thread of the registry first waits for a lock held
+//!   elsewhere, not in `build()`; a server that does not answer costs the waiters nothing
+//!   (they poll meanwhile), and the thread tries again every tick while they wait.
 //! - **`LISTEN`**, **`UNLISTEN`** and the liveness check (an empty query every 30 s while
 //!   subscribed) are each bounded by the same connect timeout.
 //! - **waiting for notifications** lasts one tick (a second) at a time.
@@ -84,8 +84,8 @@
 //! registry is gone (the registry's end of the request channel is dropped, or the handler says
 //! stop), so a listener stuck on a silent server or network outlives its registry by one
 //! bounded call at most. Fail points (feature `failpoints`, tests only):
-//! `postgres::listener_before_connect` (every listener connect, the one in `build()`
-//! included), `postgres::listener_before_listen`, `postgres::listener_before_unlisten`.
+//! `postgres::listener_before_connect` (every listener connect),
+//! `postgres::listener_before_listen`, `postgres::listener_before_unlisten`.
 //!
 //! # Connections and deadlines
 //!
@@ -110,9 +110,10 @@
 //! the registry is built, so a wrong password or database name is reported as such instead of
 //! as a pool timeout.
 
+use super::pools::Finding;
 use super::{
-    Backend, Conn, Failure, FailureKind, FloorFound, ListenerEvent, ListenerHandler, ListenerReply,
-    Params, PerStatement, Statements, TableSettings,
+    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListenerEvent,
+    ListenerHandler, ListenerReply, Params, PerStatement, Statements, TableSettings,
 };
 use crate::error::Error;
 use std::cell::Cell;
@@ -469,6 +470,65 @@ impl Backend for Postgres {
         }
     }
 
+    fn admin_statements(table: &str) -> AdminStatements {
+        let micros =
+            |column: &str| format!("CAST(round(extract(epoch FROM {column}) * 1000000) AS BIGINT)");
+        let keep_until = "CREATED_DATE + $4 * INTERVAL '1 microsecond'";
+        let cutoff = format!("({NOW} - $4 * INTERVAL '1 microsecond')");
+        AdminStatements {
+            holder: format!(
+                "SELECT CAST(CLIENT_ID AS TEXT), {created}, {expires}, FENCING_TOKEN FROM {table} \
+                 WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID IS NOT NULL \
+                 AND EXPIRED_AFTER >= {NOW}",
+                created = micros("CREATED_DATE"),
+                expires = micros("EXPIRED_AFTER"),
+            ),
+            // Notifies as release does (turn age 0), so waiters elsewhere poll at once.
+            force_release: format!(
+                "WITH released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
+                 WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID IS NOT NULL \
+                 AND EXPIRED_AFTER >= {NOW} RETURNING 1) \
+                 SELECT pg_notify('{channel}', $1 || ' 0 ' || $2) FROM released",
+                channel = channel(table)
+            ),
+            delete_released_and_expired: format!(
+                "DELETE FROM {table} WHERE REGION = $2 AND EXPIRED_AFTER < {cutoff} \
+                 AND CREATED_DATE < {cutoff}"
+            ),
+            release_keeping: format!(
+                "UPDATE {table} SET \
+                 CLIENT_ID = CASE WHEN {keep_until} > {NOW} THEN CLIENT_ID END, \
+                 EXPIRED_AFTER = CASE WHEN {keep_until} > {NOW} THEN {keep_until} \
+                 ELSE {RELEASED} END \
+                 WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
+                 AND EXPIRED_AFTER >= {NOW}"
+            ),
+        }
+    }
+
+    fn holder(
+        conn: &mut Conn<Self>,
+        sql: &str,
+        params: &Params,
+    ) -> Result<Option<HolderRow>, Failure> {
+        let statement = conn.statement(sql)?;
+        let values = bind(&statement, params);
+        let Some(row) = call!(conn, |client| client.query_opt(&statement, &values))? else {
+            return Ok(None);
+        };
+        Ok(Some(HolderRow {
+            // CHAR(36) pads with spaces; client ids have none.
+            client_id: row
+                .try_get::<_, String>(0)
+                .map_err(classify)?
+                .trim_end()
+                .to_string(),
+            acquired_micros: row.try_get(1).map_err(classify)?,
+            expires_micros: row.try_get(2).map_err(classify)?,
+            token: row.try_get(3).map_err(classify)?,
+        }))
+    }
+
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
         let statement = conn.statement(sql)?;
         let values = bind(&statement, params);
@@ -609,24 +669,11 @@ impl Backend for Postgres {
             requests,
             requested: Cell::new(false),
         };
-        // Connect now, so that the first wait subscribes at once; bounded by the connect
-        // timeout like every listener call. The pools work (they were just checked), so a
-        // listener that gets no answer does not fail build(): it connects again when a thread
-        // first waits, and polling covers waiters meanwhile.
-        fail_point!("postgres::listener_before_connect");
-        let conn = match outside_async(|| ListenerConn::open(&listener.config, &listener.tls)) {
-            Ok(conn) => Some(conn),
-            Err(e) => {
-                log::warn!(
-                    "PostgreSQL release listener not connected ({e}); it tries again when a \
-                     thread waits for a lock, and waiters poll meanwhile"
-                );
-                None
-            }
-        };
+        // No connection yet: the listener opens one when a thread of the registry first waits
+        // (polling covers waiters meanwhile), so a registry that never waits never has one.
         let spawned = std::thread::Builder::new()
             .name("leasehold-listen".into())
-            .spawn(move || listener.run(conn));
+            .spawn(move || listener.run(None));
         match spawned {
             Ok(_) => true,
             Err(e) => {
@@ -673,9 +720,9 @@ impl Listener {
     const CHECK: Duration = Duration::from_secs(30);
 
     /// Waits for subscription requests and serves each until the registry lets it go; ends
-    /// with the registry. `conn` is the connection opened by `build()`, if it could be; an
-    /// unsubscribed connection is closed after `idle_timeout`, so a registry none of whose
-    /// threads waits keeps no listener connection open.
+    /// with the registry. `conn` is an open connection to start with, if any; an unsubscribed
+    /// connection is closed after `idle_timeout`, so a registry none of whose threads waits
+    /// keeps no listener connection open.
     fn run(self, mut conn: Option<ListenerConn>) {
         loop {
             let requested = self.requested.take()
@@ -1038,7 +1085,10 @@ fn address(config: &Config) -> String {
 
 /// One direct connection, retried while the server is unreachable or starting, so that a wrong
 /// password or database comes back as what it is rather than as a pool timeout.
-/// A failure caused by TLS is reported as [`Error::Tls`] at once.
+/// A failure caused by TLS is reported as [`Error::Tls`] at once, and so are the permanent
+/// ones: a host name that does not resolve, and a server that is not PostgreSQL (found by
+/// [`super::pools::look_at`] when an attempt reached a server that did not answer as
+/// PostgreSQL does).
 fn check_connect(
     config: &Config,
     tls: &Tls,
@@ -1046,31 +1096,92 @@ fn check_connect(
     timeout: Duration,
 ) -> crate::Result<()> {
     let server = address(config);
-    super::first_connection(Postgres::NAME, &server, timeout, || {
-        outside_async(|| PgConn::open(config, tls))
-            .map(drop)
-            .map_err(|error| match error {
-                PgConnError::Postgres(error) => {
-                    let detail =
-                        io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
-                    if let Some((problem, hint)) = tls_problem(&error, config, settings) {
-                        let failure = super::tls::TlsFailure::new(problem, hint.clone(), error);
-                        return (Failure::new(FailureKind::Fatal, hint, failure), detail);
-                    }
-                    (classify(error), detail)
+    super::first_connection(Postgres::NAME, &server, timeout, |limit, deadline| {
+        let mut attempt = config.clone();
+        attempt.connect_timeout(connect_limit(config).min(limit));
+        let Err(error) = outside_async(|| PgConn::open(&attempt, tls)) else {
+            return Ok(());
+        };
+        // Reached a server (not refused, not unresolved) that did not answer as PostgreSQL.
+        let odd = match &error {
+            PgConnError::Postgres(error) => {
+                error.as_db_error().is_none()
+                    && !error.to_string().starts_with("error connecting to server")
+            }
+            PgConnError::NoAnswer(_) => true,
+            PgConnError::Runtime(_) => false,
+        };
+        let (mut failure, mut detail) = match error {
+            PgConnError::Postgres(error) => {
+                let detail =
+                    io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
+                if let Some((problem, hint)) = tls_problem(&error, config, settings) {
+                    let failure = super::tls::TlsFailure::new(problem, hint.clone(), error);
+                    return Err((Failure::new(FailureKind::Fatal, hint, failure), detail));
                 }
-                other => {
-                    let detail = other.to_string();
-                    let kind = match other {
-                        PgConnError::NoAnswer(_) => FailureKind::Broken,
-                        _ => FailureKind::Fatal,
-                    };
-                    let hint = format!("cannot open a PostgreSQL connection: {detail}");
-                    (Failure::new(kind, hint, other), detail)
-                }
-            })
+                (classify(error), detail)
+            }
+            other => {
+                let detail = other.to_string();
+                let kind = match other {
+                    PgConnError::NoAnswer(_) => FailureKind::Broken,
+                    _ => FailureKind::Fatal,
+                };
+                let hint = format!("cannot open a PostgreSQL connection: {detail}");
+                (Failure::new(kind, hint, other), detail)
+            }
+        };
+        let retried = failure.kind != FailureKind::Fatal;
+        match permanent_cause(config, retried, odd.then_some(deadline)) {
+            Finding::Permanent(hint) => {
+                failure = Failure::new(FailureKind::Fatal, hint, failure.source);
+            }
+            Finding::Speechless(note) => detail = format!("{detail}; {note}"),
+            Finding::Nothing => {}
+        }
+        Err((failure, detail))
     })
     .map_err(|e| super::tls::surface(e, &server))
+}
+
+/// Why connecting to `config`'s servers cannot succeed, if it is for good: a host name that
+/// does not resolve (checked when `resolve`), or (when `probe`, by its deadline) a server that
+/// answers as something other than PostgreSQL; or, as a note, a server that accepts
+/// connections without answering.
+fn permanent_cause(config: &Config, resolve: bool, probe: Option<Instant>) -> Finding {
+    let ports = config.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let hostaddrs = config.get_hostaddrs();
+    let tcp = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, host)| match host {
+            Host::Tcp(name) => Some((i, name)),
+            #[cfg(unix)]
+            Host::Unix(_) => None,
+        });
+    let mut note = Finding::Nothing;
+    for (i, name) in tcp {
+        // With `hostaddr`, the name is not looked up.
+        let host = hostaddrs
+            .get(i)
+            .map_or_else(|| name.clone(), ToString::to_string);
+        if resolve {
+            if let Some(hint) = super::pools::unknown_host(&host, port(i)) {
+                return Finding::Permanent(hint);
+            }
+        }
+        if let Some(deadline) = probe {
+            let at = format!("{host}:{}", port(i));
+            match super::pools::look_at(&host, port(i), &at, Postgres::NAME, deadline) {
+                Finding::Nothing => {}
+                Finding::Speechless(text) => note = Finding::Speechless(text),
+                permanent => return permanent,
+            }
+        }
+    }
+    note
 }
 
 /// What a failed connection attempt says about TLS, if its cause is TLS: the certificate, the

@@ -3,6 +3,7 @@
 
 use super::{statement_threads, Backend, Conn, Failure, FailureKind, Path, SqlStore};
 use crate::error::{DatabaseError, Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -78,6 +79,8 @@ impl<B: Backend> SqlStore<B> {
 /// One attempt on `conn`: on the calling thread when [`Backend::runs_inline`], else
 /// on a statement thread, waiting at most until `deadline` (`None`: no answer in time). A
 /// connection whose attempt failed as broken, or was abandoned, is flagged for discarding.
+/// Either way the connection is back in its pool before the caller has the answer, so that
+/// a statement following at once reuses it instead of opening another.
 fn attempt_once<B, T, F>(
     mut conn: r2d2::PooledConnection<B::Manager>,
     attempt: &Arc<F>,
@@ -101,12 +104,22 @@ where
     }
     let (answer, answered) = crossbeam_channel::bounded(1);
     let attempt = Arc::clone(attempt);
+    let abandoned = Arc::new(AtomicBool::new(false));
+    let gone = Arc::clone(&abandoned);
     statement_threads::run(Box::new(move || {
         let outcome = attempt(&mut conn);
         finish(&mut conn, &outcome);
-        if answer.send(outcome).is_err() {
+        if gone.load(Ordering::Acquire) {
             B::mark_broken(&mut conn);
         }
+        drop(conn);
+        Box::new(move || {
+            let _ = answer.send(outcome);
+        })
     }));
-    answered.recv_deadline(deadline).ok()
+    let outcome = answered.recv_deadline(deadline).ok();
+    if outcome.is_none() {
+        abandoned.store(true, Ordering::Release);
+    }
+    outcome
 }

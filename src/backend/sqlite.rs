@@ -14,7 +14,9 @@
 //! max(old + 1, excluded.FENCING_TOKEN) … WHERE expired RETURNING FENCING_TOKEN`. Writers take
 //! the file's one write lock, so an acquire always sees the deletions committed before it.
 
-use super::{Backend, Conn, Failure, FailureKind, FloorFound, Params, Statements};
+use super::{
+    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, Params, Statements,
+};
 use rusqlite::{ffi::ErrorCode, types::ToSql, Connection};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -120,6 +122,64 @@ impl Backend for Sqlite {
                  AND EXPIRED_AFTER >= {NOW}"
             ),
         }
+    }
+
+    fn admin_statements(table: &str) -> AdminStatements {
+        // Stored text with milliseconds, as µs since the Unix epoch.
+        let micros = |column: &str| {
+            format!("CAST(round((julianday({column}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000")
+        };
+        let cutoff = "strftime('%Y-%m-%d %H:%M:%f', julianday('now') - ?4 / 86400000000.0)";
+        let keep_until =
+            "strftime('%Y-%m-%d %H:%M:%f', julianday(CREATED_DATE) + ?4 / 86400000000.0)";
+        AdminStatements {
+            holder: format!(
+                "SELECT CLIENT_ID, {created}, {expires}, FENCING_TOKEN FROM {table} \
+                 WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID IS NOT NULL \
+                 AND EXPIRED_AFTER >= {NOW}",
+                created = micros("CREATED_DATE"),
+                expires = micros("EXPIRED_AFTER"),
+            ),
+            force_release: format!(
+                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000' \
+                 WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID IS NOT NULL \
+                 AND EXPIRED_AFTER >= {NOW}"
+            ),
+            delete_released_and_expired: format!(
+                "DELETE FROM {table} WHERE REGION = ?2 AND EXPIRED_AFTER < {cutoff} \
+                 AND CREATED_DATE < {cutoff}"
+            ),
+            release_keeping: format!(
+                "UPDATE {table} SET \
+                 CLIENT_ID = CASE WHEN {keep_until} > {NOW} THEN CLIENT_ID END, \
+                 EXPIRED_AFTER = CASE WHEN {keep_until} > {NOW} THEN {keep_until} \
+                 ELSE '1970-01-01 00:00:00.000' END \
+                 WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 \
+                 AND EXPIRED_AFTER >= {NOW}"
+            ),
+        }
+    }
+
+    fn holder(
+        conn: &mut Conn<Self>,
+        sql: &str,
+        params: &Params,
+    ) -> Result<Option<HolderRow>, Failure> {
+        let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
+        bind(&mut statement, params).map_err(classify)?;
+        let mut rows = statement.raw_query();
+        let Some(row) = rows.next().map_err(classify)? else {
+            return Ok(None);
+        };
+        let read = || -> rusqlite::Result<HolderRow> {
+            Ok(HolderRow {
+                client_id: row.get(0)?,
+                acquired_micros: row.get(1)?,
+                expires_micros: row.get(2)?,
+                token: row.get(3)?,
+            })
+        };
+        read().map(Some).map_err(classify)
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {

@@ -5,9 +5,11 @@
 //! [`IDLE_LIFETIME`] for the next one. A caller claims an idle thread by
 //! decrementing that count and queues its statement; with none idle it starts a thread. Claiming
 //! before the thread is back in `recv` is fine (the statement waits in the queue for it), so
-//! back-to-back statements reuse one thread instead of starting new ones. A thread stuck on a
-//! connection that stopped answering stays stuck only until that call returns; its caller has
-//! long gone on.
+//! back-to-back statements reuse one thread instead of starting new ones. A job returns its
+//! reply (which hands the caller its answer) instead of sending it, and the thread counts
+//! itself idle *before* replying: a caller whose next statement follows at once then finds it
+//! idle instead of starting another. A thread stuck on a connection that stopped answering
+//! stays stuck only until that call returns; its caller has long gone on.
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,7 +19,10 @@ use std::time::Duration;
 /// How long an idle statement thread waits for work before exiting.
 pub const IDLE_LIFETIME: Duration = Duration::from_secs(10);
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A statement to run; what it returns is run after the thread counts itself idle.
+pub(crate) type Job = Box<dyn FnOnce() -> Reply + Send>;
+/// Hands a caller the answer of its statement.
+pub(crate) type Reply = Box<dyn FnOnce() + Send>;
 
 struct Threads {
     queue: (Sender<Job>, Receiver<Job>),
@@ -50,10 +55,12 @@ pub(crate) fn run(job: Job) {
     let spawned = std::thread::Builder::new()
         .name("leasehold-statement".into())
         .spawn(move || {
-            job();
+            let mut job = job;
             loop {
+                let reply = job();
                 threads.idle.fetch_add(1, Ordering::AcqRel);
-                let job = loop {
+                reply();
+                job = loop {
                     match threads.queue.1.recv_timeout(IDLE_LIFETIME) {
                         Ok(job) => break job,
                         // Leave only if no caller has claimed this thread meanwhile.
@@ -61,7 +68,6 @@ pub(crate) fn run(job: Job) {
                         Err(_) => continue,
                     }
                 };
-                job();
             }
         });
     if let Err(e) = spawned {

@@ -6,8 +6,8 @@ use super::injected_failure;
 use super::pools::build_pool;
 use super::statistics::Counters;
 use super::{
-    pairs_json, Backend, ListenerHandler, OwnedParams, PoolSettings, Statements, Statistics,
-    TableSettings,
+    pairs_json, Backend, HolderRow, ListenerHandler, OwnedParams, PoolSettings, Statements,
+    Statistics, TableSettings,
 };
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -77,6 +77,21 @@ pub(crate) trait Store: Send + Sync {
     /// Reads the database clock: (µs since the Unix epoch, when the query was sent, when the
     /// answer arrived).
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)>;
+    /// The row holding `lock_key` on the database clock, if any (see `admin.rs`).
+    fn holder(&self, lock_key: &str, deadline: Instant) -> Result<Option<HolderRow>>;
+    /// Frees `lock_key` whatever holds it; `Ok(true)` when a holder was removed.
+    fn force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool>;
+    /// Deletes the region's rows released or expired more than `older_than` ago.
+    fn delete_released_and_expired(&self, older_than: Duration, deadline: Instant) -> Result<u64>;
+    /// Releases, keeping the row held until its grant + `keep` if that is still ahead;
+    /// `Ok(false)` when the lease had already been lost.
+    fn release_keeping(
+        &self,
+        lock_key: &str,
+        token: i64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> Result<bool>;
 }
 
 /// [`Store`] over any [`Backend`]: pools, deadlines and retries, written once.
@@ -195,9 +210,7 @@ impl<B: Backend> Store for SqlStore<B> {
     ) -> Result<(Instant, Vec<bool>)> {
         // One lease: the plain renew statement is one round trip (MySQL's batch takes four).
         let batch = match &self.batch_renew {
-            Some(batch) if leases.len() > 1 && !self.batch_refused.load(Ordering::Relaxed) => {
-                batch
-            }
+            Some(batch) if leases.len() > 1 && !self.batch_refused.load(Ordering::Relaxed) => batch,
             _ => return renew_each(self, leases, ttl, deadline),
         };
         let pairs = pairs_json(leases.iter().map(|(key, token)| (*key, *token)));
@@ -286,6 +299,28 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn statistics(&self) -> Statistics {
         self.counters.read()
+    }
+
+    fn holder(&self, lock_key: &str, deadline: Instant) -> Result<Option<HolderRow>> {
+        self.admin_holder(lock_key, deadline)
+    }
+
+    fn force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool> {
+        self.admin_force_release(lock_key, deadline)
+    }
+
+    fn delete_released_and_expired(&self, older_than: Duration, deadline: Instant) -> Result<u64> {
+        self.admin_delete(older_than, deadline)
+    }
+
+    fn release_keeping(
+        &self,
+        lock_key: &str,
+        token: i64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> Result<bool> {
+        self.admin_release_keeping(lock_key, token, keep, deadline)
     }
 }
 

@@ -113,6 +113,7 @@ impl Drop for Fixture {
     /// Drops the test's tables (and the deletion floor's trigger function) from the server, so
     /// that test runs leave nothing behind; SQLite's go with the temporary directory.
     fn drop(&mut self) {
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
         let table = self.table();
         match self.db {
             #[cfg(feature = "postgres")]

@@ -1,0 +1,96 @@
+//! The administration statements — who holds a key, freeing it whatever holds it, deleting
+//! old rows — and the release that keeps the row held for a while (`unlock_keeping_for`).
+//!
+//! Each backend writes them in its SQL ([`Backend::admin_statements`]); they bind the same
+//! numbered parameters as the lease statements (see [`Statements`](super::Statements)), with
+//! parameter 4 carrying a duration in microseconds where one is needed. They run on the main
+//! pool with the same deadline and retries as the lease statements, and are not replaceable.
+
+use super::{Backend, Path, SqlStore};
+use crate::error::Result;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The administration statements of one table.
+#[derive(Debug, Clone)]
+pub(crate) struct AdminStatements {
+    /// Parameters 1–2. One row — `CLIENT_ID`, `CREATED_DATE` and `EXPIRED_AFTER` in µs since
+    /// the Unix epoch (UTC), `FENCING_TOKEN` — when the row is held on the database clock
+    /// (`CLIENT_ID` set, not expired); no row otherwise.
+    pub holder: String,
+    /// Parameters 1–2. Frees a held row whatever its holder, as release does (`CLIENT_ID`
+    /// NULL, `EXPIRED_AFTER` in 1970, the token kept); one affected row means a holder was
+    /// removed. On PostgreSQL it also notifies, as release does.
+    pub force_release: String,
+    /// Parameters 2 and 4. Deletes the region's rows whose `EXPIRED_AFTER` and `CREATED_DATE`
+    /// are both more than parameter 4 µs before the database clock: expired rows that long
+    /// ago, and released rows last granted that long ago (a release records no time).
+    pub delete_released_and_expired: String,
+    /// Parameters 1–5, as release. Keeps the row held by this client until `CREATED_DATE` +
+    /// parameter 4 µs when that is later than the database clock, releases it as release
+    /// does otherwise; zero affected rows means the lease had already been lost.
+    pub release_keeping: String,
+}
+
+/// A held row, as [`AdminStatements::holder`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderRow {
+    pub client_id: String,
+    pub acquired_micros: i64,
+    pub expires_micros: i64,
+    pub token: i64,
+}
+
+impl<B: Backend> SqlStore<B> {
+    fn admin(&self) -> Arc<AdminStatements> {
+        Arc::new(B::admin_statements(&self.table.table))
+    }
+
+    pub(super) fn admin_holder(
+        &self,
+        lock_key: &str,
+        deadline: Instant,
+    ) -> Result<Option<HolderRow>> {
+        let params = self.params(lock_key, Duration::ZERO, 0);
+        let admin = self.admin();
+        self.run(Path::Main, "read the holder", deadline, move |conn| {
+            B::holder(conn, &admin.holder, &params.borrowed())
+        })
+    }
+
+    pub(super) fn admin_force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool> {
+        let params = self.params(lock_key, Duration::ZERO, 0);
+        let admin = self.admin();
+        self.run(Path::Main, "force the release", deadline, move |conn| {
+            Ok(B::update(conn, &admin.force_release, &params.borrowed())? > 0)
+        })
+    }
+
+    pub(super) fn admin_delete(&self, older_than: Duration, deadline: Instant) -> Result<u64> {
+        // Parameter 4 ("time-to-live") carries the age.
+        let params = self.params("", older_than, 0);
+        let admin = self.admin();
+        self.run(
+            Path::Main,
+            "delete released and expired rows",
+            deadline,
+            move |conn| B::update(conn, &admin.delete_released_and_expired, &params.borrowed()),
+        )
+    }
+
+    pub(super) fn admin_release_keeping(
+        &self,
+        lock_key: &str,
+        token: i64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let params = self.params(lock_key, keep, token);
+        let (admin, counters) = (self.admin(), Arc::clone(&self.counters));
+        self.run(Path::Main, "release", deadline, move |conn| {
+            counters.releases.fetch_add(1, Ordering::Relaxed);
+            Ok(B::update(conn, &admin.release_keeping, &params.borrowed())? > 0)
+        })
+    }
+}

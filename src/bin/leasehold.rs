@@ -1,0 +1,548 @@
+//! `leasehold`: run a command under a distributed lock, and inspect or administer the lock
+//! table, from a shell or cron (feature `cli`).
+//!
+//! ```text
+//! leasehold run --database sqlite:/var/lib/jobs/locks.db --key nightly-report --keep-for 5m -- ./report.sh
+//! leasehold status --key nightly-report
+//! leasehold release --key nightly-report --force
+//! leasehold cleanup --older-than 7d
+//! ```
+//!
+//! Exit codes of `run`: the command's own when it ran to its end with the lease held (128 +
+//! the signal's number when a signal ended it); otherwise one of the codes below (see
+//! [`exit`]). The command also sees `LEASEHOLD_KEY` and `LEASEHOLD_FENCING_TOKEN` in its
+//! environment.
+
+#![deny(unsafe_code)]
+
+use clap::{Args, Parser, Subcommand};
+use leasehold::crossbeam_channel::{self, select};
+use leasehold::{Error, LockRegistry};
+use std::ffi::OsString;
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The exit codes of `leasehold` itself (those of `sysexits.h` where one fits).
+mod exit {
+    /// The arguments are wrong (`EX_USAGE`).
+    pub const USAGE: u8 = 64;
+    /// `leasehold` failed: the database could not be reached or refused, the table is
+    /// missing, a setting is out of range (`EX_SOFTWARE`).
+    pub const ERROR: u8 = 70;
+    /// The lease was lost while the command ran (it was stopped) or before it ended: another
+    /// instance may have run at the same time (`EX_IOERR`).
+    pub const LOST: u8 = 74;
+    /// The lock was held elsewhere: `--no-wait`, or `--wait` ran out (`EX_TEMPFAIL`).
+    pub const BUSY: u8 = 75;
+    /// The command was found but could not be started (as a shell reports it).
+    pub const CANNOT_RUN: u8 = 126;
+    /// The command was not found (as a shell reports it).
+    pub const NOT_FOUND: u8 = 127;
+    /// `status`: the key is free.
+    pub const FREE: u8 = 1;
+}
+
+const AFTER_HELP: &str = "\
+Exit codes of `run`: the command's own (128 + N when signal N ended it); 75 the lock was held \
+elsewhere (--no-wait, or --wait ran out); 74 the lease was lost (the command was stopped, or \
+ended after the loss); 70 leasehold failed (database, table, settings); 64 bad arguments; \
+126/127 the command could not be started / was not found.";
+
+/// Distributed locks in a SQL database for shell scripts and cron jobs.
+#[derive(Parser, Debug)]
+#[command(name = "leasehold", version, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand, Debug)]
+enum Commands {
+    /// Run COMMAND while holding the lock KEY; renew it while COMMAND runs, release it after.
+    Run(RunArgs),
+    /// Show who holds KEY (exit 0) or that it is free (exit 1).
+    Status(KeyArgs),
+    /// Free KEY whatever holds it; the holder learns at its next renewal.
+    Release(ReleaseArgs),
+    /// Delete rows released or expired longer ago than --older-than.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Args, Debug)]
+struct Database {
+    /// The lock table's database: sqlite:PATH, postgres://USER@HOST:PORT/DB or
+    /// mysql://USER@HOST:PORT/DB.
+    #[arg(long, env = "LEASEHOLD_DATABASE_URL", value_name = "URL")]
+    database: String,
+    /// The table name prefix: the table is PREFIX + LOCK.
+    #[arg(long, default_value = "INT_")]
+    prefix: String,
+    /// The region the locks live in.
+    #[arg(long, default_value = "DEFAULT")]
+    region: String,
+    /// Only check the table; do not create it (and its deletion floor) when missing.
+    #[arg(long)]
+    no_create_table: bool,
+    /// Report waiting, acquired, renewed, lost and released on stderr, with timestamps.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+#[derive(Args, Debug)]
+struct KeyArgs {
+    #[command(flatten)]
+    database: Database,
+    /// The lock's name.
+    #[arg(long)]
+    key: String,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    database: Database,
+    /// The lock's name.
+    #[arg(long)]
+    key: String,
+    /// How long the lock outlives a crash of this process (it is renewed every third of it).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Give up after waiting this long for the lock (exit 75). Default: wait until granted.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Give up at once if the lock is held elsewhere (exit 75).
+    #[arg(long)]
+    no_wait: bool,
+    /// Keep the lock held until this long after it was granted, even when COMMAND ends
+    /// sooner, so that another run of the job within the period finds it held.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    keep_for: Option<Duration>,
+    /// How long COMMAND has to end after SIGTERM, once the lease is lost, before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct ReleaseArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Required: the lock is freed whoever holds it.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+struct CleanupArgs {
+    #[command(flatten)]
+    database: Database,
+    /// Delete rows released or expired longer ago than this (released rows count from their
+    /// last grant).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    older_than: Duration,
+}
+
+/// A failure of leasehold itself: one line, and the exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        let code = match error {
+            Error::LeaseLost { .. } => exit::LOST,
+            _ => exit::ERROR,
+        };
+        Failure::new(code, error.to_string())
+    }
+}
+
+/// Stderr reports of `--verbose`, and the library's warnings always.
+struct Reporter {
+    verbose: bool,
+}
+
+impl Reporter {
+    fn say(&self, what: std::fmt::Arguments<'_>) {
+        if self.verbose {
+            eprintln!(
+                "{} leasehold: {what}",
+                humantime::format_rfc3339_millis(SystemTime::now())
+            );
+        }
+    }
+}
+
+impl log::Log for Reporter {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn
+            || (self.verbose && metadata.level() <= log::Level::Info)
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            eprintln!(
+                "{} leasehold: {}: {}",
+                humantime::format_rfc3339_millis(SystemTime::now()),
+                record.level().as_str().to_ascii_lowercase(),
+                record.args()
+            );
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let verbose = match &cli.command {
+        Commands::Run(a) => a.database.verbose,
+        Commands::Status(a) => a.database.verbose,
+        Commands::Release(a) => a.key.database.verbose,
+        Commands::Cleanup(a) => a.database.verbose,
+    };
+    let reporter = Reporter { verbose };
+    if log::set_logger(Box::leak(Box::new(Reporter { verbose }))).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+    let outcome = match cli.command {
+        Commands::Run(args) => run(args, &reporter),
+        Commands::Status(args) => status(args),
+        Commands::Release(args) => release(args),
+        Commands::Cleanup(args) => cleanup(args),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("leasehold: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// The URL names a database this build cannot reach.
+#[cfg_attr(
+    all(feature = "sqlite", feature = "postgres", feature = "mysql"),
+    allow(dead_code)
+)]
+fn without(feature: &str) -> Failure {
+    Failure::new(
+        exit::USAGE,
+        format!(
+            "this leasehold was built without the `{feature}` feature; install it with \
+             `cargo install leasehold --features cli,{feature}`"
+        ),
+    )
+}
+
+/// A registry on the database of `database`.
+fn registry(database: &Database, ttl: Option<Duration>) -> Result<LockRegistry, Failure> {
+    let url = database.database.as_str();
+    let builder = if let Some(path) = url.strip_prefix("sqlite:") {
+        let path = path.strip_prefix("//").unwrap_or(path);
+        if path.is_empty() {
+            return Err(Failure::new(
+                exit::USAGE,
+                "the database URL sqlite: names no file: use sqlite:PATH, e.g. \
+                 sqlite:/var/lib/jobs/locks.db",
+            ));
+        }
+        #[cfg(feature = "sqlite")]
+        {
+            LockRegistry::sqlite(path)
+        }
+        #[cfg(not(feature = "sqlite"))]
+        return Err(without("sqlite"));
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        {
+            LockRegistry::postgres(url)
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(without("postgres"));
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        #[cfg(feature = "mysql")]
+        {
+            LockRegistry::mysql(url.replacen("mariadb://", "mysql://", 1))
+        }
+        #[cfg(not(feature = "mysql"))]
+        return Err(without("mysql"));
+    } else {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "unknown database URL {url:?}: use sqlite:PATH, postgres://USER@HOST:PORT/DB or \
+                 mysql://USER@HOST:PORT/DB (or set LEASEHOLD_DATABASE_URL)"
+            ),
+        ));
+    };
+    let mut builder = builder
+        .client_id(client_id())
+        .prefix(database.prefix.clone())
+        .region(database.region.clone())
+        .create_table(!database.no_create_table);
+    if let Some(ttl) = ttl {
+        builder = builder.time_to_live(ttl);
+    }
+    Ok(builder.build()?)
+}
+
+/// `HOST/PID/RANDOM` (at most 36 characters), so that `status` tells operators where the
+/// holder runs; the random part keeps it unique when a pid is reused.
+fn client_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_graphic() && *c != '/')
+        .take(18)
+        .collect();
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    let id = format!("{}/{}/{}", host, std::process::id(), &random[..8]);
+    id.chars().take(36).collect()
+}
+
+fn status(args: KeyArgs) -> Result<u8, Failure> {
+    let registry = registry(&args.database, None)?;
+    let Some(holder) = registry.holder(&args.key)? else {
+        println!("{}: free", args.key);
+        return Ok(exit::FREE);
+    };
+    let (now, _) = registry.database_time()?;
+    let left = holder.expires_at.duration_since(now).unwrap_or_default();
+    println!(
+        "{}: held by {} since {} (database clock, UTC), expires in {}, fencing token {}",
+        args.key,
+        holder.client_id,
+        humantime::format_rfc3339_millis(holder.acquired),
+        humantime::format_duration(Duration::from_millis(left.as_millis() as u64)),
+        holder.fencing_token
+    );
+    Ok(0)
+}
+
+fn release(args: ReleaseArgs) -> Result<u8, Failure> {
+    if !args.force {
+        return Err(Failure::new(
+            exit::USAGE,
+            "release frees the lock whoever holds it: add --force to do that (the holder \
+             learns at its next renewal, and may act until then)",
+        ));
+    }
+    let registry = registry(&args.key.database, None)?;
+    let holder = registry.holder(&args.key.key)?;
+    if registry.force_release(&args.key.key)? {
+        let by = holder.map_or_else(String::new, |h| format!(" from {}", h.client_id));
+        println!("{}: released{by}", args.key.key);
+    } else {
+        println!("{}: was free", args.key.key);
+    }
+    Ok(0)
+}
+
+fn cleanup(args: CleanupArgs) -> Result<u8, Failure> {
+    let registry = registry(&args.database, None)?;
+    let deleted = registry.delete_released_and_expired(args.older_than)?;
+    println!("deleted {deleted} rows");
+    Ok(0)
+}
+
+/// Sends `signal` to the child, unless it has been reaped (its pid may be reused then).
+#[allow(unsafe_code)]
+fn signal_child(child: &mut Child, signal: i32) {
+    if matches!(child.try_wait(), Ok(None)) {
+        let pid = child.id() as libc::pid_t;
+        // SAFETY: kill(2) with a pid we spawned and have not reaped, so it is still ours.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+/// The exit code of a status: its code, or 128 + the signal that ended it.
+fn code_of(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => (128 + signal) as u8,
+        (None, None) => exit::ERROR,
+    }
+}
+
+fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
+    let registry = registry(&args.database, Some(args.ttl))?;
+    let lock = registry.obtain(&args.key)?;
+    reporter.say(format_args!("waiting for {:?}", args.key));
+    let guard = if args.no_wait {
+        lock.try_lock()?
+    } else if let Some(wait) = args.wait {
+        lock.try_lock_for(wait)?
+    } else {
+        Some(lock.lock()?)
+    };
+    let Some(guard) = guard else {
+        let holder = registry.holder(&args.key).ok().flatten();
+        let by = holder.map_or_else(String::new, |h| format!(" by {}", h.client_id));
+        eprintln!(
+            "leasehold: {:?} is held{by}; not running the command",
+            args.key
+        );
+        return Ok(exit::BUSY);
+    };
+    // From here on SIGINT, SIGTERM and SIGHUP go to the command (before, they end leasehold
+    // as usual, and a grant in flight runs out after its time-to-live).
+    let signals = forward_signals()?;
+    let token = guard.fencing_token();
+    reporter.say(format_args!(
+        "acquired {:?} (fencing token {token})",
+        args.key
+    ));
+
+    let mut command = Command::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("LEASEHOLD_KEY", &args.key)
+        .env("LEASEHOLD_FENCING_TOKEN", token.to_string());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+                _ => exit::CANNOT_RUN,
+            };
+            let released = guard.unlock();
+            eprintln!("leasehold: cannot run {:?}: {e}", args.command[0]);
+            released?;
+            return Ok(code);
+        }
+    };
+
+    let mut losses = guard.loss_channel();
+    let mut remaining = guard.remaining();
+    let mut lost_at: Option<Instant> = None;
+    let status = loop {
+        select! {
+            recv(losses) -> lost => match lost {
+                Ok(lost) => {
+                    eprintln!(
+                        "leasehold: lost the lease of {:?} ({}); stopping the command with \
+                         SIGTERM, then SIGKILL after {}",
+                        args.key,
+                        lost.reason,
+                        humantime::format_duration(args.grace)
+                    );
+                    signal_child(&mut child, libc::SIGTERM);
+                    lost_at = Some(Instant::now());
+                    losses = crossbeam_channel::never();
+                }
+                Err(_) => losses = crossbeam_channel::never(),
+            },
+            recv(signals) -> signal => {
+                if let Ok(signal) = signal {
+                    reporter.say(format_args!("forwarding signal {signal} to the command"));
+                    signal_child(&mut child, signal);
+                }
+            },
+            default(Duration::from_millis(20)) => {}
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => {
+                return Err(Failure::new(
+                    exit::ERROR,
+                    format!("waiting for the command: {e}"),
+                ))
+            }
+        }
+        if lost_at.is_some_and(|at| at.elapsed() >= args.grace) {
+            eprintln!("leasehold: the command did not end after SIGTERM; sending SIGKILL");
+            let _ = child.kill();
+            lost_at = Some(Instant::now() + Duration::from_secs(3600));
+        }
+        let now_remaining = guard.remaining();
+        if lost_at.is_none() && now_remaining > remaining + Duration::from_millis(1) {
+            reporter.say(format_args!(
+                "renewed {:?} ({} left)",
+                args.key,
+                humantime::format_duration(Duration::from_millis(now_remaining.as_millis() as u64))
+            ));
+        }
+        remaining = now_remaining;
+    };
+    let code = code_of(status);
+    reporter.say(format_args!("the command ended with exit code {code}"));
+    let released = match args.keep_for {
+        Some(keep) => guard.unlock_keeping_for(keep),
+        None => guard.unlock(),
+    };
+    match released {
+        Ok(()) if lost_at.is_none() => {
+            match args.keep_for {
+                Some(keep) => reporter.say(format_args!(
+                    "released {:?}, kept held until {} after the grant",
+                    args.key,
+                    humantime::format_duration(keep)
+                )),
+                None => reporter.say(format_args!("released {:?}", args.key)),
+            }
+            Ok(code)
+        }
+        Ok(()) | Err(Error::LeaseLost { .. }) => {
+            if lost_at.is_none() {
+                eprintln!(
+                    "leasehold: the lease of {:?} was lost before the command ended (exit code \
+                     {code}); another instance may have run at the same time",
+                    args.key
+                );
+            }
+            Ok(exit::LOST)
+        }
+        Err(e) => {
+            eprintln!(
+                "leasehold: the command ended (exit code {code}) but releasing {:?} failed: {e}; \
+                 the lock runs out after its time-to-live",
+                args.key
+            );
+            Ok(exit::ERROR)
+        }
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP received by leasehold, for forwarding to the command.
+fn forward_signals() -> Result<crossbeam_channel::Receiver<i32>, Failure> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| Failure::new(exit::ERROR, format!("cannot catch signals: {e}")))?;
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    std::thread::Builder::new()
+        .name("leasehold-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if sender.send(signal).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| Failure::new(exit::ERROR, format!("cannot start a thread: {e}")))?;
+    Ok(receiver)
+}

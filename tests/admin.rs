@@ -1,0 +1,326 @@
+//! The administration API against every database: `holder`, `force_release`,
+//! `delete_released_and_expired`, and `LockGuard::unlock_keeping_for` (issue 13).
+//!
+//! Time is compared on the database clock (the `Holder` timestamps) where a test needs an
+//! order of events; waits are bounded generously so a broken build fails instead of hanging.
+
+mod common;
+
+mod suite {
+    use crate::common::{Db, Fixture};
+    use leasehold::{Error, LossReason};
+    use std::thread;
+    use std::time::{Duration, SystemTime};
+
+    const GENEROUS: Duration = Duration::from_secs(20);
+
+    trait UnlockToken {
+        fn unlock_token(self) -> u64;
+    }
+
+    impl UnlockToken for leasehold::LockGuard {
+        fn unlock_token(self) -> u64 {
+            let token = self.fencing_token();
+            self.unlock().unwrap();
+            token
+        }
+    }
+
+    /// Moves the token of `key`'s row an hour ahead of the clock, with a plain connection, so
+    /// that only the deletion floor can keep the next token above it.
+    fn push_token_ahead(f: &Fixture, key: &str) {
+        let sql = format!(
+            "UPDATE {} SET FENCING_TOKEN = FENCING_TOKEN + 3600000000 WHERE LOCK_KEY = '{}'",
+            f.table(),
+            leasehold::lock_key_for(key)
+        );
+        match f.db {
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite => {
+                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+                conn.busy_timeout(Duration::from_secs(10)).unwrap();
+                assert_eq!(conn.execute(&sql, []).unwrap(), 1);
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                let mut client =
+                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
+                        .unwrap();
+                assert_eq!(client.execute(&sql, &[]).unwrap(), 1);
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
+                let mut conn = mysql::Conn::new(opts).unwrap();
+                conn.query_drop(&sql).unwrap();
+                assert_eq!(conn.affected_rows(), 1);
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("{other:?} support is not compiled in"),
+        }
+    }
+
+    fn span(from: SystemTime, to: SystemTime) -> Duration {
+        to.duration_since(from).expect("ordered instants")
+    }
+
+    pub fn holder_names_the_holder_and_none_when_free(f: &Fixture) {
+        let (a, b) = (f.registry(), f.registry());
+        assert_eq!(b.holder("report").unwrap(), None, "no row yet");
+        let guard = a
+            .obtain("report")
+            .unwrap()
+            .lock_with_ttl(Duration::from_secs(30))
+            .unwrap();
+        let holder = b.holder("report").unwrap().expect("held");
+        assert_eq!(holder.client_id, a.client_id());
+        assert_eq!(holder.fencing_token, guard.fencing_token());
+        let ttl = span(holder.acquired, holder.expires_at);
+        assert!(
+            ttl > Duration::from_secs(29) && ttl <= Duration::from_secs(31),
+            "{ttl:?}"
+        );
+        let (now, _) = b.database_time().unwrap();
+        assert!(holder.acquired <= now + Duration::from_millis(1));
+        assert!(holder.expires_at > now);
+        guard.unlock().unwrap();
+        assert_eq!(b.holder("report").unwrap(), None, "released row");
+
+        // An expired lease is not a holder, though its row still names the client.
+        let stale = f.builder().renewal(false).build().unwrap();
+        let expiring = stale
+            .obtain("report")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(100))
+            .unwrap();
+        assert!(b.holder("report").unwrap().is_some());
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(b.holder("report").unwrap(), None, "expired row");
+        assert!(expiring.unlock().is_err());
+        assert!(matches!(b.holder(""), Err(Error::InvalidKey { .. })));
+    }
+
+    pub fn force_release_frees_the_key_and_the_holder_learns_at_its_next_renewal(f: &Fixture) {
+        let (worker, operator, other) = (f.registry(), f.registry(), f.registry());
+        let guard = worker
+            .obtain("stuck")
+            .unwrap()
+            .lock_with_ttl(Duration::from_secs(3))
+            .unwrap();
+        let losses = guard.loss_channel();
+        assert!(operator.force_release("stuck").unwrap());
+        assert!(!operator.force_release("stuck").unwrap(), "free already");
+        assert_eq!(operator.holder("stuck").unwrap(), None);
+        let taken = other
+            .obtain("stuck")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .expect("free");
+        assert!(taken.fencing_token() > guard.fencing_token());
+        // The background renewal (a third of 3 s) finds another holder.
+        let lost = losses.recv_timeout(GENEROUS).expect("loss reported");
+        assert_eq!(lost.reason, LossReason::NotOwner);
+        assert!(!guard.is_held());
+        assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
+        assert!(taken.is_held());
+        taken.unlock().unwrap();
+        assert!(!operator.force_release("never-locked").unwrap());
+    }
+
+    pub fn delete_released_and_expired_keeps_held_rows_and_tokens_keep_increasing(f: &Fixture) {
+        let registry = f.registry();
+        let held = registry.obtain("held").unwrap().lock().unwrap();
+        registry
+            .obtain("released")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        push_token_ahead(f, "released");
+        let released_token = registry
+            .obtain("released")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock_token();
+        let stale = f.builder().renewal(false).build().unwrap();
+        let expired = stale
+            .obtain("expired")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(50))
+            .unwrap();
+        let expired_token = expired.fencing_token();
+        let elsewhere = f.builder().region("elsewhere").build().unwrap();
+        elsewhere
+            .obtain("released")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        thread::sleep(Duration::from_millis(200));
+        assert!(expired.unlock().is_err());
+
+        assert_eq!(
+            registry
+                .delete_released_and_expired(Duration::from_secs(3600))
+                .unwrap(),
+            0,
+            "nothing is an hour old"
+        );
+        assert_eq!(
+            registry
+                .delete_released_and_expired(Duration::ZERO)
+                .unwrap(),
+            2,
+            "the released and the expired row of this region"
+        );
+        assert_eq!(
+            registry
+                .delete_released_and_expired(Duration::ZERO)
+                .unwrap(),
+            0
+        );
+        assert!(held.is_held());
+        assert!(registry.holder("held").unwrap().is_some());
+        held.renew().unwrap();
+        assert_eq!(
+            elsewhere
+                .delete_released_and_expired(Duration::ZERO)
+                .unwrap(),
+            1,
+            "the other region's row was kept"
+        );
+
+        // The deletion floor keeps tokens increasing over the deleted rows, even the one an
+        // hour ahead of the clock.
+        for (key, before) in [("released", released_token), ("expired", expired_token)] {
+            let again = registry.obtain(key).unwrap().lock().unwrap();
+            assert!(
+                again.fencing_token() > before,
+                "{key}: {} after {before}",
+                again.fencing_token()
+            );
+            again.unlock().unwrap();
+        }
+        held.unlock().unwrap();
+    }
+
+    pub fn unlock_keeping_for_keeps_the_row_held_until_the_period_ends(f: &Fixture) {
+        let keep = Duration::from_millis(1500);
+        let (host_a, host_b) = (f.registry(), f.registry());
+        let guard = host_a.obtain("daily").unwrap().lock().unwrap();
+        let token = guard.fencing_token();
+        guard.unlock_keeping_for(keep).unwrap();
+        let kept = host_b.holder("daily").unwrap().expect("still held");
+        assert_eq!(kept.client_id, host_a.client_id());
+        assert_eq!(kept.fencing_token, token);
+        let until = span(kept.acquired, kept.expires_at);
+        assert!(
+            until >= keep - Duration::from_millis(1) && until <= keep + Duration::from_millis(1),
+            "{until:?}"
+        );
+        assert!(host_b
+            .obtain("daily")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .is_none());
+        // Not even a thread of the same registry takes it before the period ends.
+        let same = host_a.obtain("daily").unwrap();
+        assert!(same.try_lock().unwrap().is_none());
+
+        let next = host_b
+            .obtain("daily")
+            .unwrap()
+            .try_lock_for(GENEROUS)
+            .unwrap()
+            .expect("taken after the period");
+        let next_holder = host_b.holder("daily").unwrap().expect("held");
+        assert!(
+            next_holder.acquired >= kept.expires_at,
+            "{next_holder:?} {kept:?}"
+        );
+        assert!(next.fencing_token() > token);
+        next.unlock().unwrap();
+
+        // A period already over releases outright.
+        let guard = host_a.obtain("daily").unwrap().lock().unwrap();
+        thread::sleep(Duration::from_millis(50));
+        guard.unlock_keeping_for(Duration::from_millis(10)).unwrap();
+        assert_eq!(host_b.holder("daily").unwrap(), None);
+        assert!(host_b
+            .obtain("daily")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .is_some());
+    }
+
+    pub fn unlock_keeping_for_skips_the_local_handoff_and_reports_a_lost_lease(f: &Fixture) {
+        let registry = f.registry();
+        let lock = registry.obtain("weekly").unwrap();
+        let guard = lock.lock().unwrap();
+        // A thread of this registry queues for the lock; keep-for does not hand it over.
+        let waiter = {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                lock.try_lock_for(Duration::from_millis(600))
+                    .unwrap()
+                    .is_some()
+            })
+        };
+        while lock.queued_threads() == 0 {
+            thread::sleep(Duration::from_millis(5));
+        }
+        guard.unlock_keeping_for(Duration::from_secs(60)).unwrap();
+        assert!(!waiter.join().unwrap(), "the queued thread got the lock");
+        assert!(registry.force_release("weekly").unwrap());
+
+        // A lease lost before keep-for is reported, as by unlock.
+        let guard = lock.lock().unwrap();
+        assert!(registry.force_release("weekly").unwrap());
+        match guard.unlock_keeping_for(Duration::from_secs(60)) {
+            Err(Error::LeaseLost { reason, .. }) => assert_eq!(reason, LossReason::NotOwner),
+            other => panic!("expected the loss, got {other:?}"),
+        }
+        assert_eq!(registry.holder("weekly").unwrap(), None);
+        // An absurd period is refused, and the lock released as by unlock.
+        let guard = lock.lock().unwrap();
+        assert!(matches!(
+            guard.unlock_keeping_for(Duration::from_secs(365 * 24 * 3600)),
+            Err(Error::InvalidSetting { .. })
+        ));
+        assert_eq!(registry.holder("weekly").unwrap(), None);
+    }
+}
+
+macro_rules! admin {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            holder_names_the_holder_and_none_when_free,
+            force_release_frees_the_key_and_the_holder_learns_at_its_next_renewal,
+            delete_released_and_expired_keeps_held_rows_and_tokens_keep_increasing,
+            unlock_keeping_for_keeps_the_row_held_until_the_period_ends,
+            unlock_keeping_for_skips_the_local_handoff_and_reports_a_lost_lease,
+        );
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    admin!(crate::common::Db::Sqlite);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    admin!(crate::common::Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    admin!(crate::common::Db::Mysql);
+}

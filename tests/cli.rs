@@ -1,0 +1,300 @@
+//! The `leasehold` command, run as a real process against every database (issue 13): `run`
+//! never overlaps, passes the command's exit code through, and exits with its own codes when
+//! the lock is busy or the lease is lost; `status`, `release --force` and `cleanup`.
+
+#![cfg(feature = "cli")]
+
+mod common;
+
+mod suite {
+    use crate::common::{Db, Fixture};
+    use std::path::Path;
+    use std::process::{Child, Command, Output, Stdio};
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    const BUSY: i32 = 75;
+    const LOST: i32 = 74;
+    const GENEROUS: Duration = Duration::from_secs(30);
+
+    fn url(f: &Fixture) -> String {
+        match f.db {
+            Db::Sqlite => format!("sqlite:{}", f.sqlite_path().display()),
+            Db::Postgres => crate::common::postgres_url(),
+            Db::Mysql => crate::common::mysql_url(),
+        }
+    }
+
+    /// `leasehold SUBCOMMAND --database … --prefix … ARGS…` on the fixture's table.
+    fn leasehold(f: &Fixture, subcommand: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        command
+            .arg(subcommand)
+            .args(["--database", &url(f), "--prefix", &f.prefix])
+            .args(args)
+            .env_remove("LEASEHOLD_DATABASE_URL");
+        command
+    }
+
+    fn output(mut command: Command) -> Output {
+        command
+            .stdin(Stdio::null())
+            .output()
+            .expect("leasehold runs")
+    }
+
+    fn code(output: &Output) -> i32 {
+        output.status.code().unwrap_or_else(|| panic!("{output:?}"))
+    }
+
+    fn wait_for_file(path: &Path) {
+        let deadline = Instant::now() + GENEROUS;
+        while !path.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "{} never appeared",
+                path.display()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn wait_with_deadline(child: &mut Child) -> std::process::ExitStatus {
+        let deadline = Instant::now() + GENEROUS;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("leasehold did not end in {GENEROUS:?}");
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn concurrent_runs_never_overlap(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let stamps = dir.path().join("stamps");
+        let script = format!(
+            "echo start >> '{0}'; sleep 0.3; echo end >> '{0}'",
+            stamps.display()
+        );
+        let runs: Vec<Child> = (0..3)
+            .map(|_| {
+                leasehold(f, "run", &["--key", "job", "--wait", "60s", "--"])
+                    .args(["sh", "-c", &script])
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut run in runs {
+            assert_eq!(wait_with_deadline(&mut run).code(), Some(0));
+        }
+        let lines = std::fs::read_to_string(&stamps).unwrap();
+        let lines: Vec<&str> = lines.lines().collect();
+        assert_eq!(lines.len(), 6, "{lines:?}");
+        for pair in lines.chunks(2) {
+            assert_eq!(pair, ["start", "end"], "overlap: {lines:?}");
+        }
+    }
+
+    pub fn no_wait_and_an_expired_wait_exit_busy_without_running(f: &Fixture) {
+        let registry = f.registry();
+        let held = registry.obtain("busy").unwrap().lock().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let touch = format!("touch '{}'", marker.display());
+        let no_wait = output({
+            let mut c = leasehold(f, "run", &["--key", "busy", "--no-wait", "--"]);
+            c.args(["sh", "-c", &touch]);
+            c
+        });
+        assert_eq!(code(&no_wait), BUSY, "{no_wait:?}");
+        let stderr = String::from_utf8_lossy(&no_wait.stderr);
+        assert!(stderr.contains(registry.client_id()), "{stderr}");
+        let waited = output({
+            let mut c = leasehold(f, "run", &["--key", "busy", "--wait", "200ms", "--"]);
+            c.args(["sh", "-c", &touch]);
+            c
+        });
+        assert_eq!(code(&waited), BUSY, "{waited:?}");
+        assert!(!marker.exists(), "the command ran");
+        held.unlock().unwrap();
+        let free = output({
+            let mut c = leasehold(f, "run", &["--key", "busy", "--no-wait", "--"]);
+            c.args(["sh", "-c", &touch]);
+            c
+        });
+        assert_eq!(code(&free), 0, "{free:?}");
+        assert!(marker.exists());
+    }
+
+    pub fn the_commands_exit_code_passes_through(f: &Fixture) {
+        let failed = output({
+            let mut c = leasehold(f, "run", &["--key", "code", "--"]);
+            c.args(["sh", "-c", "echo out; exit 3"]);
+            c
+        });
+        assert_eq!(code(&failed), 3, "{failed:?}");
+        assert_eq!(String::from_utf8_lossy(&failed.stdout), "out\n");
+        let missing = output({
+            let mut c = leasehold(f, "run", &["--key", "code", "--"]);
+            c.arg("/nonexistent/command");
+            c
+        });
+        assert_eq!(code(&missing), 127, "{missing:?}");
+        let token = output({
+            let mut c = leasehold(f, "run", &["--key", "code", "--"]);
+            c.args([
+                "sh",
+                "-c",
+                "echo \"$LEASEHOLD_KEY $LEASEHOLD_FENCING_TOKEN\"",
+            ]);
+            c
+        });
+        let printed = String::from_utf8_lossy(&token.stdout).to_string();
+        let (key, token) = printed.trim().split_once(' ').expect("two words");
+        assert_eq!(key, "code");
+        assert!(token.parse::<u64>().unwrap() > 0);
+        // The lock was released each time.
+        let status = output(leasehold(f, "status", &["--key", "code"]));
+        assert_eq!(code(&status), 1, "{status:?}");
+        assert!(String::from_utf8_lossy(&status.stdout).contains("free"));
+    }
+
+    pub fn keep_for_makes_a_second_run_inside_the_period_exit_busy(f: &Fixture) {
+        let first = output({
+            let mut c = leasehold(f, "run", &["--key", "daily", "--keep-for", "1h", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&first), 0, "{first:?}");
+        let second = output({
+            let mut c = leasehold(f, "run", &["--key", "daily", "--no-wait", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&second), BUSY, "{second:?}");
+        let status = output(leasehold(f, "status", &["--key", "daily"]));
+        assert_eq!(code(&status), 0, "{status:?}");
+        let shown = String::from_utf8_lossy(&status.stdout);
+        assert!(
+            shown.contains("held by") && shown.contains("expires in"),
+            "{shown}"
+        );
+        // An operator frees it; the next run goes ahead.
+        let released = output(leasehold(f, "release", &["--key", "daily", "--force"]));
+        assert_eq!(code(&released), 0, "{released:?}");
+        let third = output({
+            let mut c = leasehold(f, "run", &["--key", "daily", "--no-wait", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&third), 0, "{third:?}");
+    }
+
+    pub fn a_lost_lease_stops_the_command_with_the_lost_code(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let script = format!("echo started > '{}'; exec sleep 60", started.display());
+        let began = Instant::now();
+        let mut run = leasehold(f, "run", &["--key", "lost", "--ttl", "1s", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_file(&started);
+        let released = output(leasehold(f, "release", &["--key", "lost", "--force"]));
+        assert_eq!(code(&released), 0, "{released:?}");
+        assert!(String::from_utf8_lossy(&released.stdout).contains("released"));
+        let status = wait_with_deadline(&mut run);
+        assert_eq!(status.code(), Some(LOST));
+        assert!(
+            began.elapsed() < Duration::from_secs(50),
+            "the command was not stopped"
+        );
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(stderr.contains("lost the lease"), "{stderr}");
+        // Without --force, release refuses.
+        let refused = output(leasehold(f, "release", &["--key", "lost"]));
+        assert_eq!(code(&refused), 64, "{refused:?}");
+    }
+
+    pub fn sigterm_is_forwarded_to_the_command(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
+        let script = format!(
+            "trap 'echo got > \"{}\"; exit 7' TERM; echo ready > '{}'; \
+             while true; do sleep 0.05; done",
+            got.display(),
+            ready.display()
+        );
+        let mut run = leasehold(f, "run", &["--key", "signals", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_file(&ready);
+        let killed = Command::new("kill")
+            .args(["-TERM", &run.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        assert_eq!(wait_with_deadline(&mut run).code(), Some(7));
+        assert!(got.exists());
+        let status = output(leasehold(f, "status", &["--key", "signals"]));
+        assert_eq!(code(&status), 1, "released after the command: {status:?}");
+    }
+
+    pub fn cleanup_deletes_old_rows(f: &Fixture) {
+        let registry = f.registry();
+        registry
+            .obtain("old")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        thread::sleep(Duration::from_millis(20));
+        let kept = output(leasehold(f, "cleanup", &["--older-than", "7d"]));
+        assert_eq!(code(&kept), 0, "{kept:?}");
+        assert_eq!(String::from_utf8_lossy(&kept.stdout), "deleted 0 rows\n");
+        let deleted = output(leasehold(f, "cleanup", &["--older-than", "0s"]));
+        assert_eq!(String::from_utf8_lossy(&deleted.stdout), "deleted 1 rows\n");
+        let bad = output(leasehold(f, "cleanup", &["--older-than", "soon"]));
+        assert_eq!(code(&bad), 64, "{bad:?}");
+    }
+}
+
+macro_rules! cli {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            concurrent_runs_never_overlap,
+            no_wait_and_an_expired_wait_exit_busy_without_running,
+            the_commands_exit_code_passes_through,
+            keep_for_makes_a_second_run_inside_the_period_exit_busy,
+            a_lost_lease_stops_the_command_with_the_lost_code,
+            sigterm_is_forwarded_to_the_command,
+            cleanup_deletes_old_rows,
+        );
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    cli!(crate::common::Db::Sqlite);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    cli!(crate::common::Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    cli!(crate::common::Db::Mysql);
+}
