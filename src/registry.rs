@@ -293,7 +293,7 @@ impl RegistryBuilder {
     }
 
     /// How long a lease lasts without renewal. Defaults to 10 s. A crashed holder blocks its
-    /// key at most this long; the keeper thread renews well before it runs out. Must be within
+    /// key at most this long; the renewal thread renews well before it runs out. Must be within
     /// [`MIN_TIME_TO_LIVE`]..=[`MAX_TIME_TO_LIVE`].
     pub fn time_to_live(mut self, ttl: Duration) -> Self {
         self.time_to_live = ttl;
@@ -339,7 +339,7 @@ impl RegistryBuilder {
         self
     }
 
-    /// Whether a keeper thread renews every lease in the background. Defaults to `true`. With
+    /// Whether the registry's renewal thread renews every lease in the background. Defaults to `true`. With
     /// `false` a lease lasts its time-to-live unless renewed by hand
     /// ([`LockGuard::renew`](crate::LockGuard::renew)); loss is still reported at the deadline.
     pub fn renewal(mut self, enabled: bool) -> Self {
