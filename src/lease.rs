@@ -331,9 +331,19 @@ impl Lease {
         if self.renewer.is_none() || state.queued || state.renewing {
             return deadline;
         }
-        let early = self.renew_every(&state) / 8;
+        let early = self.renew_every(&state) / 16;
         let due = self.renewal_due(&state);
         due.checked_sub(early).unwrap_or(due).min(deadline)
+    }
+
+    /// Whether the lease's renewal falls due within the batching window from `now`.
+    fn renewal_in_window(&self, now: Instant) -> bool {
+        let state = self.state.lock();
+        if self.renewer.is_none() || state.queued || state.renewing {
+            return false;
+        }
+        let early = self.renew_every(&state) / 8;
+        self.renewal_due(&state) <= now + early
     }
 
     /// Marks the lease queued for background renewal and returns its renewer, unless it is
@@ -688,9 +698,9 @@ fn renew_together(store: &dyn Store, leases: Vec<Arc<Lease>>) {
 /// It holds `Weak` references only. It sleeps until the earliest moment a lease needs it, and
 /// at most [`clock::IDLE_TICK`] at a time; registering a lease, or a lease whose next moment
 /// moves earlier ([`clock::hurry`]), wakes it only when that moment is sooner than its wake-up.
-/// A lease is handed over an eighth of its renewal period before it is due, so leases due in the
-/// same window travel in one batch. Ended leases are dropped from its list on each scan, and by
-/// `watch` when the list doubles.
+/// It wakes a sixteenth of a renewal period before a lease is due and then hands over every
+/// lease due within the next eighth, so leases due in the same window travel in one batch.
+/// Ended leases are dropped from its list on each scan, and by `watch` when the list doubles.
 pub(crate) mod clock {
     use super::{Lease, Renewer};
     use crate::error::LossReason;
@@ -774,7 +784,7 @@ pub(crate) mod clock {
                     expired.push(lease);
                     return false;
                 }
-                if lease.clock_due() <= now {
+                if lease.renewal_in_window(now) {
                     if let Some(renewer) = lease.take_for_renewal() {
                         match due.iter_mut().find(|(r, _)| Arc::ptr_eq(r, &renewer)) {
                             Some((_, leases)) => leases.push(Arc::clone(&lease)),

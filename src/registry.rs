@@ -391,8 +391,10 @@ impl RegistryBuilder {
     /// instances that only poll can starve under continuous contention.
     ///
     /// The cost: under continuous contention the key is free for up to this long once per
-    /// `local_handoff_limit`, until a poller takes it. Uncontended and ping-pong handoffs
-    /// between instances never end a turn and pay nothing.
+    /// `local_handoff_limit`, until a poller takes it. Handoffs between instances that keep
+    /// the key busy without a break count as one turn too (on PostgreSQL the notification
+    /// carries the turn's age), so about one such handoff per `local_handoff_limit` waits for a
+    /// poll. Uncontended locks and a single long hold never end a turn and pay nothing.
     pub fn turn_window(mut self, window: Option<Duration>) -> Self {
         self.turn_window = Some(window);
         self

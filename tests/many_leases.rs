@@ -254,9 +254,10 @@ mod suite {
         );
         assert_eq!(lost.load(Ordering::SeqCst), 0, "leases lost");
         assert_eq!(still_held, LEASES);
-        // Each lease was due about three times; batches make that far fewer statements.
+        // Each lease was due about three times (6,000 renewals); leases due in the same window
+        // (an eighth of the renewal period) share a statement.
         assert!(
-            renewals < LEASES as u64,
+            renewals * 20 < LEASES as u64,
             "{renewals} renew statements for {LEASES} leases"
         );
         let unlocked = guards
