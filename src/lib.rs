@@ -153,7 +153,9 @@
 //! `JdbcLockRegistry` on one table and region exclude each other. Differences: leasehold marks
 //! rows free instead of deleting them, and two registries must not share a `CLIENT_ID`.
 
-#![forbid(unsafe_code)]
+// The only unsafe code is SQLite's release board (`backend/sqlite_board.rs`: a shared file
+// mapping and the futex on it), which allows it for itself.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 /// A named fail point: with the test-only `failpoints` feature, tests configure it through the

@@ -2,9 +2,11 @@
 //! leader election's standby agent), and whether the backend's release listener is subscribed
 //! to the database's release notifications.
 //!
-//! Only PostgreSQL has a listener (see `backend::postgres`). A subscription is not free: while
-//! a connection `LISTEN`s, every release in the database wakes that connection's server process
-//! and the listener thread, on every instance that listens. So a registry listens only while one
+//! PostgreSQL's listener `LISTEN`s on a connection of its own (see `backend::postgres`);
+//! SQLite's waits on a release board shared by the processes of the host (see
+//! `backend::sqlite_board`); MySQL has none. A subscription is not free: while a connection
+//! `LISTEN`s, every release in the database wakes that connection's server process and the
+//! listener thread, on every instance that listens (on SQLite, every listening thread). So a registry listens only while one
 //! of its threads waits for a lock held elsewhere:
 //!
 //! ```text
@@ -138,23 +140,29 @@ impl Wakeups {
 
     /// What the listener reports; the registry answers what it should do next.
     pub fn handle(&self, event: ListenerEvent<'_>) -> ListenerReply {
-        let mut turn_age = std::time::Duration::ZERO;
-        let woken: Vec<Arc<dyn Nudge>> = {
+        let zero = std::time::Duration::ZERO;
+        let woken: Vec<(Arc<dyn Nudge>, std::time::Duration)> = {
             let mut state = self.state.lock();
             match event {
-                ListenerEvent::Released {
-                    lock_key,
-                    turn_age: age,
-                } => {
-                    turn_age = age;
-                    state
-                        .pollers
-                        .get(lock_key)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Weak::upgrade)
-                        .collect()
-                }
+                ListenerEvent::Released { lock_key, turn_age } => state
+                    .pollers
+                    .get(lock_key)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Weak::upgrade)
+                    .map(|poller| (poller, turn_age))
+                    .collect(),
+                ListenerEvent::ReleasedAmong { released } => state
+                    .pollers
+                    .iter()
+                    .filter_map(|(lock_key, pollers)| Some((released(lock_key)?, pollers)))
+                    .flat_map(|(turn_age, pollers)| {
+                        pollers
+                            .iter()
+                            .filter_map(Weak::upgrade)
+                            .map(move |poller| (poller, turn_age))
+                    })
+                    .collect(),
                 ListenerEvent::Subscribed => {
                     state.subscription = Subscription::On;
                     state
@@ -162,6 +170,7 @@ impl Wakeups {
                         .values()
                         .flatten()
                         .filter_map(Weak::upgrade)
+                        .map(|poller| (poller, zero))
                         .collect()
                 }
                 ListenerEvent::Tick => {
@@ -175,7 +184,7 @@ impl Wakeups {
                 }
             }
         };
-        for poller in woken {
+        for (poller, turn_age) in woken {
             poller.nudge(turn_age);
         }
         ListenerReply::Keep

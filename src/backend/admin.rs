@@ -62,9 +62,13 @@ impl<B: Backend> SqlStore<B> {
     pub(super) fn admin_force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool> {
         let params = self.params(lock_key, Duration::ZERO, 0);
         let admin = self.admin();
-        self.run(Path::Main, "force the release", deadline, move |conn| {
+        let released = self.run(Path::Main, "force the release", deadline, move |conn| {
             Ok(B::update(conn, &admin.force_release, &params.borrowed())? > 0)
-        })
+        })?;
+        if released {
+            B::announce_release(&self.manager, &self.table, lock_key, Duration::ZERO);
+        }
+        Ok(released)
     }
 
     pub(super) fn admin_delete(&self, older_than: Duration, deadline: Instant) -> Result<u64> {

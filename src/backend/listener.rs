@@ -1,17 +1,25 @@
-//! What a backend's release listener (only PostgreSQL has one) and its registry tell each
-//! other; see [`Backend::listen_for_releases`](super::Backend::listen_for_releases).
+//! What a backend's release listener (PostgreSQL's `LISTEN`, SQLite's release board) and its
+//! registry tell each other; see [`Backend::listen_for_releases`](super::Backend::listen_for_releases).
 
 use std::time::Duration;
 
-/// What a release listener reports to its registry (only PostgreSQL has a listener).
-#[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+/// What a release listener reports to its registry.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) enum ListenerEvent<'a> {
     /// The row of this `LOCK_KEY` was released in the registry's region, after the key had
     /// been busy for `turn_age` without a break.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Released {
         lock_key: &'a str,
         turn_age: Duration,
+    },
+    /// Some rows may have been released (a listener that knows only hashes of the keys, such
+    /// as SQLite's release board): `released` says, for a `LOCK_KEY`, whether it may have been
+    /// and after which turn age (zero when unknown).
+    #[cfg_attr(not(all(feature = "sqlite", target_os = "linux")), allow(dead_code))]
+    ReleasedAmong {
+        released: &'a dyn Fn(&str) -> Option<Duration>,
     },
     /// The subscription took effect (first time, or again after a reconnect).
     Subscribed,

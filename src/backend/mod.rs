@@ -57,6 +57,7 @@
 //! | `statistics.rs` | statement counters ([`Statistics`]) |
 //! | `listener.rs` | what a release listener and its registry tell each other |
 //! | `sqlite.rs`, `postgres.rs`, `mysql.rs` | one backend each |
+//! | `sqlite_board.rs` | SQLite's release wake-ups between processes of one host |
 //! | `tls.rs` | TLS settings and handshake errors (PostgreSQL, MySQL) |
 
 use std::time::{Duration, Instant};
@@ -67,6 +68,8 @@ pub(crate) mod mysql;
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
+pub(crate) mod sqlite_board;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod tls;
 
@@ -194,6 +197,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         _requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
         false
+    }
+
+    /// Tells other instances' listeners that the row of `lock_key` was just released after a
+    /// turn of `turn_age`, for a database whose release statement cannot (PostgreSQL's does,
+    /// with `pg_notify`). Called after the release committed; must not block.
+    fn announce_release(
+        _manager: &Self::Manager,
+        _table: &TableSettings,
+        _lock_key: &str,
+        _turn_age: Duration,
+    ) {
     }
 
     /// A statement without parameters returning the database clock (UTC) in microseconds

@@ -32,11 +32,38 @@ const CLOCK_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteManager {
     path: PathBuf,
+    /// The file's release board (see [`super::sqlite_board`]), opened on first use; `None`
+    /// when it could not be (waiters then poll).
+    #[cfg(target_os = "linux")]
+    board: std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<super::sqlite_board::Board>>>>,
 }
 
 impl SqliteManager {
     pub fn new(path: PathBuf) -> Self {
-        SqliteManager { path }
+        SqliteManager {
+            path,
+            #[cfg(target_os = "linux")]
+            board: Default::default(),
+        }
+    }
+
+    /// The release board of this file, opening it the first time.
+    #[cfg(target_os = "linux")]
+    fn board(&self) -> Option<&std::sync::Arc<super::sqlite_board::Board>> {
+        self.board
+            .get_or_init(|| match super::sqlite_board::Board::open(&self.path) {
+                Ok(board) => Some(std::sync::Arc::new(board)),
+                Err(e) => {
+                    log::warn!(
+                        "SQLite release wake-ups are off for {} (waiters poll every \
+                         idle_between_tries): cannot open {}: {e}",
+                        self.path.display(),
+                        super::sqlite_board::board_path(&self.path).display()
+                    );
+                    None
+                }
+            })
+            .as_ref()
     }
 }
 
@@ -260,6 +287,39 @@ impl Backend for Sqlite {
 
     fn mark_broken(conn: &mut Conn<Self>) {
         conn.broken = true;
+    }
+
+    #[cfg(target_os = "linux")]
+    fn listen_for_releases(
+        manager: &SqliteManager,
+        table: &super::TableSettings,
+        _idle_timeout: Duration,
+        handler: super::ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool {
+        let Some(board) = manager.board() else {
+            return false;
+        };
+        super::sqlite_board::listen(
+            std::sync::Arc::clone(board),
+            table.table.clone(),
+            table.region.clone(),
+            handler,
+            requests,
+        )
+    }
+
+    #[cfg(target_os = "linux")]
+    fn announce_release(
+        manager: &SqliteManager,
+        table: &super::TableSettings,
+        lock_key: &str,
+        turn_age: Duration,
+    ) {
+        if let Some(board) = manager.board() {
+            let slot = super::sqlite_board::slot_of(&table.table, &table.region, lock_key);
+            board.announce(slot, turn_age);
+        }
     }
 
     fn clock_sql() -> &'static str {

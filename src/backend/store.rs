@@ -254,10 +254,14 @@ impl<B: Backend> Store for SqlStore<B> {
             params.ttl_micros = -1;
         }
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
-        self.run(Path::Main, "release", deadline, move |conn| {
+        let released = self.run(Path::Main, "release", deadline, move |conn| {
             counters.releases.fetch_add(1, Ordering::Relaxed);
             Ok(B::update(conn, &queries.release, &params.borrowed())? > 0)
-        })
+        })?;
+        if let (true, Some(turn_age)) = (released, turn_age) {
+            B::announce_release(&self.manager, &self.table, lock_key, turn_age);
+        }
+        Ok(released)
     }
 
     fn backend_name(&self) -> &'static str {
