@@ -5,7 +5,7 @@
 
 use crate::backend::{ListedRow, STATE_EXPIRED, STATE_HELD};
 use crate::error::{Error, Result};
-use crate::registry::LockRegistry;
+use crate::registry::{Database, LockRegistry, RegistryBuilder};
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -349,5 +349,38 @@ impl LockRegistry {
         self.core
             .store
             .delete_released_and_expired(older_than, self.admin_deadline())
+    }
+}
+
+impl RegistryBuilder {
+    /// The DDL that `create_table(true)` runs for this builder's database and prefix: the lock
+    /// table, then its deletion floor (see the crate docs, "Fencing tokens"), as one script for
+    /// the database's own client (`sqlite3`, `psql`, `mysql`). For databases where the user
+    /// that takes locks may not create tables: a DBA runs it once. Nothing is connected to.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let ddl = leasehold::LockRegistry::sqlite("/var/lib/jobs/locks.db")
+    ///     .prefix("JOBS_")
+    ///     .table_ddl()?;
+    /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS JOBS_LOCK ("));
+    /// assert!(ddl.contains("CREATE TRIGGER IF NOT EXISTS JOBS_LOCK_FLOOR"));
+    /// # Ok(()) }
+    /// ```
+    pub fn table_ddl(&self) -> Result<String> {
+        fn both<B: crate::backend::Backend>(table: &str) -> String {
+            let table_ddl = crate::backend::ddl_for::<B>(table);
+            let floor_ddl = crate::backend::floor_ddl_for::<B>(table);
+            format!("{}\n\n{}\n", table_ddl.trim_end(), floor_ddl.trim_end())
+        }
+        let table = crate::registry::validate_prefix(&self.prefix)? + "LOCK";
+        Ok(match &self.database {
+            #[cfg(feature = "sqlite")]
+            Database::Sqlite(_) => both::<crate::backend::sqlite::Sqlite>(&table),
+            #[cfg(feature = "postgres")]
+            Database::Postgres(_) => both::<crate::backend::postgres::Postgres>(&table),
+            #[cfg(feature = "mysql")]
+            Database::Mysql(_) => both::<crate::backend::mysql::Mysql>(&table),
+        })
     }
 }

@@ -1,6 +1,7 @@
 //! The `leasehold` command, run as a real process against every database (issue 13): `run`
 //! never overlaps, passes the command's exit code through, and exits with its own codes when
-//! the lock is busy or the lease is lost; `status`, `release --force` and `cleanup`.
+//! the lock is busy or the lease is lost; `status`, `list`, `init`, `release --force` and
+//! `cleanup`.
 
 #![cfg(feature = "cli")]
 
@@ -27,13 +28,48 @@ mod suite {
 
     /// `leasehold SUBCOMMAND --database … --prefix … ARGS…` on the fixture's table.
     fn leasehold(f: &Fixture, subcommand: &str, args: &[&str]) -> Command {
+        leasehold_on(f, &f.prefix, subcommand, args)
+    }
+
+    /// `leasehold SUBCOMMAND --database … --prefix PREFIX ARGS…` on the fixture's database.
+    fn leasehold_on(f: &Fixture, prefix: &str, subcommand: &str, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
         command
             .arg(subcommand)
-            .args(["--database", &url(f), "--prefix", &f.prefix])
+            .args(["--database", &url(f), "--prefix", prefix])
             .args(args)
             .env_remove("LEASEHOLD_DATABASE_URL");
         command
+    }
+
+    fn stdout(output: &Output) -> String {
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Runs `ddl` (several statements) on the fixture's database with the driver directly.
+    fn execute_ddl(f: &Fixture, ddl: &str) {
+        match f.db {
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite => {
+                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+                conn.execute_batch(ddl).unwrap();
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                let mut client =
+                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
+                        .unwrap();
+                client.batch_execute(ddl).unwrap();
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
+                mysql::Conn::new(opts).unwrap().query_drop(ddl).unwrap();
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("{other:?} support is not compiled in"),
+        }
     }
 
     fn output(mut command: Command) -> Output {
@@ -250,6 +286,145 @@ mod suite {
         assert_eq!(code(&status), 1, "released after the command: {status:?}");
     }
 
+    pub fn list_shows_the_rows_as_a_table_and_as_json(f: &Fixture) {
+        let empty = output(leasehold(f, "list", &[]));
+        assert_eq!(code(&empty), 0, "{empty:?}");
+        assert!(stdout(&empty).starts_with("no locks in table"), "{empty:?}");
+        let empty = output(leasehold(f, "list", &["--json"]));
+        assert_eq!(stdout(&empty), "[]\n");
+
+        let holder = f.registry();
+        let held = holder
+            .obtain("nightly \"report\"\\x")
+            .unwrap()
+            .lock()
+            .unwrap();
+        holder
+            .obtain("named")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        holder
+            .obtain("unnamed")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        let names = ["--key", "nightly \"report\"\\x", "--key", "named"];
+
+        let table = output(leasehold(f, "list", &names));
+        assert_eq!(code(&table), 0, "{table:?}");
+        let shown = stdout(&table);
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 4, "{shown}");
+        let columns: Vec<&str> = lines[0].split("  ").filter(|c| !c.is_empty()).collect();
+        let columns: Vec<&str> = columns.iter().map(|c| c.trim()).collect();
+        assert_eq!(
+            columns,
+            [
+                "KEY",
+                "STATE",
+                "HOLDER",
+                "ACQUIRED (UTC)",
+                "EXPIRES IN",
+                "TOKEN"
+            ]
+        );
+        let line = |start: &str| {
+            *lines
+                .iter()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("{start} in {shown}"))
+        };
+        let row = line("nightly \"report\"\\x");
+        assert!(row.contains(" held "), "{row}");
+        assert!(row.contains(holder.client_id()), "{row}");
+        assert!(row.ends_with(&held.fencing_token().to_string()), "{row}");
+        assert!(line("named ").contains(" released "), "{shown}");
+        let unnamed = leasehold::lock_key_for("unnamed");
+        assert!(line(&unnamed).contains(" released "), "{shown}");
+
+        let json = output(leasehold(f, "list", &[&["--json"], &names[..]].concat()));
+        assert_eq!(code(&json), 0, "{json:?}");
+        let json = stdout(&json);
+        assert!(json.starts_with("[{") && json.ends_with("}]\n"), "{json}");
+        assert_eq!(json.matches("\"lock_key\":").count(), 3, "{json}");
+        let held_object = format!(
+            "{{\"key\":\"nightly \\\"report\\\"\\\\x\",\"lock_key\":\"{}\",\"state\":\"held\",\
+             \"client_id\":\"{}\",",
+            leasehold::lock_key_for("nightly \"report\"\\x"),
+            holder.client_id()
+        );
+        assert!(json.contains(&held_object), "{held_object} in {json}");
+        assert!(
+            json.contains(&format!("\"fencing_token\":{}}}", held.fencing_token())),
+            "{json}"
+        );
+        assert!(
+            json.contains(&format!(
+                "{{\"key\":null,\"lock_key\":\"{unnamed}\",\"state\":\"released\",\
+                 \"client_id\":null,"
+            )),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"expires_at\":null,\"expires_in_ms\":null,"),
+            "{json}"
+        );
+        held.unlock().unwrap();
+
+        let bad = output(leasehold(f, "list", &["--key", ""]));
+        assert_eq!(code(&bad), 64, "{bad:?}");
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid lock key"));
+    }
+
+    pub fn init_creates_the_table_or_prints_its_ddl(f: &Fixture) {
+        let (made, printed) = (format!("{}I_", f.prefix), format!("{}P_", f.prefix));
+        let checked =
+            |prefix: &str| output(leasehold_on(f, prefix, "list", &["--no-create-table"]));
+        let missing = checked(&made);
+        assert_eq!(code(&missing), 70, "{missing:?}");
+        let ddl = output(leasehold_on(f, &printed, "init", &["--print"]));
+        assert_eq!(code(&ddl), 0, "{ddl:?}");
+        let ddl = stdout(&ddl);
+        assert!(
+            ddl.contains(&format!("CREATE TABLE IF NOT EXISTS {printed}LOCK")),
+            "{ddl}"
+        );
+        assert!(ddl.contains(&format!("{printed}LOCK_FLOOR")), "{ddl}");
+        assert_eq!(code(&checked(&printed)), 70, "--print created nothing");
+
+        let init = output(leasehold_on(f, &made, "init", &[]));
+        assert_eq!(code(&init), 0, "{init:?}");
+        assert!(stdout(&init).contains(&format!("{made}LOCK")), "{init:?}");
+        assert!(
+            !String::from_utf8_lossy(&init.stderr).contains("warn"),
+            "the deletion floor was made too: {init:?}"
+        );
+        // The printed DDL, run by hand, makes a table just as good.
+        execute_ddl(f, &ddl);
+        for prefix in [&made, &printed] {
+            let listed = checked(prefix);
+            assert_eq!(code(&listed), 0, "{prefix}: {listed:?}");
+            let run = output({
+                let mut c = leasehold_on(f, prefix, "run", &["--no-create-table", "--key", "k"]);
+                c.args(["--", "true"]);
+                c
+            });
+            assert!(run.status.success(), "{prefix}: {run:?}");
+            assert!(
+                !String::from_utf8_lossy(&run.stderr).contains("floor"),
+                "{prefix}: the floor is there: {run:?}"
+            );
+            f.drop_tables(prefix);
+        }
+        let twice = output(leasehold(f, "init", &[]));
+        assert_eq!(code(&twice), 0, "init on an existing table: {twice:?}");
+    }
+
     pub fn cleanup_deletes_old_rows(f: &Fixture) {
         let registry = f.registry();
         registry
@@ -280,6 +455,8 @@ macro_rules! cli {
             a_lost_lease_stops_the_command_with_the_lost_code,
             sigterm_is_forwarded_to_the_command,
             cleanup_deletes_old_rows,
+            list_shows_the_rows_as_a_table_and_as_json,
+            init_creates_the_table_or_prints_its_ddl,
         );
     };
 }

@@ -91,7 +91,9 @@ pub(crate) use listener::{ListenerEvent, ListenerHandler, ListenerReply};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use pools::first_connection;
 pub(crate) use pools::PoolSettings;
-pub(crate) use schema::{floor_table, floor_trigger, FloorFound, TableSettings};
+pub(crate) use schema::{
+    ddl_for, floor_ddl_for, floor_table, floor_trigger, FloorFound, TableSettings,
+};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use statements::PerStatement;
 pub use statements::Statements;

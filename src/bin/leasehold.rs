@@ -4,6 +4,8 @@
 //! ```text
 //! leasehold run --database sqlite:/var/lib/jobs/locks.db --key nightly-report --keep-for 5m -- ./report.sh
 //! leasehold status --key nightly-report
+//! leasehold list --key nightly-report --json
+//! leasehold init --print
 //! leasehold release --key nightly-report --force
 //! leasehold cleanup --older-than 7d
 //! ```
@@ -17,14 +19,14 @@
 
 use clap::{Args, Parser, Subcommand};
 use leasehold::crossbeam_channel::{self, select};
-use leasehold::{Error, LockRegistry};
+use leasehold::{Error, LockRegistry, LockRow, LockState, RegistryBuilder};
 use std::ffi::OsString;
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant, SystemTime};
 
 /// The exit codes of `leasehold` itself (those of `sysexits.h` where one fits).
 mod exit {
-    /// The arguments are wrong (`EX_USAGE`).
+    /// The arguments are wrong, a key or a setting among them (`EX_USAGE`).
     pub const USAGE: u8 = 64;
     /// `leasehold` failed: the database could not be reached or refused, the table is
     /// missing, a setting is out of range (`EX_SOFTWARE`).
@@ -62,6 +64,10 @@ enum Commands {
     Run(RunArgs),
     /// Show who holds KEY (exit 0) or that it is free (exit 1).
     Status(KeyArgs),
+    /// List the rows of the table and region: held, expired and released locks.
+    List(ListArgs),
+    /// Create the lock table and its deletion floor (or print their DDL with --print).
+    Init(InitArgs),
     /// Free KEY whatever holds it; the holder learns at its next renewal.
     Release(ReleaseArgs),
     /// Delete rows released or expired longer ago than --older-than.
@@ -135,6 +141,28 @@ struct ReleaseArgs {
 }
 
 #[derive(Args, Debug)]
+struct ListArgs {
+    #[command(flatten)]
+    database: Database,
+    /// A lock name to show instead of its lock key (the table keeps only a hash of each
+    /// name); repeat for several. Rows of other names show their lock key.
+    #[arg(long = "key", value_name = "NAME")]
+    keys: Vec<String>,
+    /// One JSON array of objects instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct InitArgs {
+    #[command(flatten)]
+    database: Database,
+    /// Print the DDL for the database instead of running it (nothing is connected to).
+    #[arg(long)]
+    print: bool,
+}
+
+#[derive(Args, Debug)]
 struct CleanupArgs {
     #[command(flatten)]
     database: Database,
@@ -163,6 +191,7 @@ impl From<Error> for Failure {
     fn from(error: Error) -> Failure {
         let code = match error {
             Error::LeaseLost { .. } => exit::LOST,
+            Error::InvalidKey { .. } | Error::InvalidSetting { .. } => exit::USAGE,
             _ => exit::ERROR,
         };
         Failure::new(code, error.to_string())
@@ -217,6 +246,8 @@ fn main() -> ExitCode {
     let verbose = match &cli.command {
         Commands::Run(a) => a.database.verbose,
         Commands::Status(a) => a.database.verbose,
+        Commands::List(a) => a.database.verbose,
+        Commands::Init(a) => a.database.verbose,
         Commands::Release(a) => a.key.database.verbose,
         Commands::Cleanup(a) => a.database.verbose,
     };
@@ -227,6 +258,8 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Commands::Run(args) => run(args, &reporter),
         Commands::Status(args) => status(args),
+        Commands::List(args) => list(args),
+        Commands::Init(args) => init(args),
         Commands::Release(args) => release(args),
         Commands::Cleanup(args) => cleanup(args),
     };
@@ -256,6 +289,15 @@ fn without(feature: &str) -> Failure {
 
 /// A registry on the database of `database`.
 fn registry(database: &Database, ttl: Option<Duration>) -> Result<LockRegistry, Failure> {
+    let mut builder = builder(database)?;
+    if let Some(ttl) = ttl {
+        builder = builder.time_to_live(ttl);
+    }
+    Ok(builder.build()?)
+}
+
+/// A registry builder for the database of `database`, with its prefix, region and client id.
+fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
     let url = database.database.as_str();
     let builder = if let Some(path) = url.strip_prefix("sqlite:") {
         let path = path.strip_prefix("//").unwrap_or(path);
@@ -295,15 +337,11 @@ fn registry(database: &Database, ttl: Option<Duration>) -> Result<LockRegistry, 
             ),
         ));
     };
-    let mut builder = builder
+    Ok(builder
         .client_id(client_id())
         .prefix(database.prefix.clone())
         .region(database.region.clone())
-        .create_table(!database.no_create_table);
-    if let Some(ttl) = ttl {
-        builder = builder.time_to_live(ttl);
-    }
-    Ok(builder.build()?)
+        .create_table(!database.no_create_table))
 }
 
 /// `HOST/PID/RANDOM` (at most 36 characters), so that `status` tells operators where the
@@ -334,8 +372,164 @@ fn status(args: KeyArgs) -> Result<u8, Failure> {
         args.key,
         holder.client_id,
         humantime::format_rfc3339_millis(holder.acquired),
-        humantime::format_duration(Duration::from_millis(left.as_millis() as u64)),
+        rounded(left),
         holder.fencing_token
+    );
+    Ok(0)
+}
+
+/// A duration for people: tenths of a second under 10 s, whole seconds above (`1h 5m 3s`).
+fn rounded(duration: Duration) -> String {
+    if duration < Duration::from_secs(10) {
+        format!("{:.1}s", duration.as_secs_f64())
+    } else {
+        humantime::format_duration(Duration::from_secs(duration.as_secs())).to_string()
+    }
+}
+
+/// How long until `row` expires (or how long ago it did), seen at `now` on the database clock.
+fn expires_in(row: &LockRow, now: SystemTime) -> String {
+    match row.state {
+        LockState::Released => "-".into(),
+        _ => match row.expires_at.duration_since(now) {
+            Ok(left) => rounded(left),
+            Err(past) => format!("{} ago", rounded(past.duration())),
+        },
+    }
+}
+
+fn list(args: ListArgs) -> Result<u8, Failure> {
+    let registry = registry(&args.database, None)?;
+    let listing = registry.listing().resolving(&args.keys)?;
+    let rows = listing.rows().collect::<leasehold::Result<Vec<_>>>()?;
+    let (now, _) = registry.database_time()?;
+    if args.json {
+        println!("{}", rows_json(&rows, now));
+    } else if rows.is_empty() {
+        println!(
+            "no locks in table {} (region {})",
+            registry.table(),
+            registry.region()
+        );
+    } else {
+        print!("{}", rows_table(&rows, now));
+    }
+    Ok(0)
+}
+
+/// The rows as a table for people: one line each, columns padded to their widest cell.
+fn rows_table(rows: &[LockRow], now: SystemTime) -> String {
+    let header = [
+        "KEY",
+        "STATE",
+        "HOLDER",
+        "ACQUIRED (UTC)",
+        "EXPIRES IN",
+        "TOKEN",
+    ];
+    let mut lines: Vec<[String; 6]> = vec![header.map(String::from)];
+    for row in rows {
+        lines.push([
+            row.label().to_string(),
+            row.state.to_string(),
+            row.client_id.clone().unwrap_or_else(|| "-".into()),
+            humantime::format_rfc3339_millis(row.acquired).to_string(),
+            expires_in(row, now),
+            row.fencing_token.to_string(),
+        ]);
+    }
+    let mut widths = [0; 6];
+    for line in &lines {
+        for (width, cell) in widths.iter_mut().zip(line) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `text` as a JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The rows as one JSON array: `key` (the name, or null when not resolved), `lock_key`,
+/// `state`, `client_id` (null once released), `acquired` and `expires_at` (RFC 3339, UTC, on
+/// the database clock; `expires_at` null once released), `expires_in_ms` (negative once
+/// expired, null once released) and `fencing_token`.
+fn rows_json(rows: &[LockRow], now: SystemTime) -> String {
+    let optional = |text: Option<&str>| text.map_or_else(|| "null".into(), json_string);
+    let objects: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            let released = row.state == LockState::Released;
+            let expires_at =
+                (!released).then(|| humantime::format_rfc3339_millis(row.expires_at).to_string());
+            let expires_in_ms = if released {
+                "null".to_string()
+            } else {
+                match row.expires_at.duration_since(now) {
+                    Ok(left) => left.as_millis().to_string(),
+                    Err(past) => format!("-{}", past.duration().as_millis()),
+                }
+            };
+            format!(
+                "{{\"key\":{},\"lock_key\":{},\"state\":{},\"client_id\":{},\"acquired\":{},\
+                 \"expires_at\":{},\"expires_in_ms\":{},\"fencing_token\":{}}}",
+                optional(row.name.as_deref()),
+                json_string(&row.lock_key),
+                json_string(row.state.as_str()),
+                optional(row.client_id.as_deref()),
+                json_string(&humantime::format_rfc3339_millis(row.acquired).to_string()),
+                optional(expires_at.as_deref()),
+                expires_in_ms,
+                row.fencing_token
+            )
+        })
+        .collect();
+    format!("[{}]", objects.join(","))
+}
+
+fn init(args: InitArgs) -> Result<u8, Failure> {
+    let builder = builder(&args.database)?;
+    if args.print {
+        print!("{}", builder.table_ddl()?);
+        return Ok(0);
+    }
+    if args.database.no_create_table {
+        return Err(Failure::new(
+            exit::USAGE,
+            "init creates the table: drop --no-create-table (or use --print to see the DDL)",
+        ));
+    }
+    let registry = builder.create_table(true).build()?;
+    println!(
+        "table {} is ready on {} (with its deletion floor unless a warning said otherwise)",
+        registry.table(),
+        registry.backend_name()
     );
     Ok(0)
 }
