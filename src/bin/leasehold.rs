@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! leasehold run --database sqlite:/var/lib/jobs/locks.db --key nightly-report --keep-for 5m -- ./report.sh
+//! leasehold lead --group billing-scheduler -- ./scheduler
 //! leasehold status --key nightly-report
 //! leasehold list --key nightly-report --json
 //! leasehold init --print
@@ -10,16 +11,24 @@
 //! leasehold cleanup --older-than 7d
 //! ```
 //!
-//! Exit codes of `run`: the command's own when it ran to its end with the lease held (128 +
-//! the signal's number when a signal ended it); otherwise one of the codes below (see
-//! [`exit`]). The command also sees `LEASEHOLD_KEY` and `LEASEHOLD_FENCING_TOKEN` in its
-//! environment.
+//! Exit codes of `run` and `lead`: the command's own when it ran to its end with the lease
+//! (leadership) held (128 + the signal's number when a signal ended it); otherwise one of the
+//! codes below (see [`exit`]). Under `run` the command also sees `LEASEHOLD_KEY` and
+//! `LEASEHOLD_FENCING_TOKEN` in its environment; under `lead`, `LEASEHOLD_GROUP`,
+//! `LEASEHOLD_TERM` and `LEASEHOLD_FENCING_TOKEN` (the term).
+//!
+//! The command stays in leasehold's process group, so that it can read a terminal. A signal
+//! sent to leasehold (`kill`) is forwarded to it; one a terminal generates (Ctrl-C) already
+//! reaches the whole foreground group, so leasehold does not forward it a second time. A
+//! signal sent to the whole group (`kill -TERM -PGID`) reaches the command twice. On Linux
+//! the command also gets SIGTERM when leasehold itself dies (even by SIGKILL), because its lock
+//! would run out and another instance could start.
 
 #![deny(unsafe_code)]
 
 use clap::{Args, Parser, Subcommand};
 use leasehold::crossbeam_channel::{self, select};
-use leasehold::{Error, LockRegistry, LockRow, LockState, RegistryBuilder};
+use leasehold::{Error, LeaderElection, LockRegistry, LockRow, LockState, RegistryBuilder};
 use std::ffi::OsString;
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant, SystemTime};
@@ -31,8 +40,8 @@ mod exit {
     /// `leasehold` failed: the database could not be reached or refused, the table is
     /// missing, a setting is out of range (`EX_SOFTWARE`).
     pub const ERROR: u8 = 70;
-    /// The lease was lost while the command ran (it was stopped) or before it ended: another
-    /// instance may have run at the same time (`EX_IOERR`).
+    /// The lease (or leadership, under `lead`) was lost while the command ran (it was stopped)
+    /// or before it ended: another instance may have run at the same time (`EX_IOERR`).
     pub const LOST: u8 = 74;
     /// The lock was held elsewhere: `--no-wait`, or `--wait` ran out (`EX_TEMPFAIL`).
     pub const BUSY: u8 = 75;
@@ -48,7 +57,13 @@ const AFTER_HELP: &str = "\
 Exit codes of `run`: the command's own (128 + N when signal N ended it); 75 the lock was held \
 elsewhere (--no-wait, or --wait ran out); 74 the lease was lost (the command was stopped, or \
 ended after the loss); 70 leasehold failed (database, table, settings); 64 bad arguments; \
-126/127 the command could not be started / was not found.";
+126/127 the command could not be started / was not found. `lead` exits likewise: the command's \
+own when it ended while leading; 74 when leadership was lost and --once (or a signal) ended \
+the loop; 128 + N when signal N arrived while standing by.
+
+SIGINT, SIGTERM and SIGHUP sent to leasehold go to the command; those a terminal sends \
+(Ctrl-C, Ctrl-\\, hangup) reach the command directly, in the same process group, and are not \
+sent twice.";
 
 /// Distributed locks in a SQL database for shell scripts and cron jobs.
 #[derive(Parser, Debug)]
@@ -62,6 +77,9 @@ struct Cli {
 enum Commands {
     /// Run COMMAND while holding the lock KEY; renew it while COMMAND runs, release it after.
     Run(RunArgs),
+    /// Run COMMAND while this instance leads GROUP; stop it when leadership is lost, then
+    /// compete again (or exit, with --once).
+    Lead(LeadArgs),
     /// Show who holds KEY (exit 0) or that it is free (exit 1).
     Status(KeyArgs),
     /// List the rows of the table and region: held, expired and released locks.
@@ -126,6 +144,33 @@ struct RunArgs {
     /// How long COMMAND has to end after SIGTERM, once the lease is lost, before SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct LeadArgs {
+    #[command(flatten)]
+    database: Database,
+    /// The group's name: every instance that may lead names the same group (it is the key of
+    /// the lock the leader holds).
+    #[arg(long)]
+    group: String,
+    /// How long leadership outlives a crash of this process (it is renewed every third of it;
+    /// a leader that cannot renew stops the command with a tenth of it left).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// How often a standby tries to become leader.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    poll: Duration,
+    /// How long COMMAND has to end after SIGTERM, once leadership is lost, before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// Exit (code 74) once leadership is lost and COMMAND has stopped, instead of standing by
+    /// to lead again.
+    #[arg(long)]
+    once: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -245,6 +290,7 @@ fn main() -> ExitCode {
     };
     let verbose = match &cli.command {
         Commands::Run(a) => a.database.verbose,
+        Commands::Lead(a) => a.database.verbose,
         Commands::Status(a) => a.database.verbose,
         Commands::List(a) => a.database.verbose,
         Commands::Init(a) => a.database.verbose,
@@ -257,6 +303,7 @@ fn main() -> ExitCode {
     }
     let outcome = match cli.command {
         Commands::Run(args) => run(args, &reporter),
+        Commands::Lead(args) => lead(args, &reporter),
         Commands::Status(args) => status(args),
         Commands::List(args) => list(args),
         Commands::Init(args) => init(args),
@@ -582,6 +629,151 @@ fn code_of(status: std::process::ExitStatus) -> u8 {
     }
 }
 
+/// Starts `command` with `env`; on failure, the exit code a shell would give and a message.
+fn spawn(command: &[OsString], env: &[(&str, String)]) -> Result<Child, (u8, String)> {
+    let mut builder = Command::new(&command[0]);
+    builder.args(&command[1..]);
+    for (name, value) in env {
+        builder.env(name, value);
+    }
+    stop_with_leasehold(&mut builder);
+    builder.spawn().map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+            _ => exit::CANNOT_RUN,
+        };
+        (code, format!("cannot run {:?}: {e}", command[0]))
+    })
+}
+
+/// Makes the command receive SIGTERM when leasehold dies (Linux's parent-death signal), so
+/// that a SIGKILLed leasehold does not leave it running unprotected once the lease runs out.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn stop_with_leasehold(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let leasehold = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2),
+    // getppid(2) and kill(2), which are async-signal-safe; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // leasehold may have died before the prctl: then nobody would signal.
+            if libc::getppid() as u32 != leasehold {
+                libc::kill(libc::getpid(), libc::SIGTERM);
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stop_with_leasehold(_command: &mut Command) {}
+
+/// What a loss channel reports: a lease's loss (`run`) or a term's (`lead`).
+trait Loss {
+    /// Why, for the message that stops the command.
+    fn reason(&self) -> String;
+}
+
+impl Loss for leasehold::LeaseLost {
+    fn reason(&self) -> String {
+        self.reason.to_string()
+    }
+}
+
+impl Loss for leasehold::LeadershipLost {
+    fn reason(&self) -> String {
+        self.reason.to_string()
+    }
+}
+
+/// How a supervised command ended.
+struct Ended {
+    status: std::process::ExitStatus,
+    /// The lease or leadership was lost while it ran (it was told to stop).
+    lost: bool,
+    /// A signal was forwarded to it.
+    signalled: bool,
+}
+
+/// Waits for `child` to end, forwarding `signals` to it; when `losses` delivers, stops it with
+/// SIGTERM and, after `grace`, SIGKILL. `what` names what can be lost in messages ("the lease
+/// of \"KEY\""); `tick` runs about every 20 ms.
+fn supervise<T: Loss>(
+    child: &mut Child,
+    losses: crossbeam_channel::Receiver<T>,
+    signals: &crossbeam_channel::Receiver<Received>,
+    grace: Duration,
+    what: &str,
+    reporter: &Reporter,
+    mut tick: impl FnMut(),
+) -> Result<Ended, Failure> {
+    let mut losses = losses;
+    let (mut lost_at, mut signalled): (Option<Instant>, bool) = (None, false);
+    loop {
+        select! {
+            recv(losses) -> lost => {
+                if let Ok(lost) = lost {
+                    eprintln!(
+                        "leasehold: lost {what} ({}); stopping the command with SIGTERM, then \
+                         SIGKILL after {}",
+                        lost.reason(),
+                        humantime::format_duration(grace)
+                    );
+                    signal_child(child, libc::SIGTERM);
+                    lost_at = Some(Instant::now());
+                }
+                losses = crossbeam_channel::never();
+            },
+            recv(signals) -> received => {
+                if let Ok(received) = received {
+                    signalled = true;
+                    if received.from_terminal {
+                        reporter.say(format_args!(
+                            "signal {} came from the terminal, which sent it to the command too",
+                            received.signal
+                        ));
+                    } else {
+                        reporter.say(format_args!(
+                            "forwarding signal {} to the command",
+                            received.signal
+                        ));
+                        signal_child(child, received.signal);
+                    }
+                }
+            },
+            default(Duration::from_millis(20)) => {}
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                return Ok(Ended {
+                    status,
+                    lost: lost_at.is_some(),
+                    signalled,
+                })
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(Failure::new(
+                    exit::ERROR,
+                    format!("waiting for the command: {e}"),
+                ))
+            }
+        }
+        if lost_at.is_some_and(|at| at.elapsed() >= grace) {
+            eprintln!("leasehold: the command did not end after SIGTERM; sending SIGKILL");
+            let _ = child.kill();
+            lost_at = Some(Instant::now() + Duration::from_secs(3600));
+        }
+        if lost_at.is_none() {
+            tick();
+        }
+    }
+}
+
 fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     let registry = registry(&args.database, Some(args.ttl))?;
     let lock = registry.obtain(&args.key)?;
@@ -610,87 +802,47 @@ fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         "acquired {:?} (fencing token {token})",
         args.key
     ));
-
-    let mut command = Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        .env("LEASEHOLD_KEY", &args.key)
-        .env("LEASEHOLD_FENCING_TOKEN", token.to_string());
-    let mut child = match command.spawn() {
+    let env = [
+        ("LEASEHOLD_KEY", args.key.clone()),
+        ("LEASEHOLD_FENCING_TOKEN", token.to_string()),
+    ];
+    let mut child = match spawn(&args.command, &env) {
         Ok(child) => child,
-        Err(e) => {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => exit::NOT_FOUND,
-                _ => exit::CANNOT_RUN,
-            };
+        Err((code, message)) => {
             let released = guard.unlock();
-            eprintln!("leasehold: cannot run {:?}: {e}", args.command[0]);
+            eprintln!("leasehold: {message}");
             released?;
             return Ok(code);
         }
     };
-
-    let mut losses = guard.loss_channel();
     let mut remaining = guard.remaining();
-    let mut lost_at: Option<Instant> = None;
-    let status = loop {
-        select! {
-            recv(losses) -> lost => match lost {
-                Ok(lost) => {
-                    eprintln!(
-                        "leasehold: lost the lease of {:?} ({}); stopping the command with \
-                         SIGTERM, then SIGKILL after {}",
-                        args.key,
-                        lost.reason,
-                        humantime::format_duration(args.grace)
-                    );
-                    signal_child(&mut child, libc::SIGTERM);
-                    lost_at = Some(Instant::now());
-                    losses = crossbeam_channel::never();
-                }
-                Err(_) => losses = crossbeam_channel::never(),
-            },
-            recv(signals) -> signal => {
-                if let Ok(signal) = signal {
-                    reporter.say(format_args!("forwarding signal {signal} to the command"));
-                    signal_child(&mut child, signal);
-                }
-            },
-            default(Duration::from_millis(20)) => {}
-        }
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => {}
-            Err(e) => {
-                return Err(Failure::new(
-                    exit::ERROR,
-                    format!("waiting for the command: {e}"),
-                ))
+    let ended = supervise(
+        &mut child,
+        guard.loss_channel(),
+        &signals,
+        args.grace,
+        &format!("the lease of {:?}", args.key),
+        reporter,
+        || {
+            let now_remaining = guard.remaining();
+            if now_remaining > remaining + Duration::from_millis(1) {
+                reporter.say(format_args!(
+                    "renewed {:?} ({} left)",
+                    args.key,
+                    rounded(now_remaining)
+                ));
             }
-        }
-        if lost_at.is_some_and(|at| at.elapsed() >= args.grace) {
-            eprintln!("leasehold: the command did not end after SIGTERM; sending SIGKILL");
-            let _ = child.kill();
-            lost_at = Some(Instant::now() + Duration::from_secs(3600));
-        }
-        let now_remaining = guard.remaining();
-        if lost_at.is_none() && now_remaining > remaining + Duration::from_millis(1) {
-            reporter.say(format_args!(
-                "renewed {:?} ({} left)",
-                args.key,
-                humantime::format_duration(Duration::from_millis(now_remaining.as_millis() as u64))
-            ));
-        }
-        remaining = now_remaining;
-    };
-    let code = code_of(status);
+            remaining = now_remaining;
+        },
+    )?;
+    let code = code_of(ended.status);
     reporter.say(format_args!("the command ended with exit code {code}"));
     let released = match args.keep_for {
         Some(keep) => guard.unlock_keeping_for(keep),
         None => guard.unlock(),
     };
     match released {
-        Ok(()) if lost_at.is_none() => {
+        Ok(()) if !ended.lost => {
             match args.keep_for {
                 Some(keep) => reporter.say(format_args!(
                     "released {:?}, kept held until {} after the grant",
@@ -702,7 +854,7 @@ fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
             Ok(code)
         }
         Ok(()) | Err(Error::LeaseLost { .. }) => {
-            if lost_at.is_none() {
+            if !ended.lost {
                 eprintln!(
                     "leasehold: the lease of {:?} was lost before the command ended (exit code \
                      {code}); another instance may have run at the same time",
@@ -722,17 +874,120 @@ fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     }
 }
 
+fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
+    let election = LeaderElection::builder(builder(&args.database)?, args.group.clone())
+        .lease_duration(args.ttl)
+        .lock_acquire_sleep_interval(args.poll)
+        .build()?;
+    // Caught from the start: while standing by, a signal ends leasehold (128 + its number);
+    // while the command runs, it goes to the command.
+    let signals = forward_signals()?;
+    let group = &args.group;
+    loop {
+        reporter.say(format_args!("standing by for the leadership of {group:?}"));
+        let leadership = loop {
+            if let Ok(received) = signals.try_recv() {
+                reporter.say(format_args!(
+                    "signal {} while standing by; exiting",
+                    received.signal
+                ));
+                return Ok((128 + received.signal) as u8);
+            }
+            match election.try_acquire_for(args.poll) {
+                Ok(Some(leadership)) => break leadership,
+                Ok(None) => {}
+                // The database is unreachable for now: a standby outlives outages.
+                Err(e @ Error::Timeout { .. }) => {
+                    eprintln!("leasehold: standing by for {group:?}: {e}; trying again");
+                    std::thread::sleep(args.poll);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let term = leadership.term();
+        reporter.say(format_args!("leading {group:?} (term {term})"));
+        let env = [
+            ("LEASEHOLD_GROUP", group.clone()),
+            ("LEASEHOLD_TERM", term.to_string()),
+            ("LEASEHOLD_FENCING_TOKEN", term.to_string()),
+        ];
+        let mut child = match spawn(&args.command, &env) {
+            Ok(child) => child,
+            Err((code, message)) => {
+                let resigned = leadership.resign();
+                eprintln!("leasehold: {message}");
+                resigned?;
+                return Ok(code);
+            }
+        };
+        let ended = supervise(
+            &mut child,
+            leadership.loss_channel(),
+            &signals,
+            args.grace,
+            &format!("the leadership of {group:?} (term {term})"),
+            reporter,
+            || {},
+        )?;
+        let code = code_of(ended.status);
+        if !ended.lost {
+            reporter.say(format_args!(
+                "the command ended with exit code {code}; resigning"
+            ));
+            return match leadership.resign() {
+                Ok(()) => Ok(code),
+                Err(Error::LeaseLost { .. }) => {
+                    eprintln!(
+                        "leasehold: the leadership of {group:?} was lost before the command \
+                         ended (exit code {code}); another instance may have led at the same time"
+                    );
+                    Ok(exit::LOST)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "leasehold: the command ended (exit code {code}) but resigning {group:?} \
+                         failed: {e}; the lease runs out after its time-to-live"
+                    );
+                    Ok(exit::ERROR)
+                }
+            };
+        }
+        drop(leadership);
+        reporter.say(format_args!(
+            "the command stopped with exit code {code} after the loss"
+        ));
+        if args.once || ended.signalled {
+            return Ok(exit::LOST);
+        }
+    }
+}
+
+/// A signal leasehold caught.
+#[derive(Debug, Clone, Copy)]
+struct Received {
+    signal: i32,
+    /// Sent by the kernel for a terminal (Ctrl-C, Ctrl-\, hangup): it went to the whole
+    /// foreground process group, the command included, so it is not forwarded again.
+    from_terminal: bool,
+}
+
 /// SIGINT, SIGTERM and SIGHUP received by leasehold, for forwarding to the command.
-fn forward_signals() -> Result<crossbeam_channel::Receiver<i32>, Failure> {
+fn forward_signals() -> Result<crossbeam_channel::Receiver<Received>, Failure> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
-        .map_err(|e| Failure::new(exit::ERROR, format!("cannot catch signals: {e}")))?;
+    use signal_hook::iterator::exfiltrator::WithRawSiginfo;
+    let mut signals =
+        signal_hook::iterator::SignalsInfo::<WithRawSiginfo>::new([SIGINT, SIGTERM, SIGHUP])
+            .map_err(|e| Failure::new(exit::ERROR, format!("cannot catch signals: {e}")))?;
     let (sender, receiver) = crossbeam_channel::unbounded();
     std::thread::Builder::new()
         .name("leasehold-signals".into())
         .spawn(move || {
-            for signal in signals.forever() {
-                if sender.send(signal).is_err() {
+            for info in signals.forever() {
+                let received = Received {
+                    signal: info.si_signo,
+                    from_terminal: info.si_code == libc::SI_KERNEL,
+                };
+                if sender.send(received).is_err() {
                     break;
                 }
             }
