@@ -129,7 +129,10 @@ impl<'r> Listing<'r> {
         if limit == 0 || limit > MAX_PAGE_ROWS {
             return Err(Error::setting(
                 "limit",
-                format!("{limit} is outside 1..={MAX_PAGE_ROWS}: ask for a page of rows"),
+                format!(
+                    "{limit} rows is outside 1..={MAX_PAGE_ROWS}: ask for a page of that size, \
+                     or iterate over every row with Listing::rows"
+                ),
             ));
         }
         let rows = self.registry.core.store.list(

@@ -896,11 +896,9 @@ fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
             match election.try_acquire_for(args.poll) {
                 Ok(Some(leadership)) => break leadership,
                 Ok(None) => {}
-                // The database is unreachable for now: a standby outlives outages.
-                Err(e @ Error::Timeout { .. }) => {
-                    eprintln!("leasehold: standing by for {group:?}: {e}; trying again");
-                    std::thread::sleep(args.poll);
-                }
+                // The database failed the attempts of this round (the election logged each
+                // one): a standby outlives outages, and tries again.
+                Err(Error::Timeout { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         };
