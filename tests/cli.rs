@@ -372,7 +372,7 @@ mod suite {
         let dir = tempfile::tempdir().unwrap();
         let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
         let script = trapping_script(&ready, &got, &["TERM"]);
-        let mut holder = leasehold(f, "run", &["--key", "crash", "--ttl", "2s", "--"])
+        let mut holder = leasehold(f, "run", &["--key", "crash", "--ttl", "4s", "--"])
             .args(["sh", "-c", &script])
             .stdin(Stdio::null())
             .spawn()
