@@ -38,7 +38,7 @@ mod exit {
     /// The arguments are wrong, a key or a setting among them (`EX_USAGE`).
     pub const USAGE: u8 = 64;
     /// `leasehold` failed: the database could not be reached or refused, the table is
-    /// missing, a setting is out of range (`EX_SOFTWARE`).
+    /// missing (`EX_SOFTWARE`).
     pub const ERROR: u8 = 70;
     /// The lease (or leadership, under `lead`) was lost while the command ran (it was stopped)
     /// or before it ended: another instance may have run at the same time (`EX_IOERR`).
@@ -56,13 +56,13 @@ mod exit {
 const AFTER_HELP: &str = "\
 Exit codes of `run`: the command's own (128 + N when signal N ended it); 75 the lock was held \
 elsewhere (--no-wait, or --wait ran out); 74 the lease was lost (the command was stopped, or \
-ended after the loss); 70 leasehold failed (database, table, settings); 64 bad arguments; \
+ended after the loss); 70 leasehold failed (database, table); 64 bad arguments, keys or settings; \
 126/127 the command could not be started / was not found. `lead` exits likewise: the command's \
 own when it ended while leading; 74 when leadership was lost and --once (or a signal) ended \
 the loop; 128 + N when signal N arrived while standing by.
 
 SIGINT, SIGTERM and SIGHUP sent to leasehold go to the command; those a terminal sends \
-(Ctrl-C, Ctrl-\\, hangup) reach the command directly, in the same process group, and are not \
+(Ctrl-C, hangup) reach the command directly, in the same process group, and are not \
 sent twice.";
 
 /// Distributed locks in a SQL database for shell scripts and cron jobs.
@@ -964,7 +964,7 @@ fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
 #[derive(Debug, Clone, Copy)]
 struct Received {
     signal: i32,
-    /// Sent by the kernel for a terminal (Ctrl-C, Ctrl-\, hangup): it went to the whole
+    /// Sent by the kernel for a terminal (Ctrl-C, hangup): it went to the whole
     /// foreground process group, the command included, so it is not forwarded again.
     from_terminal: bool,
 }
