@@ -215,6 +215,29 @@ mod suite {
         other_region.unlock().unwrap();
     }
 
+    pub fn listing_rows_go_on_past_one_query(f: &Fixture) {
+        // The iterator reads 500 rows a query: 501 rows take two.
+        let registry = f.registry();
+        let names: Vec<String> = (0..501).map(|n| format!("job-{n}")).collect();
+        for name in &names {
+            registry
+                .obtain(name)
+                .unwrap()
+                .lock()
+                .unwrap()
+                .unlock()
+                .unwrap();
+        }
+        let listing = registry.listing().resolving(&names).unwrap();
+        let rows: Vec<_> = listing.rows().map(Result::unwrap).collect();
+        assert_eq!(rows.len(), 501);
+        let mut seen: Vec<&str> = rows.iter().map(|r| r.name.as_deref().unwrap()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 501, "every row once");
+        assert_eq!(listing.page(None, 500).unwrap(), rows[..500]);
+    }
+
     pub fn force_release_frees_the_key_and_the_holder_learns_at_its_next_renewal(f: &Fixture) {
         let (worker, operator, other) = (f.registry(), f.registry(), f.registry());
         let guard = worker
@@ -417,6 +440,7 @@ macro_rules! admin {
         crate::suite_for!($db;
             holder_names_the_holder_and_none_when_free,
             listing_shows_held_expired_and_released_rows_of_the_region_by_page,
+            listing_rows_go_on_past_one_query,
             force_release_frees_the_key_and_the_holder_learns_at_its_next_renewal,
             delete_released_and_expired_keeps_held_rows_and_tokens_keep_increasing,
             unlock_keeping_for_keeps_the_row_held_until_the_period_ends,
