@@ -97,7 +97,7 @@
 //! | module | job |
 //! |--------|-----|
 //! | `registry` | builder, validation, the registry and its shared core |
-//! | `admin` | inspecting and administering the table: holder, forced release, cleanup |
+//! | `admin` | inspecting and administering the table: holder, listing, forced release, cleanup |
 //! | `cache` | bounded LRU of per-key state that never evicts a key in use |
 //! | `lock` | the local state machine: queue, poller, instant handoff, `LockGuard` |
 //! | `lease` | one database grant, its deadline, loss reporting, the lease clock and the renewer |
@@ -183,7 +183,7 @@ mod lock;
 mod registry;
 mod wakeups;
 
-pub use admin::Holder;
+pub use admin::{Holder, Listing, LockRow, LockState, Rows, MAX_PAGE_ROWS};
 pub use backend::{Statements, Statistics};
 pub use error::{DatabaseError, Error, LossReason, Result, TlsProblem};
 pub use key::{lock_key_for, MAX_KEY_BYTES};

@@ -92,7 +92,7 @@ pub(crate) struct Core {
 }
 
 /// Where the lock table lives.
-enum Database {
+pub(crate) enum Database {
     #[cfg(feature = "sqlite")]
     Sqlite(std::path::PathBuf),
     #[cfg(feature = "postgres")]
@@ -242,13 +242,13 @@ impl std::fmt::Debug for LockRegistry {
 /// ```
 #[must_use = "a builder does nothing until build() is called"]
 pub struct RegistryBuilder {
-    database: Database,
+    pub(crate) database: Database,
     time_to_live: Duration,
     idle_between_tries: Duration,
     cache_capacity: usize,
     client_id: Option<String>,
     region: String,
-    prefix: String,
+    pub(crate) prefix: String,
     renewal: bool,
     renew_every: Option<Duration>,
     local_handoff_limit: Option<Duration>,
@@ -654,7 +654,7 @@ fn check_timeout(setting: &'static str, timeout: Duration) -> Result<()> {
 }
 
 /// Checks a table prefix and returns it: it is spliced into SQL.
-fn validate_prefix(prefix: &str) -> Result<String> {
+pub(crate) fn validate_prefix(prefix: &str) -> Result<String> {
     let identifier = |part: &str| {
         part.chars()
             .next()

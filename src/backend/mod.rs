@@ -49,7 +49,7 @@
 //! | `statements.rs` | the statements, their parameters, checking replacements |
 //! | `failure.rs` | failure classes ([`FailureKind`]) |
 //! | `store.rs` | [`Store`] and [`SqlStore`]: the lease operations |
-//! | `admin.rs` | the administration statements: holder, forced release, cleanup, keep-for release |
+//! | `admin.rs` | the administration statements: holder, listing, forced release, cleanup, keep-for release |
 //! | `retry.rs` | the retry loop: deadlines, pauses, discarding broken connections |
 //! | `pools.rs` | connection pools and the first connection |
 //! | `statement_threads.rs` | threads that run MySQL statements for callers with deadlines |
@@ -84,7 +84,9 @@ mod statements;
 mod statistics;
 mod store;
 
-pub(crate) use admin::{AdminStatements, HolderRow};
+pub(crate) use admin::{
+    state_sql, AdminStatements, HolderRow, ListedRow, STATE_EXPIRED, STATE_HELD,
+};
 #[cfg(feature = "failpoints")]
 pub(crate) use failure::injected_failure;
 pub(crate) use failure::{Failure, FailureKind};
@@ -92,7 +94,9 @@ pub(crate) use listener::{ListenerEvent, ListenerHandler, ListenerReply};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use pools::first_connection;
 pub(crate) use pools::PoolSettings;
-pub(crate) use schema::{floor_table, floor_trigger, FloorFound, TableSettings};
+pub(crate) use schema::{
+    ddl_for, floor_ddl_for, floor_table, floor_trigger, FloorFound, TableSettings,
+};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use statements::PerStatement;
 pub use statements::Statements;
@@ -149,6 +153,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         sql: &str,
         params: &Params,
     ) -> Result<Option<HolderRow>, Failure>;
+
+    /// Runs [`AdminStatements::list`]: the rows of one page.
+    fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure>;
 
     /// Runs an acquire statement: `Some(token)` when granted, `None` when held elsewhere.
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure>;

@@ -79,7 +79,7 @@
 
 use super::pools::Finding;
 use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, Params,
+    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow, Params,
     PerStatement, Statements,
 };
 use crate::error::Error;
@@ -333,6 +333,15 @@ impl Backend for Mysql {
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
             ),
+            // Byte order (BINARY), whatever the table's collation.
+            list: format!(
+                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state} \
+                 FROM {table} WHERE REGION = :region AND BINARY LOCK_KEY > BINARY :lock_key \
+                 ORDER BY BINARY LOCK_KEY LIMIT :token",
+                created = micros("CREATED_DATE"),
+                expires = micros("EXPIRED_AFTER"),
+                state = super::state_sql(NOW),
+            ),
             force_release: format!(
                 "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
                  WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID IS NOT NULL \
@@ -370,6 +379,25 @@ impl Backend for Mysql {
                 token,
             },
         ))
+    }
+
+    fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
+        type Row = (String, Option<String>, i64, i64, i64, i64);
+        let (statement, values) = conn.bind(sql, params)?;
+        let rows: Vec<Row> = conn.conn.exec(&statement, values).map_err(classify)?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(lock_key, client_id, acquired_micros, expires_micros, token, state)| ListedRow {
+                    lock_key,
+                    client_id,
+                    acquired_micros,
+                    expires_micros,
+                    token,
+                    state,
+                },
+            )
+            .collect())
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {

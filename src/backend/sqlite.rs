@@ -15,7 +15,8 @@
 //! the file's one write lock, so an acquire always sees the deletions committed before it.
 
 use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, Params, Statements,
+    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow, Params,
+    Statements,
 };
 use rusqlite::{ffi::ErrorCode, types::ToSql, Connection};
 use std::path::PathBuf;
@@ -167,6 +168,13 @@ impl Backend for Sqlite {
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
             ),
+            list: format!(
+                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state} \
+                 FROM {table} WHERE REGION = ?2 AND LOCK_KEY > ?1 ORDER BY LOCK_KEY LIMIT ?5",
+                created = micros("CREATED_DATE"),
+                expires = micros("EXPIRED_AFTER"),
+                state = super::state_sql(NOW),
+            ),
             force_release: format!(
                 "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000' \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID IS NOT NULL \
@@ -207,6 +215,24 @@ impl Backend for Sqlite {
             })
         };
         read().map(Some).map_err(classify)
+    }
+
+    fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
+        let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
+        bind(&mut statement, params).map_err(classify)?;
+        let mut rows = statement.raw_query();
+        let mut listed = Vec::new();
+        while let Some(row) = rows.next().map_err(classify)? {
+            listed.push(ListedRow {
+                lock_key: row.get(0).map_err(classify)?,
+                client_id: row.get(1).map_err(classify)?,
+                acquired_micros: row.get(2).map_err(classify)?,
+                expires_micros: row.get(3).map_err(classify)?,
+                token: row.get(4).map_err(classify)?,
+                state: row.get(5).map_err(classify)?,
+            });
+        }
+        Ok(listed)
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {

@@ -6,8 +6,8 @@ use super::injected_failure;
 use super::pools::build_pool;
 use super::statistics::Counters;
 use super::{
-    pairs_json, Backend, HolderRow, ListenerHandler, OwnedParams, PoolSettings, Statements,
-    Statistics, TableSettings,
+    pairs_json, Backend, HolderRow, ListedRow, ListenerHandler, OwnedParams, PoolSettings,
+    Statements, Statistics, TableSettings,
 };
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -79,6 +79,8 @@ pub(crate) trait Store: Send + Sync {
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)>;
     /// The row holding `lock_key` on the database clock, if any (see `admin.rs`).
     fn holder(&self, lock_key: &str, deadline: Instant) -> Result<Option<HolderRow>>;
+    /// Up to `limit` rows of the region whose `LOCK_KEY` sorts after `after`, in that order.
+    fn list(&self, after: &str, limit: i64, deadline: Instant) -> Result<Vec<ListedRow>>;
     /// Frees `lock_key` whatever holds it; `Ok(true)` when a holder was removed.
     fn force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool>;
     /// Deletes the region's rows released or expired more than `older_than` ago.
@@ -307,6 +309,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn holder(&self, lock_key: &str, deadline: Instant) -> Result<Option<HolderRow>> {
         self.admin_holder(lock_key, deadline)
+    }
+
+    fn list(&self, after: &str, limit: i64, deadline: Instant) -> Result<Vec<ListedRow>> {
+        self.admin_list(after, limit, deadline)
     }
 
     fn force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool> {
