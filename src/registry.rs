@@ -457,14 +457,25 @@ impl RegistryBuilder {
         self
     }
 
-    /// Whether waiters are woken by the database when another instance releases a lock, instead
-    /// of only at their next poll. Defaults to `true`; used where the database can notify
-    /// (PostgreSQL `LISTEN`/`NOTIFY`: one extra connection per registry, outside the pools,
-    /// opened when a thread of this registry waits for a lock held elsewhere, subscribed only
-    /// while one does, and closed after [`idle_connection_timeout`](Self::idle_connection_timeout)
-    /// without a waiter) and
-    /// ignored elsewhere. Polling every `idle_between_tries` stays on as the safety net. Leader
-    /// election standbys are woken the same way.
+    /// Whether waiters are woken when another instance releases a lock, instead of only at
+    /// their next poll. Defaults to `true`. Polling every `idle_between_tries` stays on as the
+    /// safety net, and a wake-up never grants anything: the waiter tries the row at once, and
+    /// the row decides. Leader election standbys are woken the same way. What it costs:
+    ///
+    /// - **PostgreSQL** (`LISTEN`/`NOTIFY`): one extra connection per registry, outside the
+    ///   pools, opened when a thread of this registry waits for a lock held elsewhere,
+    ///   subscribed only while one does, closed after
+    ///   [`idle_connection_timeout`](Self::idle_connection_timeout) without a waiter. Releases
+    ///   notify whatever this setting says.
+    /// - **SQLite** (Linux): a 32 KiB file beside the database, `<database>-leasehold`, mapped
+    ///   by every process that uses the database (the *release board*; its directory must be
+    ///   writable, as for SQLite's own `-wal` file), and a listener thread per registry that
+    ///   waits on it only while a thread waits. Elsewhere, or when the file cannot be opened
+    ///   (a warning says so), waiters poll.
+    /// - **MySQL / MariaDB** (named locks, `GET_LOCK`): while this registry holds locks, one
+    ///   extra connection holding a named lock per held key; while its threads wait, one
+    ///   connection per waited-for key (at most 16; beyond, waiters poll), each blocked in
+    ///   `GET_LOCK`. Off, this registry neither takes named locks nor watches them.
     pub fn notifications(mut self, enabled: bool) -> Self {
         self.notifications = enabled;
         self
@@ -552,6 +563,7 @@ impl RegistryBuilder {
             client_id: client_id.clone(),
             create_table: self.create_table,
             custom: self.custom,
+            notifications: self.notifications,
         };
         let store: Arc<dyn Store> = match self.database {
             #[cfg(feature = "sqlite")]
@@ -585,7 +597,7 @@ impl RegistryBuilder {
                 .store
                 .listen_for_releases(handler, subscription_requests)
             {
-                core.wakeups.enable();
+                core.wakeups.enable(core.store.listener_watches_keys());
             }
         }
         Ok(LockRegistry {

@@ -49,6 +49,8 @@ pub(crate) trait Nudge: Send + Sync {
 pub(crate) struct Wakeups {
     /// Whether a listener runs; without one, pollers neither register nor request anything.
     enabled: AtomicBool,
+    /// Whether the listener serves keys one by one (MySQL's): it must hear of each new one.
+    watches_keys: AtomicBool,
     /// Asks the listener to subscribe.
     demand: Sender<()>,
     state: Mutex<State>,
@@ -78,6 +80,7 @@ impl Wakeups {
         let (demand, requests) = crossbeam_channel::unbounded();
         let wakeups = Wakeups {
             enabled: AtomicBool::new(false),
+            watches_keys: AtomicBool::new(false),
             demand,
             state: Mutex::new(State {
                 pollers: HashMap::new(),
@@ -89,7 +92,10 @@ impl Wakeups {
     }
 
     /// Called once a listener runs.
-    pub fn enable(&self) {
+    /// `watches_keys`: the listener serves only the keys waited for and must hear of each new
+    /// one, also while subscribed (see `Backend::LISTENER_WATCHES_KEYS`).
+    pub fn enable(&self, watches_keys: bool) {
+        self.watches_keys.store(watches_keys, Ordering::Release);
         self.enabled.store(true, Ordering::Release);
     }
 
@@ -106,8 +112,16 @@ impl Wakeups {
         }
         let mut state = self.state.lock();
         let pollers = state.pollers.entry(Arc::clone(lock_key)).or_default();
+        let new_key = pollers.is_empty();
         if !pollers.iter().any(|known| known.ptr_eq(&poller)) {
             pollers.push(poller);
+        }
+        if new_key
+            && state.subscription == Subscription::On
+            && self.watches_keys.load(Ordering::Acquire)
+        {
+            // The listener holds the receiver until the registry is gone.
+            let _ = self.demand.send(());
         }
         true
     }
@@ -163,6 +177,14 @@ impl Wakeups {
                             .map(move |poller| (poller, turn_age))
                     })
                     .collect(),
+                ListenerEvent::Watched { each } => {
+                    for (lock_key, pollers) in &state.pollers {
+                        if pollers.iter().any(|poller| poller.strong_count() > 0) {
+                            each(lock_key);
+                        }
+                    }
+                    return ListenerReply::Keep;
+                }
                 ListenerEvent::Subscribed => {
                     state.subscription = Subscription::On;
                     state
@@ -219,7 +241,7 @@ mod tests {
 
     fn enabled() -> (Wakeups, Receiver<()>) {
         let (wakeups, requests) = Wakeups::new();
-        wakeups.enable();
+        wakeups.enable(false);
         (wakeups, requests)
     }
 

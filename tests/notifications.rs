@@ -7,7 +7,11 @@
 //! Waiters here poll only every 30 s, so a waiter that gets the lock within a few seconds of
 //! the release was woken by the release, not by its timer.
 
-#![cfg(any(feature = "postgres", all(feature = "sqlite", target_os = "linux")))]
+#![cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    all(feature = "sqlite", target_os = "linux")
+))]
 
 mod common;
 
@@ -184,9 +188,47 @@ fn the_listener_comes_back_after_its_connection_is_killed() {
     handle.join().unwrap();
 }
 
+/// Set in a child process that runs one test alone.
+const ALONE: &str = "LEASEHOLD_NOTIFY_ALONE";
+
+/// Whether to run the body of `test` here: `true` in a child process started for it; in the
+/// test itself, starts that child (this binary, running only `test` on `f`'s backend), asserts
+/// that it passed, and returns `false`.
+fn in_own_process(f: &Fixture, test: &str) -> bool {
+    let module = match f.db {
+        Db::Sqlite => "sqlite_wakeups",
+        Db::Postgres => "postgres_wakeups",
+        Db::Mysql => "mysql_wakeups",
+    };
+    alone(&format!("{module}::{test}"))
+}
+
+/// [`in_own_process`] for the test named `test` in full.
+fn alone(test: &str) -> bool {
+    if std::env::var_os(ALONE).is_some() {
+        return true;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads", "1"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && said.contains("1 passed"),
+        "{test} in its own process: {said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    false
+}
+
 /// The body of each test, run on every backend with wake-ups.
 mod suite {
     use super::*;
+    pub use crate::processes::{
+        a_killed_holder_keeps_the_lock_until_its_lease_expires,
+        a_release_in_another_process_wakes_a_waiter_before_its_next_poll,
+    };
 
     pub fn a_release_wakes_a_waiter_of_another_registry_before_its_next_poll(f: &Fixture) {
         let holder = f.registry();
@@ -251,8 +293,12 @@ mod suite {
         next.resign().unwrap();
     }
 
-    /// The listener thread ends with its registry (and, on PostgreSQL, its connection).
+    /// The listener thread ends with its registry (and, on PostgreSQL, its connection). Runs in
+    /// a process of its own: it counts the process's threads.
     pub fn the_listener_ends_with_its_registry(f: &Fixture) {
+        if !in_own_process(f, "the_listener_ends_with_its_registry") {
+            return;
+        }
         let listeners = || {
             std::fs::read_dir("/proc/self/task")
                 .unwrap()
@@ -290,14 +336,18 @@ mod postgres_wakeups {
     wakeup_suite!(crate::common::Db::Postgres);
 }
 
+#[cfg(feature = "mysql")]
+mod mysql_wakeups {
+    wakeup_suite!(crate::common::Db::Mysql);
+}
+
 #[cfg(all(feature = "sqlite", target_os = "linux"))]
 mod sqlite_wakeups {
     wakeup_suite!(crate::common::Db::Sqlite);
 }
 
-/// SQLite across processes: a child process of this test binary holds the lock.
-#[cfg(all(feature = "sqlite", target_os = "linux"))]
-mod sqlite_processes {
+/// Across processes: a child process of this test binary holds the lock.
+mod processes {
     use super::*;
     use std::io::{BufRead, BufReader, Write};
     use std::process::{Command, Stdio};
@@ -310,7 +360,7 @@ mod sqlite_processes {
     /// releases when its standard input gives a line (or never, when it is killed first).
     #[test]
     fn child_process_entry() {
-        let Ok(path) = std::env::var(ROLE) else {
+        let Ok(database) = std::env::var(ROLE) else {
             return;
         };
         let prefix = std::env::var("LEASEHOLD_NOTIFY_PREFIX").unwrap();
@@ -318,7 +368,16 @@ mod sqlite_processes {
             .unwrap()
             .parse()
             .unwrap();
-        let registry = LockRegistry::sqlite(path)
+        let builder = match database.split_once(':') {
+            #[cfg(feature = "sqlite")]
+            Some(("sqlite", path)) => LockRegistry::sqlite(path),
+            #[cfg(feature = "postgres")]
+            Some(("postgres", _)) => LockRegistry::postgres(common::postgres_url()),
+            #[cfg(feature = "mysql")]
+            Some(("mysql", _)) => LockRegistry::mysql(common::mysql_url()),
+            _ => panic!("unknown database {database}"),
+        };
+        let registry = builder
             .prefix(prefix)
             .time_to_live(Duration::from_millis(ttl))
             .build()
@@ -341,9 +400,9 @@ mod sqlite_processes {
         /// Starts a holder process on `f`'s file and waits until it holds "job".
         fn start(f: &Fixture, ttl: Duration) -> Holder {
             let mut child = Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "sqlite_processes::child_process_entry"])
+                .args(["--exact", "processes::child_process_entry"])
                 .args(["--nocapture", "--test-threads", "1"])
-                .env(ROLE, f.sqlite_path())
+                .env(ROLE, database(f))
                 .env("LEASEHOLD_NOTIFY_PREFIX", &f.prefix)
                 .env("LEASEHOLD_NOTIFY_TTL_MS", ttl.as_millis().to_string())
                 .stdin(Stdio::piped())
@@ -373,10 +432,17 @@ mod sqlite_processes {
         }
     }
 
-    #[test]
-    fn a_release_in_another_process_wakes_a_waiter_before_its_next_poll() {
-        let f = Fixture::new(Db::Sqlite, "notify_process").unwrap();
-        let mut holder = Holder::start(&f, Duration::from_secs(30));
+    /// How the child process finds `f`'s database.
+    fn database(f: &Fixture) -> String {
+        match f.db {
+            Db::Sqlite => format!("sqlite:{}", f.sqlite_path().display()),
+            Db::Postgres => "postgres:".into(),
+            Db::Mysql => "mysql:".into(),
+        }
+    }
+
+    pub fn a_release_in_another_process_wakes_a_waiter_before_its_next_poll(f: &Fixture) {
+        let mut holder = Holder::start(f, Duration::from_secs(30));
         let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
         let before = waiter.statistics().acquires;
         let (granted, handle) = wait_for(waiter.clone(), "job");
@@ -391,12 +457,10 @@ mod sqlite_processes {
         assert!(said.is_some_and(|line| line.ends_with("released")));
     }
 
-    #[test]
-    fn a_killed_holder_keeps_the_lock_until_its_lease_expires() {
-        let f = Fixture::new(Db::Sqlite, "notify_killed").unwrap();
+    pub fn a_killed_holder_keeps_the_lock_until_its_lease_expires(f: &Fixture) {
         let ttl = Duration::from_secs(3);
         let started = Instant::now();
-        let mut holder = Holder::start(&f, ttl);
+        let mut holder = Holder::start(f, ttl);
         // Polls often: whatever wakes it, only the row decides.
         let waiter = f
             .builder()
@@ -421,5 +485,103 @@ mod sqlite_processes {
             taken - started,
             killed - started
         );
+    }
+}
+
+macro_rules! process_suite {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            a_release_in_another_process_wakes_a_waiter_before_its_next_poll,
+            a_killed_holder_keeps_the_lock_until_its_lease_expires,
+        );
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_processes {
+    process_suite!(crate::common::Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_processes {
+    process_suite!(crate::common::Db::Mysql);
+}
+
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
+mod sqlite_processes {
+    process_suite!(crate::common::Db::Sqlite);
+}
+
+/// MySQL's wake-up resources: named locks while holding, watchers while waiting, nothing after.
+#[cfg(feature = "mysql")]
+mod mysql_resources {
+    use super::*;
+    use mysql::prelude::Queryable;
+
+    /// The named lock of `key` in `f`'s table (see `backend::mysql_wakeups`).
+    fn lock_name(f: &Fixture, key: &str) -> String {
+        use md5::{Digest, Md5};
+        let mut hasher = Md5::new();
+        for part in [f.table().as_str(), "DEFAULT", &leasehold::lock_key_for(key)] {
+            hasher.update(part.as_bytes());
+            hasher.update([0]);
+        }
+        let hex: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("lh1:{hex}")
+    }
+
+    fn watchers() -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "leasehold-watch")
+            .count()
+    }
+
+    #[test]
+    fn named_locks_and_watchers_exist_only_while_holding_and_waiting() {
+        let Some(f) = Fixture::new(Db::Mysql, "notify_resources") else {
+            return;
+        };
+        if !alone("mysql_resources::named_locks_and_watchers_exist_only_while_holding_and_waiting")
+        {
+            return;
+        }
+        let mut admin =
+            mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
+        let name = lock_name(&f, "job");
+        let used = |admin: &mut mysql::Conn| -> bool {
+            admin
+                .exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (&name,))
+                .unwrap()
+                .flatten()
+                .is_some()
+        };
+        let holder = f.registry();
+        let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+        let guard = holder.obtain("job").unwrap().lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !used(&mut admin) && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(used(&mut admin), "the holder took the key's named lock");
+        assert_eq!(watchers(), 0, "nobody waits yet");
+        let before = waiter.statistics().acquires;
+        let (granted, handle) = wait_for(waiter.clone(), "job");
+        until_polled(&waiter, before);
+        assert_eq!(watchers(), 1, "one watcher for the waited-for key");
+        guard.unlock().unwrap();
+        assert!(set_within(&granted, WOKEN_WITHIN), "the waiter was woken");
+        handle.join().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while (watchers() > 0 || used(&mut admin)) && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(watchers(), 0, "the watcher ended with the wait");
+        assert!(!used(&mut admin), "the named lock went with the lease");
     }
 }

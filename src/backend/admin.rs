@@ -113,7 +113,13 @@ impl<B: Backend> SqlStore<B> {
             Ok(B::update(conn, &admin.force_release, &params.borrowed())? > 0)
         })?;
         if released {
-            B::announce_release(&self.manager, &self.table, lock_key, Duration::ZERO);
+            B::release_done(
+                &self.manager,
+                &self.table,
+                lock_key,
+                Some(true),
+                Some(Duration::ZERO),
+            );
         }
         Ok(released)
     }

@@ -21,6 +21,10 @@ pub(crate) enum ListenerEvent<'a> {
     ReleasedAmong {
         released: &'a dyn Fn(&str) -> Option<Duration>,
     },
+    /// The listener asks which keys the registry waits for: `each` is called with the
+    /// `LOCK_KEY` of every one (listeners that watch keys one by one: MySQL's).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Watched { each: &'a dyn Fn(&str) },
     /// The subscription took effect (first time, or again after a reconnect).
     Subscribed,
     /// About a second passed while subscribed.
@@ -35,6 +39,25 @@ pub(crate) enum ListenerReply {
     Unsubscribe,
     /// The registry is gone: close the connection and end the thread.
     Stop,
+}
+
+/// Starts a registry's listener thread running `run`; `false` (after a warning naming
+/// `backend`: its waiters poll) when the thread cannot be started.
+#[cfg_attr(
+    not(any(feature = "mysql", all(feature = "sqlite", target_os = "linux"))),
+    allow(dead_code)
+)]
+pub(crate) fn spawn_listener(backend: &str, run: impl FnOnce() + Send + 'static) -> bool {
+    match std::thread::Builder::new()
+        .name("leasehold-listen".into())
+        .spawn(run)
+    {
+        Ok(_) => true,
+        Err(e) => {
+            log::warn!("{backend} release wake-ups are off (waiters poll): {e}");
+            false
+        }
+    }
 }
 
 /// The registry's handler of listener events.

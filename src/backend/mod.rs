@@ -57,6 +57,7 @@
 //! | `statistics.rs` | statement counters ([`Statistics`]) |
 //! | `listener.rs` | what a release listener and its registry tell each other |
 //! | `sqlite.rs`, `postgres.rs`, `mysql.rs` | one backend each |
+//! | `mysql_wakeups.rs` | MySQL's release wake-ups through named locks |
 //! | `sqlite_board.rs` | SQLite's release wake-ups between processes of one host |
 //! | `tls.rs` | TLS settings and handshake errors (PostgreSQL, MySQL) |
 
@@ -64,6 +65,8 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql_wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
@@ -206,14 +209,31 @@ pub(crate) trait Backend: Send + Sync + 'static {
         false
     }
 
-    /// Tells other instances' listeners that the row of `lock_key` was just released after a
-    /// turn of `turn_age`, for a database whose release statement cannot (PostgreSQL's does,
-    /// with `pg_notify`). Called after the release committed; must not block.
-    fn announce_release(
+    /// Whether the listener serves only the keys its registry waits for (it learns them
+    /// through [`ListenerEvent::Watched`], and each newly waited-for key sends a request).
+    const LISTENER_WATCHES_KEYS: bool = false;
+
+    /// Wake-up work after a grant of `lock_key` (MySQL takes the key's named lock). Must not
+    /// block; `idle_timeout` is the registry's `idle_connection_timeout`.
+    fn granted(
         _manager: &Self::Manager,
         _table: &TableSettings,
         _lock_key: &str,
-        _turn_age: Duration,
+        _idle_timeout: Duration,
+    ) {
+    }
+
+    /// Wake-up work after a release statement of `lock_key`, for a database whose release
+    /// statement cannot wake other instances itself (PostgreSQL's does, with `pg_notify`):
+    /// `released` is `Some(true)` when it released the row, `Some(false)` when the lease had
+    /// been lost, `None` when the outcome is unknown; `turn_age` is `None` for a release that
+    /// ends a turn quietly. Must not block.
+    fn release_done(
+        _manager: &Self::Manager,
+        _table: &TableSettings,
+        _lock_key: &str,
+        _released: Option<bool>,
+        _turn_age: Option<Duration>,
     ) {
     }
 

@@ -106,6 +106,20 @@ pub(crate) struct MysqlManager {
     opts: Opts,
     /// `ssl-mode=PREFERRED`: a server that does not offer TLS is connected to without it.
     prefer_tls: bool,
+    /// The registry's named-lock thread (see [`super::mysql_wakeups`]), started at its first
+    /// grant.
+    named_locks: std::sync::Arc<std::sync::OnceLock<super::mysql_wakeups::NamedLocks>>,
+}
+
+impl MysqlManager {
+    /// A connection outside the pools for release wake-ups: reads wait at most 5 s more than
+    /// the longest `GET_LOCK` it runs.
+    pub(super) fn open_side_connection(&self) -> Result<mysql::Conn, mysql::Error> {
+        let opts = OptsBuilder::from_opts(self.opts.clone())
+            .read_timeout(Some(Duration::from_secs(6)))
+            .write_timeout(Some(Duration::from_secs(6)));
+        open_conn(&opts.into(), self.prefer_tls)
+    }
 }
 
 /// A statement in `?` form and the parameter (index into [`NAMES`]) each `?` takes; `None` for
@@ -545,6 +559,60 @@ impl Backend for Mysql {
         conn.broken = true;
     }
 
+    const LISTENER_WATCHES_KEYS: bool = true;
+
+    fn granted(
+        manager: &MysqlManager,
+        table: &super::TableSettings,
+        lock_key: &str,
+        idle_timeout: Duration,
+    ) {
+        if !table.notifications {
+            return;
+        }
+        let named_locks = manager
+            .named_locks
+            .get_or_init(|| super::mysql_wakeups::NamedLocks::start(manager.clone(), idle_timeout));
+        named_locks.take(super::mysql_wakeups::lock_name(
+            &table.table,
+            &table.region,
+            lock_key,
+        ));
+    }
+
+    fn release_done(
+        manager: &MysqlManager,
+        table: &super::TableSettings,
+        lock_key: &str,
+        _released: Option<bool>,
+        turn_age: Option<Duration>,
+    ) {
+        if let Some(named_locks) = manager.named_locks.get() {
+            let delay = match turn_age {
+                Some(_) => Duration::ZERO,
+                None => super::mysql_wakeups::QUIET_HOLD,
+            };
+            let name = super::mysql_wakeups::lock_name(&table.table, &table.region, lock_key);
+            named_locks.drop_after(name, delay);
+        }
+    }
+
+    fn listen_for_releases(
+        manager: &MysqlManager,
+        table: &super::TableSettings,
+        _idle_timeout: Duration,
+        handler: super::ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool {
+        super::mysql_wakeups::listen(
+            manager.clone(),
+            table.table.clone(),
+            table.region.clone(),
+            handler,
+            requests,
+        )
+    }
+
     fn clock_sql() -> &'static str {
         "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
     }
@@ -946,7 +1014,11 @@ pub(crate) fn open(
         pool.connect_timeout,
     )?;
     let opts = with_socket_timeout(connect_timeout.max(pool.operation_timeout));
-    let manager = MysqlManager { opts, prefer_tls };
+    let manager = MysqlManager {
+        opts,
+        prefer_tls,
+        named_locks: Default::default(),
+    };
     let store = super::SqlStore::<Mysql>::open(manager, pool, table)?;
     Ok(Arc::new(store))
 }

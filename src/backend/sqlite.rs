@@ -336,12 +336,16 @@ impl Backend for Sqlite {
     }
 
     #[cfg(target_os = "linux")]
-    fn announce_release(
+    fn release_done(
         manager: &SqliteManager,
         table: &super::TableSettings,
         lock_key: &str,
-        turn_age: Duration,
+        released: Option<bool>,
+        turn_age: Option<Duration>,
     ) {
+        let (Some(true), Some(turn_age)) = (released, turn_age) else {
+            return;
+        };
         if let Some(board) = manager.board() {
             let slot = super::sqlite_board::slot_of(&table.table, &table.region, lock_key);
             board.announce(slot, turn_age);

@@ -227,16 +227,7 @@ pub(crate) fn listen(
         handler,
         requests,
     };
-    let spawned = std::thread::Builder::new()
-        .name("leasehold-listen".into())
-        .spawn(move || listener.run());
-    match spawned {
-        Ok(_) => true,
-        Err(e) => {
-            log::warn!("SQLite release wake-ups are off (waiters poll): {e}");
-            false
-        }
-    }
+    super::listener::spawn_listener("SQLite", move || listener.run())
 }
 
 struct BoardListener {

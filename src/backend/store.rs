@@ -68,6 +68,9 @@ pub(crate) trait Store: Send + Sync {
     fn statements(&self) -> &Statements;
     /// Statements sent so far.
     fn statistics(&self) -> Statistics;
+    /// Whether the listener serves only the keys waited for (see
+    /// [`Backend::LISTENER_WATCHES_KEYS`]).
+    fn listener_watches_keys(&self) -> bool;
     /// Starts the backend's release listener (see [`Backend::listen_for_releases`]).
     fn listen_for_releases(
         &self,
@@ -179,6 +182,11 @@ impl<B: Backend> Store for SqlStore<B> {
             }
             Ok(token.map(|token| Grant { token, sent_at }))
         })
+        .inspect(|grant| {
+            if grant.is_some() {
+                B::granted(&self.manager, &self.table, lock_key, self.idle_timeout);
+            }
+        })
     }
 
     fn renew(
@@ -259,11 +267,10 @@ impl<B: Backend> Store for SqlStore<B> {
         let released = self.run(Path::Main, "release", deadline, move |conn| {
             counters.releases.fetch_add(1, Ordering::Relaxed);
             Ok(B::update(conn, &queries.release, &params.borrowed())? > 0)
-        })?;
-        if let (true, Some(turn_age)) = (released, turn_age) {
-            B::announce_release(&self.manager, &self.table, lock_key, turn_age);
-        }
-        Ok(released)
+        });
+        let outcome = released.as_ref().ok().copied();
+        B::release_done(&self.manager, &self.table, lock_key, outcome, turn_age);
+        released
     }
 
     fn backend_name(&self) -> &'static str {
@@ -272,6 +279,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn statements(&self) -> &Statements {
         &self.queries
+    }
+
+    fn listener_watches_keys(&self) -> bool {
+        B::LISTENER_WATCHES_KEYS
     }
 
     fn listen_for_releases(
