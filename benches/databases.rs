@@ -575,6 +575,19 @@ impl Raw for RawMysql {
     }
 }
 
+/// `url` with TLS turned off by `parameter`, unless the URL already says something about TLS:
+/// the raw-driver baselines connect without TLS, so the registry must too for the ratios to
+/// compare like with like (with the TLS features, the registry's default is to encrypt when
+/// the server offers it).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn without_tls(url: &str, parameter: &str) -> String {
+    if url.contains("ssl") {
+        return url.to_string();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{parameter}")
+}
+
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.into())
@@ -637,7 +650,8 @@ fn main() {
                     unsynced_commit,
                     spring: None,
                 };
-                bench_backend(&mut c, "postgres", &Target::Postgres(url), &mut raw);
+                let target = Target::Postgres(without_tls(&url, "sslmode=disable"));
+                bench_backend(&mut c, "postgres", &target, &mut raw);
             }
             Err(e) => eprintln!("skipping PostgreSQL: {e}"),
         }
@@ -658,7 +672,7 @@ fn main() {
                 .unwrap();
                 conn.query_drop("INSERT IGNORE INTO bench_commit VALUES (1, 0)")
                     .unwrap();
-                let target = Target::Mysql(url.clone());
+                let target = Target::Mysql(without_tls(&url, "ssl-mode=DISABLED"));
                 bench_backend(&mut c, "mysql", &target, &mut RawMysql(conn, url));
             }
             Err(e) => eprintln!("skipping MariaDB: {e}"),
