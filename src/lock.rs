@@ -40,8 +40,8 @@
 //! with a key is the time it keeps the key busy without a break long enough for others to
 //! notice: from a grant, through local handoffs and through grants taken again within the turn
 //! gap (the larger of `turn_window` and 2 × `idle_between_tries`) after its own release, and,
-//! on PostgreSQL, continuing the turn of the instance whose release notification woke it (the
-//! notification carries the turn's age). When a turn reaches `local_handoff_limit` and was
+//! on PostgreSQL and SQLite, continuing the turn of the instance whose release woke it (the
+//! notification, or the release board, carries the turn's age). When a turn reaches `local_handoff_limit` and was
 //! contended (a local thread queued, this registry had waited, or it continued another
 //! instance's turn) and had more than one hold, the release ends it: it does not notify, and
 //! every thread of the registry stays away from the key for `turn_window`, so the first poller
