@@ -293,9 +293,18 @@ impl LockInner {
                             let now = Instant::now();
                             let waited = state.refused_at.is_some_and(|at| at >= waiting_since);
                             let gap = settings.turn_gap();
-                            let resumed = state
-                                .last_released
-                                .is_some_and(|at| now.duration_since(at) < gap);
+                            // A quick re-grant continues this registry's turn, unless that turn
+                            // is already over: it was not ended at the release (nobody queued
+                            // here, so it looked uncontended), but other instances may have
+                            // held the key in between and continued it, and would end it at
+                            // every release of theirs if it went on growing.
+                            let turn_over = settings.local_handoff_limit.is_some_and(|limit| {
+                                now.duration_since(state.chain_started) >= limit
+                            });
+                            let resumed = !turn_over
+                                && state
+                                    .last_released
+                                    .is_some_and(|at| now.duration_since(at) < gap);
                             let inherited = state
                                 .inherited_turn
                                 .take()
