@@ -237,10 +237,15 @@ mod suite {
             release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
             "the waiter slept until its next poll"
         );
-        assert_eq!(
-            waiter.statistics().acquires,
-            3,
-            "one failed try, one when the subscription took effect, one woken try"
+        // One failed try, one when the subscription took effect, one woken try; on MySQL
+        // perhaps one more: a watcher that starts before the holder's named lock is taken (the
+        // holder takes it in the background, which a loaded machine can delay) reports its
+        // first `GET_LOCK` as a possible release.
+        let tries = waiter.statistics().acquires;
+        let spurious = u64::from(f.db == Db::Mysql);
+        assert!(
+            (3..=3 + spurious).contains(&tries),
+            "{tries} tries: a failed one, one when subscribed, one woken"
         );
     }
 
@@ -534,12 +539,17 @@ mod mysql_resources {
         format!("lh1:{hex}")
     }
 
-    fn watchers() -> usize {
+    /// Threads of this process named `name`.
+    fn threads(name: &str) -> usize {
         std::fs::read_dir("/proc/self/task")
             .unwrap()
             .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-            .filter(|name| name.trim() == "leasehold-watch")
+            .filter(|comm| comm.trim() == name)
             .count()
+    }
+
+    fn watchers() -> usize {
+        threads("leasehold-watch")
     }
 
     #[test]
@@ -583,5 +593,20 @@ mod mysql_resources {
         }
         assert_eq!(watchers(), 0, "the watcher ended with the wait");
         assert!(!used(&mut admin), "the named lock went with the lease");
+        assert_eq!(
+            threads("leasehold-names"),
+            2,
+            "a named-lock thread in each registry (both held the lock)"
+        );
+        drop((holder, waiter));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while threads("leasehold-names") > 0 && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            threads("leasehold-names"),
+            0,
+            "the named-lock thread outlived its registry"
+        );
     }
 }

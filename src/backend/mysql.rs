@@ -120,6 +120,16 @@ impl MysqlManager {
             .write_timeout(Some(Duration::from_secs(6)));
         open_conn(&opts.into(), self.prefer_tls)
     }
+
+    /// A copy for wake-up threads: the same server and options, without this manager's
+    /// named-lock thread (which would otherwise keep itself alive through its own copy).
+    pub(super) fn detached(&self) -> MysqlManager {
+        MysqlManager {
+            opts: self.opts.clone(),
+            prefer_tls: self.prefer_tls,
+            named_locks: Default::default(),
+        }
+    }
 }
 
 /// A statement in `?` form and the parameter (index into [`NAMES`]) each `?` takes; `None` for
@@ -570,9 +580,9 @@ impl Backend for Mysql {
         if !table.notifications {
             return;
         }
-        let named_locks = manager
-            .named_locks
-            .get_or_init(|| super::mysql_wakeups::NamedLocks::start(manager.clone(), idle_timeout));
+        let named_locks = manager.named_locks.get_or_init(|| {
+            super::mysql_wakeups::NamedLocks::start(manager.detached(), idle_timeout)
+        });
         named_locks.take(super::mysql_wakeups::lock_name(
             &table.table,
             &table.region,
@@ -605,7 +615,7 @@ impl Backend for Mysql {
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
         super::mysql_wakeups::listen(
-            manager.clone(),
+            manager.detached(),
             table.table.clone(),
             table.region.clone(),
             handler,
