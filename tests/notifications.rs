@@ -610,4 +610,51 @@ mod mysql_resources {
             "the named-lock thread outlived its registry"
         );
     }
+
+    /// A holder whose named lock was busy at the grant (a watcher holds it for an instant
+    /// between `GET_LOCK` and `RELEASE_LOCK`; here an outside session holds it longer) takes
+    /// it once it is free, so waiters elsewhere are woken by its release after all.
+    #[test]
+    fn a_named_lock_busy_at_the_grant_is_taken_once_free() {
+        let Some(f) = Fixture::new(Db::Mysql, "notify_busy_name") else {
+            return;
+        };
+        let name = lock_name(&f, "job");
+        let mut outside =
+            mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
+        let taken: Option<i64> = outside
+            .exec_first("SELECT GET_LOCK(?, 0)", (&name,))
+            .unwrap();
+        assert_eq!(taken, Some(1));
+        let holder = f.registry();
+        let guard = holder.obtain("job").unwrap().lock().unwrap();
+        // The holder's attempt (50 ms) runs out while the outside session holds the name.
+        thread::sleep(Duration::from_millis(300));
+        let _: Option<i64> = outside
+            .exec_first("SELECT RELEASE_LOCK(?)", (&name,))
+            .unwrap();
+        let mut admin =
+            mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut owner: Option<u64> = None;
+        while owner.is_none() && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+            owner = admin
+                .exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (&name,))
+                .unwrap()
+                .flatten();
+        }
+        assert!(owner.is_some(), "the holder never took its named lock");
+        // And a waiter elsewhere is woken by the release.
+        let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+        let before = waiter.statistics().acquires;
+        let (granted, handle) = wait_for(waiter.clone(), "job");
+        until_polled(&waiter, before);
+        guard.unlock().unwrap();
+        assert!(
+            set_within(&granted, WOKEN_WITHIN),
+            "the waiter slept until its next poll"
+        );
+        handle.join().unwrap();
+    }
 }

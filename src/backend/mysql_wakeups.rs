@@ -6,8 +6,9 @@
 //! - **Holders** (one *named-lock connection* per registry, opened when the registry first
 //!   holds a lock and closed after `idle_connection_timeout` without one): after each grant the
 //!   registry takes the key's named lock on that connection (`GET_LOCK(name, 0.05)`, in the
-//!   background, never delaying the lock call); after the release statement committed it lets
-//!   it go (`RELEASE_LOCK`). A session may hold many named locks, so one connection serves
+//!   background, never delaying the lock call; tried again every 100 ms while the lease lasts
+//!   if a watcher held it for an instant or the connection failed); after the release
+//!   statement committed it lets it go (`RELEASE_LOCK`). A session may hold many named locks, so one connection serves
 //!   every lease of the registry. A release that ends a fair turn quietly (see
 //!   `RegistryBuilder::turn_window`) keeps the named lock for [`QUIET_HOLD`], so that the
 //!   instances it stepped aside for — pollers, Spring Integration — get there first.
@@ -85,7 +86,7 @@ impl NamedLocks {
             manager,
             idle_timeout,
             conn: None,
-            held: HashMap::new(),
+            names: HashMap::new(),
         };
         let _ = std::thread::Builder::new()
             .name("leasehold-names".into())
@@ -108,42 +109,83 @@ struct Holder {
     manager: MysqlManager,
     idle_timeout: Duration,
     conn: Option<mysql::Conn>,
-    /// Names taken, each with the instant it is to be let go, if a drop is pending.
-    held: HashMap<String, Option<Instant>>,
+    /// The names of the keys this registry holds.
+    names: HashMap<String, Name>,
 }
+
+/// Where one key's named lock stands.
+#[derive(Debug, Clone, Copy)]
+enum Name {
+    /// Taken on the connection; `Some(at)`: to be let go at `at`.
+    Taken(Option<Instant>),
+    /// Not taken yet (a watcher held it for an instant, or the connection failed): tried
+    /// again at this instant, for as long as the lease lasts. Until then, other instances'
+    /// watchers find it free and their waiters poll.
+    Wanted(Instant),
+}
+
+/// How soon a named lock that could not be taken is tried again.
+const RETRY_TAKE: Duration = Duration::from_millis(100);
 
 impl Holder {
     fn run(mut self, commands: Receiver<Command>) {
         let mut idle_since = Instant::now();
         loop {
-            let next_drop = self.held.values().flatten().min().copied();
-            let wake_at = match (next_drop, self.conn.is_some() && self.held.is_empty()) {
+            let next = self
+                .names
+                .values()
+                .filter_map(|name| match *name {
+                    Name::Taken(at) => at,
+                    Name::Wanted(at) => Some(at),
+                })
+                .min();
+            let wake_at = match (next, self.conn.is_some() && self.names.is_empty()) {
                 (Some(at), _) => at,
                 (None, true) => idle_since + self.idle_timeout,
                 (None, false) => Instant::now() + Duration::from_secs(3600),
             };
             match commands.recv_timeout(wake_at.saturating_duration_since(Instant::now())) {
-                Ok(Command::Take(name)) => self.take(name),
-                Ok(Command::Drop(name, delay)) => {
-                    if let Some(pending) = self.held.get_mut(&name) {
-                        *pending = Some(Instant::now() + delay);
+                Ok(Command::Take(name)) => match self.names.get(&name).copied() {
+                    // Taken again before the drop came due (the key's next holder is this
+                    // registry).
+                    Some(Name::Taken(_)) => {
+                        self.names.insert(name, Name::Taken(None));
                     }
-                }
+                    _ => self.take(name),
+                },
+                Ok(Command::Drop(name, delay)) => match self.names.get(&name).copied() {
+                    Some(Name::Taken(_)) => {
+                        self.names
+                            .insert(name, Name::Taken(Some(Instant::now() + delay)));
+                    }
+                    Some(Name::Wanted(_)) => {
+                        self.names.remove(&name);
+                    }
+                    None => {}
+                },
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
             let now = Instant::now();
-            let due: Vec<String> = self
-                .held
+            let due: Vec<(String, Name)> = self
+                .names
                 .iter()
-                .filter(|(_, at)| at.is_some_and(|at| at <= now))
-                .map(|(name, _)| name.clone())
+                .filter(|(_, name)| match **name {
+                    Name::Taken(at) => at.is_some_and(|at| at <= now),
+                    Name::Wanted(at) => at <= now,
+                })
+                .map(|(key, name)| (key.clone(), *name))
                 .collect();
-            for name in due {
-                self.held.remove(&name);
-                self.call("RELEASE_LOCK", &name, "");
+            for (key, name) in due {
+                match name {
+                    Name::Taken(_) => {
+                        self.names.remove(&key);
+                        self.call("RELEASE_LOCK", &key, "");
+                    }
+                    Name::Wanted(_) => self.take(key),
+                }
             }
-            if self.held.is_empty() {
+            if self.names.is_empty() {
                 if self.conn.is_some() && now >= idle_since + self.idle_timeout {
                     self.conn = None;
                 }
@@ -153,15 +195,14 @@ impl Holder {
         }
     }
 
+    /// Takes `name`, or marks it wanted when it cannot be taken now.
     fn take(&mut self, name: String) {
-        if let Some(pending) = self.held.get_mut(&name) {
-            // Taken again before the drop came due (the key's next holder is this registry).
-            *pending = None;
-            return;
-        }
-        if self.call("GET_LOCK", &name, TAKE_WAIT) == Some(1) {
-            self.held.insert(name, None);
-        }
+        let state = if self.call("GET_LOCK", &name, TAKE_WAIT) == Some(1) {
+            Name::Taken(None)
+        } else {
+            Name::Wanted(Instant::now() + RETRY_TAKE)
+        };
+        self.names.insert(name, state);
     }
 
     /// Runs `SELECT function(name[, extra])`, opening the connection first when needed; a
@@ -186,8 +227,14 @@ impl Holder {
             Ok(value) => value.flatten(),
             Err(e) => {
                 log::debug!("MySQL named lock {name}: {e}");
+                // The server let go of every name this session held: take them again.
                 self.conn = None;
-                self.held.clear();
+                let again = Instant::now() + RETRY_TAKE;
+                for state in self.names.values_mut() {
+                    if let Name::Taken(None) = state {
+                        *state = Name::Wanted(again);
+                    }
+                }
                 None
             }
         }
