@@ -666,11 +666,21 @@ fn renew_together(store: &dyn Store, leases: Vec<Arc<Lease>>) {
         let mut group = group.into_iter().peekable();
         while group.peek().is_some() {
             let chunk: Vec<Taken> = group.by_ref().take(MAX_BATCH).collect();
+            // One attempt may take half a renewal period, never the leases' whole remaining
+            // life: a statement that hangs (a hung server, a frozen connection) is given up and
+            // retried on another connection a quarter period later (see `end_turn`), several
+            // times before the deadline — what lets a lease outlive a primary that hangs.
+            let period = chunk
+                .iter()
+                .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
+                .min()
+                .expect("a chunk is never empty");
             let deadline = chunk
                 .iter()
                 .map(|(lease, _)| lease.deadline())
                 .min()
-                .expect("a chunk is never empty");
+                .expect("a chunk is never empty")
+                .min(Instant::now() + period / 2);
             let keys: Vec<(&str, i64)> = chunk
                 .iter()
                 .map(|(lease, _)| (&*lease.lock_key, lease.token))

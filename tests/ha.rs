@@ -54,10 +54,10 @@ const STANDBY: &str = "127.0.0.1:55433";
 fn multi_host_url(form: usize) -> String {
     match form % 2 {
         0 => format!(
-            "postgres://postgres@{PRIMARY},{STANDBY}/test?target_session_attrs=read-write&connect_timeout=2"
+            "postgres://postgres@{PRIMARY},{STANDBY}/test?target_session_attrs=read-write&connect_timeout=1"
         ),
         _ => "host=127.0.0.1,127.0.0.1 port=55432,55433 user=postgres dbname=test \
-              target_session_attrs=read-write connect_timeout=2"
+              target_session_attrs=read-write connect_timeout=1"
             .to_string(),
     }
 }
@@ -517,6 +517,10 @@ fn overlaps(sections: &[Section]) -> Vec<(Section, Section)> {
 struct Scenario {
     /// `sync` or `async`.
     mode: &'static str,
+    /// The `.ci/ha-servers` command that takes the primary away: `pg-stop-primary` (a crash:
+    /// connections are refused) or `pg-freeze-primary` (it hangs: connections are accepted
+    /// and never answered).
+    break_primary: &'static str,
     /// Contender processes; even ones get `short_ttl`, odd ones `long_ttl`.
     processes: usize,
     short_ttl: Duration,
@@ -583,7 +587,7 @@ fn failover_run(
         std::thread::sleep(scenario.standby_detached);
     }
     let stopped_at = now_us();
-    servers.run(&["pg-stop-primary"]);
+    servers.run(&[scenario.break_primary]);
     std::thread::sleep(scenario.outage);
     servers.run(&["pg-promote"]);
     let promoted_at = now_us();
@@ -787,12 +791,29 @@ fn check_loss_reports(record: &Record) {
 #[test]
 #[ignore = "builds its own PostgreSQL servers (root); run by .ci/run's HA step"]
 fn postgres_failover_to_a_synchronous_standby() {
+    failover_to_a_synchronous_standby("pg-stop-primary", "sync");
+}
+
+/// The same with a primary that hangs instead (every process stopped): connections to it are
+/// accepted and never answered, so each new connection passes over it only after the connection
+/// string's `connect_timeout` (1 s here), and a statement on a pooled connection to it gets no
+/// answer: a renewal gives such an attempt up after half a renewal period, the pool drops its
+/// other idle connections, and the next attempt connects to the new primary. Its release
+/// listener's connection hangs too; it is not checked here (waiters still poll).
+#[test]
+#[ignore = "builds its own PostgreSQL servers (root); run by .ci/run's HA step"]
+fn postgres_failover_from_a_hung_primary_to_a_synchronous_standby() {
+    failover_to_a_synchronous_standby("pg-freeze-primary", "sync, hung primary");
+}
+
+fn failover_to_a_synchronous_standby(break_primary: &'static str, label: &str) {
     let _one = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
     let Some(servers) = Servers::up(&["pg-up", "sync"]) else {
         return;
     };
     let scenario = Scenario {
         mode: "sync",
+        break_primary,
         processes: 4,
         short_ttl: Duration::from_millis(1500),
         long_ttl: Duration::from_secs(6),
@@ -804,11 +825,13 @@ fn postgres_failover_to_a_synchronous_standby() {
     let prefix = format!("ha{}_", std::process::id());
     let wake_prefix = prefix.clone();
     let outcome = failover_run(&scenario, &servers, &prefix, move |told| {
-        listener_follows_the_promotion(&wake_prefix, told)
+        if break_primary == "pg-stop-primary" {
+            listener_follows_the_promotion(&wake_prefix, told)
+        }
     });
     let record = &outcome.record;
     let overlaps = overlaps(&record.sections);
-    let summary = summarise("sync", &outcome, &overlaps);
+    let summary = summarise(label, &outcome, &overlaps);
     assert!(summary.before > 0, "no critical section before the stop");
     assert_eq!(summary.overlaps, 0, "holders overlapped");
     check_loss_reports(record);
@@ -876,6 +899,16 @@ fn postgres_failover_to_a_synchronous_standby() {
     );
     assert_eq!(summary.refused, 0, "the fenced resource refused a holder");
     every_process_resumed(&outcome, scenario.processes);
+    // A registry built now, with the first host of the list down, finds the new primary; the
+    // key=value form too.
+    for form in 0..2 {
+        let registry = LockRegistry::postgres(multi_host_url(form))
+            .prefix(&prefix)
+            .build()
+            .expect("a registry built after the failover");
+        let guard = registry.obtain("after").unwrap().lock().unwrap();
+        guard.unlock().unwrap();
+    }
 }
 
 /// The parent's own registries, alongside the contenders: one holds a key with a long lease
@@ -943,6 +976,7 @@ fn postgres_failover_to_an_asynchronous_standby() {
     };
     let scenario = Scenario {
         mode: "async",
+        break_primary: "pg-stop-primary",
         processes: 4,
         short_ttl: Duration::from_millis(1500),
         long_ttl: Duration::from_secs(6),
@@ -981,4 +1015,65 @@ fn postgres_failover_to_an_asynchronous_standby() {
             }
         }
     }
+}
+
+/// A first host that accepts connections and never answers (a frozen primary: its machine's
+/// TCP stack still completes handshakes) is passed over for the next one after the
+/// `connect_timeout` of the connection string — per host, as libpq does — by `build()`, the
+/// pools and the listener alike. Runs against the main test server, in the normal suite.
+#[test]
+fn a_first_host_that_never_answers_is_passed_over() {
+    let url = std::env::var("LEASEHOLD_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let main: postgres::Config = url.parse().expect("LEASEHOLD_POSTGRES_URL parses");
+    let (Some(postgres::config::Host::Tcp(host)), Some(user)) =
+        (main.get_hosts().first(), main.get_user())
+    else {
+        panic!("LEASEHOLD_POSTGRES_URL names no TCP host or user: {url}");
+    };
+    let port = main.get_ports().first().copied().unwrap_or(5432);
+    let dbname = main.get_dbname().unwrap_or(user);
+    let password = main
+        .get_password()
+        .map(|p| format!(" password={}", String::from_utf8_lossy(p)))
+        .unwrap_or_default();
+    // The silent host: accepts, keeps the connections, says nothing.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for stream in silent.incoming().flatten() {
+            kept.push(stream);
+        }
+    });
+    let both = format!(
+        "host=127.0.0.1,{host} port={silent_port},{port} user={user}{password} dbname={dbname} \
+         connect_timeout=1"
+    );
+    let registry = match LockRegistry::postgres(&both)
+        .prefix(format!("t{}_silentfirst_", std::process::id()))
+        .create_table(true)
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+    {
+        Ok(registry) => registry,
+        Err(e) if !e.to_string().contains(&format!("127.0.0.1:{silent_port}")) => {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+            assert!(!ci, "PostgreSQL is required under CI: {e}");
+            let _ = writeln!(std::io::stderr().lock(), "SKIPPED: no PostgreSQL: {e}");
+            return;
+        }
+        Err(e) => panic!("the silent first host was not passed over: {e}"),
+    };
+    let guard = registry.obtain("k").unwrap().lock().unwrap();
+    guard.unlock().unwrap();
+    drop(registry);
+    let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let table = format!("t{}_silentfirst_LOCK", std::process::id());
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table} CASCADE; DROP TABLE IF EXISTS {table}_FLOOR CASCADE; \
+             DROP FUNCTION IF EXISTS {table}_FLOOR() CASCADE"
+        ))
+        .unwrap();
 }
