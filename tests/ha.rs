@@ -23,7 +23,7 @@
 //!   section, and at its end while the holder still believes it holds).
 //! - `ERROR at text`: a lock call that failed (expected while no primary answers).
 
-#![cfg(feature = "postgres")]
+#![cfg(all(feature = "postgres", feature = "mysql"))]
 
 use leasehold::LockRegistry;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -40,6 +40,8 @@ const PREFIX: &str = "LEASEHOLD_HA_PREFIX";
 const DIR: &str = "LEASEHOLD_HA_DIR";
 const INDEX: &str = "LEASEHOLD_HA_INDEX";
 const TTL_MS: &str = "LEASEHOLD_HA_TTL_MS";
+/// `postgres` or `mysql`.
+const DB: &str = "LEASEHOLD_HA_DB";
 /// Keys the contenders share.
 const KEYS: u64 = 4;
 /// Threads per contender process.
@@ -159,7 +161,11 @@ mod contender {
         let ttl = Duration::from_millis(env(TTL_MS).parse().unwrap());
         let events = Events::open(&dir.join(format!("events-{index}")));
         let reported = events.clone();
-        let registry = LockRegistry::postgres(env(URL))
+        let builder = match env(DB).as_str() {
+            "postgres" => LockRegistry::postgres(env(URL)),
+            _ => LockRegistry::mysql(env(URL)),
+        };
+        let registry = builder
             .prefix(env(PREFIX))
             .time_to_live(ttl)
             .idle_between_tries(Duration::from_millis(50))
@@ -557,49 +563,64 @@ fn failover_run(
         .create_table(true)
         .build()
         .expect("the lock table on the HA primary");
+    let (tell, told) = crossbeam_channel::bounded(1);
+    let parent = std::thread::spawn(move || during(told));
+    let ttl = |index: usize| match index % 2 {
+        0 => scenario.short_ttl,
+        _ => scenario.long_ttl,
+    };
+    let outcome = contend(
+        scenario.processes,
+        &|index| {
+            vec![
+                (DB, "postgres".to_string()),
+                (URL, multi_host_url(index / 2)),
+                (PREFIX, prefix.to_string()),
+                (TTL_MS, ttl(index).as_millis().to_string()),
+            ]
+        },
+        || {
+            std::thread::sleep(scenario.before);
+            if scenario.mode == "async" {
+                servers.run(&["pg-detach-standby"]);
+                std::thread::sleep(scenario.standby_detached);
+            }
+            let stopped_at = now_us();
+            servers.run(&[scenario.break_primary]);
+            std::thread::sleep(scenario.outage);
+            servers.run(&["pg-promote"]);
+            let promoted_at = now_us();
+            let _ = tell.send((stopped_at, promoted_at));
+            std::thread::sleep(scenario.after);
+            (stopped_at, promoted_at)
+        },
+    );
+    parent.join().expect("the parent's own check");
+    outcome
+}
+
+/// Starts `processes` contenders (`env` gives each its settings), runs `meanwhile` (which
+/// breaks something and returns when it broke and when it was repaired), stops them and reads
+/// what they recorded.
+fn contend(
+    processes: usize,
+    env: &dyn Fn(usize) -> Vec<(&'static str, String)>,
+    meanwhile: impl FnOnce() -> (u64, u64),
+) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
-    let mut children: Vec<Contender> = (0..scenario.processes)
-        .map(|index| {
-            let ttl = if index % 2 == 0 {
-                scenario.short_ttl
-            } else {
-                scenario.long_ttl
-            };
-            Contender::start(
-                dir.path(),
-                index,
-                &[
-                    (URL, multi_host_url(index / 2)),
-                    (PREFIX, prefix.to_string()),
-                    (TTL_MS, ttl.as_millis().to_string()),
-                ],
-            )
-        })
+    let mut children: Vec<Contender> = (0..processes)
+        .map(|index| Contender::start(dir.path(), index, &env(index)))
         .collect();
     for child in &mut children {
         child.wait_ready();
     }
-    let (tell, told) = crossbeam_channel::bounded(1);
-    let parent = std::thread::spawn(move || during(told));
-    std::thread::sleep(scenario.before);
-    if scenario.mode == "async" {
-        servers.run(&["pg-detach-standby"]);
-        std::thread::sleep(scenario.standby_detached);
-    }
-    let stopped_at = now_us();
-    servers.run(&[scenario.break_primary]);
-    std::thread::sleep(scenario.outage);
-    servers.run(&["pg-promote"]);
-    let promoted_at = now_us();
-    let _ = tell.send((stopped_at, promoted_at));
-    std::thread::sleep(scenario.after);
+    let (stopped_at, promoted_at) = meanwhile();
     std::fs::write(dir.path().join("stop"), "").unwrap();
     for child in &mut children {
         child.wait_success();
     }
-    parent.join().expect("the parent's own check");
     Outcome {
-        record: read_events(dir.path(), scenario.processes),
+        record: read_events(dir.path(), processes),
         stopped_at,
         promoted_at,
     }
@@ -655,7 +676,7 @@ fn summarise(mode: &str, outcome: &Outcome, overlaps: &[(Section, Section)]) -> 
         errors: record.errors.len(),
     };
     println!(
-        "HA-RESULT postgres {mode}: sections={} (before the stop {}, after the promotion {}) \
+        "HA-RESULT {mode}: sections={} (before the break {}, after the repair {}) \
          losses_reported={} overlaps={} tokens_after_not_above_before={} fenced_writes={} \
          refused={} lock_call_errors={} unlock_errors={unlock_errors} \
          held_from_before_the_stop_to_after_the_promotion={kept_through} outage={:.2}s",
@@ -791,7 +812,7 @@ fn check_loss_reports(record: &Record) {
 #[test]
 #[ignore = "builds its own PostgreSQL servers (root); run by .ci/run's HA step"]
 fn postgres_failover_to_a_synchronous_standby() {
-    failover_to_a_synchronous_standby("pg-stop-primary", "sync");
+    failover_to_a_synchronous_standby("pg-stop-primary", "postgres sync");
 }
 
 /// The same with a primary that hangs instead (every process stopped): connections to it are
@@ -803,7 +824,7 @@ fn postgres_failover_to_a_synchronous_standby() {
 #[test]
 #[ignore = "builds its own PostgreSQL servers (root); run by .ci/run's HA step"]
 fn postgres_failover_from_a_hung_primary_to_a_synchronous_standby() {
-    failover_to_a_synchronous_standby("pg-freeze-primary", "sync, hung primary");
+    failover_to_a_synchronous_standby("pg-freeze-primary", "postgres sync, hung primary");
 }
 
 fn failover_to_a_synchronous_standby(break_primary: &'static str, label: &str) {
@@ -989,7 +1010,7 @@ fn postgres_failover_to_an_asynchronous_standby() {
     let outcome = failover_run(&scenario, &servers, &prefix, |_| {});
     let record = &outcome.record;
     let overlaps = overlaps(&record.sections);
-    let summary = summarise("async", &outcome, &overlaps);
+    let summary = summarise("postgres async", &outcome, &overlaps);
     assert!(summary.before > 0, "no critical section before the stop");
     // Even with grants gone: every loss a holder saw was reported once, and every process
     // carries on against the new primary.
@@ -1076,4 +1097,177 @@ fn a_first_host_that_never_answers_is_passed_over() {
              DROP FUNCTION IF EXISTS {table}_FLOOR() CASCADE"
         ))
         .unwrap();
+}
+
+/// A three-node MariaDB Galera cluster: six processes, two on each node first (`mysql://` URLs
+/// listing all three nodes, each process's own first), contend for the same keys — so that
+/// Galera aborts conflicting grants on certification, which must come back as retried deadlocks,
+/// not errors — and node 2 is killed (SIGKILL) while its clients hold and wait. Its clients move
+/// to the next node of their list; their leases are renewed there or reported lost.
+#[test]
+#[ignore = "builds its own MariaDB Galera cluster (root); run by .ci/run's HA step"]
+fn galera_nodes_contend_and_one_is_killed() {
+    let _one = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(servers) = Servers::up(&["galera-up"]) else {
+        return;
+    };
+    let url = |first: usize| {
+        let hosts: Vec<String> = (0..3)
+            .map(|i| format!("127.0.0.1:{}", 53306 + (first + i) % 3))
+            .collect();
+        format!("mysql://root@{}/test", hosts.join(","))
+    };
+    let prefix = format!("ha{}_", std::process::id());
+    LockRegistry::mysql(url(0))
+        .prefix(&prefix)
+        .create_table(true)
+        .build()
+        .expect("the lock table on the Galera cluster");
+    let processes = 6;
+    let (short_ttl, long_ttl) = (Duration::from_millis(1500), Duration::from_secs(6));
+    let ttl = |index: usize| if index < 3 { short_ttl } else { long_ttl };
+    let conflicts = || -> u64 {
+        use mysql::prelude::Queryable;
+        let mut total = 0;
+        for port in [53306, 53307, 53308] {
+            let Ok(mut conn) = mysql::Conn::new(
+                mysql::Opts::from_url(&format!("mysql://root@127.0.0.1:{port}/test")).unwrap(),
+            ) else {
+                continue;
+            };
+            let counts: Vec<(String, u64)> = conn
+                .query(
+                    "SHOW STATUS WHERE Variable_name IN \
+                     ('wsrep_local_cert_failures', 'wsrep_local_bf_aborts')",
+                )
+                .unwrap();
+            total += counts.iter().map(|(_, n)| n).sum::<u64>();
+        }
+        total
+    };
+    let mut conflicts_before_the_kill = 0;
+    let mut hot = HotKey::default();
+    let outcome = contend(
+        processes,
+        &|index| {
+            vec![
+                (DB, "mysql".to_string()),
+                (URL, url(index % 3)),
+                (PREFIX, prefix.clone()),
+                (TTL_MS, ttl(index).as_millis().to_string()),
+            ]
+        },
+        || {
+            hot = hot_key(&url, &prefix, Duration::from_secs(4));
+            conflicts_before_the_kill = conflicts();
+            let killed_at = now_us();
+            servers.run(&["galera-kill", "2"]);
+            let settled_at = now_us();
+            std::thread::sleep(Duration::from_secs(8));
+            (killed_at, settled_at)
+        },
+    );
+    let record = &outcome.record;
+    let overlaps = overlaps(&record.sections);
+    let summary = summarise("galera, node 2 killed", &outcome, &overlaps);
+    let errors_before_the_kill = record
+        .errors
+        .iter()
+        .filter(|(_, at, _)| *at < outcome.stopped_at)
+        .count();
+    println!(
+        "HA-RESULT galera: certification conflicts (wsrep_local_cert_failures + \
+         wsrep_local_bf_aborts) before the kill: {conflicts_before_the_kill}; lock call errors \
+         before the kill: {errors_before_the_kill}; one hot key, a registry on each node: {} \
+         grants, {} errors, at most {} inside at once",
+        hot.grants, hot.errors, hot.most_inside
+    );
+    for process in [1, 4] {
+        let key = KEYS + process as u64;
+        let held = record
+            .sections
+            .iter()
+            .find(|s| s.key == key && s.start < outcome.stopped_at && s.last >= outcome.stopped_at);
+        println!(
+            "HA-RESULT galera: node 2's client {process} (time-to-live {:?}): lease held at the \
+             kill: {held:?}",
+            ttl(process)
+        );
+    }
+    assert!(summary.before > 0, "no critical section before the kill");
+    assert!(hot.grants > 0, "the hot key was never granted");
+    assert_eq!(hot.most_inside, 1, "two holders of the hot key at once");
+    assert_eq!(hot.errors, 0, "a lock call on the hot key failed");
+    assert_eq!(summary.overlaps, 0, "holders overlapped");
+    assert_eq!(summary.refused, 0, "the fenced resource refused a holder");
+    assert_eq!(
+        errors_before_the_kill, 0,
+        "a lock call failed while every node served (conflicts must be retried)"
+    );
+    check_loss_reports(record);
+    every_process_resumed(&outcome, processes);
+}
+
+/// What the hot-key burst saw.
+#[derive(Default)]
+struct HotKey {
+    grants: u64,
+    errors: u64,
+    most_inside: usize,
+}
+
+/// For `time`, a registry on each Galera node (two threads each, no local handoff, no pause
+/// between tries) takes and releases one key as fast as it can, so that grants race on
+/// different nodes and Galera aborts the losers on certification. Exclusion is checked in this
+/// process.
+fn hot_key(url: &dyn Fn(usize) -> String, prefix: &str, time: Duration) -> HotKey {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (grants, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let until = Instant::now() + time;
+    let threads: Vec<_> = (0..3)
+        .flat_map(|node| {
+            let registry = LockRegistry::mysql(url(node))
+                .prefix(prefix)
+                .local_handoff(false)
+                .idle_between_tries(Duration::from_millis(1))
+                .build()
+                .expect("a registry on a Galera node");
+            (0..2).map(move |_| registry.clone())
+        })
+        .map(|registry| {
+            let (inside, most) = (Arc::clone(&inside), Arc::clone(&most));
+            let (grants, errors) = (Arc::clone(&grants), Arc::clone(&errors));
+            std::thread::spawn(move || {
+                let lock = registry.obtain("hot").unwrap();
+                while Instant::now() < until {
+                    match lock.try_lock_for(Duration::from_secs(2)) {
+                        Ok(Some(guard)) => {
+                            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(now, Ordering::SeqCst);
+                            grants.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_micros(200));
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            if guard.unlock().is_err() {
+                                errors.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a hot-key thread panicked");
+    }
+    HotKey {
+        grants: grants.load(Ordering::SeqCst),
+        errors: errors.load(Ordering::SeqCst),
+        most_inside: most.load(Ordering::SeqCst),
+    }
 }
