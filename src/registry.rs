@@ -173,6 +173,27 @@ impl LockRegistry {
     /// A builder for a registry on MySQL or MariaDB, e.g. `mysql://root@127.0.0.1:3306/test`.
     /// With the `mysql-tls` feature the URL's `ssl-mode`, `ssl-ca`, `ssl-cert`/`ssl-key` and
     /// `require_ssl` are honoured (default `PREFERRED`).
+    ///
+    /// # Several servers: Galera, or a primary and its replicas
+    ///
+    /// List the hosts, each with its port, separated by commas; the user, database and options
+    /// are shared:
+    ///
+    /// ```text
+    /// mysql://app@db1:3306,db2:3306,db3:3306/locks
+    /// ```
+    ///
+    /// Every connection leasehold opens (at `build()` and whenever a pooled one is replaced)
+    /// tries the hosts in order and keeps the first that accepts writes: it asks each server
+    /// for `@@global.read_only` and, on Galera, `wsrep_ready`, so a replica or a node outside
+    /// the primary component is passed over. A connection whose server went away, or turned
+    /// read-only, or whose Galera node left the primary component (error 1047) is dropped with
+    /// the other idle ones of its pool, and the statement is retried on a new connection within
+    /// its deadline. On Galera, a statement aborted by a certification conflict (two nodes
+    /// granting one key at once) comes back as a deadlock (1213) and is retried like one; with
+    /// every registry listing the nodes in the same order they all write through the first
+    /// node, and conflicts only come with a failover. What a Galera node's failure does to
+    /// leases is in the README's *High availability* section, measured by `tests/ha.rs`.
     #[cfg(feature = "mysql")]
     pub fn mysql(url: impl Into<String>) -> RegistryBuilder {
         RegistryBuilder::new(Database::Mysql(url.into()))

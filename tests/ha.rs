@@ -1206,6 +1206,18 @@ fn galera_nodes_contend_and_one_is_killed() {
     );
     check_loss_reports(record);
     every_process_resumed(&outcome, processes);
+    // Node 3 killed too: node 1 alone is outside the primary component and serves no
+    // statement. A registry passes over it (and the dead ones) and says why.
+    servers.run(&["galera-kill", "3"]);
+    let built = LockRegistry::mysql(url(0))
+        .prefix(&prefix)
+        .connect_timeout(Duration::from_secs(2))
+        .build();
+    let Err(refused) = built else {
+        panic!("a registry was built on a cluster without a primary component");
+    };
+    println!("HA-RESULT galera: node 1 alone: build() says: {refused}");
+    assert!(refused.to_string().contains("not ready"), "{refused}");
 }
 
 /// What the hot-key burst saw.

@@ -700,20 +700,29 @@ fn open_conn(opts: &Opts, prefer_tls: bool) -> Result<mysql::Conn, mysql::Error>
 }
 
 /// Opens a connection to the first of `hosts` that answers and, when there are several,
-/// accepts writes ([`writable`]); else the last host's error.
+/// accepts writes ([`writable`]); else the error of the last host that answered (a refusal
+/// says more than a refused connection), or of the last host.
 fn open_writable(hosts: &[Opts], prefer_tls: bool) -> Result<mysql::Conn, mysql::Error> {
-    let mut failed = None;
+    let mut failed: Option<mysql::Error> = None;
     for opts in hosts {
-        match open_conn(opts, prefer_tls) {
+        let error = match open_conn(opts, prefer_tls) {
             Ok(conn) if hosts.len() == 1 => return Ok(conn),
             Ok(mut conn) => match writable(&mut conn, opts) {
                 Ok(()) => return Ok(conn),
-                Err(e) => failed = Some(e),
+                Err(e) => e,
             },
-            Err(e) => failed = Some(e),
+            Err(e) => e,
+        };
+        if !failed.as_ref().is_some_and(answered) || answered(&error) {
+            failed = Some(error);
         }
     }
     Err(failed.expect("a URL names at least one host"))
+}
+
+/// Whether `error` came from a server (as opposed to no connection at all).
+fn answered(error: &mysql::Error) -> bool {
+    matches!(error, mysql::Error::MySqlError(_))
 }
 
 /// Whether the server behind `conn` accepts writes: not `read_only` (a replica), and, on
@@ -771,13 +780,24 @@ fn check_connect(
 ) -> crate::Result<()> {
     let server = hosts.iter().map(address).collect::<Vec<_>>().join(", ");
     super::first_connection(Mysql::NAME, &server, timeout, |limit, deadline| {
-        let mut failed = None;
+        let mut failed: Option<(Failure, String)> = None;
+        let from_server = |(failure, _): &(Failure, String)| {
+            failure
+                .source
+                .downcast_ref::<mysql::Error>()
+                .is_some_and(answered)
+        };
         for opts in hosts {
             match check_host(hosts.len() > 1, opts, prefer_tls, settings, limit, deadline) {
                 Ok(()) => return Ok(()),
                 // A permanent failure (TLS, an unknown host, not MySQL) is reported at once.
                 Err(failure) if failure.0.kind == FailureKind::Fatal => return Err(failure),
-                Err(failure) => failed = Some(failure),
+                // Else the last server's refusal, or the last host's failure.
+                Err(failure) => {
+                    if !failed.as_ref().is_some_and(from_server) || from_server(&failure) {
+                        failed = Some(failure);
+                    }
+                }
             }
         }
         Err(failed.expect("a URL names at least one host"))
