@@ -1206,6 +1206,32 @@ fn galera_nodes_contend_and_one_is_killed() {
     );
     check_loss_reports(record);
     every_process_resumed(&outcome, processes);
+    // Node 1 read-only (as a replica would be): a registry listing it first writes through
+    // node 3 (node 2 is dead); a lock call would fail if it wrote through node 1.
+    let node1 = || {
+        let url = mysql::Opts::from_url("mysql://root@127.0.0.1:53306/test").unwrap();
+        mysql::Conn::new(url).unwrap()
+    };
+    // (A user without administrative privileges: read_only does not stop root.)
+    mysql::prelude::Queryable::query_drop(
+        &mut node1(),
+        "CREATE USER IF NOT EXISTS 'ha'@'127.0.0.1'; \
+         GRANT ALL ON test.* TO 'ha'@'127.0.0.1'; SET GLOBAL read_only = 1",
+    )
+    .unwrap();
+    let past_read_only = LockRegistry::mysql(url(0).replace("root@", "ha@"))
+        .prefix(&prefix)
+        .operation_timeout(Duration::from_secs(3))
+        .build()
+        .expect("a registry passing over a read-only server");
+    let guard = past_read_only
+        .obtain("past-read-only")
+        .unwrap()
+        .lock()
+        .unwrap();
+    guard.unlock().unwrap();
+    drop(past_read_only);
+    mysql::prelude::Queryable::query_drop(&mut node1(), "SET GLOBAL read_only = 0").unwrap();
     // Node 3 killed too: node 1 alone is outside the primary component and serves no
     // statement. A registry passes over it (and the dead ones) and says why.
     servers.run(&["galera-kill", "3"]);

@@ -71,7 +71,8 @@
 //! No listener call waits without a bound:
 //!
 //! - **connect** (TCP and the whole startup handshake) is bounded by the connect timeout (the
-//!   registry's `connect_timeout` unless the URL sets one), exactly like a pooled connection's.
+//!   registry's `connect_timeout` unless the URL sets one; per host of a multi-host string),
+//!   exactly like a pooled connection's.
 //!   The listener connects when a thread of the registry first waits for a lock held
 //!   elsewhere, not in `build()`; a server that does not answer costs the waiters nothing
 //!   (they poll meanwhile), and the thread tries again every tick while they wait.

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 impl<B: Backend> SqlStore<B> {
     /// Runs `attempt` on a pooled connection until it succeeds, fails for good, or `deadline`
     /// passes. Transient failures sleep a short, doubling pause (1 ms to 100 ms, never past the
-    /// deadline); broken connections are discarded.
+    /// deadline); broken connections are discarded, and with them the idle connections of
+    /// their pool ([`discard_idle`]).
     ///
     /// A server or connection that stops answering cannot hold the caller past `deadline`:
     /// either the backend bounds the call itself ([`Backend::runs_inline`]), or the attempt runs on
