@@ -58,7 +58,8 @@
 //! (see above), which are retried and, if their deadlines pass, reported one by one by the
 //! clock. One attempt gets half a renewal period at most, not the leases' whole remaining life,
 //! so that a statement stuck on a hung server or a frozen connection is retried on a new
-//! connection — to the new primary after a failover — before the deadline. With renewal turned off no renewal runs; the clock reports the loss at the deadline.
+//! connection — to the new primary after a failover — before the deadline. With renewal
+//! turned off no renewal runs; the clock reports the loss at the deadline.
 //!
 //! A local handoff to a thread that asked for another time-to-live does not run a statement on
 //! the caller's thread: it records the new time-to-live and asks for a renewal now (the

@@ -269,7 +269,6 @@ fn connect_on(
             match connect_on(runtime, &one_host(config, i), tls) {
                 Ok(connected) => return Ok(connected),
                 Err(error) => {
-                    let answered = |e: &PgConnError| matches!(e, PgConnError::Postgres(e) if e.as_db_error().is_some());
                     if !failed.as_ref().is_some_and(answered) || answered(&error) {
                         failed = Some(error);
                     }
@@ -295,6 +294,11 @@ fn connect_on(
     Ok(runtime
         .block_on(connecting)
         .map_err(|_| PgConnError::NoAnswer(limit))??)
+}
+
+/// Whether a failed connection attempt reached a server that answered (with an error).
+fn answered(error: &PgConnError) -> bool {
+    matches!(error, PgConnError::Postgres(error) if error.as_db_error().is_some())
 }
 
 /// `config`'s settings with its `i`-th host (and `hostaddr`, and port) alone.
