@@ -23,12 +23,16 @@
 //! - `handoff_instances`: registry A releases, registry B (own pool) was waiting in `lock()`:
 //!   time from A's `unlock()` call to B's `lock()` returning;
 //! - `handoff_processes`: the same with B in another OS process (this binary, re-spawned).
+//! - `server_handoff` (MySQL): the server's own handoff between two sessions — one holds a
+//!   named lock, the other waits in `GET_LOCK` on it, the first lets go after the same idle
+//!   pause — the baseline of MySQL's wake-ups, which use the same primitive.
 //! - `handoff_instances_default_turns` (PostgreSQL with notifications): `handoff_instances` with
 //!   the default `local_handoff_limit` and `turn_window` (the others run without a limit), to
 //!   show what fair turns cost.
 //!
-//! PostgreSQL runs the handoffs twice: with release notifications (`LISTEN`/`NOTIFY`, the
-//! default) and with polling only (`postgres_polling`). Polling backends sleep
+//! Every backend runs the handoffs twice: with release wake-ups (PostgreSQL's
+//! `LISTEN`/`NOTIFY`, SQLite's release board, MySQL's named locks; the default) and with polling
+//! only (`<backend>_polling`). Polling backends sleep
 //! `idle_between_tries` = 100 ms between attempts, so their handoffs take about half that.
 //!
 //! `cargo bench --all-features --bench databases`; the README's Performance table lists the
@@ -289,16 +293,8 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
         });
     }
     group.finish();
-    let polling_variants: &[(bool, String)] = if name == "postgres" {
-        &[
-            (true, "postgres".into()),
-            (false, "postgres_polling".into()),
-        ]
-    } else {
-        &[(true, String::new())]
-    };
-    for (notifications, label) in polling_variants {
-        let label = if label.is_empty() { name } else { label };
+    let polling_variants = [(true, name.to_string()), (false, format!("{name}_polling"))];
+    for (notifications, label) in &polling_variants {
         let mut group = c.benchmark_group(label);
         group.sample_size(10);
         group.warm_up_time(Duration::from_millis(500));
@@ -309,6 +305,11 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
                 8
             },
         ));
+        if *notifications && raw.server_handoff(1).is_some() {
+            group.bench_function("server_handoff", |b| {
+                b.iter_custom(|n| raw.server_handoff(n).unwrap())
+            });
+        }
         if *notifications {
             group.bench_function("durable_commit_after_idle", |b| {
                 b.iter_custom(|n| {
@@ -378,6 +379,11 @@ trait Raw {
     /// each statement committed on its own (a lower bound: Spring wraps them in transactions
     /// that cost more round trips): `UPDATE` (no row: Spring deleted it), `INSERT`, `DELETE`.
     fn spring_cycle(&mut self) {}
+    /// `iterations` handoffs through the database's own blocking primitive, where it has one
+    /// (MySQL's `GET_LOCK`), as a baseline of the handoffs.
+    fn server_handoff(&mut self, _iterations: u64) -> Option<Duration> {
+        None
+    }
 }
 
 struct RawSqlite(rusqlite::Connection);
@@ -509,7 +515,48 @@ impl Raw for RawPostgres {
 }
 
 #[cfg(feature = "mysql")]
-struct RawMysql(mysql::Conn);
+struct RawMysql(mysql::Conn, String);
+
+/// The server's own handoff between two sessions: `iterations` times, this connection holds a
+/// named lock, a second connection (on a thread of its own) blocks in `GET_LOCK` on it, and
+/// after the idle pause this one lets it go; the sum of (return of the waiter's `GET_LOCK` −
+/// `RELEASE_LOCK` call).
+#[cfg(feature = "mysql")]
+fn named_lock_handoffs(holder: &mut mysql::Conn, url: &str, iterations: u64) -> Duration {
+    use mysql::prelude::Queryable;
+    const NAME: &str = "leasehold_bench_handoff";
+    let mut waiter = mysql::Conn::new(mysql::Opts::from_url(url).unwrap()).unwrap();
+    let (go, starts) = crossbeam_channel::bounded::<()>(0);
+    let (granted, grants) = crossbeam_channel::bounded::<u128>(0);
+    let waiting = thread::spawn(move || {
+        while starts.recv().is_ok() {
+            let got: Option<i64> = waiter
+                .exec_first("SELECT GET_LOCK(?, 60)", (NAME,))
+                .unwrap();
+            let at = micros_now();
+            assert_eq!(got, Some(1));
+            waiter.exec_drop("SELECT RELEASE_LOCK(?)", (NAME,)).unwrap();
+            granted.send(at).unwrap();
+        }
+    });
+    let mut total = Duration::ZERO;
+    let mut pause = IdlePause::new();
+    for _ in 0..iterations {
+        let taken: Option<i64> = holder
+            .exec_first("SELECT GET_LOCK(?, 60)", (NAME,))
+            .unwrap();
+        assert_eq!(taken, Some(1));
+        go.send(()).unwrap();
+        pause.sleep();
+        let released = micros_now();
+        holder.exec_drop("SELECT RELEASE_LOCK(?)", (NAME,)).unwrap();
+        let at = grants.recv().unwrap();
+        total += Duration::from_micros(at.saturating_sub(released) as u64);
+    }
+    drop(go);
+    waiting.join().unwrap();
+    total
+}
 
 #[cfg(feature = "mysql")]
 impl Raw for RawMysql {
@@ -517,12 +564,28 @@ impl Raw for RawMysql {
         use mysql::prelude::Queryable;
         let _: Option<i64> = self.0.exec_first("SELECT 1", ()).unwrap();
     }
+    fn server_handoff(&mut self, iterations: u64) -> Option<Duration> {
+        Some(named_lock_handoffs(&mut self.0, &self.1, iterations))
+    }
     fn commit(&mut self) {
         use mysql::prelude::Queryable;
         self.0
             .exec_drop("UPDATE bench_commit SET n = n + 1 WHERE id = 1", ())
             .unwrap();
     }
+}
+
+/// `url` with TLS turned off by `parameter`, unless the URL already says something about TLS:
+/// the raw-driver baselines connect without TLS, so the registry must too for the ratios to
+/// compare like with like (with the TLS features, the registry's default is to encrypt when
+/// the server offers it).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn without_tls(url: &str, parameter: &str) -> String {
+    if url.contains("ssl") {
+        return url.to_string();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{parameter}")
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -587,7 +650,8 @@ fn main() {
                     unsynced_commit,
                     spring: None,
                 };
-                bench_backend(&mut c, "postgres", &Target::Postgres(url), &mut raw);
+                let target = Target::Postgres(without_tls(&url, "sslmode=disable"));
+                bench_backend(&mut c, "postgres", &target, &mut raw);
             }
             Err(e) => eprintln!("skipping PostgreSQL: {e}"),
         }
@@ -608,7 +672,8 @@ fn main() {
                 .unwrap();
                 conn.query_drop("INSERT IGNORE INTO bench_commit VALUES (1, 0)")
                     .unwrap();
-                bench_backend(&mut c, "mysql", &Target::Mysql(url), &mut RawMysql(conn));
+                let target = Target::Mysql(without_tls(&url, "ssl-mode=DISABLED"));
+                bench_backend(&mut c, "mysql", &target, &mut RawMysql(conn, url));
             }
             Err(e) => eprintln!("skipping MariaDB: {e}"),
         }

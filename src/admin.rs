@@ -1,11 +1,19 @@
-//! Inspecting and administering the lock table from a registry: who holds a key, freeing a
-//! key whatever holds it, and deleting old rows. These are operator tools (the `leasehold`
-//! command's `status`, `release --force` and `cleanup` run them); a program that only takes
-//! locks never needs them.
+//! Inspecting and administering the lock table from a registry: who holds a key, listing the
+//! table's rows, freeing a key whatever holds it, and deleting old rows. These are operator
+//! tools (the `leasehold` command's `status`, `list`, `release --force` and `cleanup` run
+//! them); a program that only takes locks never needs them.
 
-use crate::error::Result;
-use crate::registry::LockRegistry;
+use crate::backend::{ListedRow, STATE_EXPIRED, STATE_HELD};
+use crate::error::{Error, Result};
+use crate::registry::{Database, LockRegistry, RegistryBuilder};
+use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The most rows [`Listing::page`] returns at once.
+pub const MAX_PAGE_ROWS: usize = 10_000;
+
+/// Rows per query when iterating with [`Listing::rows`].
+const ITERATION_PAGE_ROWS: usize = 500;
 
 /// Who holds a key, as the database records it (see [`LockRegistry::holder`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +29,184 @@ pub struct Holder {
     pub expires_at: SystemTime,
     /// The grant's fencing token (0 for a row written by Spring Integration itself).
     pub fencing_token: u64,
+}
+
+/// What a row of the lock table says, judged on the database clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockState {
+    /// A client holds the lease: `CLIENT_ID` is set and `EXPIRED_AFTER` has not passed.
+    Held,
+    /// The lease ran out without a release: its holder crashed or lost its connection; the
+    /// next acquire takes the row.
+    Expired,
+    /// Released (`CLIENT_ID` is NULL). Leasehold keeps the row so that fencing tokens keep
+    /// counting up from it; `cleanup` deletes old ones.
+    Released,
+}
+
+impl LockState {
+    /// `held`, `expired` or `released`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockState::Held => "held",
+            LockState::Expired => "expired",
+            LockState::Released => "released",
+        }
+    }
+}
+
+impl std::fmt::Display for LockState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One row of the lock table, as [`Listing`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockRow {
+    /// The row's `LOCK_KEY`: the hash of the lock's name ([`lock_key_for`](crate::lock_key_for)).
+    pub lock_key: String,
+    /// The lock's name, when it was among the names given to [`Listing::resolving`].
+    pub name: Option<String>,
+    /// Held, expired or released, on the database clock at the time of the query.
+    pub state: LockState,
+    /// The holder's (or, for an expired lease, the last holder's) `CLIENT_ID`; `None` once
+    /// released.
+    pub client_id: Option<String>,
+    /// When the last grant happened (`CREATED_DATE`), on the database clock.
+    pub acquired: SystemTime,
+    /// When the lease runs out (`EXPIRED_AFTER`), on the database clock; the Unix epoch for a
+    /// released row.
+    pub expires_at: SystemTime,
+    /// The last grant's fencing token (0 for a row written by Spring Integration itself).
+    pub fencing_token: u64,
+}
+
+impl LockRow {
+    /// The name when known, else the lock key: what to show a person.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.lock_key)
+    }
+}
+
+/// The rows of a registry's table and region, in `LOCK_KEY` order (see
+/// [`LockRegistry::listing`]).
+///
+/// The table stores only a hash of each lock's name (`LOCK_KEY`, as Spring Integration
+/// does), so a listing can name only the locks whose names it is given: pass the names you
+/// know to [`resolving`](Self::resolving), and every other row shows its lock key. Leasehold
+/// does not add a name column, because Spring Integration clients sharing the table insert
+/// rows without one and its layout must stay theirs.
+#[derive(Debug, Clone)]
+pub struct Listing<'r> {
+    registry: &'r LockRegistry,
+    names: HashMap<String, String>,
+}
+
+impl<'r> Listing<'r> {
+    /// Resolves the lock keys of `names` back to the names in the rows this listing returns.
+    /// Fails with [`Error::InvalidKey`] for a name no lock can have (empty, or too long).
+    pub fn resolving<I, S>(mut self, names: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        for name in names {
+            let name = name.as_ref();
+            crate::key::validate_key(name)?;
+            self.names
+                .insert(crate::key::lock_key_for(name), name.to_string());
+        }
+        Ok(self)
+    }
+
+    /// Up to `limit` rows (1..=[`MAX_PAGE_ROWS`]) whose lock key sorts after `after` (byte
+    /// order), in that order: `None` for the first page, then the last row's
+    /// [`lock_key`](LockRow::lock_key) for the next. A page shorter than `limit` is the last.
+    pub fn page(&self, after: Option<&str>, limit: usize) -> Result<Vec<LockRow>> {
+        if limit == 0 || limit > MAX_PAGE_ROWS {
+            return Err(Error::setting(
+                "limit",
+                format!(
+                    "{limit} rows is outside 1..={MAX_PAGE_ROWS}: ask for a page of that size, \
+                     or iterate over every row with Listing::rows"
+                ),
+            ));
+        }
+        let rows = self.registry.core.store.list(
+            after.unwrap_or(""),
+            limit as i64,
+            self.registry.admin_deadline(),
+        )?;
+        Ok(rows.into_iter().map(|row| self.row(row)).collect())
+    }
+
+    /// Every row, fetched a page at a time as the iterator goes (each page is one query, so a
+    /// row changed meanwhile shows as it was when its page was read).
+    pub fn rows(&self) -> Rows<'_, 'r> {
+        Rows {
+            listing: self,
+            page: Vec::new().into_iter(),
+            after: None,
+            done: false,
+        }
+    }
+
+    fn row(&self, row: ListedRow) -> LockRow {
+        let state = match row.state {
+            STATE_HELD => LockState::Held,
+            STATE_EXPIRED => LockState::Expired,
+            _ => LockState::Released,
+        };
+        LockRow {
+            name: self.names.get(&row.lock_key).cloned(),
+            lock_key: row.lock_key,
+            state,
+            client_id: row.client_id,
+            acquired: system_time(row.acquired_micros),
+            expires_at: system_time(row.expires_micros),
+            fencing_token: row.token.max(0) as u64,
+        }
+    }
+}
+
+/// The iterator of [`Listing::rows`]: each item a row, or the error that ended the listing.
+#[derive(Debug)]
+pub struct Rows<'l, 'r> {
+    listing: &'l Listing<'r>,
+    page: std::vec::IntoIter<LockRow>,
+    after: Option<String>,
+    done: bool,
+}
+
+impl Iterator for Rows<'_, '_> {
+    type Item = Result<LockRow>;
+
+    fn next(&mut self) -> Option<Result<LockRow>> {
+        if let Some(row) = self.page.next() {
+            return Some(Ok(row));
+        }
+        if self.done {
+            return None;
+        }
+        match self
+            .listing
+            .page(self.after.as_deref(), ITERATION_PAGE_ROWS)
+        {
+            Ok(page) => {
+                self.done = page.len() < ITERATION_PAGE_ROWS;
+                self.after = page.last().map(|row| row.lock_key.clone());
+                self.page = page.into_iter();
+                self.page.next().map(Ok)
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
 }
 
 /// µs since the Unix epoch as an instant of the system clock.
@@ -65,6 +251,44 @@ impl LockRegistry {
             expires_at: system_time(row.expires_micros),
             fencing_token: row.token.max(0) as u64,
         }))
+    }
+
+    /// The rows of this registry's table and region — held, expired and released — for
+    /// operators (Spring Integration's `getAllLocks`, with the states). Only names given to
+    /// [`Listing::resolving`] show; other rows carry their lock key alone (see [`Listing`]).
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+    /// use leasehold::LockState;
+    /// let held = registry.obtain("nightly-export")?.lock()?;
+    /// registry.obtain("hourly-sync")?.lock()?.unlock()?;
+    /// registry.obtain("unnamed")?.lock()?.unlock()?;
+    ///
+    /// let listing = registry.listing().resolving(["nightly-export", "hourly-sync"])?;
+    /// let mut rows = listing.rows().collect::<leasehold::Result<Vec<_>>>()?;
+    /// rows.sort_by(|a, b| a.label().cmp(b.label()));
+    /// let shown: Vec<(&str, LockState)> = rows.iter().map(|r| (r.label(), r.state)).collect();
+    /// let unnamed = leasehold::lock_key_for("unnamed");
+    /// assert_eq!(shown, [
+    ///     (unnamed.as_str(), LockState::Released),   // not resolved: its lock key
+    ///     ("hourly-sync", LockState::Released),
+    ///     ("nightly-export", LockState::Held),
+    /// ]);
+    /// assert_eq!(rows[2].fencing_token, held.fencing_token());
+    ///
+    /// // The same rows a page at a time, after the last lock key of the page before.
+    /// let first = listing.page(None, 2)?;
+    /// let rest = listing.page(Some(&first[1].lock_key), 2)?;
+    /// assert_eq!((first.len(), rest.len()), (2, 1));
+    /// # Ok(()) }
+    /// ```
+    pub fn listing(&self) -> Listing<'_> {
+        Listing {
+            registry: self,
+            names: HashMap::new(),
+        }
     }
 
     /// Frees `key` whatever holds it, as a release by the holder would (the row stays, marked
@@ -128,5 +352,38 @@ impl LockRegistry {
         self.core
             .store
             .delete_released_and_expired(older_than, self.admin_deadline())
+    }
+}
+
+impl RegistryBuilder {
+    /// The DDL that `create_table(true)` runs for this builder's database and prefix: the lock
+    /// table, then its deletion floor (see the crate docs, "Fencing tokens"), as one script for
+    /// the database's own client (`sqlite3`, `psql`, `mysql`). For databases where the user
+    /// that takes locks may not create tables: a DBA runs it once. Nothing is connected to.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// let ddl = leasehold::LockRegistry::sqlite("/var/lib/jobs/locks.db")
+    ///     .prefix("JOBS_")
+    ///     .table_ddl()?;
+    /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS JOBS_LOCK ("));
+    /// assert!(ddl.contains("CREATE TRIGGER IF NOT EXISTS JOBS_LOCK_FLOOR"));
+    /// # Ok(()) }
+    /// ```
+    pub fn table_ddl(&self) -> Result<String> {
+        fn both<B: crate::backend::Backend>(table: &str) -> String {
+            let table_ddl = crate::backend::ddl_for::<B>(table);
+            let floor_ddl = crate::backend::floor_ddl_for::<B>(table);
+            format!("{}\n\n{}\n", table_ddl.trim_end(), floor_ddl.trim_end())
+        }
+        let table = crate::registry::validate_prefix(&self.prefix)? + "LOCK";
+        Ok(match &self.database {
+            #[cfg(feature = "sqlite")]
+            Database::Sqlite(_) => both::<crate::backend::sqlite::Sqlite>(&table),
+            #[cfg(feature = "postgres")]
+            Database::Postgres(_) => both::<crate::backend::postgres::Postgres>(&table),
+            #[cfg(feature = "mysql")]
+            Database::Mysql(_) => both::<crate::backend::mysql::Mysql>(&table),
+        })
     }
 }

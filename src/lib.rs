@@ -39,9 +39,9 @@
 //!
 //! | feature | use it when | notes |
 //! |---------|-------------|-------|
-//! | `sqlite` (default) | the instances run on one host (processes of a batch job, cron runs) | embedded, no server; WAL mode |
+//! | `sqlite` (default) | the instances run on one host (processes of a batch job, cron runs) | embedded, no server; WAL mode; releases wake waiters of other processes at once (a release board beside the file, Linux) |
 //! | `postgres` | instances on several hosts share a PostgreSQL server | releases wake waiters at once (`LISTEN`/`NOTIFY`) |
-//! | `mysql` | they share MySQL 8.0+ or MariaDB 10.6+ | waiters find a release at their next poll |
+//! | `mysql` | they share MySQL 8.0+ or MariaDB 10.6+ | releases wake waiters at once (named locks, `GET_LOCK`) |
 //!
 //! All three keep Spring Integration's `INT_LOCK` table, so a Java service and a Rust one can
 //! share locks while one replaces the other.
@@ -80,8 +80,10 @@
 //!                                     └─ Store (SqlStore<Backend>): pools, deadlines, retries;
 //!                                          statement threads for MySQL
 //!                                          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
-//!  PostgreSQL only: a listener thread per registry turns release notifications into wake-ups
-//!  (subscribed only while a thread of the registry waits; see `wakeups`).
+//!  A listener thread per registry turns other instances' releases into wake-ups, subscribed
+//!  only while a thread of the registry waits (see `wakeups`): PostgreSQL `LISTEN`/`NOTIFY`,
+//!  SQLite's release board (`backend::sqlite_board`), MySQL's named locks
+//!  (`backend::mysql_wakeups`).
 //! ```
 //!
 //! Threads and what they do:
@@ -92,12 +94,14 @@
 //! | lease clock | 1 per process | hands due leases to their registry's renewer; marks a lease lost at its deadline even if its renewal is stuck |
 //! | renewer | 1 per registry that renews (started with its first due lease) | renews due leases in batches; reports "not the owner" per lease at once |
 //! | statement | as many as MySQL statements in flight (reused) | runs a MySQL statement so its caller can give up at its deadline (PostgreSQL calls carry the deadline themselves and run on the caller's thread) |
-//! | listener | 1 per PostgreSQL registry | `LISTEN`s while a local thread waits, and wakes the local poller of a released key |
+//! | listener | 1 per registry with `notifications` on | while a local thread waits, wakes the local poller of a key released elsewhere: PostgreSQL `LISTEN`s; SQLite waits on the release board's futex; MySQL starts watchers |
+//! | watcher | MySQL: 1 per key a local thread waits for (at most 16 per registry) | blocks in `GET_LOCK` on the key's named lock, with a connection of its own |
+//! | named locks | MySQL: 1 per registry that has held a lock | takes a key's named lock after each grant and lets it go after the release, on one connection for all keys (closed when idle) |
 //!
 //! | module | job |
 //! |--------|-----|
 //! | `registry` | builder, validation, the registry and its shared core |
-//! | `admin` | inspecting and administering the table: holder, forced release, cleanup |
+//! | `admin` | inspecting and administering the table: holder, listing, forced release, cleanup |
 //! | `cache` | bounded LRU of per-key state that never evicts a key in use |
 //! | `lock` | the local state machine: queue, poller, instant handoff, `LockGuard` |
 //! | `lease` | one database grant, its deadline, loss reporting, the lease clock and the renewer |
@@ -113,9 +117,11 @@
 //! registry — polls again every `idle_between_tries`; other local threads wait on a condition
 //! variable and cost nothing. The registry's renewal thread runs **renew** every third of the
 //! time-to-live, for all the leases due in the same window at once. Unlocking with a local thread waiting hands the lease over with **no
-//! statement**; otherwise **release** runs. On PostgreSQL the release also notifies, and a
-//! registry whose thread sleeps between polls `LISTEN`s (only while it has such a sleeper) and
-//! wakes that thread at once. The statements are listed per database in the backend modules
+//! statement**; otherwise **release** runs. The release also wakes other instances: on
+//! PostgreSQL it notifies (`pg_notify` in the statement), on SQLite it bumps the key's slot on
+//! the release board, on MySQL it lets go of the key's named lock; and a registry whose thread
+//! sleeps between polls listens (only while it has such a sleeper) and wakes that thread at
+//! once. A wake-up only makes a waiter try sooner: the row alone decides who holds the lock. The statements are listed per database in the backend modules
 //! and shown by [`LockRegistry::statements`]; the DDL is in `sql/`.
 //!
 //! **Time.** Expiry is decided only in SQL, on the database's clock, stored as UTC, so clients'
@@ -172,7 +178,9 @@
 //! `JdbcLockRegistry` on one table and region exclude each other. Differences: leasehold marks
 //! rows free instead of deleting them, and two registries must not share a `CLIENT_ID`.
 
-#![forbid(unsafe_code)]
+// The only unsafe code is SQLite's release board (`backend/sqlite_board.rs`: a shared file
+// mapping and the futex on it), which allows it for itself.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 /// A named fail point: with the test-only `failpoints` feature, tests configure it through the
@@ -200,7 +208,7 @@ mod lock;
 mod registry;
 mod wakeups;
 
-pub use admin::Holder;
+pub use admin::{Holder, Listing, LockRow, LockState, Rows, MAX_PAGE_ROWS};
 pub use backend::{Statements, Statistics};
 pub use error::{DatabaseError, Error, LossReason, Result, TlsProblem};
 pub use key::{lock_key_for, MAX_KEY_BYTES};

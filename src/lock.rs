@@ -40,8 +40,8 @@
 //! with a key is the time it keeps the key busy without a break long enough for others to
 //! notice: from a grant, through local handoffs and through grants taken again within the turn
 //! gap (the larger of `turn_window` and 2 × `idle_between_tries`) after its own release, and,
-//! on PostgreSQL, continuing the turn of the instance whose release notification woke it (the
-//! notification carries the turn's age). When a turn reaches `local_handoff_limit` and was
+//! on PostgreSQL and SQLite, continuing the turn of the instance whose release woke it (the
+//! notification, or the release board, carries the turn's age). When a turn reaches `local_handoff_limit` and was
 //! contended (a local thread queued, this registry had waited, or it continued another
 //! instance's turn) and had more than one hold, the release ends it: it does not notify, and
 //! every thread of the registry stays away from the key for `turn_window`, so the first poller
@@ -293,9 +293,18 @@ impl LockInner {
                             let now = Instant::now();
                             let waited = state.refused_at.is_some_and(|at| at >= waiting_since);
                             let gap = settings.turn_gap();
-                            let resumed = state
-                                .last_released
-                                .is_some_and(|at| now.duration_since(at) < gap);
+                            // A quick re-grant continues this registry's turn, unless that turn
+                            // is already over: it was not ended at the release (nobody queued
+                            // here, so it looked uncontended), but other instances may have
+                            // held the key in between and continued it, and would end it at
+                            // every release of theirs if it went on growing.
+                            let turn_over = settings.local_handoff_limit.is_some_and(|limit| {
+                                now.duration_since(state.chain_started) >= limit
+                            });
+                            let resumed = !turn_over
+                                && state
+                                    .last_released
+                                    .is_some_and(|at| now.duration_since(at) < gap);
                             let inherited = state
                                 .inherited_turn
                                 .take()

@@ -92,7 +92,7 @@ pub(crate) struct Core {
 }
 
 /// Where the lock table lives.
-enum Database {
+pub(crate) enum Database {
     #[cfg(feature = "sqlite")]
     Sqlite(std::path::PathBuf),
     #[cfg(feature = "postgres")]
@@ -291,13 +291,13 @@ impl std::fmt::Debug for LockRegistry {
 /// ```
 #[must_use = "a builder does nothing until build() is called"]
 pub struct RegistryBuilder {
-    database: Database,
+    pub(crate) database: Database,
     time_to_live: Duration,
     idle_between_tries: Duration,
     cache_capacity: usize,
     client_id: Option<String>,
     region: String,
-    prefix: String,
+    pub(crate) prefix: String,
     renewal: bool,
     renew_every: Option<Duration>,
     local_handoff_limit: Option<Duration>,
@@ -432,8 +432,9 @@ impl RegistryBuilder {
     /// `local_handoff_limit`, through local handoffs or by taking it again at once after each
     /// release) stays away from that key, so that other instances get it — including those that
     /// only poll, like Spring Integration's `JdbcLockRegistry` (every 100 ms by default). The
-    /// release that ends a turn does not wake notified waiters (PostgreSQL): everyone polls, on
-    /// equal footing. Defaults to `Some(2 × idle_between_tries)`, which is longer than one poll
+    /// release that ends a turn does not wake other instances' waiters (no `NOTIFY`, no release
+    /// board slot; MySQL keeps the key's named lock a quarter second longer): everyone polls,
+    /// on equal footing. Defaults to `Some(2 × idle_between_tries)`, which is longer than one poll
     /// period plus a round trip when other instances poll at the same interval; raise it to
     /// twice the longest poll period in the fleet. `None` ends a turn with a plain release
     /// (notified waiters wake, and this registry competes again at once): the fastest, but
@@ -441,8 +442,8 @@ impl RegistryBuilder {
     ///
     /// The cost: under continuous contention the key is free for up to this long once per
     /// `local_handoff_limit`, until a poller takes it. Handoffs between instances that keep
-    /// the key busy without a break count as one turn too (on PostgreSQL the notification
-    /// carries the turn's age), so about one such handoff per `local_handoff_limit` waits for a
+    /// the key busy without a break count as one turn too (PostgreSQL's notification and
+    /// SQLite's release board carry the turn's age; MySQL's wake-ups do not), so about one such handoff per `local_handoff_limit` waits for a
     /// poll. Uncontended locks and a single long hold never end a turn and pay nothing.
     pub fn turn_window(mut self, window: Option<Duration>) -> Self {
         self.turn_window = Some(window);
@@ -506,14 +507,25 @@ impl RegistryBuilder {
         self
     }
 
-    /// Whether waiters are woken by the database when another instance releases a lock, instead
-    /// of only at their next poll. Defaults to `true`; used where the database can notify
-    /// (PostgreSQL `LISTEN`/`NOTIFY`: one extra connection per registry, outside the pools,
-    /// opened when a thread of this registry waits for a lock held elsewhere, subscribed only
-    /// while one does, and closed after [`idle_connection_timeout`](Self::idle_connection_timeout)
-    /// without a waiter) and
-    /// ignored elsewhere. Polling every `idle_between_tries` stays on as the safety net. Leader
-    /// election standbys are woken the same way.
+    /// Whether waiters are woken when another instance releases a lock, instead of only at
+    /// their next poll. Defaults to `true`. Polling every `idle_between_tries` stays on as the
+    /// safety net, and a wake-up never grants anything: the waiter tries the row at once, and
+    /// the row decides. Leader election standbys are woken the same way. What it costs:
+    ///
+    /// - **PostgreSQL** (`LISTEN`/`NOTIFY`): one extra connection per registry, outside the
+    ///   pools, opened when a thread of this registry waits for a lock held elsewhere,
+    ///   subscribed only while one does, closed after
+    ///   [`idle_connection_timeout`](Self::idle_connection_timeout) without a waiter. Releases
+    ///   notify whatever this setting says.
+    /// - **SQLite** (Linux): a 32 KiB file beside the database, `<database>-leasehold`, mapped
+    ///   by every process that uses the database (the *release board*; its directory must be
+    ///   writable, as for SQLite's own `-wal` file), and a listener thread per registry that
+    ///   waits on it only while a thread waits. Elsewhere, or when the file cannot be opened
+    ///   (a warning says so), waiters poll.
+    /// - **MySQL / MariaDB** (named locks, `GET_LOCK`): while this registry holds locks, one
+    ///   extra connection holding a named lock per held key; while its threads wait, one
+    ///   connection per waited-for key (at most 16; beyond, waiters poll), each blocked in
+    ///   `GET_LOCK`. Off, this registry neither takes named locks nor watches them.
     pub fn notifications(mut self, enabled: bool) -> Self {
         self.notifications = enabled;
         self
@@ -601,6 +613,7 @@ impl RegistryBuilder {
             client_id: client_id.clone(),
             create_table: self.create_table,
             custom: self.custom,
+            notifications: self.notifications,
         };
         let store: Arc<dyn Store> = match self.database {
             #[cfg(feature = "sqlite")]
@@ -634,7 +647,7 @@ impl RegistryBuilder {
                 .store
                 .listen_for_releases(handler, subscription_requests)
             {
-                core.wakeups.enable();
+                core.wakeups.enable(core.store.listener_watches_keys());
             }
         }
         Ok(LockRegistry {
@@ -703,7 +716,7 @@ fn check_timeout(setting: &'static str, timeout: Duration) -> Result<()> {
 }
 
 /// Checks a table prefix and returns it: it is spliced into SQL.
-fn validate_prefix(prefix: &str) -> Result<String> {
+pub(crate) fn validate_prefix(prefix: &str) -> Result<String> {
     let identifier = |part: &str| {
         part.chars()
             .next()

@@ -2,9 +2,11 @@
 //! leader election's standby agent), and whether the backend's release listener is subscribed
 //! to the database's release notifications.
 //!
-//! Only PostgreSQL has a listener (see `backend::postgres`). A subscription is not free: while
-//! a connection `LISTEN`s, every release in the database wakes that connection's server process
-//! and the listener thread, on every instance that listens. So a registry listens only while one
+//! PostgreSQL's listener `LISTEN`s on a connection of its own (see `backend::postgres`);
+//! SQLite's waits on a release board shared by the processes of the host (see
+//! `backend::sqlite_board`); MySQL has none. A subscription is not free: while a connection
+//! `LISTEN`s, every release in the database wakes that connection's server process and the
+//! listener thread, on every instance that listens (on SQLite, every listening thread). So a registry listens only while one
 //! of its threads waits for a lock held elsewhere:
 //!
 //! ```text
@@ -47,6 +49,8 @@ pub(crate) trait Nudge: Send + Sync {
 pub(crate) struct Wakeups {
     /// Whether a listener runs; without one, pollers neither register nor request anything.
     enabled: AtomicBool,
+    /// Whether the listener serves keys one by one (MySQL's): it must hear of each new one.
+    watches_keys: AtomicBool,
     /// Asks the listener to subscribe.
     demand: Sender<()>,
     state: Mutex<State>,
@@ -76,6 +80,7 @@ impl Wakeups {
         let (demand, requests) = crossbeam_channel::unbounded();
         let wakeups = Wakeups {
             enabled: AtomicBool::new(false),
+            watches_keys: AtomicBool::new(false),
             demand,
             state: Mutex::new(State {
                 pollers: HashMap::new(),
@@ -87,7 +92,10 @@ impl Wakeups {
     }
 
     /// Called once a listener runs.
-    pub fn enable(&self) {
+    /// `watches_keys`: the listener serves only the keys waited for and must hear of each new
+    /// one, also while subscribed (see `Backend::LISTENER_WATCHES_KEYS`).
+    pub fn enable(&self, watches_keys: bool) {
+        self.watches_keys.store(watches_keys, Ordering::Release);
         self.enabled.store(true, Ordering::Release);
     }
 
@@ -104,8 +112,16 @@ impl Wakeups {
         }
         let mut state = self.state.lock();
         let pollers = state.pollers.entry(Arc::clone(lock_key)).or_default();
+        let new_key = pollers.is_empty();
         if !pollers.iter().any(|known| known.ptr_eq(&poller)) {
             pollers.push(poller);
+        }
+        if new_key
+            && state.subscription == Subscription::On
+            && self.watches_keys.load(Ordering::Acquire)
+        {
+            // The listener holds the receiver until the registry is gone.
+            let _ = self.demand.send(());
         }
         true
     }
@@ -138,22 +154,36 @@ impl Wakeups {
 
     /// What the listener reports; the registry answers what it should do next.
     pub fn handle(&self, event: ListenerEvent<'_>) -> ListenerReply {
-        let mut turn_age = std::time::Duration::ZERO;
-        let woken: Vec<Arc<dyn Nudge>> = {
+        let zero = std::time::Duration::ZERO;
+        let woken: Vec<(Arc<dyn Nudge>, std::time::Duration)> = {
             let mut state = self.state.lock();
             match event {
-                ListenerEvent::Released {
-                    lock_key,
-                    turn_age: age,
-                } => {
-                    turn_age = age;
-                    state
-                        .pollers
-                        .get(lock_key)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Weak::upgrade)
-                        .collect()
+                ListenerEvent::Released { lock_key, turn_age } => state
+                    .pollers
+                    .get(lock_key)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Weak::upgrade)
+                    .map(|poller| (poller, turn_age))
+                    .collect(),
+                ListenerEvent::ReleasedAmong { released } => state
+                    .pollers
+                    .iter()
+                    .filter_map(|(lock_key, pollers)| Some((released(lock_key)?, pollers)))
+                    .flat_map(|(turn_age, pollers)| {
+                        pollers
+                            .iter()
+                            .filter_map(Weak::upgrade)
+                            .map(move |poller| (poller, turn_age))
+                    })
+                    .collect(),
+                ListenerEvent::Watched { each } => {
+                    for (lock_key, pollers) in &state.pollers {
+                        if pollers.iter().any(|poller| poller.strong_count() > 0) {
+                            each(lock_key);
+                        }
+                    }
+                    return ListenerReply::Keep;
                 }
                 ListenerEvent::Subscribed => {
                     state.subscription = Subscription::On;
@@ -162,6 +192,7 @@ impl Wakeups {
                         .values()
                         .flatten()
                         .filter_map(Weak::upgrade)
+                        .map(|poller| (poller, zero))
                         .collect()
                 }
                 ListenerEvent::Tick => {
@@ -175,7 +206,7 @@ impl Wakeups {
                 }
             }
         };
-        for poller in woken {
+        for (poller, turn_age) in woken {
             poller.nudge(turn_age);
         }
         ListenerReply::Keep
@@ -210,7 +241,7 @@ mod tests {
 
     fn enabled() -> (Wakeups, Receiver<()>) {
         let (wakeups, requests) = Wakeups::new();
-        wakeups.enable();
+        wakeups.enable(false);
         (wakeups, requests)
     }
 

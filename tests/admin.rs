@@ -1,4 +1,4 @@
-//! The administration API against every database: `holder`, `force_release`,
+//! The administration API against every database: `holder`, `listing`, `force_release`,
 //! `delete_released_and_expired`, and `LockGuard::unlock_keeping_for` (issue 13).
 //!
 //! Time is compared on the database clock (the `Holder` timestamps) where a test needs an
@@ -99,6 +99,143 @@ mod suite {
         assert_eq!(b.holder("report").unwrap(), None, "expired row");
         assert!(expiring.unlock().is_err());
         assert!(matches!(b.holder(""), Err(Error::InvalidKey { .. })));
+    }
+
+    pub fn listing_shows_held_expired_and_released_rows_of_the_region_by_page(f: &Fixture) {
+        use leasehold::LockState;
+        let (a, b) = (f.registry(), f.registry());
+        assert!(b.listing().rows().next().is_none(), "an empty table");
+        let held = a
+            .obtain("held")
+            .unwrap()
+            .lock_with_ttl(Duration::from_secs(30))
+            .unwrap();
+        a.obtain("released")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        let stale = f.builder().renewal(false).build().unwrap();
+        let expiring = stale
+            .obtain("expired")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(100))
+            .unwrap();
+        for n in 0..5 {
+            a.obtain(&format!("unnamed-{n}"))
+                .unwrap()
+                .lock()
+                .unwrap()
+                .unlock()
+                .unwrap();
+        }
+        let elsewhere = f.builder().region("elsewhere").build().unwrap();
+        let other_region = elsewhere.obtain("held").unwrap().lock().unwrap();
+        thread::sleep(Duration::from_millis(300));
+
+        let listing = b
+            .listing()
+            .resolving(["held", "released", "expired", "never-locked"])
+            .unwrap();
+        let rows: Vec<_> = listing.rows().map(Result::unwrap).collect();
+        assert_eq!(rows.len(), 8, "this region's rows only: {rows:?}");
+        let keys: Vec<&str> = rows.iter().map(|r| r.lock_key.as_str()).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "byte order: {keys:?}");
+        let find = |name: &str| {
+            rows.iter()
+                .find(|r| r.name.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("{name} in {rows:?}"))
+        };
+        let row = find("held");
+        assert_eq!(row.state, LockState::Held);
+        assert_eq!(row.lock_key, leasehold::lock_key_for("held"));
+        assert_eq!(row.client_id.as_deref(), Some(a.client_id()));
+        assert_eq!(row.fencing_token, held.fencing_token());
+        let (now, _) = b.database_time().unwrap();
+        assert!(row.expires_at > now && row.acquired <= now + Duration::from_millis(1));
+        let row = find("expired");
+        assert_eq!(row.state, LockState::Expired);
+        assert_eq!(row.client_id.as_deref(), Some(stale.client_id()));
+        assert!(row.expires_at < now);
+        let row = find("released");
+        assert_eq!(
+            (row.state, row.client_id.as_deref()),
+            (LockState::Released, None)
+        );
+        assert!(row.fencing_token > 0);
+        let unnamed: Vec<_> = rows.iter().filter(|r| r.name.is_none()).collect();
+        assert_eq!(unnamed.len(), 5);
+        for row in unnamed {
+            assert_eq!(row.label(), row.lock_key);
+            assert_eq!(row.state, LockState::Released);
+        }
+
+        // Pages of three give the same rows in the same order.
+        let mut paged = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = listing.page(after.as_deref(), 3).unwrap();
+            assert!(page.len() <= 3);
+            after = page.last().map(|r| r.lock_key.clone());
+            let last = page.len() < 3;
+            paged.extend(page);
+            if last {
+                break;
+            }
+        }
+        assert_eq!(paged, rows);
+        assert!(listing.page(Some(&rows[7].lock_key), 3).unwrap().is_empty());
+
+        // A lease ending shows at the next query.
+        held.unlock().unwrap();
+        let row = listing
+            .rows()
+            .map(Result::unwrap)
+            .find(|r| r.name.as_deref() == Some("held"))
+            .unwrap();
+        assert_eq!(row.state, LockState::Released);
+
+        assert!(matches!(
+            listing.page(None, 0),
+            Err(Error::InvalidSetting {
+                setting: "limit",
+                ..
+            })
+        ));
+        assert!(matches!(
+            listing.page(None, leasehold::MAX_PAGE_ROWS + 1),
+            Err(Error::InvalidSetting { .. })
+        ));
+        assert!(matches!(
+            b.listing().resolving([""]),
+            Err(Error::InvalidKey { .. })
+        ));
+        assert!(expiring.unlock().is_err());
+        other_region.unlock().unwrap();
+    }
+
+    pub fn listing_rows_go_on_past_one_query(f: &Fixture) {
+        // The iterator reads 500 rows a query: 501 rows take two.
+        let registry = f.registry();
+        let names: Vec<String> = (0..501).map(|n| format!("job-{n}")).collect();
+        for name in &names {
+            registry
+                .obtain(name)
+                .unwrap()
+                .lock()
+                .unwrap()
+                .unlock()
+                .unwrap();
+        }
+        let listing = registry.listing().resolving(&names).unwrap();
+        let rows: Vec<_> = listing.rows().map(Result::unwrap).collect();
+        assert_eq!(rows.len(), 501);
+        let mut seen: Vec<&str> = rows.iter().map(|r| r.name.as_deref().unwrap()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 501, "every row once");
+        assert_eq!(listing.page(None, 500).unwrap(), rows[..500]);
     }
 
     pub fn force_release_frees_the_key_and_the_holder_learns_at_its_next_renewal(f: &Fixture) {
@@ -302,6 +439,8 @@ macro_rules! admin {
     ($db:expr) => {
         crate::suite_for!($db;
             holder_names_the_holder_and_none_when_free,
+            listing_shows_held_expired_and_released_rows_of_the_region_by_page,
+            listing_rows_go_on_past_one_query,
             force_release_frees_the_key_and_the_holder_learns_at_its_next_renewal,
             delete_released_and_expired_keeps_held_rows_and_tokens_keep_increasing,
             unlock_keeping_for_keeps_the_row_held_until_the_period_ends,

@@ -1,6 +1,7 @@
 //! The `leasehold` command, run as a real process against every database (issue 13): `run`
 //! never overlaps, passes the command's exit code through, and exits with its own codes when
-//! the lock is busy or the lease is lost; `status`, `release --force` and `cleanup`.
+//! the lock is busy or the lease is lost; `status`, `list`, `init`, `release --force` and
+//! `cleanup`.
 
 #![cfg(feature = "cli")]
 
@@ -27,13 +28,48 @@ mod suite {
 
     /// `leasehold SUBCOMMAND --database … --prefix … ARGS…` on the fixture's table.
     fn leasehold(f: &Fixture, subcommand: &str, args: &[&str]) -> Command {
+        leasehold_on(f, &f.prefix, subcommand, args)
+    }
+
+    /// `leasehold SUBCOMMAND --database … --prefix PREFIX ARGS…` on the fixture's database.
+    fn leasehold_on(f: &Fixture, prefix: &str, subcommand: &str, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
         command
             .arg(subcommand)
-            .args(["--database", &url(f), "--prefix", &f.prefix])
+            .args(["--database", &url(f), "--prefix", prefix])
             .args(args)
             .env_remove("LEASEHOLD_DATABASE_URL");
         command
+    }
+
+    fn stdout(output: &Output) -> String {
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Runs `ddl` (several statements) on the fixture's database with the driver directly.
+    fn execute_ddl(f: &Fixture, ddl: &str) {
+        match f.db {
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite => {
+                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+                conn.execute_batch(ddl).unwrap();
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                let mut client =
+                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
+                        .unwrap();
+                client.batch_execute(ddl).unwrap();
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
+                mysql::Conn::new(opts).unwrap().query_drop(ddl).unwrap();
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("{other:?} support is not compiled in"),
+        }
     }
 
     fn output(mut command: Command) -> Output {
@@ -224,30 +260,407 @@ mod suite {
         assert_eq!(code(&refused), 64, "{refused:?}");
     }
 
-    pub fn sigterm_is_forwarded_to_the_command(f: &Fixture) {
+    /// A script that records `ready`, then, on each of `signals`, writes the signal's name to
+    /// `got` and exits 7.
+    fn trapping_script(ready: &Path, got: &Path, signals: &[&str]) -> String {
+        let traps: String = signals
+            .iter()
+            .map(|name| {
+                format!(
+                    "trap 'echo {name} >> \"{}\"; exit 7' {name}; ",
+                    got.display()
+                )
+            })
+            .collect();
+        format!(
+            "{traps}echo $$ > '{}'; while true; do sleep 0.05; done",
+            ready.display()
+        )
+    }
+
+    fn send(signal: &str, pid: u32) {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    pub fn int_term_and_hup_are_forwarded_to_the_command(f: &Fixture) {
+        for signal in ["INT", "TERM", "HUP"] {
+            let dir = tempfile::tempdir().unwrap();
+            let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
+            let script = trapping_script(&ready, &got, &["INT", "TERM", "HUP"]);
+            let mut run = leasehold(f, "run", &["--key", "signals", "--"])
+                .args(["sh", "-c", &script])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap();
+            wait_for_file(&ready);
+            send(signal, run.id());
+            assert_eq!(wait_with_deadline(&mut run).code(), Some(7), "{signal}");
+            let got = std::fs::read_to_string(&got).unwrap();
+            assert_eq!(got, format!("{signal}\n"), "delivered once, as sent");
+            let status = output(leasehold(f, "status", &["--key", "signals"]));
+            assert_eq!(code(&status), 1, "released after the command: {status:?}");
+        }
+    }
+
+    /// Ctrl-C typed in a terminal goes to the whole foreground process group, the command
+    /// included; leasehold must not send it a second time. Runs `leasehold run` on a
+    /// pseudo-terminal through `script(1)` (util-linux) and types Ctrl-C into it.
+    pub fn ctrl_c_in_a_terminal_reaches_the_command_once(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got, child) = (
+            dir.path().join("ready"),
+            dir.path().join("got"),
+            dir.path().join("child.sh"),
+        );
+        // Records every INT and goes on; a TERM ends it.
+        std::fs::write(
+            &child,
+            format!(
+                "trap 'echo INT >> \"{got}\"' INT\n\
+                 trap 'echo TERM >> \"{got}\"; exit 0' TERM\n\
+                 echo $$ > '{ready}'\n\
+                 while true; do sleep 0.05; done\n",
+                got = got.display(),
+                ready = ready.display()
+            ),
+        )
+        .unwrap();
+        let leasehold_command = leasehold(f, "run", &["--key", "tty", "--"]);
+        let words: Vec<String> = std::iter::once(leasehold_command.get_program())
+            .chain(leasehold_command.get_args())
+            .chain([std::ffi::OsStr::new("sh"), child.as_os_str()])
+            .map(|word| format!("'{}'", word.to_str().unwrap()))
+            .collect();
+        let mut script = Command::new("script")
+            .args(["-qec", &format!("exec {}", words.join(" ")), "/dev/null"])
+            .env("SHELL", "/bin/sh")
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("script(1) from util-linux runs the test on a pseudo-terminal");
+        wait_for_file(&ready);
+        let mut typed = script.stdin.take().unwrap();
+        std::io::Write::write_all(&mut typed, b"\x03").unwrap();
+        let deadline = Instant::now() + GENEROUS;
+        while std::fs::read_to_string(&got).unwrap_or_default().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "Ctrl-C never reached the command"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        // A second INT from leasehold would be pending before this TERM (lower signals are
+        // delivered first), so the file tells whether one was sent.
+        let shell = std::fs::read_to_string(&ready).unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", shell.trim())).unwrap();
+        // pid (comm) state ppid …: the command's parent is leasehold.
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        let pid: u32 = after_comm.split(' ').nth(1).unwrap().parse().unwrap();
+        send("TERM", pid);
+        let status = wait_with_deadline(&mut script);
+        drop(typed);
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "INT\nTERM\n");
+        assert!(status.success(), "{status:?}");
+    }
+
+    pub fn a_sigkilled_holders_lock_is_taken_after_its_ttl_and_its_command_stopped(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
-        let script = format!(
-            "trap 'echo got > \"{}\"; exit 7' TERM; echo ready > '{}'; \
-             while true; do sleep 0.05; done",
-            got.display(),
-            ready.display()
-        );
-        let mut run = leasehold(f, "run", &["--key", "signals", "--"])
+        let script = trapping_script(&ready, &got, &["TERM"]);
+        let mut holder = leasehold(f, "run", &["--key", "crash", "--ttl", "4s", "--"])
             .args(["sh", "-c", &script])
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
         wait_for_file(&ready);
-        let killed = Command::new("kill")
-            .args(["-TERM", &run.id().to_string()])
-            .status()
+        holder.kill().unwrap(); // SIGKILL: no release, no forwarding
+        holder.wait().unwrap();
+        // The command learns through the parent-death signal (Linux).
+        wait_for_file(&got);
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "TERM\n");
+        let busy = output({
+            let mut c = leasehold(f, "run", &["--key", "crash", "--no-wait", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&busy), BUSY, "held until the TTL runs out: {busy:?}");
+        let taken = output({
+            let mut c = leasehold(f, "run", &["--key", "crash", "--wait", "30s", "--"]);
+            c.args(["sh", "-c", "echo taken"]);
+            c
+        });
+        assert_eq!(code(&taken), 0, "{taken:?}");
+        assert_eq!(stdout(&taken), "taken\n");
+    }
+
+    /// `leasehold lead` on group `group` running `sh -c script`, with short timings.
+    fn lead(f: &Fixture, group: &str, extra: &[&str], script: &str) -> Child {
+        leasehold(
+            f,
+            "lead",
+            &[
+                &[
+                    "--group", group, "--ttl", "2s", "--poll", "50ms", "--grace", "5s",
+                ],
+                extra,
+                &["--", "sh", "-c", script],
+            ]
+            .concat(),
+        )
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    }
+
+    fn stderr_of(child: &mut Child) -> String {
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        stderr
+    }
+
+    pub fn two_leads_never_run_their_commands_at_once(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let stamps = dir.path().join("stamps");
+        let script = format!(
+            "echo \"start $LEASEHOLD_GROUP $LEASEHOLD_TERM\" >> '{0}'; sleep 0.5; \
+             echo end >> '{0}'; exit 3",
+            stamps.display()
+        );
+        let mut leads: Vec<Child> = (0..2).map(|_| lead(f, "scheduler", &[], &script)).collect();
+        for lead in &mut leads {
+            assert_eq!(
+                wait_with_deadline(lead).code(),
+                Some(3),
+                "the command's code"
+            );
+        }
+        let lines = std::fs::read_to_string(&stamps).unwrap();
+        let lines: Vec<&str> = lines.lines().collect();
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        let mut terms = Vec::new();
+        for pair in lines.chunks(2) {
+            assert_eq!(pair[1], "end", "overlap: {lines:?}");
+            let term = pair[0].strip_prefix("start scheduler ").expect("start");
+            terms.push(term.parse::<u64>().unwrap());
+        }
+        assert!(terms[1] > terms[0], "terms increase: {terms:?}");
+        let status = output(leasehold(f, "status", &["--key", "scheduler"]));
+        assert_eq!(code(&status), 1, "resigned: {status:?}");
+    }
+
+    pub fn losing_leadership_stops_the_command_and_the_lead_competes_again(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let script = format!(
+            "echo \"start $LEASEHOLD_TERM\" >> '{0}'; \
+             trap 'echo \"stopped $LEASEHOLD_TERM\" >> \"{0}\"; exit 9' TERM; \
+             while true; do sleep 0.05; done",
+            log.display()
+        );
+        let lines = || -> Vec<String> {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .map(String::from)
+                .collect()
+        };
+        let wait_for_lines = |n: usize| {
+            let deadline = Instant::now() + GENEROUS;
+            while lines().len() < n {
+                assert!(Instant::now() < deadline, "{:?}", lines());
+                thread::sleep(Duration::from_millis(10));
+            }
+        };
+        let mut leader = lead(f, "singleton", &[], &script);
+        wait_for_lines(1);
+        let released = output(leasehold(f, "release", &["--key", "singleton", "--force"]));
+        assert_eq!(code(&released), 0, "{released:?}");
+        // The next renewal finds the row gone: the command is stopped, and the lead stands by
+        // and is elected again (nobody else competes), with a new term.
+        wait_for_lines(3);
+        let seen = lines();
+        let first = seen[0].strip_prefix("start ").unwrap();
+        assert_eq!(seen[1], format!("stopped {first}"), "{seen:?}");
+        let second = seen[2].strip_prefix("start ").unwrap();
+        assert!(second.parse::<u64>().unwrap() > first.parse::<u64>().unwrap());
+        // A signal goes to the command; when it ends, lead ends with its code and resigns.
+        send("TERM", leader.id());
+        assert_eq!(wait_with_deadline(&mut leader).code(), Some(9));
+        assert_eq!(lines().len(), 4, "{:?}", lines());
+        let stderr = stderr_of(&mut leader);
+        assert!(stderr.contains("lost the leadership"), "{stderr}");
+        let status = output(leasehold(f, "status", &["--key", "singleton"]));
+        assert_eq!(code(&status), 1, "resigned: {status:?}");
+
+        // With --once, the loss ends lead with the lost code.
+        let mut once = lead(f, "singleton", &["--once"], &script);
+        wait_for_lines(5);
+        let released = output(leasehold(f, "release", &["--key", "singleton", "--force"]));
+        assert_eq!(code(&released), 0, "{released:?}");
+        assert_eq!(wait_with_deadline(&mut once).code(), Some(LOST));
+        let seen = lines();
+        assert_eq!(seen.len(), 6, "{seen:?}");
+        assert!(seen[5].starts_with("stopped "), "{seen:?}");
+    }
+
+    pub fn a_standby_lead_exits_on_a_signal_without_running_the_command(f: &Fixture) {
+        let registry = f.registry();
+        let held = registry.obtain("taken").unwrap().lock().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let mut standby = lead(f, "taken", &[], &format!("touch '{}'", marker.display()));
+        // Standing by: the group's lock stays with the registry above.
+        thread::sleep(Duration::from_millis(300));
+        assert!(standby.try_wait().unwrap().is_none(), "still standing by");
+        send("TERM", standby.id());
+        assert_eq!(wait_with_deadline(&mut standby).code(), Some(128 + 15));
+        assert!(!marker.exists(), "the command ran");
+        held.unlock().unwrap();
+    }
+
+    pub fn list_shows_the_rows_as_a_table_and_as_json(f: &Fixture) {
+        let empty = output(leasehold(f, "list", &[]));
+        assert_eq!(code(&empty), 0, "{empty:?}");
+        assert!(stdout(&empty).starts_with("no locks in table"), "{empty:?}");
+        let empty = output(leasehold(f, "list", &["--json"]));
+        assert_eq!(stdout(&empty), "[]\n");
+
+        let holder = f.registry();
+        let held = holder
+            .obtain("nightly \"report\"\\x")
+            .unwrap()
+            .lock()
             .unwrap();
-        assert!(killed.success());
-        assert_eq!(wait_with_deadline(&mut run).code(), Some(7));
-        assert!(got.exists());
-        let status = output(leasehold(f, "status", &["--key", "signals"]));
-        assert_eq!(code(&status), 1, "released after the command: {status:?}");
+        holder
+            .obtain("named")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        holder
+            .obtain("unnamed")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        let names = ["--key", "nightly \"report\"\\x", "--key", "named"];
+
+        let table = output(leasehold(f, "list", &names));
+        assert_eq!(code(&table), 0, "{table:?}");
+        let shown = stdout(&table);
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 4, "{shown}");
+        let columns: Vec<&str> = lines[0].split("  ").filter(|c| !c.is_empty()).collect();
+        let columns: Vec<&str> = columns.iter().map(|c| c.trim()).collect();
+        assert_eq!(
+            columns,
+            [
+                "KEY",
+                "STATE",
+                "HOLDER",
+                "ACQUIRED (UTC)",
+                "EXPIRES IN",
+                "TOKEN"
+            ]
+        );
+        let line = |start: &str| {
+            *lines
+                .iter()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("{start} in {shown}"))
+        };
+        let row = line("nightly \"report\"\\x");
+        assert!(row.contains(" held "), "{row}");
+        assert!(row.contains(holder.client_id()), "{row}");
+        assert!(row.ends_with(&held.fencing_token().to_string()), "{row}");
+        assert!(line("named ").contains(" released "), "{shown}");
+        let unnamed = leasehold::lock_key_for("unnamed");
+        assert!(line(&unnamed).contains(" released "), "{shown}");
+
+        let json = output(leasehold(f, "list", &[&["--json"], &names[..]].concat()));
+        assert_eq!(code(&json), 0, "{json:?}");
+        let json = stdout(&json);
+        assert!(json.starts_with("[{") && json.ends_with("}]\n"), "{json}");
+        assert_eq!(json.matches("\"lock_key\":").count(), 3, "{json}");
+        let held_object = format!(
+            "{{\"key\":\"nightly \\\"report\\\"\\\\x\",\"lock_key\":\"{}\",\"state\":\"held\",\
+             \"client_id\":\"{}\",",
+            leasehold::lock_key_for("nightly \"report\"\\x"),
+            holder.client_id()
+        );
+        assert!(json.contains(&held_object), "{held_object} in {json}");
+        assert!(
+            json.contains(&format!("\"fencing_token\":{}}}", held.fencing_token())),
+            "{json}"
+        );
+        assert!(
+            json.contains(&format!(
+                "{{\"key\":null,\"lock_key\":\"{unnamed}\",\"state\":\"released\",\
+                 \"client_id\":null,"
+            )),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"expires_at\":null,\"expires_in_ms\":null,"),
+            "{json}"
+        );
+        held.unlock().unwrap();
+
+        let bad = output(leasehold(f, "list", &["--key", ""]));
+        assert_eq!(code(&bad), 64, "{bad:?}");
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid lock key"));
+    }
+
+    pub fn init_creates_the_table_or_prints_its_ddl(f: &Fixture) {
+        let (made, printed) = (format!("{}I_", f.prefix), format!("{}P_", f.prefix));
+        let checked =
+            |prefix: &str| output(leasehold_on(f, prefix, "list", &["--no-create-table"]));
+        let missing = checked(&made);
+        assert_eq!(code(&missing), 70, "{missing:?}");
+        let ddl = output(leasehold_on(f, &printed, "init", &["--print"]));
+        assert_eq!(code(&ddl), 0, "{ddl:?}");
+        let ddl = stdout(&ddl);
+        assert!(
+            ddl.contains(&format!("CREATE TABLE IF NOT EXISTS {printed}LOCK")),
+            "{ddl}"
+        );
+        assert!(ddl.contains(&format!("{printed}LOCK_FLOOR")), "{ddl}");
+        assert_eq!(code(&checked(&printed)), 70, "--print created nothing");
+
+        let init = output(leasehold_on(f, &made, "init", &[]));
+        assert_eq!(code(&init), 0, "{init:?}");
+        assert!(stdout(&init).contains(&format!("{made}LOCK")), "{init:?}");
+        assert!(
+            !String::from_utf8_lossy(&init.stderr).contains("warn"),
+            "the deletion floor was made too: {init:?}"
+        );
+        // The printed DDL, run by hand, makes a table just as good.
+        execute_ddl(f, &ddl);
+        for prefix in [&made, &printed] {
+            let listed = checked(prefix);
+            assert_eq!(code(&listed), 0, "{prefix}: {listed:?}");
+            let run = output({
+                let mut c = leasehold_on(f, prefix, "run", &["--no-create-table", "--key", "k"]);
+                c.args(["--", "true"]);
+                c
+            });
+            assert!(run.status.success(), "{prefix}: {run:?}");
+            assert!(
+                !String::from_utf8_lossy(&run.stderr).contains("floor"),
+                "{prefix}: the floor is there: {run:?}"
+            );
+            f.drop_tables(prefix);
+        }
+        let twice = output(leasehold(f, "init", &[]));
+        assert_eq!(code(&twice), 0, "init on an existing table: {twice:?}");
     }
 
     pub fn cleanup_deletes_old_rows(f: &Fixture) {
@@ -278,8 +691,15 @@ macro_rules! cli {
             the_commands_exit_code_passes_through,
             keep_for_makes_a_second_run_inside_the_period_exit_busy,
             a_lost_lease_stops_the_command_with_the_lost_code,
-            sigterm_is_forwarded_to_the_command,
+            int_term_and_hup_are_forwarded_to_the_command,
+            ctrl_c_in_a_terminal_reaches_the_command_once,
+            a_sigkilled_holders_lock_is_taken_after_its_ttl_and_its_command_stopped,
+            two_leads_never_run_their_commands_at_once,
+            losing_leadership_stops_the_command_and_the_lead_competes_again,
+            a_standby_lead_exits_on_a_signal_without_running_the_command,
             cleanup_deletes_old_rows,
+            list_shows_the_rows_as_a_table_and_as_json,
+            init_creates_the_table_or_prints_its_ddl,
         );
     };
 }

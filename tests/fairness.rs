@@ -106,11 +106,78 @@ mod suite {
     pub fn instances_take_turns_when_polling(f: &Fixture) {
         run(f, false);
     }
+
+    /// Two instances passing a key back and forth without a break (A holds, B waits, A lets
+    /// go, B takes it and lets go at once, A takes it again): one long turn. It may end a turn
+    /// — B then stays away for the turn window and the handoff waits — about once per
+    /// `local_handoff_limit`, not at every handoff. (It used to be every handoff once the first
+    /// limit had passed: A's quick re-grants continued A's turn forever, and B, continuing it
+    /// from the wake-up, found it over at each release.)
+    pub fn a_ping_pong_between_two_instances_ends_a_turn_about_once_per_limit(f: &Fixture) {
+        let _alone = ONE_AT_A_TIME.lock();
+        const HANDOFFS: usize = 30;
+        const HOLD: Duration = Duration::from_millis(20);
+        let limit = Duration::from_millis(200);
+        let window = Duration::from_millis(400);
+        let builder = || {
+            f.builder()
+                .idle_between_tries(Duration::from_secs(2))
+                .local_handoff_limit(Some(limit))
+                .turn_window(Some(window))
+        };
+        let (a, b) = (builder().build().unwrap(), builder().build().unwrap());
+        let (go, starts) = crossbeam_channel::bounded::<()>(0);
+        let (done, granted) = crossbeam_channel::bounded::<Instant>(0);
+        let waiter = {
+            let lock = b.obtain("ping-pong").unwrap();
+            thread::spawn(move || {
+                for () in starts {
+                    let guard = lock.lock().unwrap();
+                    let at = Instant::now();
+                    guard.unlock().unwrap();
+                    done.send(at).unwrap();
+                }
+            })
+        };
+        let lock = a.obtain("ping-pong").unwrap();
+        let started = Instant::now();
+        let mut slow = 0;
+        for _ in 0..HANDOFFS {
+            let guard = lock.lock().unwrap();
+            go.send(()).unwrap();
+            thread::sleep(HOLD);
+            let released = Instant::now();
+            guard.unlock().unwrap();
+            // Woken, B takes it within milliseconds; after a turn ends it waits out the
+            // window (400 ms), and polls only every 2 s.
+            if granted.recv().unwrap() - released > window / 2 {
+                slow += 1;
+            }
+        }
+        drop(go);
+        waiter.join().unwrap();
+        // The key is busy for HANDOFFS × HOLD plus the handoffs themselves: a few turn limits.
+        let turns = HANDOFFS * HOLD.as_millis() as usize / limit.as_millis() as usize + 2;
+        println!(
+            "{:?}: {slow} of {HANDOFFS} handoffs waited, in {:?} (at most {turns} may)",
+            f.db,
+            started.elapsed()
+        );
+        assert!(
+            slow <= turns,
+            "{slow} of {HANDOFFS} handoffs waited for the turn window in {:?} (limit {limit:?})",
+            started.elapsed()
+        );
+    }
 }
 
 macro_rules! fairness {
     ($db:expr) => {
-        crate::suite_for!($db; instances_take_turns_with_notifications, instances_take_turns_when_polling);
+        crate::suite_for!($db;
+            instances_take_turns_with_notifications,
+            instances_take_turns_when_polling,
+            a_ping_pong_between_two_instances_ends_a_turn_about_once_per_limit,
+        );
     };
 }
 

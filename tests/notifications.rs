@@ -1,11 +1,17 @@
-//! PostgreSQL release notifications: a release wakes waiters of other registries at once, a
-//! registry listens only while it has waiters, the listener survives losing its connection,
-//! and the feature can be turned off.
+//! Release wake-ups: a release wakes waiters of other registries at once — PostgreSQL through
+//! `NOTIFY`, SQLite through the release board shared by the processes of a host — a registry
+//! listens only while it has waiters, the listener survives losing its connection (PostgreSQL),
+//! wake-ups cross processes and never grant anything (SQLite), and the feature can be turned
+//! off.
 //!
 //! Waiters here poll only every 30 s, so a waiter that gets the lock within a few seconds of
-//! the release was woken by the notification, not by its timer.
+//! the release was woken by the release, not by its timer.
 
-#![cfg(feature = "postgres")]
+#![cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    all(feature = "sqlite", target_os = "linux")
+))]
 
 mod common;
 
@@ -19,6 +25,7 @@ use std::time::Duration;
 const SLOW_POLL: Duration = Duration::from_secs(30);
 const WOKEN_WITHIN: Duration = Duration::from_secs(10);
 
+#[cfg(feature = "postgres")]
 fn fixture(test: &str) -> Option<Fixture> {
     Fixture::new(Db::Postgres, test)
 }
@@ -74,26 +81,9 @@ fn release_reaches_waiter(holder: &LockRegistry, waiter: &LockRegistry, within: 
     in_time
 }
 
-#[test]
-fn a_release_wakes_a_waiter_of_another_registry_before_its_next_poll() {
-    let Some(f) = fixture("notify_wakes") else {
-        return;
-    };
-    let holder = f.registry();
-    let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
-    assert!(
-        release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
-        "the waiter slept until its next poll"
-    );
-    assert_eq!(
-        waiter.statistics().acquires,
-        3,
-        "one failed try, one when the subscription took effect, one woken try"
-    );
-}
-
 /// Backends of `f`'s table that are subscribed to its channel right now, as far as
 /// `pg_stat_activity` tells: an idle connection whose last statement was this `LISTEN`.
+#[cfg(feature = "postgres")]
 fn listening_backends(admin: &mut postgres::Client, f: &Fixture) -> i64 {
     admin
         .query_one(
@@ -104,6 +94,7 @@ fn listening_backends(admin: &mut postgres::Client, f: &Fixture) -> i64 {
         .get(0)
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn a_registry_listens_only_while_one_of_its_threads_waits() {
     let Some(f) = fixture("notify_on_demand") else {
@@ -156,6 +147,7 @@ fn a_registry_listens_only_while_one_of_its_threads_waits() {
     );
 }
 
+#[cfg(feature = "postgres")]
 #[test]
 fn the_listener_comes_back_after_its_connection_is_killed() {
     let Some(f) = fixture("notify_reconnects") else {
@@ -196,59 +188,425 @@ fn the_listener_comes_back_after_its_connection_is_killed() {
     handle.join().unwrap();
 }
 
-#[test]
-fn without_notifications_a_waiter_wakes_only_at_its_next_poll() {
-    let Some(f) = fixture("notify_off") else {
-        return;
+/// Set in a child process that runs one test alone.
+const ALONE: &str = "LEASEHOLD_NOTIFY_ALONE";
+
+/// Whether to run the body of `test` here: `true` in a child process started for it; in the
+/// test itself, starts that child (this binary, running only `test` on `f`'s backend), asserts
+/// that it passed, and returns `false`.
+fn in_own_process(f: &Fixture, test: &str) -> bool {
+    let module = match f.db {
+        Db::Sqlite => "sqlite_wakeups",
+        Db::Postgres => "postgres_wakeups",
+        Db::Mysql => "mysql_wakeups",
     };
-    let holder = f.registry();
-    let waiter = f
-        .builder()
-        .notifications(false)
-        .idle_between_tries(Duration::from_secs(3))
-        .build()
-        .unwrap();
-    assert!(
-        !release_reaches_waiter(&holder, &waiter, Duration::from_millis(500)),
-        "woken without notifications"
-    );
-    assert_eq!(waiter.statistics().acquires, 2);
+    alone(&format!("{module}::{test}"))
 }
 
-#[test]
-fn a_standby_of_another_instance_is_woken_when_the_leader_resigns() {
-    let Some(f) = fixture("notify_leader") else {
-        return;
-    };
-    // Standbys poll every 20 s and the lease lasts 30 s: only the release can explain a
-    // takeover within a few seconds.
-    let election = || {
-        leasehold::LeaderElection::builder(f.builder(), "leader")
-            .lease_duration(Duration::from_secs(30))
-            .lock_keep_alive_period(Duration::from_secs(10))
-            .lock_acquire_sleep_interval(Duration::from_secs(20))
-            .build()
-            .unwrap()
-    };
-    let (first, second) = (election(), election());
-    let leadership = first.acquire().unwrap();
-    let standby = second.clone();
-    let standing_by = thread::spawn(move || standby.acquire().unwrap());
-    // Let the standby make its first attempt, find the lease held, and subscribe.
-    thread::sleep(Duration::from_secs(1));
-    assert!(!standing_by.is_finished(), "taken from a live leader");
-    let resigned_at = std::time::Instant::now();
-    leadership.resign().unwrap();
-    let deadline = resigned_at + WOKEN_WITHIN;
-    while !standing_by.is_finished() && std::time::Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(5));
+/// [`in_own_process`] for the test named `test` in full.
+fn alone(test: &str) -> bool {
+    if std::env::var_os(ALONE).is_some() {
+        return true;
     }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads", "1"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
     assert!(
-        standing_by.is_finished(),
-        "the standby slept until its next attempt"
+        output.status.success() && said.contains("1 passed"),
+        "{test} in its own process: {said}{}",
+        String::from_utf8_lossy(&output.stderr)
     );
-    let next = standing_by.join().unwrap();
-    assert!(second.is_leader());
-    assert!(!first.is_leader(), "the resigning instance rests");
-    next.resign().unwrap();
+    false
+}
+
+/// The body of each test, run on every backend with wake-ups.
+mod suite {
+    use super::*;
+    pub use crate::processes::{
+        a_killed_holder_keeps_the_lock_until_its_lease_expires,
+        a_release_in_another_process_wakes_a_waiter_before_its_next_poll,
+    };
+
+    pub fn a_release_wakes_a_waiter_of_another_registry_before_its_next_poll(f: &Fixture) {
+        let holder = f.registry();
+        let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+        assert!(
+            release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
+            "the waiter slept until its next poll"
+        );
+        // One failed try, one when the subscription took effect, one woken try; on MySQL
+        // perhaps one more: a watcher that starts before the holder's named lock is taken (the
+        // holder takes it in the background, which a loaded machine can delay) reports its
+        // first `GET_LOCK` as a possible release.
+        let tries = waiter.statistics().acquires;
+        let spurious = u64::from(f.db == Db::Mysql);
+        assert!(
+            (3..=3 + spurious).contains(&tries),
+            "{tries} tries: a failed one, one when subscribed, one woken"
+        );
+    }
+
+    pub fn without_notifications_a_waiter_wakes_only_at_its_next_poll(f: &Fixture) {
+        let holder = f.registry();
+        let waiter = f
+            .builder()
+            .notifications(false)
+            .idle_between_tries(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        assert!(
+            !release_reaches_waiter(&holder, &waiter, Duration::from_millis(500)),
+            "woken without notifications"
+        );
+        assert_eq!(waiter.statistics().acquires, 2);
+    }
+
+    pub fn a_standby_of_another_instance_is_woken_when_the_leader_resigns(f: &Fixture) {
+        // Standbys poll every 20 s and the lease lasts 30 s: only the release can explain a
+        // takeover within a few seconds.
+        let election = || {
+            leasehold::LeaderElection::builder(f.builder(), "leader")
+                .lease_duration(Duration::from_secs(30))
+                .lock_keep_alive_period(Duration::from_secs(10))
+                .lock_acquire_sleep_interval(Duration::from_secs(20))
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (election(), election());
+        let leadership = first.acquire().unwrap();
+        let standby = second.clone();
+        let standing_by = thread::spawn(move || standby.acquire().unwrap());
+        // Let the standby make its first attempt, find the lease held, and subscribe.
+        thread::sleep(Duration::from_secs(1));
+        assert!(!standing_by.is_finished(), "taken from a live leader");
+        let resigned_at = std::time::Instant::now();
+        leadership.resign().unwrap();
+        let deadline = resigned_at + WOKEN_WITHIN;
+        while !standing_by.is_finished() && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            standing_by.is_finished(),
+            "the standby slept until its next attempt"
+        );
+        let next = standing_by.join().unwrap();
+        assert!(second.is_leader());
+        assert!(!first.is_leader(), "the resigning instance rests");
+        next.resign().unwrap();
+    }
+
+    /// The listener thread ends with its registry (and, on PostgreSQL, its connection). Runs in
+    /// a process of its own: it counts the process's threads.
+    pub fn the_listener_ends_with_its_registry(f: &Fixture) {
+        if !in_own_process(f, "the_listener_ends_with_its_registry") {
+            return;
+        }
+        let listeners = || {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+                .filter(|name| name.trim() == "leasehold-liste")
+                .count()
+        };
+        let holder = f.registry();
+        let before = listeners();
+        let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+        assert!(release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN));
+        assert!(listeners() > before, "the waiting registry has a listener");
+        drop(waiter);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while listeners() > before && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(listeners(), before, "the listener outlived its registry");
+    }
+}
+
+macro_rules! wakeup_suite {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            a_release_wakes_a_waiter_of_another_registry_before_its_next_poll,
+            without_notifications_a_waiter_wakes_only_at_its_next_poll,
+            a_standby_of_another_instance_is_woken_when_the_leader_resigns,
+            the_listener_ends_with_its_registry,
+        );
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_wakeups {
+    wakeup_suite!(crate::common::Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_wakeups {
+    wakeup_suite!(crate::common::Db::Mysql);
+}
+
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
+mod sqlite_wakeups {
+    wakeup_suite!(crate::common::Db::Sqlite);
+}
+
+/// Across processes: a child process of this test binary holds the lock.
+mod processes {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+
+    const ROLE: &str = "LEASEHOLD_NOTIFY_CHILD";
+
+    /// Not a test of its own: the holder process of the tests below (does nothing unless
+    /// started by them). Takes "job" with the time-to-live it is given, says `held`, and
+    /// releases when its standard input gives a line (or never, when it is killed first).
+    #[test]
+    fn child_process_entry() {
+        let Ok(database) = std::env::var(ROLE) else {
+            return;
+        };
+        let prefix = std::env::var("LEASEHOLD_NOTIFY_PREFIX").unwrap();
+        let ttl: u64 = std::env::var("LEASEHOLD_NOTIFY_TTL_MS")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let builder = match database.split_once(':') {
+            #[cfg(feature = "sqlite")]
+            Some(("sqlite", path)) => LockRegistry::sqlite(path),
+            #[cfg(feature = "postgres")]
+            Some(("postgres", _)) => LockRegistry::postgres(common::postgres_url()),
+            #[cfg(feature = "mysql")]
+            Some(("mysql", _)) => LockRegistry::mysql(common::mysql_url()),
+            _ => panic!("unknown database {database}"),
+        };
+        let registry = builder
+            .prefix(prefix)
+            .time_to_live(Duration::from_millis(ttl))
+            .build()
+            .unwrap();
+        let guard = registry.obtain("job").unwrap().lock().unwrap();
+        println!("held");
+        std::io::stdout().flush().unwrap();
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).unwrap();
+        guard.unlock().unwrap();
+        println!("released");
+    }
+
+    struct Holder {
+        child: std::process::Child,
+        lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    }
+
+    impl Holder {
+        /// Starts a holder process on `f`'s file and waits until it holds "job".
+        fn start(f: &Fixture, ttl: Duration) -> Holder {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "processes::child_process_entry"])
+                .args(["--nocapture", "--test-threads", "1"])
+                .env(ROLE, database(f))
+                .env("LEASEHOLD_NOTIFY_PREFIX", &f.prefix)
+                .env("LEASEHOLD_NOTIFY_TTL_MS", ttl.as_millis().to_string())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            loop {
+                // The harness may have started the line ("test … ... ").
+                let line = lines.next().expect("the holder said held").unwrap();
+                if line.ends_with("held") {
+                    break;
+                }
+            }
+            Holder { child, lines }
+        }
+
+        fn release(&mut self) {
+            writeln!(self.child.stdin.as_mut().unwrap()).unwrap();
+        }
+    }
+
+    impl Drop for Holder {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// How the child process finds `f`'s database.
+    fn database(f: &Fixture) -> String {
+        match f.db {
+            Db::Sqlite => format!("sqlite:{}", f.sqlite_path().display()),
+            Db::Postgres => "postgres:".into(),
+            Db::Mysql => "mysql:".into(),
+        }
+    }
+
+    pub fn a_release_in_another_process_wakes_a_waiter_before_its_next_poll(f: &Fixture) {
+        let mut holder = Holder::start(f, Duration::from_secs(30));
+        let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+        let before = waiter.statistics().acquires;
+        let (granted, handle) = wait_for(waiter.clone(), "job");
+        until_polled(&waiter, before);
+        holder.release();
+        assert!(
+            set_within(&granted, WOKEN_WITHIN),
+            "the waiter slept until its next poll"
+        );
+        handle.join().unwrap();
+        let said = holder.lines.next().transpose().unwrap();
+        assert!(said.is_some_and(|line| line.ends_with("released")));
+    }
+
+    pub fn a_killed_holder_keeps_the_lock_until_its_lease_expires(f: &Fixture) {
+        let ttl = Duration::from_secs(3);
+        let started = Instant::now();
+        let mut holder = Holder::start(f, ttl);
+        // Polls often: whatever wakes it, only the row decides.
+        let waiter = f
+            .builder()
+            .idle_between_tries(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let (granted, handle) = wait_for(waiter.clone(), "job");
+        until_polled(&waiter, 0);
+        holder.child.kill().unwrap();
+        holder.child.wait().unwrap();
+        let killed = Instant::now();
+        assert!(
+            set_within(&granted, ttl * 3),
+            "taken after the lease ran out"
+        );
+        let taken = Instant::now();
+        handle.join().unwrap();
+        // The lease was granted after `started`, so it ran at least until `started + ttl`.
+        assert!(
+            taken >= started + ttl,
+            "taken {:?} after the holder started, within its time-to-live {ttl:?} (killed after {:?})",
+            taken - started,
+            killed - started
+        );
+    }
+}
+
+macro_rules! process_suite {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            a_release_in_another_process_wakes_a_waiter_before_its_next_poll,
+            a_killed_holder_keeps_the_lock_until_its_lease_expires,
+        );
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_processes {
+    process_suite!(crate::common::Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_processes {
+    process_suite!(crate::common::Db::Mysql);
+}
+
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
+mod sqlite_processes {
+    process_suite!(crate::common::Db::Sqlite);
+}
+
+/// MySQL's wake-up resources: named locks while holding, watchers while waiting, nothing after.
+#[cfg(feature = "mysql")]
+mod mysql_resources {
+    use super::*;
+    use mysql::prelude::Queryable;
+
+    /// The named lock of `key` in `f`'s table (see `backend::mysql_wakeups`).
+    fn lock_name(f: &Fixture, key: &str) -> String {
+        use md5::{Digest, Md5};
+        let mut hasher = Md5::new();
+        for part in [f.table().as_str(), "DEFAULT", &leasehold::lock_key_for(key)] {
+            hasher.update(part.as_bytes());
+            hasher.update([0]);
+        }
+        let hex: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("lh1:{hex}")
+    }
+
+    /// Threads of this process named `name`.
+    fn threads(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim() == name)
+            .count()
+    }
+
+    fn watchers() -> usize {
+        threads("leasehold-watch")
+    }
+
+    #[test]
+    fn named_locks_and_watchers_exist_only_while_holding_and_waiting() {
+        let Some(f) = Fixture::new(Db::Mysql, "notify_resources") else {
+            return;
+        };
+        if !alone("mysql_resources::named_locks_and_watchers_exist_only_while_holding_and_waiting")
+        {
+            return;
+        }
+        let mut admin =
+            mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
+        let name = lock_name(&f, "job");
+        let used = |admin: &mut mysql::Conn| -> bool {
+            admin
+                .exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (&name,))
+                .unwrap()
+                .flatten()
+                .is_some()
+        };
+        let holder = f.registry();
+        let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+        let guard = holder.obtain("job").unwrap().lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !used(&mut admin) && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(used(&mut admin), "the holder took the key's named lock");
+        assert_eq!(watchers(), 0, "nobody waits yet");
+        let before = waiter.statistics().acquires;
+        let (granted, handle) = wait_for(waiter.clone(), "job");
+        until_polled(&waiter, before);
+        assert_eq!(watchers(), 1, "one watcher for the waited-for key");
+        guard.unlock().unwrap();
+        assert!(set_within(&granted, WOKEN_WITHIN), "the waiter was woken");
+        handle.join().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while (watchers() > 0 || used(&mut admin)) && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(watchers(), 0, "the watcher ended with the wait");
+        assert!(!used(&mut admin), "the named lock went with the lease");
+        assert_eq!(
+            threads("leasehold-names"),
+            2,
+            "a named-lock thread in each registry (both held the lock)"
+        );
+        drop((holder, waiter));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while threads("leasehold-names") > 0 && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            threads("leasehold-names"),
+            0,
+            "the named-lock thread outlived its registry"
+        );
+    }
 }

@@ -1,5 +1,5 @@
-//! The administration statements — who holds a key, freeing it whatever holds it, deleting
-//! old rows — and the release that keeps the row held for a while (`unlock_keeping_for`).
+//! The administration statements — who holds a key, listing the rows, freeing a key whatever
+//! holds it, deleting old rows — and the release that keeps the row held for a while (`unlock_keeping_for`).
 //!
 //! Each backend writes them in its SQL ([`Backend::admin_statements`]); they bind the same
 //! numbered parameters as the lease statements (see [`Statements`](super::Statements)), with
@@ -19,6 +19,11 @@ pub(crate) struct AdminStatements {
     /// the Unix epoch (UTC), `FENCING_TOKEN` — when the row is held on the database clock
     /// (`CLIENT_ID` set, not expired); no row otherwise.
     pub holder: String,
+    /// Parameters 1, 2 and 5. The region's rows whose `LOCK_KEY` sorts after parameter 1
+    /// (byte order), in that order, at most parameter 5 of them: `LOCK_KEY`, `CLIENT_ID`
+    /// (NULL when released), `CREATED_DATE` and `EXPIRED_AFTER` in µs since the Unix epoch,
+    /// `FENCING_TOKEN`, and the state on the database clock (see [`ListedRow::state`]).
+    pub list: String,
     /// Parameters 1–2. Frees a held row whatever its holder, as release does (`CLIENT_ID`
     /// NULL, `EXPIRED_AFTER` in 1970, the token kept); one affected row means a holder was
     /// removed. On PostgreSQL it also notifies, as release does.
@@ -42,6 +47,34 @@ pub(crate) struct HolderRow {
     pub token: i64,
 }
 
+/// A row as [`AdminStatements::list`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ListedRow {
+    pub lock_key: String,
+    pub client_id: Option<String>,
+    pub acquired_micros: i64,
+    pub expires_micros: i64,
+    pub token: i64,
+    /// [`STATE_RELEASED`], [`STATE_HELD`] or [`STATE_EXPIRED`].
+    pub state: i64,
+}
+
+/// `CLIENT_ID` is NULL: released (or never taken by leasehold).
+pub(crate) const STATE_RELEASED: i64 = 0;
+/// `CLIENT_ID` set and `EXPIRED_AFTER` not before the database clock.
+pub(crate) const STATE_HELD: i64 = 1;
+/// `CLIENT_ID` set and `EXPIRED_AFTER` before the database clock.
+pub(crate) const STATE_EXPIRED: i64 = 2;
+
+/// The state column of [`AdminStatements::list`], the same on every database given its
+/// clock expression.
+pub(crate) fn state_sql(now: &str) -> String {
+    format!(
+        "CASE WHEN CLIENT_ID IS NULL THEN {STATE_RELEASED} WHEN EXPIRED_AFTER >= {now} \
+         THEN {STATE_HELD} ELSE {STATE_EXPIRED} END"
+    )
+}
+
 impl<B: Backend> SqlStore<B> {
     fn admin(&self) -> Arc<AdminStatements> {
         Arc::new(B::admin_statements(&self.table.table))
@@ -59,12 +92,36 @@ impl<B: Backend> SqlStore<B> {
         })
     }
 
+    pub(super) fn admin_list(
+        &self,
+        after: &str,
+        limit: i64,
+        deadline: Instant,
+    ) -> Result<Vec<ListedRow>> {
+        // Parameter 5 ("fencing token") carries the page size.
+        let params = self.params(after, Duration::ZERO, limit);
+        let admin = self.admin();
+        self.run(Path::Main, "list the rows", deadline, move |conn| {
+            B::rows(conn, &admin.list, &params.borrowed())
+        })
+    }
+
     pub(super) fn admin_force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool> {
         let params = self.params(lock_key, Duration::ZERO, 0);
         let admin = self.admin();
-        self.run(Path::Main, "force the release", deadline, move |conn| {
+        let released = self.run(Path::Main, "force the release", deadline, move |conn| {
             Ok(B::update(conn, &admin.force_release, &params.borrowed())? > 0)
-        })
+        })?;
+        if released {
+            B::release_done(
+                &self.manager,
+                &self.table,
+                lock_key,
+                Some(true),
+                Some(Duration::ZERO),
+            );
+        }
+        Ok(released)
     }
 
     pub(super) fn admin_delete(&self, older_than: Duration, deadline: Instant) -> Result<u64> {

@@ -49,7 +49,7 @@
 //! | `statements.rs` | the statements, their parameters, checking replacements |
 //! | `failure.rs` | failure classes ([`FailureKind`]) |
 //! | `store.rs` | [`Store`] and [`SqlStore`]: the lease operations |
-//! | `admin.rs` | the administration statements: holder, forced release, cleanup, keep-for release |
+//! | `admin.rs` | the administration statements: holder, listing, forced release, cleanup, keep-for release |
 //! | `retry.rs` | the retry loop: deadlines, pauses, discarding broken connections |
 //! | `pools.rs` | connection pools and the first connection |
 //! | `statement_threads.rs` | threads that run MySQL statements for callers with deadlines |
@@ -57,16 +57,22 @@
 //! | `statistics.rs` | statement counters ([`Statistics`]) |
 //! | `listener.rs` | what a release listener and its registry tell each other |
 //! | `sqlite.rs`, `postgres.rs`, `mysql.rs` | one backend each |
+//! | `mysql_wakeups.rs` | MySQL's release wake-ups through named locks |
+//! | `sqlite_board.rs` | SQLite's release wake-ups between processes of one host |
 //! | `tls.rs` | TLS settings and handshake errors (PostgreSQL, MySQL) |
 
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql_wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
+pub(crate) mod sqlite_board;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod tls;
 
@@ -81,7 +87,9 @@ mod statements;
 mod statistics;
 mod store;
 
-pub(crate) use admin::{AdminStatements, HolderRow};
+pub(crate) use admin::{
+    state_sql, AdminStatements, HolderRow, ListedRow, STATE_EXPIRED, STATE_HELD,
+};
 #[cfg(feature = "failpoints")]
 pub(crate) use failure::injected_failure;
 pub(crate) use failure::{Failure, FailureKind};
@@ -89,7 +97,9 @@ pub(crate) use listener::{ListenerEvent, ListenerHandler, ListenerReply};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use pools::first_connection;
 pub(crate) use pools::PoolSettings;
-pub(crate) use schema::{floor_table, floor_trigger, FloorFound, TableSettings};
+pub(crate) use schema::{
+    ddl_for, floor_ddl_for, floor_table, floor_trigger, FloorFound, TableSettings,
+};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use statements::PerStatement;
 pub use statements::Statements;
@@ -147,6 +157,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         params: &Params,
     ) -> Result<Option<HolderRow>, Failure>;
 
+    /// Runs [`AdminStatements::list`]: the rows of one page.
+    fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure>;
+
     /// Runs an acquire statement: `Some(token)` when granted, `None` when held elsewhere.
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure>;
 
@@ -194,6 +207,34 @@ pub(crate) trait Backend: Send + Sync + 'static {
         _requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
         false
+    }
+
+    /// Whether the listener serves only the keys its registry waits for (it learns them
+    /// through [`ListenerEvent::Watched`], and each newly waited-for key sends a request).
+    const LISTENER_WATCHES_KEYS: bool = false;
+
+    /// Wake-up work after a grant of `lock_key` (MySQL takes the key's named lock). Must not
+    /// block; `idle_timeout` is the registry's `idle_connection_timeout`.
+    fn granted(
+        _manager: &Self::Manager,
+        _table: &TableSettings,
+        _lock_key: &str,
+        _idle_timeout: Duration,
+    ) {
+    }
+
+    /// Wake-up work after a release statement of `lock_key`, for a database whose release
+    /// statement cannot wake other instances itself (PostgreSQL's does, with `pg_notify`):
+    /// `released` is `Some(true)` when it released the row, `Some(false)` when the lease had
+    /// been lost, `None` when the outcome is unknown; `turn_age` is `None` for a release that
+    /// ends a turn quietly. Must not block.
+    fn release_done(
+        _manager: &Self::Manager,
+        _table: &TableSettings,
+        _lock_key: &str,
+        _released: Option<bool>,
+        _turn_age: Option<Duration>,
+    ) {
     }
 
     /// A statement without parameters returning the database clock (UTC) in microseconds

@@ -89,7 +89,7 @@
 
 use super::pools::Finding;
 use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, Params,
+    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow, Params,
     PerStatement, Statements,
 };
 use crate::error::Error;
@@ -117,6 +117,38 @@ pub(crate) struct MysqlManager {
     opts: Vec<Opts>,
     /// `ssl-mode=PREFERRED`: a server that does not offer TLS is connected to without it.
     prefer_tls: bool,
+    /// The registry's named-lock thread (see [`super::mysql_wakeups`]), started at its first
+    /// grant.
+    named_locks: std::sync::Arc<std::sync::OnceLock<super::mysql_wakeups::NamedLocks>>,
+}
+
+impl MysqlManager {
+    /// A connection outside the pools for release wake-ups: reads wait at most 5 s more than
+    /// the longest `GET_LOCK` it runs. With several hosts, to the first that accepts writes,
+    /// as for pooled connections.
+    pub(super) fn open_side_connection(&self) -> Result<mysql::Conn, mysql::Error> {
+        let hosts: Vec<Opts> = self
+            .opts
+            .iter()
+            .map(|opts| {
+                OptsBuilder::from_opts(opts.clone())
+                    .read_timeout(Some(Duration::from_secs(6)))
+                    .write_timeout(Some(Duration::from_secs(6)))
+                    .into()
+            })
+            .collect();
+        open_writable(&hosts, self.prefer_tls)
+    }
+
+    /// A copy for wake-up threads: the same server and options, without this manager's
+    /// named-lock thread (which would otherwise keep itself alive through its own copy).
+    pub(super) fn detached(&self) -> MysqlManager {
+        MysqlManager {
+            opts: self.opts.clone(),
+            prefer_tls: self.prefer_tls,
+            named_locks: Default::default(),
+        }
+    }
 }
 
 /// A statement in `?` form and the parameter (index into [`NAMES`]) each `?` takes; `None` for
@@ -344,6 +376,15 @@ impl Backend for Mysql {
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
             ),
+            // Byte order (BINARY), whatever the table's collation.
+            list: format!(
+                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state} \
+                 FROM {table} WHERE REGION = :region AND BINARY LOCK_KEY > BINARY :lock_key \
+                 ORDER BY BINARY LOCK_KEY LIMIT :token",
+                created = micros("CREATED_DATE"),
+                expires = micros("EXPIRED_AFTER"),
+                state = super::state_sql(NOW),
+            ),
             force_release: format!(
                 "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
                  WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID IS NOT NULL \
@@ -381,6 +422,25 @@ impl Backend for Mysql {
                 token,
             },
         ))
+    }
+
+    fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
+        type Row = (String, Option<String>, i64, i64, i64, i64);
+        let (statement, values) = conn.bind(sql, params)?;
+        let rows: Vec<Row> = conn.conn.exec(&statement, values).map_err(classify)?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(lock_key, client_id, acquired_micros, expires_micros, token, state)| ListedRow {
+                    lock_key,
+                    client_id,
+                    acquired_micros,
+                    expires_micros,
+                    token,
+                    state,
+                },
+            )
+            .collect())
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
@@ -526,6 +586,60 @@ impl Backend for Mysql {
 
     fn mark_broken(conn: &mut Conn<Self>) {
         conn.broken = true;
+    }
+
+    const LISTENER_WATCHES_KEYS: bool = true;
+
+    fn granted(
+        manager: &MysqlManager,
+        table: &super::TableSettings,
+        lock_key: &str,
+        idle_timeout: Duration,
+    ) {
+        if !table.notifications {
+            return;
+        }
+        let named_locks = manager.named_locks.get_or_init(|| {
+            super::mysql_wakeups::NamedLocks::start(manager.detached(), idle_timeout)
+        });
+        named_locks.take(super::mysql_wakeups::lock_name(
+            &table.table,
+            &table.region,
+            lock_key,
+        ));
+    }
+
+    fn release_done(
+        manager: &MysqlManager,
+        table: &super::TableSettings,
+        lock_key: &str,
+        _released: Option<bool>,
+        turn_age: Option<Duration>,
+    ) {
+        if let Some(named_locks) = manager.named_locks.get() {
+            let delay = match turn_age {
+                Some(_) => Duration::ZERO,
+                None => super::mysql_wakeups::QUIET_HOLD,
+            };
+            let name = super::mysql_wakeups::lock_name(&table.table, &table.region, lock_key);
+            named_locks.drop_after(name, delay);
+        }
+    }
+
+    fn listen_for_releases(
+        manager: &MysqlManager,
+        table: &super::TableSettings,
+        _idle_timeout: Duration,
+        handler: super::ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool {
+        super::mysql_wakeups::listen(
+            manager.detached(),
+            table.table.clone(),
+            table.region.clone(),
+            handler,
+            requests,
+        )
     }
 
     fn clock_sql() -> &'static str {
@@ -1065,7 +1179,11 @@ pub(crate) fn open(
     }
     check_connect(&checked, prefer_tls, &settings, pool.connect_timeout)?;
     let opts = pooled;
-    let manager = MysqlManager { opts, prefer_tls };
+    let manager = MysqlManager {
+        opts,
+        prefer_tls,
+        named_locks: Default::default(),
+    };
     let store = super::SqlStore::<Mysql>::open(manager, pool, table)?;
     Ok(Arc::new(store))
 }

@@ -113,8 +113,8 @@
 
 use super::pools::Finding;
 use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListenerEvent,
-    ListenerHandler, ListenerReply, Params, PerStatement, Statements, TableSettings,
+    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow,
+    ListenerEvent, ListenerHandler, ListenerReply, Params, PerStatement, Statements, TableSettings,
 };
 use crate::error::Error;
 use std::cell::Cell;
@@ -565,6 +565,16 @@ impl Backend for Postgres {
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
             ),
+            // Byte order (COLLATE "C"), whatever the database's collation.
+            list: format!(
+                "SELECT CAST(LOCK_KEY AS TEXT), CAST(CLIENT_ID AS TEXT), {created}, {expires}, \
+                 FENCING_TOKEN, {state} FROM {table} \
+                 WHERE REGION = $2 AND CAST(LOCK_KEY AS TEXT) COLLATE \"C\" > $1 \
+                 ORDER BY CAST(LOCK_KEY AS TEXT) COLLATE \"C\" LIMIT $5",
+                created = micros("CREATED_DATE"),
+                expires = micros("EXPIRED_AFTER"),
+                state = super::state_sql(NOW),
+            ),
             // Notifies as release does (turn age 0), so waiters elsewhere poll at once.
             force_release: format!(
                 "WITH released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
@@ -609,6 +619,26 @@ impl Backend for Postgres {
             expires_micros: row.try_get(2).map_err(classify)?,
             token: row.try_get(3).map_err(classify)?,
         }))
+    }
+
+    fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
+        let statement = conn.statement(sql)?;
+        let values = bind(&statement, params);
+        let rows = call!(conn, |client| client.query(&statement, &values))?;
+        let read = |row: &tokio_postgres::Row| -> Result<ListedRow, tokio_postgres::Error> {
+            Ok(ListedRow {
+                lock_key: row.try_get::<_, String>(0)?.trim_end().to_string(),
+                // CHAR(36) pads with spaces; client ids have none.
+                client_id: row
+                    .try_get::<_, Option<String>>(1)?
+                    .map(|id| id.trim_end().to_string()),
+                acquired_micros: row.try_get(2)?,
+                expires_micros: row.try_get(3)?,
+                token: row.try_get(4)?,
+                state: row.try_get::<_, i32>(5)?.into(),
+            })
+        };
+        rows.iter().map(|row| read(row).map_err(classify)).collect()
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {

@@ -24,6 +24,10 @@ pub(crate) struct TableSettings {
     pub client_id: String,
     pub create_table: bool,
     pub custom: CustomQueries,
+    /// `RegistryBuilder::notifications`: whether this registry's releases wake other
+    /// instances where that costs a connection of its own (MySQL's named locks).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub notifications: bool,
 }
 
 /// What [`Backend::floor`] found.

@@ -15,7 +15,8 @@
 //! the file's one write lock, so an acquire always sees the deletions committed before it.
 
 use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, Params, Statements,
+    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow, Params,
+    Statements,
 };
 use rusqlite::{ffi::ErrorCode, types::ToSql, Connection};
 use std::path::PathBuf;
@@ -32,11 +33,38 @@ const CLOCK_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteManager {
     path: PathBuf,
+    /// The file's release board (see [`super::sqlite_board`]), opened on first use; `None`
+    /// when it could not be (waiters then poll).
+    #[cfg(target_os = "linux")]
+    board: std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<super::sqlite_board::Board>>>>,
 }
 
 impl SqliteManager {
     pub fn new(path: PathBuf) -> Self {
-        SqliteManager { path }
+        SqliteManager {
+            path,
+            #[cfg(target_os = "linux")]
+            board: Default::default(),
+        }
+    }
+
+    /// The release board of this file, opening it the first time.
+    #[cfg(target_os = "linux")]
+    fn board(&self) -> Option<&std::sync::Arc<super::sqlite_board::Board>> {
+        self.board
+            .get_or_init(|| match super::sqlite_board::Board::open(&self.path) {
+                Ok(board) => Some(std::sync::Arc::new(board)),
+                Err(e) => {
+                    log::warn!(
+                        "SQLite release wake-ups are off for {} (waiters poll every \
+                         idle_between_tries): cannot open {}: {e}",
+                        self.path.display(),
+                        super::sqlite_board::board_path(&self.path).display()
+                    );
+                    None
+                }
+            })
+            .as_ref()
     }
 }
 
@@ -140,6 +168,13 @@ impl Backend for Sqlite {
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
             ),
+            list: format!(
+                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state} \
+                 FROM {table} WHERE REGION = ?2 AND LOCK_KEY > ?1 ORDER BY LOCK_KEY LIMIT ?5",
+                created = micros("CREATED_DATE"),
+                expires = micros("EXPIRED_AFTER"),
+                state = super::state_sql(NOW),
+            ),
             force_release: format!(
                 "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000' \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID IS NOT NULL \
@@ -180,6 +215,24 @@ impl Backend for Sqlite {
             })
         };
         read().map(Some).map_err(classify)
+    }
+
+    fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
+        let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
+        bind(&mut statement, params).map_err(classify)?;
+        let mut rows = statement.raw_query();
+        let mut listed = Vec::new();
+        while let Some(row) = rows.next().map_err(classify)? {
+            listed.push(ListedRow {
+                lock_key: row.get(0).map_err(classify)?,
+                client_id: row.get(1).map_err(classify)?,
+                acquired_micros: row.get(2).map_err(classify)?,
+                expires_micros: row.get(3).map_err(classify)?,
+                token: row.get(4).map_err(classify)?,
+                state: row.get(5).map_err(classify)?,
+            });
+        }
+        Ok(listed)
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
@@ -260,6 +313,43 @@ impl Backend for Sqlite {
 
     fn mark_broken(conn: &mut Conn<Self>) {
         conn.broken = true;
+    }
+
+    #[cfg(target_os = "linux")]
+    fn listen_for_releases(
+        manager: &SqliteManager,
+        table: &super::TableSettings,
+        _idle_timeout: Duration,
+        handler: super::ListenerHandler,
+        requests: crossbeam_channel::Receiver<()>,
+    ) -> bool {
+        let Some(board) = manager.board() else {
+            return false;
+        };
+        super::sqlite_board::listen(
+            std::sync::Arc::clone(board),
+            table.table.clone(),
+            table.region.clone(),
+            handler,
+            requests,
+        )
+    }
+
+    #[cfg(target_os = "linux")]
+    fn release_done(
+        manager: &SqliteManager,
+        table: &super::TableSettings,
+        lock_key: &str,
+        released: Option<bool>,
+        turn_age: Option<Duration>,
+    ) {
+        let (Some(true), Some(turn_age)) = (released, turn_age) else {
+            return;
+        };
+        if let Some(board) = manager.board() {
+            let slot = super::sqlite_board::slot_of(&table.table, &table.region, lock_key);
+            board.announce(slot, turn_age);
+        }
     }
 
     fn clock_sql() -> &'static str {

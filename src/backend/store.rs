@@ -6,8 +6,8 @@ use super::injected_failure;
 use super::pools::build_pool;
 use super::statistics::Counters;
 use super::{
-    pairs_json, Backend, HolderRow, ListenerHandler, OwnedParams, PoolSettings, Statements,
-    Statistics, TableSettings,
+    pairs_json, Backend, HolderRow, ListedRow, ListenerHandler, OwnedParams, PoolSettings,
+    Statements, Statistics, TableSettings,
 };
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -68,6 +68,9 @@ pub(crate) trait Store: Send + Sync {
     fn statements(&self) -> &Statements;
     /// Statements sent so far.
     fn statistics(&self) -> Statistics;
+    /// Whether the listener serves only the keys waited for (see
+    /// [`Backend::LISTENER_WATCHES_KEYS`]).
+    fn listener_watches_keys(&self) -> bool;
     /// Starts the backend's release listener (see [`Backend::listen_for_releases`]).
     fn listen_for_releases(
         &self,
@@ -79,6 +82,8 @@ pub(crate) trait Store: Send + Sync {
     fn database_clock(&self, deadline: Instant) -> Result<(i64, Instant, Instant)>;
     /// The row holding `lock_key` on the database clock, if any (see `admin.rs`).
     fn holder(&self, lock_key: &str, deadline: Instant) -> Result<Option<HolderRow>>;
+    /// Up to `limit` rows of the region whose `LOCK_KEY` sorts after `after`, in that order.
+    fn list(&self, after: &str, limit: i64, deadline: Instant) -> Result<Vec<ListedRow>>;
     /// Frees `lock_key` whatever holds it; `Ok(true)` when a holder was removed.
     fn force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool>;
     /// Deletes the region's rows released or expired more than `older_than` ago.
@@ -177,6 +182,11 @@ impl<B: Backend> Store for SqlStore<B> {
             }
             Ok(token.map(|token| Grant { token, sent_at }))
         })
+        .inspect(|grant| {
+            if grant.is_some() {
+                B::granted(&self.manager, &self.table, lock_key, self.idle_timeout);
+            }
+        })
     }
 
     fn renew(
@@ -254,10 +264,13 @@ impl<B: Backend> Store for SqlStore<B> {
             params.ttl_micros = -1;
         }
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
-        self.run(Path::Main, "release", deadline, move |conn| {
+        let released = self.run(Path::Main, "release", deadline, move |conn| {
             counters.releases.fetch_add(1, Ordering::Relaxed);
             Ok(B::update(conn, &queries.release, &params.borrowed())? > 0)
-        })
+        });
+        let outcome = released.as_ref().ok().copied();
+        B::release_done(&self.manager, &self.table, lock_key, outcome, turn_age);
+        released
     }
 
     fn backend_name(&self) -> &'static str {
@@ -266,6 +279,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn statements(&self) -> &Statements {
         &self.queries
+    }
+
+    fn listener_watches_keys(&self) -> bool {
+        B::LISTENER_WATCHES_KEYS
     }
 
     fn listen_for_releases(
@@ -303,6 +320,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn holder(&self, lock_key: &str, deadline: Instant) -> Result<Option<HolderRow>> {
         self.admin_holder(lock_key, deadline)
+    }
+
+    fn list(&self, after: &str, limit: i64, deadline: Instant) -> Result<Vec<ListedRow>> {
+        self.admin_list(after, limit, deadline)
     }
 
     fn force_release(&self, lock_key: &str, deadline: Instant) -> Result<bool> {

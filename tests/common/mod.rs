@@ -113,8 +113,18 @@ impl Drop for Fixture {
     /// Drops the test's tables (and the deletion floor's trigger function) from the server, so
     /// that test runs leave nothing behind; SQLite's go with the temporary directory.
     fn drop(&mut self) {
+        self.drop_tables(&self.prefix);
+    }
+}
+
+impl Fixture {
+    /// Drops table `{prefix}LOCK` and its deletion floor from the server (for a test that made
+    /// tables of another prefix); SQLite's go with the temporary directory.
+    pub fn drop_tables(&self, prefix: &str) {
         #[cfg(any(feature = "postgres", feature = "mysql"))]
-        let table = self.table();
+        let table = format!("{prefix}LOCK");
+        #[cfg(not(any(feature = "postgres", feature = "mysql")))]
+        let _ = prefix;
         match self.db {
             #[cfg(feature = "postgres")]
             Db::Postgres => {

@@ -1,0 +1,369 @@
+//! MySQL / MariaDB release wake-ups through the server's named locks (`GET_LOCK`).
+//!
+//! MySQL has no notifications, but a session blocked in `GET_LOCK(name, timeout)` returns the
+//! moment the session holding `name` lets it go. So:
+//!
+//! - **Holders** (one *named-lock connection* per registry, opened when the registry first
+//!   holds a lock and closed after `idle_connection_timeout` without one): after each grant the
+//!   registry takes the key's named lock on that connection (`GET_LOCK(name, 0.05)`, in the
+//!   background, never delaying the lock call); after the release statement committed it lets
+//!   it go (`RELEASE_LOCK`). A session may hold many named locks, so one connection serves
+//!   every lease of the registry. A release that ends a fair turn quietly (see
+//!   `RegistryBuilder::turn_window`) keeps the named lock for [`QUIET_HOLD`], so that the
+//!   instances it stepped aside for — pollers, Spring Integration — get there first.
+//! - **Waiters** (the registry's listener, only while one of its threads waits, as on
+//!   PostgreSQL; see [`crate::wakeups`]): one *watcher* thread with its own connection per
+//!   key that a thread of the registry waits for, at most [`MAX_WATCHED_KEYS`] per registry
+//!   (beyond that, waiters poll). A watcher blocks in `GET_LOCK(name, 1)`; when that returns 1
+//!   it tells the registry, which tries the row at once, and lets the name go.
+//!
+//! The row stays the only judge of who holds the lock: a wake-up only makes a waiter try
+//! sooner. When nobody holds the named lock (a holder that crashed — its session ended — a
+//! Spring Integration holder, a holder whose `GET_LOCK` lost a race), `GET_LOCK` returns at
+//! once without a release to report: a watcher reports such a return only as its first, and
+//! otherwise backs off (1 ms, doubling up to [`MAX_BACKOFF`]), leaving the waiter to its polls.
+//!
+//! A name is `lh1:` and the MD5 of (table, region, `LOCK_KEY`) in hex: 36 characters, under
+//! MySQL's limit of 64. Names are server-wide; keys of two databases on one server sharing a
+//! name cost an extra attempt, nothing more.
+
+use super::mysql::MysqlManager;
+use super::{ListenerEvent, ListenerHandler, ListenerReply};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use mysql::prelude::Queryable;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Keys one registry watches at once.
+pub(crate) const MAX_WATCHED_KEYS: usize = 16;
+/// How long a quiet release (the end of a fair turn) keeps the named lock.
+pub(crate) const QUIET_HOLD: Duration = Duration::from_millis(250);
+/// How long a holder waits for a named lock that a watcher holds for an instant.
+const TAKE_WAIT: &str = "0.05";
+/// The longest pause of a watcher between `GET_LOCK`s that returned at once.
+const MAX_BACKOFF: Duration = Duration::from_millis(100);
+/// One blocking `GET_LOCK` of a watcher, in seconds: how soon it notices it is not needed.
+const WATCH_SLICE: &str = "1";
+
+/// The named lock of a key.
+pub(crate) fn lock_name(table: &str, region: &str, lock_key: &str) -> String {
+    use md5::{Digest, Md5};
+    let mut hasher = Md5::new();
+    for part in [table, region, lock_key] {
+        hasher.update(part.as_bytes());
+        hasher.update([0]);
+    }
+    let digest = hasher.finalize();
+    let mut name = String::with_capacity(36);
+    name.push_str("lh1:");
+    for byte in digest.iter() {
+        name.push_str(&format!("{byte:02x}"));
+    }
+    name
+}
+
+/// What the registry's named-lock thread is asked to do.
+enum Command {
+    /// Take the name (a lease was granted).
+    Take(String),
+    /// Let the name go after the delay (a lease ended).
+    Drop(String, Duration),
+}
+
+/// The holder side of one registry: a thread with the named-lock connection.
+pub(crate) struct NamedLocks {
+    commands: Sender<Command>,
+}
+
+impl NamedLocks {
+    /// Starts the named-lock thread; it ends when the last `NamedLocks` clone is dropped.
+    pub fn start(manager: MysqlManager, idle_timeout: Duration) -> NamedLocks {
+        let (commands, received) = crossbeam_channel::unbounded();
+        let holder = Holder {
+            manager,
+            idle_timeout,
+            conn: None,
+            held: HashMap::new(),
+        };
+        let _ = std::thread::Builder::new()
+            .name("leasehold-names".into())
+            .spawn(move || holder.run(received));
+        NamedLocks { commands }
+    }
+
+    /// A lease on the key of `name` was granted.
+    pub fn take(&self, name: String) {
+        let _ = self.commands.send(Command::Take(name));
+    }
+
+    /// A lease on the key of `name` ended (released, lost, or handed on quietly with `delay`).
+    pub fn drop_after(&self, name: String, delay: Duration) {
+        let _ = self.commands.send(Command::Drop(name, delay));
+    }
+}
+
+struct Holder {
+    manager: MysqlManager,
+    idle_timeout: Duration,
+    conn: Option<mysql::Conn>,
+    /// Names taken, each with the instant it is to be let go, if a drop is pending.
+    held: HashMap<String, Option<Instant>>,
+}
+
+impl Holder {
+    fn run(mut self, commands: Receiver<Command>) {
+        let mut idle_since = Instant::now();
+        loop {
+            let next_drop = self.held.values().flatten().min().copied();
+            let wake_at = match (next_drop, self.conn.is_some() && self.held.is_empty()) {
+                (Some(at), _) => at,
+                (None, true) => idle_since + self.idle_timeout,
+                (None, false) => Instant::now() + Duration::from_secs(3600),
+            };
+            match commands.recv_timeout(wake_at.saturating_duration_since(Instant::now())) {
+                Ok(Command::Take(name)) => self.take(name),
+                Ok(Command::Drop(name, delay)) => {
+                    if let Some(pending) = self.held.get_mut(&name) {
+                        *pending = Some(Instant::now() + delay);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            let now = Instant::now();
+            let due: Vec<String> = self
+                .held
+                .iter()
+                .filter(|(_, at)| at.is_some_and(|at| at <= now))
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in due {
+                self.held.remove(&name);
+                self.call("RELEASE_LOCK", &name, "");
+            }
+            if self.held.is_empty() {
+                if self.conn.is_some() && now >= idle_since + self.idle_timeout {
+                    self.conn = None;
+                }
+            } else {
+                idle_since = now;
+            }
+        }
+    }
+
+    fn take(&mut self, name: String) {
+        if let Some(pending) = self.held.get_mut(&name) {
+            // Taken again before the drop came due (the key's next holder is this registry).
+            *pending = None;
+            return;
+        }
+        if self.call("GET_LOCK", &name, TAKE_WAIT) == Some(1) {
+            self.held.insert(name, None);
+        }
+    }
+
+    /// Runs `SELECT function(name[, extra])`, opening the connection first when needed; a
+    /// failure drops the connection (and with it, on the server, every name it held).
+    fn call(&mut self, function: &str, name: &str, extra: &str) -> Option<i64> {
+        if self.conn.is_none() {
+            match self.manager.open_side_connection() {
+                Ok(conn) => self.conn = Some(conn),
+                Err(e) => {
+                    log::debug!("MySQL named-lock connection: {e}");
+                    return None;
+                }
+            }
+        }
+        let conn = self.conn.as_mut()?;
+        let sql = if extra.is_empty() {
+            format!("SELECT {function}(?)")
+        } else {
+            format!("SELECT {function}(?, {extra})")
+        };
+        match conn.exec_first::<Option<i64>, _, _>(sql, (name,)) {
+            Ok(value) => value.flatten(),
+            Err(e) => {
+                log::debug!("MySQL named lock {name}: {e}");
+                self.conn = None;
+                self.held.clear();
+                None
+            }
+        }
+    }
+}
+
+/// Starts the listener (the waiter side) of a registry; see the module docs.
+pub(crate) fn listen(
+    manager: MysqlManager,
+    table: String,
+    region: String,
+    handler: ListenerHandler,
+    requests: Receiver<()>,
+) -> bool {
+    let listener = Listener {
+        manager,
+        table,
+        region,
+        handler,
+        requests,
+        watchers: HashMap::new(),
+    };
+    super::listener::spawn_listener("MySQL", move || listener.run())
+}
+
+struct Listener {
+    manager: MysqlManager,
+    table: String,
+    region: String,
+    handler: ListenerHandler,
+    requests: Receiver<()>,
+    /// The watcher of each watched `LOCK_KEY`: setting the flag stops it.
+    watchers: HashMap<String, Arc<AtomicBool>>,
+}
+
+impl Listener {
+    /// How often a subscribed listener reports a tick.
+    const TICK: Duration = Duration::from_secs(1);
+
+    fn run(mut self) {
+        while self.requests.recv().is_ok() {
+            while self.requests.try_recv().is_ok() {}
+            if (self.handler)(ListenerEvent::Subscribed) == ListenerReply::Stop {
+                return;
+            }
+            let mut next_tick = Instant::now() + Self::TICK;
+            let stop = loop {
+                self.reconcile();
+                let now = Instant::now();
+                if now >= next_tick {
+                    next_tick = now + Self::TICK;
+                    match (self.handler)(ListenerEvent::Tick) {
+                        ListenerReply::Keep => {}
+                        ListenerReply::Unsubscribe => break false,
+                        ListenerReply::Stop => break true,
+                    }
+                }
+                // A request while subscribed: a thread started waiting for another key.
+                match self
+                    .requests
+                    .recv_timeout(next_tick.saturating_duration_since(Instant::now()))
+                {
+                    Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break true,
+                }
+            };
+            for (_, stop) in self.watchers.drain() {
+                stop.store(true, Ordering::Release);
+            }
+            if stop {
+                return;
+            }
+        }
+    }
+
+    /// Starts a watcher for every newly watched key (up to the bound) and stops those whose
+    /// key nobody waits for any more.
+    fn reconcile(&mut self) {
+        let watched = std::cell::RefCell::new(Vec::new());
+        let each = |lock_key: &str| watched.borrow_mut().push(lock_key.to_string());
+        (self.handler)(ListenerEvent::Watched { each: &each });
+        let watched = watched.into_inner();
+        self.watchers.retain(|lock_key, stop| {
+            let keep = watched.contains(lock_key);
+            if !keep {
+                stop.store(true, Ordering::Release);
+            }
+            keep
+        });
+        for lock_key in watched {
+            if self.watchers.len() >= MAX_WATCHED_KEYS {
+                break;
+            }
+            if self.watchers.contains_key(&lock_key) {
+                continue;
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            let watcher = Watcher {
+                manager: self.manager.clone(),
+                name: lock_name(&self.table, &self.region, &lock_key),
+                lock_key: lock_key.clone(),
+                handler: Arc::clone(&self.handler),
+                stop: Arc::clone(&stop),
+            };
+            let spawned = std::thread::Builder::new()
+                .name("leasehold-watch".into())
+                .spawn(move || watcher.run());
+            if spawned.is_ok() {
+                self.watchers.insert(lock_key, stop);
+            }
+        }
+    }
+}
+
+/// Blocks on one key's named lock and reports its releases.
+struct Watcher {
+    manager: MysqlManager,
+    name: String,
+    lock_key: String,
+    handler: ListenerHandler,
+    stop: Arc<AtomicBool>,
+}
+
+impl Watcher {
+    fn run(self) {
+        let mut conn: Option<mysql::Conn> = None;
+        let mut first = true;
+        let mut backoff = Duration::ZERO;
+        let get = format!("SELECT GET_LOCK(?, {WATCH_SLICE})");
+        while !self.stop.load(Ordering::Acquire) {
+            if conn.is_none() {
+                match self.manager.open_side_connection() {
+                    Ok(opened) => conn = Some(opened),
+                    Err(e) => {
+                        log::debug!("MySQL release watcher: {e}");
+                        std::thread::sleep(MAX_BACKOFF);
+                        continue;
+                    }
+                }
+            }
+            let Some(open) = conn.as_mut() else { continue };
+            let started = Instant::now();
+            let got = open.exec_first::<Option<i64>, _, _>(get.as_str(), (&self.name,));
+            let blocked = started.elapsed() >= Duration::from_millis(2);
+            match got {
+                Ok(Some(Some(1))) => {
+                    if first || blocked {
+                        let event = ListenerEvent::Released {
+                            lock_key: &self.lock_key,
+                            turn_age: Duration::ZERO,
+                        };
+                        if (self.handler)(event) == ListenerReply::Stop {
+                            return;
+                        }
+                        backoff = Duration::ZERO;
+                    } else {
+                        backoff = (backoff * 2).max(Duration::from_millis(1)).min(MAX_BACKOFF);
+                    }
+                    first = false;
+                    if open
+                        .exec_drop("SELECT RELEASE_LOCK(?)", (&self.name,))
+                        .is_err()
+                    {
+                        conn = None;
+                    }
+                    if !backoff.is_zero() {
+                        std::thread::sleep(backoff);
+                    }
+                }
+                // Timed out: the holder still holds it.
+                Ok(Some(Some(_))) => first = false,
+                Ok(_) | Err(_) => {
+                    conn = None;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+}
