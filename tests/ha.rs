@@ -545,7 +545,11 @@ struct Scenario {
 /// What a run measured, printed as one line for the README.
 struct Outcome {
     record: Record,
+    /// Just before the primary was stopped (the break command started).
     stopped_at: u64,
+    /// When the break command had returned: the primary was certainly gone.
+    down_by: u64,
+    /// When the standby accepted writes (or the cluster had re-formed).
     promoted_at: u64,
 }
 
@@ -587,12 +591,13 @@ fn failover_run(
             }
             let stopped_at = now_us();
             servers.run(&[scenario.break_primary]);
+            let down_by = now_us();
             std::thread::sleep(scenario.outage);
             servers.run(&["pg-promote"]);
             let promoted_at = now_us();
             let _ = tell.send((stopped_at, promoted_at));
             std::thread::sleep(scenario.after);
-            (stopped_at, promoted_at)
+            (stopped_at, down_by, promoted_at)
         },
     );
     parent.join().expect("the parent's own check");
@@ -600,12 +605,12 @@ fn failover_run(
 }
 
 /// Starts `processes` contenders (`env` gives each its settings), runs `meanwhile` (which
-/// breaks something and returns when it broke and when it was repaired), stops them and reads
-/// what they recorded.
+/// breaks something and returns when it started to, when it was broken for sure, and when it
+/// was repaired), stops them and reads what they recorded.
 fn contend(
     processes: usize,
     env: &dyn Fn(usize) -> Vec<(&'static str, String)>,
-    meanwhile: impl FnOnce() -> (u64, u64),
+    meanwhile: impl FnOnce() -> (u64, u64, u64),
 ) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let mut children: Vec<Contender> = (0..processes)
@@ -614,7 +619,7 @@ fn contend(
     for child in &mut children {
         child.wait_ready();
     }
-    let (stopped_at, promoted_at) = meanwhile();
+    let (stopped_at, down_by, promoted_at) = meanwhile();
     std::fs::write(dir.path().join("stop"), "").unwrap();
     for child in &mut children {
         child.wait_success();
@@ -622,6 +627,7 @@ fn contend(
     Outcome {
         record: read_events(dir.path(), processes),
         stopped_at,
+        down_by,
         promoted_at,
     }
 }
@@ -875,11 +881,12 @@ fn failover_to_a_synchronous_standby(break_primary: &'static str, label: &str) {
     }
     // No renewal can reach a primary between the stop and the promotion, longer than the
     // short time-to-live: a short lease held at the stop is over in its holder's eyes by the
-    // stop plus its time-to-live, and (checked above) reported.
+    // time the primary was certainly down plus its time-to-live, and (checked above) reported.
+    let short = scenario.short_ttl.as_micros() as u64;
     for section in record.sections.iter().filter(|s| s.process % 2 == 0) {
         if section.start < outcome.stopped_at {
             assert!(
-                section.last < outcome.stopped_at + scenario.short_ttl.as_micros() as u64,
+                section.last < outcome.down_by + short,
                 "a short lease was believed held {} ms after the stop: {section:?}",
                 (section.last - outcome.stopped_at) / 1000
             );
@@ -903,7 +910,7 @@ fn failover_to_a_synchronous_standby(break_primary: &'static str, label: &str) {
                 .unwrap_or_else(|| panic!("the short lease {at_stop:?} was not reported lost"));
             assert!(lost.reason.starts_with("Expired"), "{lost:?}");
             assert!(
-                lost.at <= outcome.stopped_at + scenario.short_ttl.as_micros() as u64 + slack,
+                lost.at <= outcome.down_by + short + slack,
                 "{lost:?} reported {} ms after the stop",
                 (lost.at - outcome.stopped_at) / 1000
             );
@@ -1164,7 +1171,7 @@ fn galera_nodes_contend_and_one_is_killed() {
             servers.run(&["galera-kill", "2"]);
             let settled_at = now_us();
             std::thread::sleep(Duration::from_secs(8));
-            (killed_at, settled_at)
+            (killed_at, settled_at, settled_at)
         },
     );
     let record = &outcome.record;
