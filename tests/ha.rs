@@ -1,15 +1,19 @@
-//! High availability: leases, waiters and fencing tokens across a PostgreSQL failover.
+//! High availability: leases, waiters and fencing tokens across a PostgreSQL failover and on
+//! a MariaDB Galera cluster losing a node.
 //!
 //! Each test builds its own servers with `.ci/ha-servers` (a PostgreSQL 15 primary on
-//! 127.0.0.1:55432 and a standby on 55433; run as root), starts contender processes — this test
-//! binary re-run as `child_process_entry`, as the reliability suite does — that contend for a
-//! few keys through a multi-host connection string and write to a fenced resource, breaks the
-//! primary mid-run (immediate stop, then promotion of the standby) and checks what the processes
-//! recorded. The servers are torn down at the end, and leftovers of an earlier run at the start.
+//! 127.0.0.1:55432 and a standby on 55433, or three Galera nodes on 53306–53308; run as root),
+//! starts contender processes — this test binary re-run as `child_process_entry`, as the
+//! reliability suite does — that contend for a few keys through a multi-host connection string
+//! and write to a fenced resource, breaks a server mid-run (the primary stopped or hung, then
+//! the standby promoted; a Galera node killed) and checks what the processes recorded. The
+//! servers are torn down at the end, and leftovers of an earlier run at the start. Each test
+//! prints `HA-RESULT` lines: the README's *High availability* figures.
 //!
 //! The tests are `#[ignore]`d (they need root and take a while); `.ci/run` runs them in a step
 //! of their own: `cargo test --all-features --test ha -- --ignored --test-threads=1`. Without
-//! servers they skip with a printed reason, and fail under `CI=true`.
+//! servers they skip with a printed reason, and fail under `CI=true`. One test is not ignored:
+//! a first host that never answers is passed over (on the main test server).
 //!
 //! What every process records, one line per event, in a file of its own (times are the
 //! machine's wall clock in µs, shared by the processes):
@@ -17,10 +21,10 @@
 //! - `SECTION key token start last outcome`: a critical section from the grant (`start`) to
 //!   the last instant `is_held()` was seen true (`last`): the span in which the holder
 //!   certainly believed it held the key. `outcome` is what `unlock()` said (`ok`, `lost`,
-//!   `error`), `lost-seen` when `is_held()` turned false inside the section.
+//!   `error:…`), prefixed by `lost-seen,unlock:` when `is_held()` turned false inside.
 //! - `LOST key token at reason`: the registry's `on_lease_lost` callback.
 //! - `WRITE key token at accepted`: a write to the fenced resource (at the start of each
-//!   section, and at its end while the holder still believes it holds).
+//!   section, every 50 ms or so while the holder believes it holds, and at its end).
 //! - `ERROR at text`: a lock call that failed (expected while no primary answers).
 
 #![cfg(all(feature = "postgres", feature = "mysql"))]
