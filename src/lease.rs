@@ -56,7 +56,10 @@
 //! sections) never reaches it. Each lease keeps its own responsibility: its turn, its deadline,
 //! its loss report; a batch whose answer never comes only bounds the deadlines of its leases
 //! (see above), which are retried and, if their deadlines pass, reported one by one by the
-//! clock. With renewal turned off no renewal runs; the clock reports the loss at the deadline.
+//! clock. One attempt gets half a renewal period at most, not the leases' whole remaining life,
+//! so that a statement stuck on a hung server or a frozen connection is retried on a new
+//! connection — to the new primary after a failover — before the deadline. With renewal
+//! turned off no renewal runs; the clock reports the loss at the deadline.
 //!
 //! A local handoff to a thread that asked for another time-to-live does not run a statement on
 //! the caller's thread: it records the new time-to-live and asks for a renewal now (the
@@ -666,11 +669,21 @@ fn renew_together(store: &dyn Store, leases: Vec<Arc<Lease>>) {
         let mut group = group.into_iter().peekable();
         while group.peek().is_some() {
             let chunk: Vec<Taken> = group.by_ref().take(MAX_BATCH).collect();
+            // One attempt may take half a renewal period, never the leases' whole remaining
+            // life: a statement that hangs (a hung server, a frozen connection) is given up and
+            // retried on another connection a quarter period later (see `end_turn`), several
+            // times before the deadline — what lets a lease outlive a primary that hangs.
+            let period = chunk
+                .iter()
+                .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
+                .min()
+                .expect("a chunk is never empty");
             let deadline = chunk
                 .iter()
                 .map(|(lease, _)| lease.deadline())
                 .min()
-                .expect("a chunk is never empty");
+                .expect("a chunk is never empty")
+                .min(Instant::now() + period / 2);
             let keys: Vec<(&str, i64)> = chunk
                 .iter()
                 .map(|(lease, _)| (&*lease.lock_key, lease.token))

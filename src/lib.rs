@@ -136,6 +136,25 @@
 //! `EXPIRED_AFTER` with a timestamp the Java client computes, so a Spring host whose clock runs
 //! ahead takes expired-looking rows early.
 //!
+//! **Failover.** Leases are rows, so they move with the data: a standby promoted to primary
+//! judges the leases granted on the old primary by *its own* clock. A row's `EXPIRED_AFTER` is
+//! the old primary's time plus the time-to-live; if the new primary's clock runs ahead of the
+//! old one's by δ, every inherited lease ends δ early in real time, and another instance may
+//! be granted the key up to δ before the holder's deadline. The drift allowance covers that
+//! offset as it covers a fast clock: up to 1 % of the time-to-live plus 2 ms (102 ms at the
+//! default 10 s) less the little the clocks drift during one lease. So keep the database
+//! servers' clocks synchronised (NTP keeps them within milliseconds) well inside the allowance,
+//! or take a longer time-to-live; a new primary whose clock is *behind* only makes inherited
+//! leases last longer. The first renewal on the new primary sets the expiry on its clock again.
+//! Fencing tokens do not rely on the clocks agreeing: a grant takes at least the row's previous
+//! token + 1, which a synchronous standby has. Renewals meanwhile are retried within the
+//! lease's deadline, each attempt at most half a renewal period, on new connections (several
+//! hosts in the URL find the new primary; see `LockRegistry::postgres`): a lease renewed on
+//! the new primary in time is kept, any other is reported lost at its deadline — before the
+//! new primary can grant it to anyone. An *asynchronous* standby may lack the latest grants and
+//! renewals: their holders learn of it at their next renewal (`NotOwner`), and another instance
+//! may hold the key meanwhile. The README's *High availability* section has the measurements.
+//!
 //! **Fencing tokens.** Each grant sets `FENCING_TOKEN = max(previous + 1, database clock in
 //! µs, floor + 1)` and the tokens of one key strictly increase, on every database and whatever
 //! the clock's resolution or steps. Released rows are kept (marked free), so the next grant

@@ -137,6 +137,34 @@ impl LockRegistry {
     /// `postgres://postgres@127.0.0.1:5432/test` (key=value strings work too). With the
     /// `postgres-tls` feature the URL's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` are
     /// honoured as libpq reads them (default `prefer`).
+    ///
+    /// # A primary and its standbys
+    ///
+    /// Name every server that may become the primary, and ask for a writable one, in either
+    /// form libpq reads:
+    ///
+    /// ```text
+    /// postgres://app@db1:5432,db2:5432/locks?target_session_attrs=read-write&connect_timeout=2
+    /// host=db1,db2 port=5432,5432 user=app dbname=locks target_session_attrs=read-write connect_timeout=2
+    /// ```
+    ///
+    /// Every connection leasehold opens — both pools' and the release listener's, at `build()`
+    /// and whenever one is replaced — tries the hosts in order, each within the string's
+    /// `connect_timeout` (else the registry's [`connect_timeout`](RegistryBuilder::connect_timeout)),
+    /// and keeps the first that accepts writes: after a failover, new connections find the
+    /// promoted standby with no restart and no configuration change. A connection to a server
+    /// that went away, hangs or turned read-only fails its statement (a hung one at the
+    /// statement's deadline) and is replaced, with the other idle connections of its pool, by
+    /// the next statement's attempt; a background renewal gives an attempt at most half a
+    /// renewal period, so that several fit before the lease's deadline. Without
+    /// `target_session_attrs=read-write` a connection may land on a standby and every statement
+    /// there fails until it is replaced. `load_balance_hosts=random` is honoured too (the hosts
+    /// are then tried in a random order within one `connect_timeout`), though a lock table
+    /// wants the one primary, in order.
+    ///
+    /// What a failover does to held leases, waiters and fencing tokens — kept across a
+    /// synchronous standby's promotion, not across an asynchronous one's — is in the README's
+    /// *High availability* section, measured by `tests/ha.rs`.
     #[cfg(feature = "postgres")]
     pub fn postgres(url: impl Into<String>) -> RegistryBuilder {
         RegistryBuilder::new(Database::Postgres(url.into()))
@@ -145,6 +173,27 @@ impl LockRegistry {
     /// A builder for a registry on MySQL or MariaDB, e.g. `mysql://root@127.0.0.1:3306/test`.
     /// With the `mysql-tls` feature the URL's `ssl-mode`, `ssl-ca`, `ssl-cert`/`ssl-key` and
     /// `require_ssl` are honoured (default `PREFERRED`).
+    ///
+    /// # Several servers: Galera, or a primary and its replicas
+    ///
+    /// List the hosts, each with its port, separated by commas; the user, database and options
+    /// are shared:
+    ///
+    /// ```text
+    /// mysql://app@db1:3306,db2:3306,db3:3306/locks
+    /// ```
+    ///
+    /// Every connection leasehold opens (at `build()` and whenever a pooled one is replaced)
+    /// tries the hosts in order and keeps the first that accepts writes: it asks each server
+    /// for `@@global.read_only` and, on Galera, `wsrep_ready`, so a replica or a node outside
+    /// the primary component is passed over. A connection whose server went away, or turned
+    /// read-only, or whose Galera node left the primary component (error 1047) is dropped with
+    /// the other idle ones of its pool, and the statement is retried on a new connection within
+    /// its deadline. On Galera, a statement aborted by a certification conflict (two nodes
+    /// granting one key at once) comes back as a deadlock (1213) and is retried like one; with
+    /// every registry listing the nodes in the same order they all write through the first
+    /// node, and conflicts only come with a failover. What a Galera node's failure does to
+    /// leases is in the README's *High availability* section, measured by `tests/ha.rs`.
     #[cfg(feature = "mysql")]
     pub fn mysql(url: impl Into<String>) -> RegistryBuilder {
         RegistryBuilder::new(Database::Mysql(url.into()))

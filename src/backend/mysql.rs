@@ -70,6 +70,16 @@
 //! registry uses four). Connections are checked once when the registry is built, so a wrong
 //! password or database name is reported as such instead of as a pool timeout.
 //!
+//! Several servers (a Galera cluster, a primary and its replicas):
+//! `mysql://user@db1:3306,db2:3306,db3:3306/locks?…` lists hosts separated by commas, each with
+//! its port (the user, database and options are shared). Every connection — the one checked at
+//! build and each pooled one — tries them in order and keeps the first that accepts writes:
+//! with several hosts a new connection also asks `@@global.read_only` and, on Galera,
+//! `wsrep_ready`, and passes over a read-only server or a node outside the primary component.
+//! A statement that such a node refuses (1047, "WSREP has not yet prepared node for
+//! application use") or that a read-only server refuses (1290) drops its connection; one that
+//! Galera aborts on a certification conflict comes back as a deadlock (1213) and is retried.
+//!
 //! Deadlines: the driver cannot bound one call, so statements run on statement threads (see
 //! `SqlStore::run`) and the caller stops waiting at its deadline. Sockets carry read and write
 //! timeouts (unless the URL sets its own): the connect timeout for the connection checked at
@@ -103,7 +113,8 @@ const NAMES: [&str; 5] = ["lock_key", "region", "client_id", "ttl_micros", "toke
 /// Opens MySQL connections from one set of options.
 #[derive(Clone)]
 pub(crate) struct MysqlManager {
-    opts: Opts,
+    /// One per host, tried in order.
+    opts: Vec<Opts>,
     /// `ssl-mode=PREFERRED`: a server that does not offer TLS is connected to without it.
     prefer_tls: bool,
     /// The registry's named-lock thread (see [`super::mysql_wakeups`]), started at its first
@@ -113,12 +124,20 @@ pub(crate) struct MysqlManager {
 
 impl MysqlManager {
     /// A connection outside the pools for release wake-ups: reads wait at most 5 s more than
-    /// the longest `GET_LOCK` it runs.
+    /// the longest `GET_LOCK` it runs. With several hosts, to the first that accepts writes,
+    /// as for pooled connections.
     pub(super) fn open_side_connection(&self) -> Result<mysql::Conn, mysql::Error> {
-        let opts = OptsBuilder::from_opts(self.opts.clone())
-            .read_timeout(Some(Duration::from_secs(6)))
-            .write_timeout(Some(Duration::from_secs(6)));
-        open_conn(&opts.into(), self.prefer_tls)
+        let hosts: Vec<Opts> = self
+            .opts
+            .iter()
+            .map(|opts| {
+                OptsBuilder::from_opts(opts.clone())
+                    .read_timeout(Some(Duration::from_secs(6)))
+                    .write_timeout(Some(Duration::from_secs(6)))
+                    .into()
+            })
+            .collect();
+        open_writable(&hosts, self.prefer_tls)
     }
 
     /// A copy for wake-up threads: the same server and options, without this manager's
@@ -275,7 +294,7 @@ impl r2d2::ManageConnection for MysqlManager {
 
     fn connect(&self) -> Result<MysqlConn, mysql::Error> {
         Ok(MysqlConn {
-            conn: open_conn(&self.opts, self.prefer_tls)?,
+            conn: open_writable(&self.opts, self.prefer_tls)?,
             plans: PerStatement::new(),
             broken: false,
         })
@@ -699,6 +718,14 @@ fn classify(error: mysql::Error) -> Failure {
                     FailureKind::Broken,
                     format!("the MySQL connection failed: {message}"),
                 ),
+                1047 => (
+                    FailureKind::Broken,
+                    format!(
+                        "the Galera node does not serve statements (it is outside the primary \
+                         component, or still joining): list the other nodes in the URL \
+                         ({message})"
+                    ),
+                ),
                 1290 | 1792 => (
                     FailureKind::Broken,
                     format!(
@@ -786,19 +813,124 @@ fn open_conn(opts: &Opts, prefer_tls: bool) -> Result<mysql::Conn, mysql::Error>
     }
 }
 
+/// Opens a connection to the first of `hosts` that answers and, when there are several,
+/// accepts writes ([`writable`]); else the error of the last host that answered (a refusal
+/// says more than a refused connection), or of the last host.
+fn open_writable(hosts: &[Opts], prefer_tls: bool) -> Result<mysql::Conn, mysql::Error> {
+    let mut failed: Option<mysql::Error> = None;
+    for opts in hosts {
+        let error = match open_conn(opts, prefer_tls) {
+            Ok(conn) if hosts.len() == 1 => return Ok(conn),
+            Ok(mut conn) => match writable(&mut conn, opts) {
+                Ok(()) => return Ok(conn),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        if !failed.as_ref().is_some_and(answered) || answered(&error) {
+            failed = Some(error);
+        }
+    }
+    Err(failed.expect("a URL names at least one host"))
+}
+
+/// Whether `error` came from a server (as opposed to no connection at all).
+fn answered(error: &mysql::Error) -> bool {
+    matches!(error, mysql::Error::MySqlError(_))
+}
+
+/// Whether the server behind `conn` accepts writes: not `read_only` (a replica), and, on
+/// Galera, a node of the primary component (`wsrep_ready`). The refusal is a 1290 error, which
+/// [`classify`] takes for a broken connection.
+fn writable(conn: &mut mysql::Conn, opts: &Opts) -> Result<(), mysql::Error> {
+    use mysql::prelude::Queryable;
+    let read_only: Option<i64> = conn.query_first("SELECT @@global.read_only")?;
+    let ready: Option<(String, String)> = conn.query_first("SHOW STATUS LIKE 'wsrep_ready'")?;
+    let why = if read_only.unwrap_or(0) != 0 {
+        "is read-only"
+    } else if ready.is_some_and(|(_, value)| !value.eq_ignore_ascii_case("ON")) {
+        "is a Galera node that is not ready (wsrep_ready is OFF)"
+    } else {
+        return Ok(());
+    };
+    Err(mysql::Error::MySqlError(mysql::MySqlError {
+        state: "HY000".to_string(),
+        code: 1290,
+        message: format!("the server at {} {why}", address(opts)),
+    }))
+}
+
+/// One URL per host of a URL that lists several (`mysql://u@a:1,b:2/db?…`): the same user,
+/// database and options with each host; the URL itself when it names one.
+fn host_urls(url: &str) -> Vec<String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return vec![url.to_string()];
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hosts) = match authority.rfind('@') {
+        Some(at) => authority.split_at(at + 1),
+        None => ("", authority),
+    };
+    if !hosts.contains(',') {
+        return vec![url.to_string()];
+    }
+    hosts
+        .split(',')
+        .map(|host| format!("{scheme}://{user}{}{tail}", host.trim()))
+        .collect()
+}
+
 /// One direct connection, retried while the server is unreachable, so that a wrong password or
 /// database comes back as what it is rather than as a pool timeout. A failure caused by TLS is
 /// reported as [`Error::Tls`] at once, and so are the permanent ones: a host name that does not
 /// resolve, and a server that is not MySQL (found by [`super::pools::look_at`] when an
 /// attempt reached a server that sent no MySQL greeting).
 fn check_connect(
-    opts: &Opts,
+    hosts: &[Opts],
     prefer_tls: bool,
     settings: &super::tls::MysqlTls,
     timeout: Duration,
 ) -> crate::Result<()> {
-    let server = address(opts);
+    let server = hosts.iter().map(address).collect::<Vec<_>>().join(", ");
     super::first_connection(Mysql::NAME, &server, timeout, |limit, deadline| {
+        let mut failed: Option<(Failure, String)> = None;
+        let from_server = |(failure, _): &(Failure, String)| {
+            failure
+                .source
+                .downcast_ref::<mysql::Error>()
+                .is_some_and(answered)
+        };
+        for opts in hosts {
+            match check_host(hosts.len() > 1, opts, prefer_tls, settings, limit, deadline) {
+                Ok(()) => return Ok(()),
+                // A permanent failure (TLS, an unknown host, not MySQL) is reported at once.
+                Err(failure) if failure.0.kind == FailureKind::Fatal => return Err(failure),
+                // Else the last server's refusal, or the last host's failure.
+                Err(failure) => {
+                    if !failed.as_ref().is_some_and(from_server) || from_server(&failure) {
+                        failed = Some(failure);
+                    }
+                }
+            }
+        }
+        Err(failed.expect("a URL names at least one host"))
+    })
+    .map_err(|e| super::tls::surface(e, &server))
+}
+
+/// One attempt of [`check_connect`] on one host (checked for writes when `several`), with
+/// socket timeouts of at most `limit`: the classified failure and a short detail.
+fn check_host(
+    several: bool,
+    opts: &Opts,
+    prefer_tls: bool,
+    settings: &super::tls::MysqlTls,
+    limit: Duration,
+    deadline: std::time::Instant,
+) -> Result<(), (Failure, String)> {
+    let server = address(opts);
+    {
         // This attempt's socket timeouts: the shorter of the configured ones and `limit`.
         let within =
             |configured: Option<Duration>| Some(configured.map_or(limit, |c| c.min(limit)));
@@ -807,7 +939,12 @@ fn check_connect(
             .read_timeout(within(opts.get_read_timeout().copied()))
             .write_timeout(within(opts.get_write_timeout().copied()))
             .into();
-        open_conn(&attempt, prefer_tls).map(drop).map_err(|error| {
+        let opened = match open_conn(&attempt, prefer_tls) {
+            Ok(mut conn) if several => writable(&mut conn, opts),
+            Ok(_) => Ok(()),
+            Err(error) => Err(error),
+        };
+        opened.map_err(|error| {
             if let Some((problem, hint)) = tls_problem(&error, opts, settings) {
                 let failure = super::tls::TlsFailure::new(problem, hint.clone(), error);
                 return (
@@ -851,8 +988,7 @@ fn check_connect(
             }
             (failure, detail)
         })
-    })
-    .map_err(|e| super::tls::surface(e, &server))
+    }
 }
 
 /// What a failed connection attempt says about TLS, if its cause is TLS: the certificate, the
@@ -980,20 +1116,20 @@ fn with_tls(opts: Opts, settings: &super::tls::MysqlTls) -> crate::Result<(Opts,
     }
 }
 
-/// Opens a store on the MySQL or MariaDB database at `url`.
-pub(crate) fn open(
+/// The options for one host's URL: for the connection checked at build, for pooled ones, and
+/// whether `ssl-mode=PREFERRED` (see [`open`]).
+fn host_opts(
     url: &str,
+    settings: &super::tls::MysqlTls,
     pool: &super::PoolSettings,
-    table: &super::TableSettings,
-) -> crate::Result<Arc<dyn super::Store>> {
-    let (url, settings) = super::tls::split_mysql(url)?;
-    let opts = Opts::from_url(&url).map_err(|e| Error::Database {
+) -> crate::Result<(Opts, Opts, bool)> {
+    let opts = Opts::from_url(url).map_err(|e| Error::Database {
         operation: "connect",
         hint: "the MySQL URL does not parse: use mysql://user:password@host:port/database"
             .to_string(),
         source: Box::new(e),
     })?;
-    let (opts, prefer_tls) = with_tls(opts, &settings)?;
+    let (opts, prefer_tls) = with_tls(opts, settings)?;
     let connect_timeout = opts
         .get_tcp_connect_timeout()
         .unwrap_or(pool.connect_timeout);
@@ -1017,13 +1153,32 @@ pub(crate) fn open(
             .write_timeout(Some(write))
             .into()
     };
-    check_connect(
-        &with_socket_timeout(connect_timeout),
+    Ok((
+        with_socket_timeout(connect_timeout),
+        with_socket_timeout(connect_timeout.max(pool.operation_timeout)),
         prefer_tls,
-        &settings,
-        pool.connect_timeout,
-    )?;
-    let opts = with_socket_timeout(connect_timeout.max(pool.operation_timeout));
+    ))
+}
+
+/// Opens a store on the MySQL or MariaDB database at `url` (one host, or several: see the
+/// module docs).
+pub(crate) fn open(
+    url: &str,
+    pool: &super::PoolSettings,
+    table: &super::TableSettings,
+) -> crate::Result<Arc<dyn super::Store>> {
+    let (url, settings) = super::tls::split_mysql(url)?;
+    let mut checked = Vec::new();
+    let mut pooled = Vec::new();
+    let mut prefer_tls = false;
+    for url in host_urls(&url) {
+        let (check, keep, prefer) = host_opts(&url, &settings, pool)?;
+        checked.push(check);
+        pooled.push(keep);
+        prefer_tls = prefer;
+    }
+    check_connect(&checked, prefer_tls, &settings, pool.connect_timeout)?;
+    let opts = pooled;
     let manager = MysqlManager {
         opts,
         prefer_tls,
@@ -1031,4 +1186,24 @@ pub(crate) fn open(
     };
     let store = super::SqlStore::<Mysql>::open(manager, pool, table)?;
     Ok(Arc::new(store))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_urls;
+
+    #[test]
+    fn a_host_list_becomes_one_url_per_host() {
+        assert_eq!(
+            host_urls("mysql://u:p@a:3306,b:3307,[::1]:3308/locks?ssl-mode=DISABLED"),
+            [
+                "mysql://u:p@a:3306/locks?ssl-mode=DISABLED",
+                "mysql://u:p@b:3307/locks?ssl-mode=DISABLED",
+                "mysql://u:p@[::1]:3308/locks?ssl-mode=DISABLED",
+            ]
+        );
+        assert_eq!(host_urls("mysql://a,b"), ["mysql://a", "mysql://b"]);
+        let one = "mysql://root@127.0.0.1:3306/test?x=a,b";
+        assert_eq!(host_urls(one), [one]);
+    }
 }

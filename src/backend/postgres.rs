@@ -71,7 +71,8 @@
 //! No listener call waits without a bound:
 //!
 //! - **connect** (TCP and the whole startup handshake) is bounded by the connect timeout (the
-//!   registry's `connect_timeout` unless the URL sets one), exactly like a pooled connection's.
+//!   registry's `connect_timeout` unless the URL sets one; per host of a multi-host string),
+//!   exactly like a pooled connection's.
 //!   The listener connects when a thread of the registry first waits for a lock held
 //!   elsewhere, not in `build()`; a server that does not answer costs the waiters nothing
 //!   (they poll meanwhile), and the thread tries again every tick while they wait.
@@ -124,8 +125,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
-use tokio_postgres::config::Host;
 use tokio_postgres::config::SslMode;
+use tokio_postgres::config::{Host, LoadBalanceHosts};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Config, Notification, Socket, Statement};
@@ -250,12 +251,32 @@ fn connect_limit(config: &Config) -> Duration {
 /// included (a server that accepts connections but never answers). With `sslmode=prefer` a
 /// TLS attempt that fails (the handshake, or the server refusing the encrypted connection) is
 /// made again without TLS, as libpq does; if that fails too, the first error is returned.
+///
+/// Several hosts (`host=a,b`, `postgres://a:1,b:2/…`) are tried in order, each within its own
+/// [`connect_limit`], as libpq does; the error of a server that answered is preferred, else the
+/// last one's. (tokio-postgres alone bounds only the TCP connection per host, so a host that
+/// accepts connections and never answers — a frozen primary — would take the whole wait.)
 #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
 fn connect_on(
     runtime: &Runtime,
     config: &Config,
     tls: &Tls,
 ) -> Result<(Client, PgConnection), PgConnError> {
+    let hosts = config.get_hosts().len().max(config.get_hostaddrs().len());
+    if hosts > 1 && config.get_load_balance_hosts() == LoadBalanceHosts::Disable {
+        let mut failed: Option<PgConnError> = None;
+        for i in 0..hosts {
+            match connect_on(runtime, &one_host(config, i), tls) {
+                Ok(connected) => return Ok(connected),
+                Err(error) => {
+                    if !failed.as_ref().is_some_and(answered) || answered(&error) {
+                        failed = Some(error);
+                    }
+                }
+            }
+        }
+        return Err(failed.expect("at least two hosts were tried"));
+    }
     let limit = connect_limit(config);
     let attempts = async {
         let first = config.connect(tls.clone()).await;
@@ -273,6 +294,67 @@ fn connect_on(
     Ok(runtime
         .block_on(connecting)
         .map_err(|_| PgConnError::NoAnswer(limit))??)
+}
+
+/// Whether a failed connection attempt reached a server that answered (with an error).
+fn answered(error: &PgConnError) -> bool {
+    matches!(error, PgConnError::Postgres(error) if error.as_db_error().is_some())
+}
+
+/// `config`'s settings with its `i`-th host (and `hostaddr`, and port) alone.
+fn one_host(config: &Config, i: usize) -> Config {
+    let mut one = Config::new();
+    if let Some(user) = config.get_user() {
+        one.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        one.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        one.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        one.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        one.application_name(name);
+    }
+    match config.get_hosts().get(i) {
+        Some(Host::Tcp(name)) => {
+            one.host(name);
+        }
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => {
+            one.host_path(path);
+        }
+        None => {}
+    }
+    if let Some(address) = config.get_hostaddrs().get(i) {
+        one.hostaddr(*address);
+    }
+    let ports = config.get_ports();
+    if let Some(port) = ports.get(i).or(ports.first()) {
+        one.port(*port);
+    }
+    if let Some(timeout) = config.get_connect_timeout() {
+        one.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        one.tcp_user_timeout(*timeout);
+    }
+    one.keepalives(config.get_keepalives())
+        .keepalives_idle(config.get_keepalives_idle());
+    if let Some(interval) = config.get_keepalives_interval() {
+        one.keepalives_interval(interval);
+    }
+    if let Some(retries) = config.get_keepalives_retries() {
+        one.keepalives_retries(retries);
+    }
+    one.ssl_mode(config.get_ssl_mode())
+        .ssl_negotiation(config.get_ssl_negotiation())
+        .target_session_attrs(config.get_target_session_attrs())
+        .channel_binding(config.get_channel_binding());
+    one
 }
 
 /// Whether a failed connection attempt is made again without TLS (`sslmode=prefer`).

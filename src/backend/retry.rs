@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 impl<B: Backend> SqlStore<B> {
     /// Runs `attempt` on a pooled connection until it succeeds, fails for good, or `deadline`
     /// passes. Transient failures sleep a short, doubling pause (1 ms to 100 ms, never past the
-    /// deadline); broken connections are discarded.
+    /// deadline); broken connections are discarded, and with them the idle connections of
+    /// their pool ([`discard_idle`]).
     ///
     /// A server or connection that stops answering cannot hold the caller past `deadline`:
     /// either the backend bounds the call itself ([`Backend::runs_inline`]), or the attempt runs on
@@ -49,6 +50,7 @@ impl<B: Backend> SqlStore<B> {
                 Err(e) => last = Some(Box::new(e)),
                 Ok(conn) => match attempt_once::<B, T, F>(conn, &attempt, deadline) {
                     None => {
+                        discard_idle::<B>(pool);
                         last =
                             Some(format!("no answer from {} before the deadline", B::NAME).into())
                     }
@@ -63,7 +65,8 @@ impl<B: Backend> SqlStore<B> {
                                     source: failure.source,
                                 })
                             }
-                            FailureKind::Broken | FailureKind::Transient => {}
+                            FailureKind::Broken => discard_idle::<B>(pool),
+                            FailureKind::Transient => {}
                         }
                         last = Some(failure.source);
                     }
@@ -73,6 +76,21 @@ impl<B: Backend> SqlStore<B> {
             std::thread::sleep(pause.min(remaining));
             pause = (pause * 2).min(Duration::from_millis(100));
         }
+    }
+}
+
+/// Discards the connections idle in `pool` after one of its connections broke or did not
+/// answer: they were opened to the same server, which has likely gone (a crash, a failover) or
+/// hangs, and each would cost a caller an attempt — up to its whole deadline on a hung server.
+/// The next attempt opens a new connection, which finds the server that answers now (with
+/// several hosts in the URL, the new primary). Healthy ones cost only a reconnection.
+fn discard_idle<B: Backend>(pool: &r2d2::Pool<B::Manager>) {
+    // Bounded: a backend whose marked connections went back to the pool would loop forever.
+    for _ in 0..pool.max_size() {
+        let Some(mut idle) = pool.try_get() else {
+            return;
+        };
+        B::mark_broken(&mut idle);
     }
 }
 
