@@ -657,4 +657,40 @@ mod mysql_resources {
         );
         handle.join().unwrap();
     }
+
+    /// `unlock_keeping_for` ends the lease but leaves the row held: the holder lets its named
+    /// lock go (it used to keep it as long as the registry lived).
+    #[test]
+    fn a_release_keeping_the_row_lets_the_named_lock_go() {
+        let Some(f) = Fixture::new(Db::Mysql, "notify_keep_for") else {
+            return;
+        };
+        let name = lock_name(&f, "job");
+        let mut admin =
+            mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
+        let used = |admin: &mut mysql::Conn| -> bool {
+            admin
+                .exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (&name,))
+                .unwrap()
+                .flatten()
+                .is_some()
+        };
+        let holder = f.registry();
+        let guard = holder.obtain("job").unwrap().lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !used(&mut admin) && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(used(&mut admin), "the holder took the key's named lock");
+        guard.unlock_keeping_for(Duration::from_secs(60)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while used(&mut admin) && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!used(&mut admin), "the named lock outlived the lease");
+        assert!(
+            holder.holder("job").unwrap().is_some(),
+            "the row stays held"
+        );
+    }
 }

@@ -145,9 +145,14 @@ impl<B: Backend> SqlStore<B> {
     ) -> Result<bool> {
         let params = self.params(lock_key, keep, token);
         let (admin, counters) = (self.admin(), Arc::clone(&self.counters));
-        self.run(Path::Main, "release", deadline, move |conn| {
+        let released = self.run(Path::Main, "release", deadline, move |conn| {
             counters.releases.fetch_add(1, Ordering::Relaxed);
             Ok(B::update(conn, &admin.release_keeping, &params.borrowed())? > 0)
-        })
+        });
+        // The row stays held until the keep runs out, so nobody is to be woken now (turn age
+        // `None`); but the lease ends here, so MySQL lets its named lock go.
+        let outcome = released.as_ref().ok().copied();
+        B::release_done(&self.manager, &self.table, lock_key, outcome, None);
+        released
     }
 }
