@@ -540,6 +540,15 @@ mod mysql_resources {
         format!("lh1:{hex}")
     }
 
+    /// Whether some session holds the named lock `name`.
+    fn named_lock_used(admin: &mut mysql::Conn, name: &str) -> bool {
+        admin
+            .exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (name,))
+            .unwrap()
+            .flatten()
+            .is_some()
+    }
+
     /// Threads of this process named `name`.
     fn threads(name: &str) -> usize {
         std::fs::read_dir("/proc/self/task")
@@ -565,13 +574,7 @@ mod mysql_resources {
         let mut admin =
             mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
         let name = lock_name(&f, "job");
-        let used = |admin: &mut mysql::Conn| -> bool {
-            admin
-                .exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (&name,))
-                .unwrap()
-                .flatten()
-                .is_some()
-        };
+        let used = |admin: &mut mysql::Conn| named_lock_used(admin, &name);
         let holder = f.registry();
         let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
         let guard = holder.obtain("job").unwrap().lock().unwrap();
@@ -668,13 +671,7 @@ mod mysql_resources {
         let name = lock_name(&f, "job");
         let mut admin =
             mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
-        let used = |admin: &mut mysql::Conn| -> bool {
-            admin
-                .exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (&name,))
-                .unwrap()
-                .flatten()
-                .is_some()
-        };
+        let used = |admin: &mut mysql::Conn| named_lock_used(admin, &name);
         let holder = f.registry();
         let guard = holder.obtain("job").unwrap().lock().unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
