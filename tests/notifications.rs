@@ -333,6 +333,8 @@ macro_rules! wakeup_suite {
             without_notifications_a_waiter_wakes_only_at_its_next_poll,
             a_standby_of_another_instance_is_woken_when_the_leader_resigns,
             the_listener_ends_with_its_registry,
+            a_release_in_another_process_wakes_a_waiter_before_its_next_poll,
+            a_killed_holder_keeps_the_lock_until_its_lease_expires,
         );
     };
 }
@@ -492,30 +494,6 @@ mod processes {
             killed - started
         );
     }
-}
-
-macro_rules! process_suite {
-    ($db:expr) => {
-        crate::suite_for!($db;
-            a_release_in_another_process_wakes_a_waiter_before_its_next_poll,
-            a_killed_holder_keeps_the_lock_until_its_lease_expires,
-        );
-    };
-}
-
-#[cfg(feature = "postgres")]
-mod postgres_processes {
-    process_suite!(crate::common::Db::Postgres);
-}
-
-#[cfg(feature = "mysql")]
-mod mysql_processes {
-    process_suite!(crate::common::Db::Mysql);
-}
-
-#[cfg(all(feature = "sqlite", target_os = "linux"))]
-mod sqlite_processes {
-    process_suite!(crate::common::Db::Sqlite);
 }
 
 /// MySQL's wake-up resources: named locks while holding, watchers while waiting, nothing after.
