@@ -79,7 +79,7 @@
 //! | `backend::acquire_sent`, `backend::renew_sent` | the instant a statement counts as sent; `renew_sent` can `return` a transient failure |
 //! | `leader::agent_watch` | the leader agent about to look at its lease |
 
-use crate::backend::{Grant, Path, Store};
+use crate::backend::{Batched, Grant, Path, Store};
 use crate::error::{Error, LossReason};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
@@ -97,9 +97,36 @@ pub struct LeaseLost {
     pub reason: LossReason,
 }
 
-/// Called once per lost lease, on the thread that noticed the loss (the renewal thread, the lease clock,
-/// or a caller). A panic in it is caught and logged.
+/// Called once per lost lease, on the registry's callback thread (see [`callback_thread`]). A
+/// panic in it is caught and logged.
 pub type LostCallback = Arc<dyn Fn(&LeaseLost) + Send + Sync>;
+
+/// Where a lease sends its loss event for the registry's callback (see [`callback_thread`]).
+pub(crate) type LossSink = Sender<LeaseLost>;
+
+/// Starts the thread that runs a registry's loss callback, one event after another, and returns
+/// the sender its leases report to. User code never runs on the lease clock, a renewal worker or
+/// a thread of another registry: a slow or blocking callback delays only later callbacks of its
+/// own registry. The thread ends when the registry and all its leases are gone (every sender
+/// dropped).
+pub(crate) fn callback_thread(callback: LostCallback) -> std::io::Result<LossSink> {
+    let (sink, events) = crossbeam_channel::unbounded::<LeaseLost>();
+    std::thread::Builder::new()
+        .name("leasehold-callback".into())
+        .spawn(move || {
+            for event in events {
+                let called =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
+                if called.is_err() {
+                    log::error!(
+                        "the on_lease_lost callback panicked for {:?}; the panic was caught",
+                        event.key
+                    );
+                }
+            }
+        })?;
+    Ok(sink)
+}
 
 /// How background renewal behaves; copied from the registry settings.
 #[derive(Clone, Copy, Debug)]
@@ -148,6 +175,13 @@ impl Bounds {
         let shortest = self.unknown_min_ttl.map_or(ttl, |unknown| unknown.min(ttl));
         self.confirmed_sent = sent_at;
         self.deadline = sent_at + holder_span(shortest);
+    }
+
+    /// A renewal with `ttl` is about to be sent, no earlier than `now`: from the moment it may
+    /// run, the row may expire at its send instant + `ttl`, which a shorter time-to-live than
+    /// the last one makes earlier than the deadline.
+    fn sending(&mut self, now: Instant, ttl: Duration) {
+        self.deadline = self.deadline.min(now + holder_span(ttl));
     }
 
     /// A renewal sent (at the latest) at `sent_at` with `ttl` got no answer: it may run at any
@@ -209,7 +243,7 @@ pub(crate) struct Lease {
     /// Renews this lease in the background; `None` with renewal turned off.
     renewer: Option<Weak<Renewer>>,
     settings: KeeperSettings,
-    on_lost: Option<LostCallback>,
+    on_lost: Option<LossSink>,
 }
 
 /// What one renewal found, as recorded.
@@ -237,7 +271,7 @@ impl Lease {
         ttl: Duration,
         renewer: Option<&Arc<Renewer>>,
         settings: KeeperSettings,
-        on_lost: Option<LostCallback>,
+        on_lost: Option<LossSink>,
     ) -> Arc<Lease> {
         let Grant { token, sent_at } = grant;
         let lease = Arc::new(Lease {
@@ -400,11 +434,19 @@ impl Lease {
             state.ttl_version += 1;
         }
         state.renewing = true;
-        Some(Turn {
+        let turn = Turn {
             ttl: state.ttl,
             version: state.ttl_version,
             sent_no_earlier_than: Instant::now(),
-        })
+        };
+        let before = state.bounds.deadline;
+        state.bounds.sending(turn.sent_no_earlier_than, turn.ttl);
+        let deadline = state.bounds.deadline;
+        drop(state);
+        if deadline < before {
+            clock::hurry(deadline);
+        }
+        Some(turn)
     }
 
     /// Records what a renewal of `turn` found, ends the turn, and reports a loss it found.
@@ -497,15 +539,10 @@ impl Lease {
         for listener in listeners {
             let _ = listener.try_send(event.clone());
         }
-        if let Some(callback) = &self.on_lost {
-            let called =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
-            if called.is_err() {
-                log::error!(
-                    "the on_lease_lost callback panicked for {:?}; the panic was caught",
-                    event.key
-                );
-            }
+        // The callback runs on the registry's callback thread: never here, where the lease
+        // clock or a renewal worker may be reporting other leases' losses.
+        if let Some(sink) = &self.on_lost {
+            let _ = sink.send(event);
         }
     }
 
@@ -567,91 +604,128 @@ impl Lease {
 pub(crate) const MAX_BATCH: usize = 500;
 
 /// A registry's background renewals: the lease clock hands it the leases whose renewal falls
-/// due, and its thread renews those of one time-to-live together, with one statement per
-/// [`MAX_BATCH`] leases on the renewal pool ([`Store::renew_batch`]). Each lease keeps its own
-/// state, deadline and loss report: a lease the database no longer records as this client's is
-/// reported by itself, and a batch that fails or hangs only bounds the deadlines of its leases,
-/// which the clock reports one by one when they pass.
+/// due, grouped by time-to-live into chunks of at most [`MAX_BATCH`] leases, and *renewal
+/// workers* renew each chunk with one statement on the renewal pool ([`Store::renew_batch`]).
+/// Each lease keeps its own state, deadline and loss report: a lease the database no longer
+/// records as this client's is reported by itself, a row another session has locked is skipped
+/// (that lease alone is retried, and lost at its deadline if the row stays locked), and a batch
+/// that fails or hangs only bounds the deadlines of its leases, which the clock reports one by
+/// one when they pass.
 ///
-/// The thread starts with the first due lease, holds only a `Weak` to the renewer (which the
-/// registry owns) and ends within [`Renewer::IDLE_TICK`] of the registry's drop.
+/// **Workers.** A chunk never waits behind another: a chunk submitted while every worker is busy
+/// (a statement stuck on a hung server or a slow connection) starts another worker, up to one per
+/// renewal connection (`renewal_pool_size`), so one slow statement delays only the leases it
+/// carries. A worker idle for [`Renewer::IDLE_TICK`] ends; the next chunk starts one again. No
+/// user code runs on a worker (loss callbacks run on the registry's callback thread). Workers
+/// hold only a `Weak` to the renewer (which the registry owns) while idle.
 pub(crate) struct Renewer {
     store: Weak<dyn Store>,
     due: Mutex<RenewerState>,
     wake: Condvar,
+    max_workers: usize,
 }
 
 struct RenewerState {
-    leases: Vec<Arc<Lease>>,
-    running: bool,
+    chunks: std::collections::VecDeque<Vec<Arc<Lease>>>,
+    workers: usize,
+    idle: usize,
+}
+
+/// Counts a worker out when it ends, however it ends.
+struct WorkerSlot(Weak<Renewer>);
+
+impl Drop for WorkerSlot {
+    fn drop(&mut self) {
+        if let Some(renewer) = self.0.upgrade() {
+            renewer.due.lock().workers -= 1;
+        }
+    }
 }
 
 impl Renewer {
-    /// How long the renewal thread waits for work before checking that its registry lives.
+    /// How long a renewal worker waits for work before it ends.
     pub const IDLE_TICK: Duration = Duration::from_secs(1);
 
-    pub fn new(store: Weak<dyn Store>) -> Arc<Renewer> {
+    /// The renewals of the registry of `store`, with at most `max_workers` statements in flight.
+    pub fn new(store: Weak<dyn Store>, max_workers: usize) -> Arc<Renewer> {
         Arc::new(Renewer {
             store,
             due: Mutex::new(RenewerState {
-                leases: Vec::new(),
-                running: false,
+                chunks: Default::default(),
+                workers: 0,
+                idle: 0,
             }),
             wake: Condvar::new(),
+            max_workers: max_workers.max(1),
         })
     }
 
     /// Hands over leases whose renewal falls due.
-    fn submit(self: &Arc<Self>, leases: impl IntoIterator<Item = Arc<Lease>>) {
-        let mut due = self.due.lock();
-        due.leases.extend(leases);
-        if due.running {
-            self.wake.notify_one();
-            return;
+    fn submit(self: &Arc<Self>, leases: Vec<Arc<Lease>>) {
+        let mut by_ttl: Vec<(Duration, Vec<Arc<Lease>>)> = Vec::new();
+        for lease in leases {
+            let ttl = lease.ttl();
+            match by_ttl
+                .iter_mut()
+                .find(|(t, group)| *t == ttl && group.len() < MAX_BATCH)
+            {
+                Some((_, group)) => group.push(lease),
+                None => by_ttl.push((ttl, vec![lease])),
+            }
         }
-        due.running = true;
-        let renewer = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("leasehold-renew".into())
-            .spawn(move || Renewer::run(renewer));
-        if let Err(e) = spawned {
-            due.running = false;
-            log::error!("could not start the renewal thread: {e}");
+        let mut due = self.due.lock();
+        due.chunks
+            .extend(by_ttl.into_iter().map(|(_, chunk)| chunk));
+        if due.idle > 0 {
+            self.wake.notify_all();
+        }
+        while due.chunks.len() > due.idle && due.workers < self.max_workers {
+            let renewer = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name("leasehold-renew".into())
+                .spawn(move || Renewer::work(renewer));
+            match spawned {
+                Ok(_) => due.workers += 1,
+                Err(e) => {
+                    log::error!("could not start a renewal worker: {e}");
+                    break;
+                }
+            }
         }
     }
 
-    fn run(renewer: Weak<Renewer>) {
+    fn work(renewer: Weak<Renewer>) {
+        let _slot = WorkerSlot(renewer.clone());
         loop {
             let Some(this) = renewer.upgrade() else {
                 return;
             };
-            let leases = {
+            let chunk = {
                 let mut due = this.due.lock();
-                if due.leases.is_empty() {
+                if due.chunks.is_empty() {
+                    due.idle += 1;
                     this.wake.wait_for(&mut due, Self::IDLE_TICK);
+                    due.idle -= 1;
                 }
-                std::mem::take(&mut due.leases)
+                due.chunks.pop_front()
             };
-            if leases.is_empty() {
-                continue;
-            }
-            let Some(store) = this.store.upgrade() else {
-                this.due.lock().running = false;
+            let (Some(chunk), Some(store)) = (chunk, this.store.upgrade()) else {
                 return;
             };
             drop(this);
-            renew_together(&*store, leases);
+            renew_chunk(&*store, chunk);
         }
     }
 }
 
-/// A lease whose turn the renewal thread holds.
+/// A lease whose turn a renewal worker holds.
 type Taken = (Arc<Lease>, Turn);
 
-/// Renews `leases` in batches of one time-to-live (see [`Renewer`]).
-fn renew_together(store: &dyn Store, leases: Vec<Arc<Lease>>) {
+/// Renews one chunk of leases (see [`Renewer`]): one statement per time-to-live their turns
+/// carry (one, unless a holder asked for another since the chunk was made).
+fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>) {
     let mut by_ttl: Vec<(Duration, Vec<Taken>)> = Vec::new();
-    for lease in leases {
+    for lease in chunk {
         if lease.is_over() {
             continue;
         }
@@ -666,41 +740,52 @@ fn renew_together(store: &dyn Store, leases: Vec<Arc<Lease>>) {
         }
     }
     for (ttl, group) in by_ttl {
-        let mut group = group.into_iter().peekable();
-        while group.peek().is_some() {
-            let chunk: Vec<Taken> = group.by_ref().take(MAX_BATCH).collect();
-            // One attempt may take half a renewal period, never the leases' whole remaining
-            // life: a statement that hangs (a hung server, a frozen connection) is given up and
-            // retried on another connection a quarter period later (see `end_turn`), several
-            // times before the deadline — what lets a lease outlive a primary that hangs.
-            let period = chunk
-                .iter()
-                .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
-                .min()
-                .expect("a chunk is never empty");
-            let deadline = chunk
-                .iter()
-                .map(|(lease, _)| lease.deadline())
-                .min()
-                .expect("a chunk is never empty")
-                .min(Instant::now() + period / 2);
-            let keys: Vec<(&str, i64)> = chunk
-                .iter()
-                .map(|(lease, _)| (&*lease.lock_key, lease.token))
-                .collect();
-            fail_point!("lease::renew_batch_before_statement");
-            let outcome = store.renew_batch(&keys, ttl, deadline);
-            if let Err(e) = &outcome {
-                log::warn!("renewing {} leases failed: {e}", chunk.len());
-            }
-            for (index, (lease, turn)) in chunk.iter().enumerate() {
-                let mine = match &outcome {
-                    Ok((sent_at, renewed)) => Ok(renewed[index].then_some(*sent_at)),
-                    Err(e) => Err(e.to_string()),
-                };
-                lease.end_turn(turn, mine);
-            }
-        }
+        renew_group(store, ttl, group);
+    }
+}
+
+/// One renew statement for leases of one time-to-live, and what it found for each.
+fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>) {
+    // One attempt may take half a renewal period, never the leases' whole remaining life, nor
+    // past the earliest deadline among them: a statement that hangs (a hung server, a frozen
+    // connection) is given up and retried on another connection a quarter period later (see
+    // `end_turn`), several times before the deadline — what lets a lease outlive a primary
+    // that hangs.
+    let period = group
+        .iter()
+        .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
+        .min()
+        .expect("a group is never empty");
+    let deadline = group
+        .iter()
+        .map(|(lease, _)| lease.deadline())
+        .min()
+        .expect("a group is never empty")
+        .min(Instant::now() + period / 2);
+    let keys: Vec<(&str, i64)> = group
+        .iter()
+        .map(|(lease, _)| (&*lease.lock_key, lease.token))
+        .collect();
+    fail_point!("lease::renew_batch_before_statement");
+    let outcome = store.renew_batch(&keys, ttl, deadline);
+    fail_point!("lease::renew_batch_before_record");
+    if let Err(e) = &outcome {
+        log::warn!("renewing {} leases failed: {e}", group.len());
+    }
+    for (index, (lease, turn)) in group.iter().enumerate() {
+        let mine = match &outcome {
+            Ok((sent_at, found)) => match found[index] {
+                Batched::Renewed => Ok(Some(*sent_at)),
+                Batched::NotHolder => Ok(None),
+                Batched::RowBusy => Err(
+                    "its row was locked by another session; the renewal skipped it rather than \
+                     wait (a long transaction or a `SELECT ... FOR UPDATE` on the lock table?)"
+                        .to_string(),
+                ),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        lease.end_turn(turn, mine);
     }
 }
 

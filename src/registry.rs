@@ -5,7 +5,7 @@ use crate::backend::{
 };
 use crate::cache::HandleCache;
 use crate::error::{Error, Result};
-use crate::lease::{KeeperSettings, LeaseLost, LostCallback, Renewer};
+use crate::lease::{callback_thread, KeeperSettings, LeaseLost, LossSink, LostCallback, Renewer};
 use crate::lock::{Lock, LockInner};
 use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
@@ -81,7 +81,8 @@ impl Settings {
 pub(crate) struct Core {
     pub store: Arc<dyn Store>,
     pub settings: Settings,
-    pub on_lost: Option<LostCallback>,
+    /// The registry's loss callback, on its own thread (see [`callback_thread`]).
+    pub on_lost: Option<LossSink>,
     pub client_id: String,
     pub region: String,
     pub table: String,
@@ -551,8 +552,17 @@ impl RegistryBuilder {
         self
     }
 
-    /// Called once for every lease of this registry that is lost, on the thread that noticed.
-    /// Defaults to none (losses are logged at `warn`). Keep it short; it must not block.
+    /// Called once for every lease of this registry that is lost. Defaults to none (losses
+    /// are logged at `warn`).
+    ///
+    /// It runs on a thread of this registry's own, one loss after another, never on a thread
+    /// that renews or watches leases: a slow callback (a webhook, a log flush) cannot delay the
+    /// renewal or the loss report of any lease, of this registry or another. By the time it
+    /// runs, the lease is already marked lost (`is_held()` is false) and its loss channels have
+    /// fired; a holder that must stop at once should watch its guard's
+    /// [`loss_channel`](crate::LockGuard::loss_channel), not wait for the callback. Keep it
+    /// quick anyway: a callback that blocks delays the later callbacks of this registry. A
+    /// panic in it is caught and logged.
     pub fn on_lease_lost(mut self, callback: impl Fn(&LeaseLost) + Send + Sync + 'static) -> Self {
         self.on_lost = Some(Arc::new(callback));
         self
@@ -626,12 +636,21 @@ impl RegistryBuilder {
             Database::Mysql(url) => crate::backend::mysql::open(&url, &pool, &table_settings)?,
         };
         let (wakeups, subscription_requests) = Wakeups::new();
-        let renewer = Renewer::new(Arc::downgrade(&store));
+        let renewer = Renewer::new(Arc::downgrade(&store), self.renewal_pool_size as usize);
+        let on_lost = match self.on_lost {
+            Some(callback) => Some(callback_thread(callback).map_err(|e| {
+                Error::setting(
+                    "on_lease_lost",
+                    format!("could not start the thread that runs the callback: {e}"),
+                )
+            })?),
+            None => None,
+        };
         let core = Arc::new(Core {
             renewer,
             store,
             settings,
-            on_lost: self.on_lost,
+            on_lost,
             client_id,
             region: self.region,
             table,

@@ -34,7 +34,10 @@ pub(crate) struct AdminStatements {
     pub delete_released_and_expired: String,
     /// Parameters 1–5, as release. Keeps the row held by this client until `CREATED_DATE` +
     /// parameter 4 µs when that is later than the database clock, releases it as release
-    /// does otherwise; zero affected rows means the lease had already been lost.
+    /// does otherwise; zero affected rows means the lease had already been lost. Either way
+    /// it raises `FENCING_TOKEN` by one, so that a renewal of the lease still in flight, or one
+    /// that timed out and runs late, no longer matches the row (renewals match client *and*
+    /// token) and cannot cut the kept time short; the next grant's token exceeds it as usual.
     pub release_keeping: String,
 }
 

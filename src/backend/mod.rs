@@ -105,7 +105,7 @@ pub(crate) use statements::PerStatement;
 pub use statements::Statements;
 pub(crate) use statements::{pairs_json, CustomQueries, OwnedParams, Params};
 pub use statistics::Statistics;
-pub(crate) use store::{Grant, Path, SqlStore, Store};
+pub(crate) use store::{Batched, Grant, Path, SqlStore, Store};
 
 /// A connection of a backend, as its pool hands it out.
 pub(crate) type Conn<B> = <<B as Backend>::Manager as r2d2::ManageConnection>::Connection;
@@ -245,12 +245,27 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn renew_batch_sql(table: &str) -> Vec<String>;
 
     /// Renews many leases of one time-to-live in one transaction with `sql` (from
-    /// [`Backend::renew_batch_sql`]): parameter 1 is a JSON array of `[LOCK_KEY, token]`
-    /// pairs, 2–4 as for renew; each pair's row is renewed under renew's conditions (client,
-    /// token, not expired). Returns the pairs renewed.
+    /// [`Backend::renew_batch_sql`]): parameter 1 is a JSON array of `pairs` `[LOCK_KEY,
+    /// token]` pairs, 2–4 as for renew; each pair's row is renewed under renew's conditions
+    /// (client, token, not expired). A row another session holds locked must be skipped, never
+    /// waited for, and returned in [`BatchRows::busy`] when it still matches those conditions.
     fn renew_batch(
         conn: &mut Conn<Self>,
         sql: &[String],
         params: &Params,
-    ) -> Result<Vec<(String, i64)>, Failure>;
+        pairs: usize,
+    ) -> Result<BatchRows, Failure>;
+
+    /// Whether another session can hold one row of the table locked (a transaction that
+    /// updated it, `SELECT … FOR UPDATE`), so that a statement could wait on it. Then even a
+    /// single background renewal runs through [`Backend::renew_batch`], which skips such rows.
+    const ROW_LOCKS: bool = true;
+}
+
+/// What a batch renewal found: the pairs renewed, and the pairs still this client's whose rows
+/// another session held locked (skipped).
+#[derive(Debug, Default)]
+pub(crate) struct BatchRows {
+    pub renewed: Vec<(String, i64)>,
+    pub busy: Vec<(String, i64)>,
 }

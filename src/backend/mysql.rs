@@ -89,8 +89,8 @@
 
 use super::pools::Finding;
 use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow, Params,
-    PerStatement, Statements,
+    AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
+    ListedRow, Params, PerStatement, Statements,
 };
 use crate::error::Error;
 use mysql::consts::CapabilityFlags;
@@ -398,6 +398,7 @@ impl Backend for Mysql {
             release_keeping: format!(
                 "UPDATE {table} SET \
                  CLIENT_ID = CASE WHEN {keep_until} > {NOW} THEN CLIENT_ID END, \
+                 FENCING_TOKEN = FENCING_TOKEN + 1, \
                  EXPIRED_AFTER = CASE WHEN {keep_until} > {NOW} THEN {keep_until} \
                  ELSE {RELEASED} END \
                  WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID = :client_id \
@@ -653,15 +654,20 @@ impl Backend for Mysql {
         let pairs = "JSON_TABLE(:lock_key, '$[*]' COLUMNS (k CHAR(36) PATH '$[0]', \
                      t BIGINT PATH '$[1]')) AS j STRAIGHT_JOIN";
         let on = "ON l.LOCK_KEY = j.k AND l.REGION = :region AND l.FENCING_TOKEN = j.t";
+        let mine = format!(
+            "SELECT l.LOCK_KEY, l.FENCING_TOKEN FROM {pairs} {table} AS l {on} \
+             WHERE l.CLIENT_ID = :client_id AND l.EXPIRED_AFTER >= {NOW}"
+        );
         vec![
-            format!(
-                "SELECT l.LOCK_KEY, l.FENCING_TOKEN FROM {pairs} {table} AS l {on} \
-                 WHERE l.CLIENT_ID = :client_id AND l.EXPIRED_AFTER >= {NOW} FOR UPDATE"
-            ),
+            // `SKIP LOCKED`: a row another session holds locked is passed over, not waited for.
+            format!("{mine} FOR UPDATE SKIP LOCKED"),
             format!(
                 "UPDATE {pairs} {table} AS l {on} SET l.EXPIRED_AFTER = {NOW_PLUS_TTL} \
                  WHERE l.CLIENT_ID = :client_id"
             ),
+            // Only when some pairs were not locked: which of them are still this client's (a
+            // consistent read, which waits for no lock).
+            mine,
         ]
     }
 
@@ -669,7 +675,8 @@ impl Backend for Mysql {
         conn: &mut Conn<Self>,
         sql: &[String],
         params: &Params,
-    ) -> Result<Vec<(String, i64)>, Failure> {
+        pairs: usize,
+    ) -> Result<BatchRows, Failure> {
         conn.conn
             .query_drop("START TRANSACTION")
             .map_err(classify)?;
@@ -686,8 +693,20 @@ impl Backend for Mysql {
                 let (update, values) = conn.bind(&sql[1], &locked)?;
                 conn.conn.exec_drop(&update, values).map_err(classify)?;
             }
+            let mut busy = Vec::new();
+            if rows.len() < pairs {
+                let (mine, values) = conn.bind(&sql[2], params)?;
+                let mine: Vec<(String, i64)> = conn.conn.exec(&mine, values).map_err(classify)?;
+                busy = mine
+                    .into_iter()
+                    .filter(|pair| !rows.contains(pair))
+                    .collect();
+            }
             conn.conn.query_drop("COMMIT").map_err(classify)?;
-            Ok(rows)
+            Ok(BatchRows {
+                renewed: rows,
+                busy,
+            })
         })();
         if renewed.is_err() {
             let _ = conn.conn.query_drop("ROLLBACK");

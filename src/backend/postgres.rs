@@ -113,8 +113,9 @@
 
 use super::pools::Finding;
 use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow,
-    ListenerEvent, ListenerHandler, ListenerReply, Params, PerStatement, Statements, TableSettings,
+    AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
+    ListedRow, ListenerEvent, ListenerHandler, ListenerReply, Params, PerStatement, Statements,
+    TableSettings,
 };
 use crate::error::Error;
 use std::cell::Cell;
@@ -590,6 +591,7 @@ impl Backend for Postgres {
             release_keeping: format!(
                 "UPDATE {table} SET \
                  CLIENT_ID = CASE WHEN {keep_until} > {NOW} THEN CLIENT_ID END, \
+                 FENCING_TOKEN = FENCING_TOKEN + 1, \
                  EXPIRED_AFTER = CASE WHEN {keep_until} > {NOW} THEN {keep_until} \
                  ELSE {RELEASED} END \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
@@ -733,14 +735,25 @@ impl Backend for Postgres {
         "SELECT CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS BIGINT)"
     }
 
+    /// `mine`: the pairs whose rows are this client's (a snapshot read: it waits for nothing);
+    /// `locked`: those of them whose row locks can be taken at once (`SKIP LOCKED` passes over a
+    /// row another session holds, rather than wait for it); `renewed`: the update of those.
+    /// Every row of `mine` comes back, with whether it was renewed.
     fn renew_batch_sql(table: &str) -> Vec<String> {
         vec![format!(
-            "UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} \
-             FROM (SELECT CAST(e ->> 0 AS CHAR(36)) AS k, CAST(e ->> 1 AS BIGINT) AS t \
-             FROM jsonb_array_elements(CAST(CAST($1 AS TEXT) AS JSONB)) AS e) AS j \
-             WHERE l.LOCK_KEY = j.k AND l.REGION = $2 AND l.CLIENT_ID = $3 \
-             AND l.FENCING_TOKEN = j.t AND l.EXPIRED_AFTER >= {NOW} \
-             RETURNING CAST(l.LOCK_KEY AS TEXT), l.FENCING_TOKEN"
+            "WITH j AS (SELECT CAST(e ->> 0 AS CHAR(36)) AS k, CAST(e ->> 1 AS BIGINT) AS t \
+             FROM jsonb_array_elements(CAST(CAST($1 AS TEXT) AS JSONB)) AS e), \
+             mine AS (SELECT l.LOCK_KEY AS k, l.FENCING_TOKEN AS t FROM {table} AS l JOIN j \
+             ON l.LOCK_KEY = j.k AND l.FENCING_TOKEN = j.t WHERE l.REGION = $2 \
+             AND l.CLIENT_ID = $3 AND l.EXPIRED_AFTER >= {NOW}), \
+             locked AS (SELECT l.LOCK_KEY AS k FROM {table} AS l JOIN mine \
+             ON l.LOCK_KEY = mine.k AND l.FENCING_TOKEN = mine.t WHERE l.REGION = $2 \
+             AND l.CLIENT_ID = $3 AND l.EXPIRED_AFTER >= {NOW} FOR UPDATE OF l SKIP LOCKED), \
+             renewed AS (UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} FROM locked \
+             WHERE l.LOCK_KEY = locked.k AND l.REGION = $2 AND l.CLIENT_ID = $3 \
+             RETURNING l.LOCK_KEY AS k) \
+             SELECT CAST(mine.k AS TEXT), mine.t, renewed.k IS NOT NULL FROM mine \
+             LEFT JOIN renewed ON renewed.k = mine.k"
         )]
     }
 
@@ -748,18 +761,24 @@ impl Backend for Postgres {
         conn: &mut Conn<Self>,
         sql: &[String],
         params: &Params,
-    ) -> Result<Vec<(String, i64)>, Failure> {
+        _pairs: usize,
+    ) -> Result<BatchRows, Failure> {
         let statement = conn.statement(&sql[0])?;
         let values = bind(&statement, params);
         let rows = call!(conn, |client| client.query(&statement, &values))?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get(0).map_err(classify)?,
-                    row.try_get(1).map_err(classify)?,
-                ))
-            })
-            .collect()
+        let mut found = BatchRows::default();
+        for row in &rows {
+            let pair = (
+                row.try_get(0).map_err(classify)?,
+                row.try_get(1).map_err(classify)?,
+            );
+            if row.try_get(2).map_err(classify)? {
+                found.renewed.push(pair);
+            } else {
+                found.busy.push(pair);
+            }
+        }
+        Ok(found)
     }
 
     #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]

@@ -15,8 +15,8 @@
 //! the file's one write lock, so an acquire always sees the deletions committed before it.
 
 use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow, Params,
-    Statements,
+    AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
+    ListedRow, Params, Statements,
 };
 use rusqlite::{ffi::ErrorCode, types::ToSql, Connection};
 use std::path::PathBuf;
@@ -187,6 +187,7 @@ impl Backend for Sqlite {
             release_keeping: format!(
                 "UPDATE {table} SET \
                  CLIENT_ID = CASE WHEN {keep_until} > {NOW} THEN CLIENT_ID END, \
+                 FENCING_TOKEN = FENCING_TOKEN + 1, \
                  EXPIRED_AFTER = CASE WHEN {keep_until} > {NOW} THEN {keep_until} \
                  ELSE '1970-01-01 00:00:00.000' END \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 \
@@ -370,7 +371,8 @@ impl Backend for Sqlite {
         conn: &mut Conn<Self>,
         sql: &[String],
         params: &Params,
-    ) -> Result<Vec<(String, i64)>, Failure> {
+        _pairs: usize,
+    ) -> Result<BatchRows, Failure> {
         let mut statement = conn.conn.prepare_cached(&sql[0]).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         let mut rows = statement.raw_query();
@@ -378,8 +380,14 @@ impl Backend for Sqlite {
         while let Some(row) = rows.next().map_err(classify)? {
             renewed.push((row.get(0).map_err(classify)?, row.get(1).map_err(classify)?));
         }
-        Ok(renewed)
+        // SQLite locks the whole database, never one row: nothing is ever skipped.
+        Ok(BatchRows {
+            renewed,
+            busy: Vec::new(),
+        })
     }
+
+    const ROW_LOCKS: bool = false;
 }
 
 /// Binds parameters 1 to the statement's highest parameter number, so a statement may use any
