@@ -29,6 +29,10 @@ pub struct Holder {
     pub expires_at: SystemTime,
     /// The grant's fencing token (0 for a row written by Spring Integration itself).
     pub fencing_token: u64,
+    /// How long the lease has left on the database clock, as the statement that read the row
+    /// saw it (`EXPIRED_AFTER` minus the database's now, in one statement: no clock skew and no
+    /// second round trip in it).
+    pub expires_in: Duration,
 }
 
 /// What a row of the lock table says, judged on the database clock.
@@ -250,6 +254,9 @@ impl LockRegistry {
             acquired: system_time(row.acquired_micros),
             expires_at: system_time(row.expires_micros),
             fencing_token: row.token.max(0) as u64,
+            expires_in: Duration::from_micros(
+                row.expires_micros.saturating_sub(row.now_micros).max(0) as u64,
+            ),
         }))
     }
 

@@ -41,30 +41,56 @@
 //!
 //! # Threads
 //!
-//! **The lease clock** (one thread per process, [`clock`]) keeps a list of live leases and
+//! **The lease clock** (one thread per process, [`clock`]; it runs no user code and waits for no
+//! database) keeps a list of live leases and
 //! wakes at the earliest moment one of them needs attention: its renewal is nearly due, or its
 //! deadline has passed. A lease whose deadline passes is marked lost right there — even when its
 //! renewal is stuck in a database call that does not return (a frozen connection), so a loss is
 //! never reported later than the moment another instance could take the lock. A lease whose
 //! deadline or renewal moves earlier (a shorter time-to-live) wakes the clock.
 //!
-//! **A renewal thread per registry** ([`Renewer`]) does the renewing. The clock hands it the
+//! **Renewal workers, per registry** ([`Renewer`]) do the renewing. The clock hands them the
 //! leases whose renewal is due within the next eighth of their renewal period (a third of the
 //! time-to-live after the last renewal was sent, unless configured otherwise), so leases due
 //! together are renewed together: one statement per time-to-live and [`MAX_BATCH`] leases, on the
 //! registry's renewal pool. A lease released before its first renewal (most short critical
-//! sections) never reaches it. Each lease keeps its own responsibility: its turn, its deadline,
+//! sections) never reaches them. Each lease keeps its own responsibility: its turn, its deadline,
 //! its loss report; a batch whose answer never comes only bounds the deadlines of its leases
 //! (see above), which are retried and, if their deadlines pass, reported one by one by the
-//! clock. One attempt gets half a renewal period at most, not the leases' whole remaining life,
-//! so that a statement stuck on a hung server or a frozen connection is retried on a new
-//! connection — to the new primary after a failover — before the deadline. With renewal
-//! turned off no renewal runs; the clock reports the loss at the deadline.
+//! clock. One attempt gets half a renewal period at most, and never runs past the earliest
+//! deadline among its leases, so that a statement stuck on a hung server or a frozen connection
+//! is retried on a new connection — to the new primary after a failover — before the deadline.
+//! With renewal turned off no renewal runs; the clock reports the loss at the deadline.
+//!
+//! # Isolation
+//!
+//! Nothing one lease, callback or row does can break another lease's guarantee:
+//!
+//! - **No user code on shared threads.** The loss callback runs on its registry's callback
+//!   thread ([`callback_thread`]), after the lease is marked lost and its loss channels have
+//!   fired. The clock marks every expired lease lost and sends its channels without waiting for
+//!   anything; a blocking callback delays only later callbacks of its own registry.
+//! - **A slow statement delays only its leases.** A chunk submitted while every worker is busy
+//!   starts another worker (up to one per renewal connection), so a statement that hangs holds up
+//!   only the leases it carries.
+//! - **A locked row costs only its own lease.** The batch renewal skips rows another session
+//!   holds locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB) and never waits for
+//!   them; such a lease is retried alone a quarter period later, and if its row stays locked past
+//!   its deadline it is reported lost as *expired* with the reason (the row was never found to have
+//!   another holder). Even a single lease renews through the batch statement on those databases.
+//!   A custom renew statement (`renew_sql`) runs one plain statement per lease and may wait.
+//! - **A shorter time-to-live bounds the deadline from the moment it may run.** When a renewal
+//!   carrying a shorter time-to-live than the lease's last takes its turn (a local handoff to a
+//!   thread that asked for it, `renew_with_ttl`), the deadline drops at once to its send instant
+//!   plus that time-to-live, before the statement is sent.
+//! - **A finished lease cannot touch its row.** Release clears `CLIENT_ID`, and
+//!   `unlock_keeping_for` raises `FENCING_TOKEN` by one, so a renewal still in flight, or one that
+//!   timed out and runs late on the server, matches neither and cannot extend or cut short what the
+//!   release left.
 //!
 //! A local handoff to a thread that asked for another time-to-live does not run a statement on
 //! the caller's thread: it records the new time-to-live and asks for a renewal now (the
-//! deadline stays bounded by what the database has). The callback is user code: a panic in it
-//! is caught and logged, so it cannot take the clock or the renewal thread down.
+//! deadline stays bounded by what the database has).
 //!
 //! # Fail points (feature `failpoints`, tests only)
 //!
@@ -72,7 +98,7 @@
 //! |------|-------|
 //! | `lease::renew_waits_for_turn` | a renewal finds another of the same lease in flight |
 //! | `lease::renew_before_statement`, `lease::renew_before_record` | around a renew statement |
-//! | `lease::renew_batch_before_statement` | the renewal thread about to send a batch |
+//! | `lease::renew_batch_before_statement`, `lease::renew_batch_before_record` | a renewal worker about to send a batch, and about to record its outcome |
 //! | `lease::loss_channel` | a holder asks for a loss channel |
 //! | `lease::clock_before_expiry` | the clock about to report leases whose deadline passed |
 //! | `lock::acquire_before_statement`, `lock::release_before_statement` | the poller's acquire, the last holder's release |
@@ -97,8 +123,8 @@ pub struct LeaseLost {
     pub reason: LossReason,
 }
 
-/// Called once per lost lease, on the registry's callback thread (see [`callback_thread`]). A
-/// panic in it is caught and logged.
+/// Called once per lost lease, on a thread of the registry's own (see
+/// `RegistryBuilder::on_lease_lost`). A panic in it is caught and logged.
 pub type LostCallback = Arc<dyn Fn(&LeaseLost) + Send + Sync>;
 
 /// Where a lease sends its loss event for the registry's callback (see [`callback_thread`]).

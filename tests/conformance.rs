@@ -111,6 +111,12 @@ mod suite {
             Err(Error::LeaseLost { key, .. }) => assert_eq!(key, "takeover"),
             other => panic!("unlock after expiry must report the loss, got {other:?}"),
         }
+        // The callback runs on the registry's callback thread, after the loss channel fired.
+        let until = Instant::now() + GENEROUS;
+        while lost_events.load(Ordering::SeqCst) == 0 && Instant::now() < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+        thread::sleep(Duration::from_millis(100));
         assert_eq!(lost_events.load(Ordering::SeqCst), 1);
         assert!(fresh.is_held());
         fresh.unlock().unwrap();

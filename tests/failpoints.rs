@@ -415,6 +415,8 @@ fn a_loss_found_by_unlock_is_reported_once() {
         ),
         "{event:?}"
     );
+    // The callback runs on the registry's callback thread, after the loss channel fired.
+    wait_until("the callback ran", || reports.load(Ordering::SeqCst) > 0);
     thread::sleep(Duration::from_millis(200));
     assert_eq!(reports.load(Ordering::SeqCst), 1, "reported once");
     scenario.teardown();

@@ -622,7 +622,16 @@ mod sequences {
                 }
             }
         }
-        // Reports are made on the thread that noticed; the last ones may still be in flight.
+        // Callbacks run on each registry's callback thread: the last ones may still be on their
+        // way. Wait (generously, for a loaded machine) until every loss unlock saw is reported.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < until
+            && !lost_on_unlock
+                .iter()
+                .all(|token| reports.lock().contains_key(token))
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         std::thread::sleep(Duration::from_millis(50));
         let reports = reports.lock();
         for token in lost_on_unlock {

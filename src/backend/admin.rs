@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub(crate) struct AdminStatements {
     /// Parameters 1–2. One row — `CLIENT_ID`, `CREATED_DATE` and `EXPIRED_AFTER` in µs since
-    /// the Unix epoch (UTC), `FENCING_TOKEN` — when the row is held on the database clock
+    /// the Unix epoch (UTC), `FENCING_TOKEN`, the database clock in µs — when the row is held on the database clock
     /// (`CLIENT_ID` set, not expired); no row otherwise.
     pub holder: String,
     /// Parameters 1, 2 and 5. The region's rows whose `LOCK_KEY` sorts after parameter 1
@@ -48,6 +48,8 @@ pub(crate) struct HolderRow {
     pub acquired_micros: i64,
     pub expires_micros: i64,
     pub token: i64,
+    /// The database clock when the statement ran, in µs since the Unix epoch.
+    pub now_micros: i64,
 }
 
 /// A row as [`AdminStatements::list`] returns it.

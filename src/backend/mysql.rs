@@ -370,7 +370,7 @@ impl Backend for Mysql {
         let cutoff = format!("{NOW} - INTERVAL :ttl_micros MICROSECOND");
         AdminStatements {
             holder: format!(
-                "SELECT CLIENT_ID, {created}, {expires}, FENCING_TOKEN FROM {table} \
+                "SELECT CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {CLOCK_MICROS} FROM {table} \
                  WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID IS NOT NULL \
                  AND EXPIRED_AFTER >= {NOW}",
                 created = micros("CREATED_DATE"),
@@ -413,14 +413,15 @@ impl Backend for Mysql {
         params: &Params,
     ) -> Result<Option<HolderRow>, Failure> {
         let (statement, values) = conn.bind(sql, params)?;
-        let row: Option<(String, i64, i64, i64)> =
+        let row: Option<(String, i64, i64, i64, i64)> =
             conn.conn.exec_first(&statement, values).map_err(classify)?;
         Ok(row.map(
-            |(client_id, acquired_micros, expires_micros, token)| HolderRow {
+            |(client_id, acquired_micros, expires_micros, token, now_micros)| HolderRow {
                 client_id,
                 acquired_micros,
                 expires_micros,
                 token,
+                now_micros,
             },
         ))
     }

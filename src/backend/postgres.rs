@@ -560,7 +560,7 @@ impl Backend for Postgres {
         let cutoff = format!("({NOW} - $4 * INTERVAL '1 microsecond')");
         AdminStatements {
             holder: format!(
-                "SELECT CAST(CLIENT_ID AS TEXT), {created}, {expires}, FENCING_TOKEN FROM {table} \
+                "SELECT CAST(CLIENT_ID AS TEXT), {created}, {expires}, FENCING_TOKEN, {CLOCK_MICROS} FROM {table} \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID IS NOT NULL \
                  AND EXPIRED_AFTER >= {NOW}",
                 created = micros("CREATED_DATE"),
@@ -620,6 +620,7 @@ impl Backend for Postgres {
             acquired_micros: row.try_get(1).map_err(classify)?,
             expires_micros: row.try_get(2).map_err(classify)?,
             token: row.try_get(3).map_err(classify)?,
+            now_micros: row.try_get(4).map_err(classify)?,
         }))
     }
 

@@ -162,7 +162,7 @@ impl Backend for Sqlite {
             "strftime('%Y-%m-%d %H:%M:%f', julianday(CREATED_DATE) + ?4 / 86400000000.0)";
         AdminStatements {
             holder: format!(
-                "SELECT CLIENT_ID, {created}, {expires}, FENCING_TOKEN FROM {table} \
+                "SELECT CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {CLOCK_MICROS} FROM {table} \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID IS NOT NULL \
                  AND EXPIRED_AFTER >= {NOW}",
                 created = micros("CREATED_DATE"),
@@ -213,6 +213,7 @@ impl Backend for Sqlite {
                 acquired_micros: row.get(1)?,
                 expires_micros: row.get(2)?,
                 token: row.get(3)?,
+                now_micros: row.get(4)?,
             })
         };
         read().map(Some).map_err(classify)
