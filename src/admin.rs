@@ -298,6 +298,39 @@ impl LockRegistry {
         }
     }
 
+    /// The rows this registry holds now, as the database records them: held on the database
+    /// clock and carrying this registry's [`client_id`](LockRegistry::client_id) — "what does
+    /// this node hold". Rows of keys this registry has handles for carry their names. One
+    /// listing of the region's rows (a page of up to 500 rows per query).
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("l.db");
+    /// let node = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+    /// let other = leasehold::LockRegistry::sqlite(&path).build()?;
+    /// let mine = node.obtain("nightly-export")?.lock()?;
+    /// let theirs = other.obtain("hourly-sync")?.lock()?;
+    /// let held = node.held_by_this_registry()?;
+    /// assert_eq!(held.len(), 1);
+    /// assert_eq!(held[0].name.as_deref(), Some("nightly-export"));
+    /// assert_eq!(held[0].fencing_token, mine.fencing_token());
+    /// # drop((mine, theirs));
+    /// # Ok(()) }
+    /// ```
+    pub fn held_by_this_registry(&self) -> Result<Vec<LockRow>> {
+        let names = self.cache.lock().names();
+        let listing = self.listing().resolving(names)?;
+        let mut held = Vec::new();
+        for row in listing.rows() {
+            let row = row?;
+            if row.state == LockState::Held && row.client_id.as_deref() == Some(self.client_id()) {
+                held.push(row);
+            }
+        }
+        Ok(held)
+    }
+
     /// Frees `key` whatever holds it, as a release by the holder would (the row stays, marked
     /// free, with its fencing token, so later grants still get larger tokens). Returns whether
     /// a holder was removed (`false`: the key was free already).

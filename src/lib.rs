@@ -229,6 +229,6 @@ struct ReadmeSnippets;
 /// `leasehold::crossbeam_channel::select! { recv(guard.loss_channel()) -> lost => …, … }`.
 pub use crossbeam_channel;
 pub use registry::{
-    LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES, MAX_PREFIX_CHARS, MAX_REGION_CHARS,
-    MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
+    default_client_id, LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES, MAX_PREFIX_CHARS,
+    MAX_REGION_CHARS, MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
 };

@@ -111,7 +111,7 @@ pub(crate) enum Database {
 #[derive(Clone)]
 pub struct LockRegistry {
     pub(crate) core: Arc<Core>,
-    cache: Arc<Mutex<HandleCache>>,
+    pub(crate) cache: Arc<Mutex<HandleCache>>,
 }
 
 impl LockRegistry {
@@ -366,9 +366,10 @@ impl RegistryBuilder {
         self
     }
 
-    /// This registry's `CLIENT_ID`: 1 to 36 printable ASCII characters. Defaults to a random
-    /// UUID per registry. Two registries must never share one: the table tells holders apart by
-    /// it.
+    /// This registry's `CLIENT_ID`: 1 to 36 printable ASCII characters. Defaults to
+    /// [`default_client_id`]: `HOST/PID/RANDOM`, so that the table tells operators which host
+    /// and process hold a lock, with a fresh random part per registry. Two registries must never
+    /// share one: the table tells holders apart by it.
     pub fn client_id(mut self, client_id: impl Into<String>) -> Self {
         self.client_id = Some(client_id.into());
         self
@@ -583,7 +584,7 @@ impl RegistryBuilder {
         validate_region(&self.region)?;
         let client_id = match self.client_id {
             Some(id) => validate_client_id(id)?,
-            None => uuid::Uuid::new_v4().hyphenated().to_string(),
+            None => default_client_id(),
         };
         if self.cache_capacity == 0 {
             return Err(Error::setting("cache_capacity", "must be at least 1"));
@@ -773,6 +774,35 @@ fn validate_region(region: &str) -> Result<()> {
     Ok(())
 }
 
+/// A `CLIENT_ID` that names this process: `HOST/PID/RANDOM` — the host name (up to 18
+/// characters, printable ASCII other than `/`), the process id and 8 random hexadecimal digits
+/// (a new value on every call, so registries of one process differ, and a reused pid does not
+/// repeat an id) — at most 36 characters, the width of Spring Integration's `CLIENT_ID` column.
+/// The default of every registry and of the `leasehold` command; `leasehold list --holder` and
+/// [`LockRegistry::held_by_this_registry`] find a node's locks by it.
+///
+/// The host name comes from `/proc/sys/kernel/hostname` (Linux), else the `HOSTNAME` or
+/// `COMPUTERNAME` environment variable, else `host`.
+pub fn default_client_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .unwrap_or_default();
+    let mut host: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_graphic() && *c != '/')
+        .take(18)
+        .collect();
+    if host.is_empty() {
+        host = "host".into();
+    }
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    let id = format!("{host}/{}/{}", std::process::id(), &random[..8]);
+    id.chars().take(36).collect()
+}
+
 fn validate_client_id(id: String) -> Result<String> {
     if id.is_empty() || id.len() > 36 || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(Error::setting(
@@ -813,5 +843,12 @@ mod tests {
         assert!(validate_client_id("x".repeat(37)).is_err());
         assert!(validate_client_id("node 1".into()).is_err());
         assert!(validate_client_id("node-1".into()).is_ok());
+        let (first, second) = (default_client_id(), default_client_id());
+        assert_ne!(first, second, "each registry gets its own");
+        assert_eq!(validate_client_id(first.clone()).ok(), Some(first.clone()));
+        let parts: Vec<&str> = first.split('/').collect();
+        assert_eq!(parts.len(), 3, "{first}");
+        assert_eq!(parts[1], std::process::id().to_string());
+        assert_eq!(parts[2].len(), 8);
     }
 }
