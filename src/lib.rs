@@ -205,6 +205,7 @@ mod key;
 mod leader;
 mod lease;
 mod lock;
+mod meter;
 mod registry;
 mod wakeups;
 

@@ -7,6 +7,7 @@ use crate::cache::HandleCache;
 use crate::error::{Error, Result};
 use crate::lease::{callback_thread, KeeperSettings, LeaseLost, LossSink, LostCallback, Renewer};
 use crate::lock::{Lock, LockInner};
+use crate::meter::Meter;
 use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -90,6 +91,8 @@ pub(crate) struct Core {
     pub wakeups: Wakeups,
     /// Background renewals of this registry's leases.
     pub renewer: Arc<Renewer>,
+    /// What the registry measures (see [`crate::meter`]).
+    pub meter: Arc<Meter>,
 }
 
 /// Where the lock table lives.
@@ -240,7 +243,10 @@ impl LockRegistry {
 
     /// How many lease statements this registry has sent so far.
     pub fn statistics(&self) -> crate::Statistics {
-        self.core.store.statistics()
+        self.core
+            .store
+            .statistics()
+            .with_measures(self.core.meter.read())
     }
 
     /// The database's clock (UTC), read now, and how long the round trip took. Expiry is always
@@ -313,6 +319,7 @@ pub struct RegistryBuilder {
     notifications: bool,
     custom: CustomQueries,
     on_lost: Option<LostCallback>,
+    metrics_key_labels: bool,
 }
 
 impl RegistryBuilder {
@@ -339,6 +346,7 @@ impl RegistryBuilder {
             notifications: true,
             custom: CustomQueries::default(),
             on_lost: None,
+            metrics_key_labels: false,
         }
     }
 
@@ -569,6 +577,15 @@ impl RegistryBuilder {
         self
     }
 
+    /// Whether the per-key metrics (grants, contended tries, losses, wait and hold times) carry
+    /// a `key` label with the lock's name (feature `metrics`; see the README's "Metrics").
+    /// Off by default: a series per lock name can be more than a metrics backend wants.
+    /// Without the `metrics` feature this changes nothing.
+    pub fn metrics_key_labels(mut self, enabled: bool) -> Self {
+        self.metrics_key_labels = enabled;
+        self
+    }
+
     /// Validates the settings, connects, checks (or creates) the table.
     pub fn build(self) -> Result<LockRegistry> {
         let settings = self.settings()?;
@@ -647,7 +664,9 @@ impl RegistryBuilder {
             })?),
             None => None,
         };
+        let meter = Arc::new(Meter::new(&table, &self.region, self.metrics_key_labels));
         let core = Arc::new(Core {
+            meter,
             renewer,
             store,
             settings,

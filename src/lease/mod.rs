@@ -107,6 +107,7 @@
 
 use crate::backend::{Grant, Path, Store};
 use crate::error::{Error, LossReason};
+use crate::meter::Meter;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, Weak};
@@ -270,6 +271,8 @@ pub(crate) struct Lease {
     renewer: Option<Weak<Renewer>>,
     settings: KeeperSettings,
     on_lost: Option<LossSink>,
+    /// The registry's measures: losses, renewals, the held-leases gauge.
+    pub(crate) meter: Arc<Meter>,
 }
 
 /// What one renewal found, as recorded.
@@ -287,18 +290,32 @@ struct Turn {
     sent_no_earlier_than: Instant,
 }
 
+/// What a lease takes from its registry.
+pub(crate) struct Owner<'a> {
+    /// Renews the lease in the background (unless `settings` turn renewal off).
+    pub renewer: &'a Arc<Renewer>,
+    pub settings: KeeperSettings,
+    /// The registry's callback thread, if it has a callback.
+    pub on_lost: Option<&'a LossSink>,
+    pub meter: &'a Arc<Meter>,
+}
+
 impl Lease {
-    /// The lease of `grant`, watched by the lease clock (which hands it to `renewer` when its
-    /// renewal falls due).
+    /// The lease of `grant`, watched by the lease clock (which hands it to its owner's renewer
+    /// when its renewal falls due).
     pub fn start(
         key: Arc<str>,
         lock_key: Arc<str>,
         grant: Grant,
         ttl: Duration,
-        renewer: Option<&Arc<Renewer>>,
-        settings: KeeperSettings,
-        on_lost: Option<LossSink>,
+        owner: Owner<'_>,
     ) -> Arc<Lease> {
+        let Owner {
+            renewer,
+            settings,
+            on_lost,
+            meter,
+        } = owner;
         let Grant { token, sent_at } = grant;
         let lease = Arc::new(Lease {
             key,
@@ -318,10 +335,12 @@ impl Lease {
                 listeners: Vec::new(),
             }),
             changed: Condvar::new(),
-            renewer: renewer.filter(|_| settings.renew).map(Arc::downgrade),
+            renewer: settings.renew.then(|| Arc::downgrade(renewer)),
             settings,
-            on_lost,
+            on_lost: on_lost.cloned(),
+            meter: Arc::clone(meter),
         });
+        lease.meter.held(1);
         clock::watch(&lease);
         lease
     }
@@ -529,7 +548,11 @@ impl Lease {
             });
         };
         fail_point!("lease::renew_before_statement");
+        let sent = Instant::now();
         let outcome = store.renew(&self.lock_key, self.token, turn.ttl, deadline, Path::Main);
+        let renewed = u64::from(matches!(outcome, Ok(Some(_))));
+        let failed = u64::from(outcome.is_err());
+        self.meter.renewal(sent.elapsed(), renewed, failed);
         fail_point!("lease::renew_before_record");
         match outcome {
             Ok(renewed) => match self.end_turn(&turn, Ok(renewed)) {
@@ -555,6 +578,8 @@ impl Lease {
             std::mem::take(&mut state.listeners)
         };
         self.changed.notify_all();
+        self.meter.lost(&self.key, &reason);
+        self.meter.held(-1);
         let event = self.event(reason);
         log::warn!(
             "lease on {:?} (token {}) lost: {}",
@@ -609,6 +634,9 @@ impl Lease {
     /// reported; the current holder's loss channels disconnect otherwise.
     pub fn end(&self) -> Option<LossReason> {
         let mut state = self.state.lock();
+        if state.phase != Phase::Released && state.lost.is_none() {
+            self.meter.held(-1);
+        }
         state.phase = Phase::Released;
         state.listeners.clear();
         let lost = state.lost.clone();

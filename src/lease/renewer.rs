@@ -174,7 +174,19 @@ fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>) {
         .map(|(lease, _)| (&*lease.lock_key, lease.token))
         .collect();
     fail_point!("lease::renew_batch_before_statement");
+    let sent = Instant::now();
     let outcome = store.renew_batch(&keys, ttl, deadline);
+    let (renewed, failed) = match &outcome {
+        Ok((_, found)) => (
+            found.iter().filter(|f| **f == Batched::Renewed).count(),
+            found.iter().filter(|f| **f == Batched::RowBusy).count(),
+        ),
+        Err(_) => (0, group.len()),
+    };
+    group[0]
+        .0
+        .meter
+        .renewal(sent.elapsed(), renewed as u64, failed as u64);
     fail_point!("lease::renew_batch_before_record");
     if let Err(e) = &outcome {
         log::warn!("renewing {} leases failed: {e}", group.len());
