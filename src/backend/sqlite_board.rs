@@ -12,8 +12,8 @@
 //! ```
 //!
 //! - **Release** (`SqlStore::release` after the row was released, and forced releases): write
-//!   the turn age, add one to the slot's count, add one to the sequence, `FUTEX_WAKE` every
-//!   thread waiting on the sequence. Releases that end a turn quietly (see
+//!   the turn age, add one to the slot's count, add one to the sequence, wake every thread
+//!   waiting on the sequence. Releases that end a turn quietly (see
 //!   `RegistryBuilder::turn_window`) announce nothing, as on PostgreSQL.
 //! - **Listener** (one thread per registry, only while one of its threads waits, as on
 //!   PostgreSQL; see [`crate::wakeups`]): keeps a copy of the slot counts; reads the sequence,
@@ -26,18 +26,52 @@
 //! holds the lock, so a process that crashed (its lease still runs until it expires), a Spring
 //! Integration client (which announces nothing) or a board that cannot be opened (a read-only
 //! directory; a warning says so) leave waiters polling every `idle_between_tries`, as before.
-//! Deleting the board file while processes use it splits them into those that mapped the old
-//! file and those that map the new one: wake-ups between the two groups fall back to polling.
+//!
+//! # Never touched from user space
+//!
+//! The file is mapped (a futex shared between processes must live in a shared mapping), but
+//! this process never loads or stores through the mapping: a page of a file mapping that lies
+//! past the file's end raises `SIGBUS` on access, and any process that may write the file may
+//! shrink it. Instead, words are read with `pread`, the turn age is written with `pwrite`, the
+//! counts and the sequence are incremented inside the kernel with `FUTEX_WAKE_OP` (an atomic
+//! add on one word, then a wake-up of the sequence's waiters), and waits are `FUTEX_WAIT`. The
+//! kernel's own accesses to a page past the end fail with `EFAULT` instead of a signal (the
+//! unit tests check it). When an access fails or a read comes back short, the process grows
+//! the file back to its size (the lost words read as zero) and logs a warning once; if that
+//! fails too, its waiters poll until the board works again.
+//!
+//! # What may be done to the file
+//!
+//! Nothing another process or an operator does to the board can crash a process or grant a
+//! lock; the worst is wake-ups that come late (one `idle_between_tries`) or spurious attempts.
+//! - **Truncate or shrink it** (a temporary-directory cleaner, a backup tool restoring an
+//!   empty file): the next process to touch it grows it back; waiters of keys whose counts
+//!   were lost make one extra attempt, and a release announced while it was short may wake
+//!   nobody (its waiters poll).
+//! - **Delete it or replace it** (`rm`, a rename over it): processes that opened the old file
+//!   keep using it and those that open the database later make a new one; wake-ups between
+//!   the two groups fall back to polling until the first group's registries are rebuilt.
+//! - **Make it unwritable** for some users: their processes warn and poll.
+//! - **Write into it**: at worst spurious attempts (the row decides), or wake-ups missed.
+//!
+//! # Which file: the database's identity
+//!
+//! The board lies beside the file the database path *resolves to* (symbolic links, `.` and
+//! `..` followed, as SQLite does for its `-wal` and `-shm` files): a database opened through
+//! a link, a relative path or another mount of its directory shares one board. Not covered,
+//! and unsafe for SQLite itself (its `-wal` and `-shm` split too): hard links under other
+//! names, and mounts of the database file alone (rather than its directory) at another path.
 //!
 //! Linux only (the futex); elsewhere SQLite waiters poll. This is the crate's only unsafe code:
-//! mapping the file, the futex calls, and reading the mapping's words as atomics.
+//! mapping the file and the futex calls.
 #![allow(unsafe_code)]
 
 use super::{ListenerEvent, ListenerHandler, ListenerReply};
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,10 +79,16 @@ use std::time::{Duration, Instant};
 pub(crate) const SLOTS: usize = 4096;
 /// Words on the board: the sequence, padding to keep slots aligned in pairs, the slots.
 const WORDS: usize = 2 + 2 * SLOTS;
+/// The board's size in bytes.
+const SIZE: usize = WORDS * 4;
+/// The first word of the slots.
+const FIRST_SLOT_WORD: usize = 2;
 
-/// The board's file for the database at `database`.
+/// The board's file for the database at `database`: beside the file `database` resolves to
+/// (see the module docs); beside `database` as given when it cannot be resolved.
 pub(crate) fn board_path(database: &Path) -> PathBuf {
-    let mut name = database.as_os_str().to_owned();
+    let resolved = std::fs::canonicalize(database).unwrap_or_else(|_| database.to_path_buf());
+    let mut name = resolved.into_os_string();
     name.push("-leasehold");
     PathBuf::from(name)
 }
@@ -70,18 +110,57 @@ pub(crate) fn slot_of(table: &str, region: &str, lock_key: &str) -> usize {
     (hash as usize) & (SLOTS - 1)
 }
 
-/// One process's mapping of a release board.
-pub(crate) struct Board {
-    words: *const AtomicU32,
-    path: PathBuf,
-    /// Kept open for the mapping's lifetime (not needed by `mmap`, but it names the file in
-    /// `/proc/self/fd` for whoever debugs a process).
-    _file: File,
+fn count_index(slot: usize) -> usize {
+    FIRST_SLOT_WORD + 2 * slot
 }
 
-// SAFETY: the mapping is shared memory accessed only through atomics, valid until `Drop`.
+fn age_index(slot: usize) -> usize {
+    FIRST_SLOT_WORD + 2 * slot + 1
+}
+
+/// `FUTEX_WAKE_OP`'s operation "add `oparg`" (the comparison is unused: no second wake-up).
+const fn futex_op_add(oparg: u32) -> u32 {
+    ((libc::FUTEX_OP_ADD as u32) << 28) | ((oparg & 0xfff) << 12)
+}
+
+/// A snapshot of the slot words, read with `pread`.
+struct Slots(Vec<u8>);
+
+impl Slots {
+    fn new() -> Slots {
+        Slots(vec![0; SIZE - FIRST_SLOT_WORD * 4])
+    }
+
+    fn word(&self, index: usize) -> u32 {
+        let at = (index - FIRST_SLOT_WORD) * 4;
+        u32::from_ne_bytes(self.0[at..at + 4].try_into().expect("four bytes"))
+    }
+
+    fn count(&self, slot: usize) -> u32 {
+        self.word(count_index(slot))
+    }
+
+    fn age(&self, slot: usize) -> u32 {
+        self.word(age_index(slot))
+    }
+}
+
+/// One process's mapping of a release board. The mapping's address is only ever handed to
+/// the kernel (see the module docs).
+pub(crate) struct Board {
+    map: *mut u32,
+    file: File,
+    path: PathBuf,
+    /// A warning said that the file was found short (said once per board).
+    warned_short: AtomicBool,
+    /// A warning said that the board failed even after growing it (said once per board).
+    warned_failing: AtomicBool,
+}
+
+// SAFETY: the mapping is never accessed from user space (only its address is passed to the
+// kernel), and it stays mapped until `Drop`.
 unsafe impl Send for Board {}
-// SAFETY: as above.
+// SAFETY: as above; the file is used only through positioned reads and writes.
 unsafe impl Sync for Board {}
 
 impl std::fmt::Debug for Board {
@@ -100,19 +179,18 @@ impl Board {
             .create(true)
             .truncate(false)
             .open(&path)?;
-        let size = (WORDS * 4) as u64;
         // Growing keeps what is there and fills the rest with zeros; two processes growing it
         // at once both set the same length.
-        if file.metadata()?.len() < size {
-            file.set_len(size)?;
+        if file.metadata()?.len() < SIZE as u64 {
+            file.set_len(SIZE as u64)?;
         }
         use std::os::fd::AsRawFd;
-        // SAFETY: a fresh shared read-write mapping of a file at least `size` long; nothing
-        // else in this process maps it through this `Board`.
+        // SAFETY: a fresh shared mapping of `SIZE` bytes of an open file; a mapping may reach
+        // past the file's end (the kernel then refuses its accesses, see `grow_back`).
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                size as usize,
+                SIZE,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
@@ -123,90 +201,157 @@ impl Board {
             return Err(io::Error::last_os_error());
         }
         Ok(Board {
-            words: map as *const AtomicU32,
+            map: map.cast(),
+            file,
             path,
-            _file: file,
+            warned_short: AtomicBool::new(false),
+            warned_failing: AtomicBool::new(false),
         })
     }
 
-    fn word(&self, index: usize) -> &AtomicU32 {
+    /// The address of word `index` in the mapping, for the kernel only.
+    fn address(&self, index: usize) -> *mut u32 {
         assert!(index < WORDS);
-        // SAFETY: in bounds of the mapping, which lives as long as `self`; `AtomicU32` has the
-        // layout of `u32` and the mapping is page-aligned.
-        unsafe { &*self.words.add(index) }
+        self.map.wrapping_add(index)
     }
 
-    fn sequence_word(&self) -> &AtomicU32 {
-        self.word(0)
-    }
-
-    fn count_word(&self, slot: usize) -> &AtomicU32 {
-        self.word(2 + 2 * slot)
-    }
-
-    fn age_word(&self, slot: usize) -> &AtomicU32 {
-        self.word(3 + 2 * slot)
-    }
-
-    /// A key of `slot` was released after a turn of `turn_age`: wakes every listener.
-    pub fn announce(&self, slot: usize, turn_age: Duration) {
-        let age = u32::try_from(turn_age.as_micros()).unwrap_or(u32::MAX);
-        self.age_word(slot).store(age, Ordering::SeqCst);
-        self.count_word(slot).fetch_add(1, Ordering::SeqCst);
-        self.sequence_word().fetch_add(1, Ordering::SeqCst);
-        // SAFETY: FUTEX_WAKE on a word of a live shared mapping (not FUTEX_PRIVATE: other
-        // processes wait on the same file page).
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.sequence_word().as_ptr(),
-                libc::FUTEX_WAKE,
-                i32::MAX,
-                std::ptr::null::<libc::timespec>(),
-                std::ptr::null::<u32>(),
-                0u32,
+    /// Runs `attempt`; when it fails, grows the file back and runs it once more. `false` when
+    /// it still fails (after a warning, once).
+    fn with_repair(&self, what: &str, mut attempt: impl FnMut() -> io::Result<()>) -> bool {
+        let error = match attempt() {
+            Ok(()) => return true,
+            Err(error) => error,
+        };
+        let error = match self.grow_back() {
+            Ok(true) => match attempt() {
+                Ok(()) => return true,
+                Err(error) => error,
+            },
+            Ok(false) => error,
+            Err(error) => error,
+        };
+        if !self.warned_failing.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "SQLite release wake-ups through {} fail ({what}: {error}); waiters poll every \
+                 idle_between_tries until it works again",
+                self.path.display()
             );
         }
+        false
     }
 
-    /// The release sequence now.
-    fn sequence(&self) -> u32 {
-        self.sequence_word().load(Ordering::SeqCst)
+    /// Grows the file back to its size when someone shrank it: whether it had to.
+    fn grow_back(&self) -> io::Result<bool> {
+        let len = self.file.metadata()?.len();
+        if len >= SIZE as u64 {
+            return Ok(false);
+        }
+        self.file.set_len(SIZE as u64)?;
+        if !self.warned_short.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "the SQLite release board {} was shrunk to {len} bytes by another process; \
+                 grew it back to {SIZE} (wake-ups announced meanwhile may be missed: their \
+                 waiters poll)",
+                self.path.display()
+            );
+        }
+        Ok(true)
+    }
+
+    /// Reads the words from `index` on into `into`; a short read is an error.
+    fn pread(&self, index: usize, into: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(into, (index * 4) as u64)
+    }
+
+    /// Adds one to word `index` in the kernel and wakes up to `wake` waiters of the sequence.
+    fn add_one(&self, index: usize, wake: i32) -> io::Result<()> {
+        // SAFETY: FUTEX_WAKE_OP on two word addresses of the live mapping (not FUTEX_PRIVATE:
+        // other processes wait on the same file page). The kernel checks the pages; a page
+        // past the file's end makes the call fail with EFAULT.
+        let woken = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.address(0),
+                libc::FUTEX_WAKE_OP,
+                wake,
+                0usize, // the second wake-up's count, passed where the timeout goes
+                self.address(index),
+                futex_op_add(1),
+            )
+        };
+        if woken < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// A key of `slot` was released after a turn of `turn_age`: wakes every listener. `false`
+    /// when the board fails (after a warning): waiters poll.
+    pub fn announce(&self, slot: usize, turn_age: Duration) -> bool {
+        let age = u32::try_from(turn_age.as_micros()).unwrap_or(u32::MAX);
+        self.with_repair("announce a release", || {
+            self.file
+                .write_all_at(&age.to_ne_bytes(), (age_index(slot) * 4) as u64)?;
+            self.add_one(count_index(slot), 0)?;
+            self.add_one(0, i32::MAX)
+        })
+    }
+
+    /// The release sequence now, `None` when the board fails.
+    fn sequence(&self) -> Option<u32> {
+        let mut word = [0; 4];
+        self.with_repair("read the sequence", || self.pread(0, &mut word))
+            .then(|| u32::from_ne_bytes(word))
+    }
+
+    /// Copies the slot words into `slots`: `false` when the board fails.
+    fn read_slots(&self, slots: &mut Slots) -> bool {
+        self.with_repair("read the slots", || {
+            self.pread(FIRST_SLOT_WORD, &mut slots.0)
+        })
     }
 
     /// Waits until the sequence is no longer `seen`, or `timeout` passes (spurious returns
-    /// are possible: callers read again).
+    /// are possible: callers read again). When the board fails, sleeps `timeout`.
     fn wait(&self, seen: u32, timeout: Duration) {
         let timespec = libc::timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
         };
-        // SAFETY: FUTEX_WAIT on a word of a live shared mapping with a relative timeout.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.sequence_word().as_ptr(),
-                libc::FUTEX_WAIT,
-                seen,
-                &timespec as *const libc::timespec,
-                std::ptr::null::<u32>(),
-                0u32,
-            );
+        let waited = self.with_repair("wait for releases", || {
+            // SAFETY: FUTEX_WAIT on a word address of the live mapping with a relative
+            // timeout; the kernel reads the word (EFAULT past the file's end).
+            let result = unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.address(0),
+                    libc::FUTEX_WAIT,
+                    seen,
+                    &timespec as *const libc::timespec,
+                    std::ptr::null::<u32>(),
+                    0u32,
+                )
+            };
+            match result {
+                0 => Ok(()),
+                _ => match io::Error::last_os_error() {
+                    e if e.raw_os_error() == Some(libc::EFAULT) => Err(e),
+                    // EAGAIN (the sequence moved), ETIMEDOUT, EINTR.
+                    _ => Ok(()),
+                },
+            }
+        });
+        if !waited {
+            std::thread::sleep(timeout);
         }
-    }
-
-    /// Copies the slot counts into `counts`.
-    fn read_counts(&self, counts: &mut Vec<u32>) {
-        counts.clear();
-        counts.extend((0..SLOTS).map(|slot| self.count_word(slot).load(Ordering::SeqCst)));
     }
 }
 
 impl Drop for Board {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `open`; no reference outlives `self`.
+        // SAFETY: unmaps exactly the mapping made in `open`.
         unsafe {
-            libc::munmap(self.words as *mut libc::c_void, WORDS * 4);
+            libc::munmap(self.map.cast(), SIZE);
         }
     }
 }
@@ -246,33 +391,38 @@ impl BoardListener {
     /// Waits for a subscription request, serves it until the registry lets go; ends with the
     /// registry.
     fn run(self) {
-        let mut seen = Vec::with_capacity(SLOTS);
-        let mut now = Vec::with_capacity(SLOTS);
+        let mut seen = Slots::new();
+        let mut now = Slots::new();
         while self.requests.recv().is_ok() {
             while self.requests.try_recv().is_ok() {}
-            self.board.read_counts(&mut seen);
+            self.board.read_slots(&mut seen);
             if (self.handler)(ListenerEvent::Subscribed) == ListenerReply::Stop {
                 return;
             }
             let mut next_tick = Instant::now() + Self::TICK;
             loop {
+                // The sequence before the counts: a release after this read changes it, so
+                // the wait below returns at once.
                 let sequence = self.board.sequence();
-                self.board.read_counts(&mut now);
-                let moved: Vec<usize> = (0..SLOTS).filter(|&s| seen[s] != now[s]).collect();
-                std::mem::swap(&mut seen, &mut now);
-                if !moved.is_empty() {
-                    let released = |lock_key: &str| {
-                        let slot = slot_of(&self.table, &self.region, lock_key);
-                        moved.binary_search(&slot).ok().map(|_| {
-                            let age = self.board.age_word(slot).load(Ordering::SeqCst);
-                            Duration::from_micros(u64::from(age))
-                        })
-                    };
-                    let event = ListenerEvent::ReleasedAmong {
-                        released: &released,
-                    };
-                    if (self.handler)(event) == ListenerReply::Stop {
-                        return;
+                if sequence.is_some() && self.board.read_slots(&mut now) {
+                    let moved: Vec<usize> = (0..SLOTS)
+                        .filter(|&s| seen.count(s) != now.count(s))
+                        .collect();
+                    std::mem::swap(&mut seen, &mut now);
+                    if !moved.is_empty() {
+                        let released = |lock_key: &str| {
+                            let slot = slot_of(&self.table, &self.region, lock_key);
+                            moved
+                                .binary_search(&slot)
+                                .ok()
+                                .map(|_| Duration::from_micros(u64::from(seen.age(slot))))
+                        };
+                        let event = ListenerEvent::ReleasedAmong {
+                            released: &released,
+                        };
+                        if (self.handler)(event) == ListenerReply::Stop {
+                            return;
+                        }
                     }
                 }
                 let at = Instant::now();
@@ -290,8 +440,12 @@ impl BoardListener {
                         return;
                     }
                 }
-                self.board
-                    .wait(sequence, next_tick.saturating_duration_since(at));
+                let timeout = next_tick.saturating_duration_since(at);
+                match sequence {
+                    Some(sequence) => self.board.wait(sequence, timeout),
+                    // The board fails: its waiters poll; try it again at the tick.
+                    None => std::thread::sleep(timeout),
+                }
             }
         }
     }
@@ -326,24 +480,107 @@ mod tests {
             Board::open(&database).unwrap(),
             Board::open(&database).unwrap(),
         );
-        let seen = b.sequence();
+        let seen = b.sequence().unwrap();
         let slot = slot_of("T", "R", "k");
         let waiter = std::thread::spawn(move || {
             let started = Instant::now();
             b.wait(seen, Duration::from_secs(30));
-            let mut counts = Vec::new();
-            b.read_counts(&mut counts);
-            (
-                started.elapsed(),
-                counts[slot],
-                b.age_word(slot).load(Ordering::SeqCst),
-            )
+            let mut slots = Slots::new();
+            assert!(b.read_slots(&mut slots));
+            (started.elapsed(), slots.count(slot), slots.age(slot))
         });
         std::thread::sleep(Duration::from_millis(50));
-        a.announce(slot, Duration::from_micros(1234));
+        assert!(a.announce(slot, Duration::from_micros(1234)));
         let (waited, count, age) = waiter.join().unwrap();
         assert!(waited < Duration::from_secs(30), "woken, not timed out");
         assert_eq!((count, age), (1, 1234));
-        assert_eq!(a.sequence(), 1);
+        assert_eq!(a.sequence(), Some(1));
+    }
+
+    /// The premise of the design: the kernel's accesses to a mapped page past the file's end
+    /// fail with EFAULT (a load or store from user space would raise SIGBUS and kill the test
+    /// binary), and `pread` comes back short.
+    #[test]
+    fn past_the_files_end_the_kernel_says_efault_and_no_signal_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let board = Board::open(&dir.path().join("l.db")).unwrap();
+        let slot = SLOTS - 1;
+        board.file.set_len(0).unwrap();
+        let efault = |result: io::Result<()>| {
+            assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::EFAULT));
+        };
+        efault(board.add_one(0, i32::MAX));
+        efault(board.add_one(count_index(slot), 0));
+        // SAFETY: as in `Board::wait`, with no timeout needed: the call fails at once.
+        let waited = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                board.address(0),
+                libc::FUTEX_WAIT,
+                0u32,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+        assert_eq!(waited, -1);
+        efault(Err(io::Error::last_os_error()));
+        let mut word = [0; 4];
+        assert_eq!(
+            board.pread(0, &mut word).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        // Half a board: the sequence works, the last slot fails.
+        board.file.set_len(4096).unwrap();
+        board.add_one(0, i32::MAX).unwrap();
+        efault(board.add_one(count_index(slot), 0));
+    }
+
+    #[test]
+    fn a_shrunk_board_is_grown_back_and_keeps_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        let (a, b) = (
+            Board::open(&database).unwrap(),
+            Board::open(&database).unwrap(),
+        );
+        let slot = SLOTS - 1;
+        assert!(a.announce(slot, Duration::from_micros(7)));
+        a.file.set_len(100).unwrap();
+        assert!(b.announce(slot, Duration::from_micros(9)), "grown back");
+        assert_eq!(a.file.metadata().unwrap().len(), SIZE as u64);
+        let mut slots = Slots::new();
+        assert!(a.read_slots(&mut slots));
+        // The count was lost with the truncation; the release after it counts.
+        assert_eq!((slots.count(slot), slots.age(slot)), (1, 9));
+        b.file.set_len(0).unwrap();
+        assert_eq!(a.sequence(), Some(0), "read after growing it back");
+        // A wait on a shrunk board grows it back and waits on the word as it then is (zero):
+        // a waiter that saw another value returns at once.
+        b.file.set_len(0).unwrap();
+        let started = Instant::now();
+        a.wait(1, Duration::from_secs(30));
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "waited on the grown board"
+        );
+        assert_eq!(b.file.metadata().unwrap().len(), SIZE as u64);
+    }
+
+    #[test]
+    fn a_database_reached_through_a_link_has_the_same_board() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        std::fs::write(&database, b"").unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink(&database, dir.path().join("link.db")).unwrap();
+        let board = board_path(&database);
+        assert_eq!(board_path(&dir.path().join("link.db")), board);
+        assert_eq!(board_path(&dir.path().join("sub/../l.db")), board);
+        assert_eq!(
+            board.file_name().unwrap(),
+            "l.db-leasehold",
+            "beside the file it resolves to"
+        );
     }
 }
