@@ -63,10 +63,12 @@
 //!
 //! # Triggers
 //!
-//! An `INSERT` or `UPDATE` trigger on the lock table can hide the insert id: on MariaDB 10.11
-//! a trigger that inserts into an `AUTO_INCREMENT` table (an audit trail) makes the OK packet
-//! report 0 whatever `LAST_INSERT_ID(expr)` set, so every grant would look refused while its
-//! row was written. The session's `LAST_INSERT_ID()` keeps the statement's value (a trigger's
+//! An `INSERT` or `UPDATE` trigger on the lock table hides the insert id: on MariaDB 10.11
+//! any such trigger (an audit trail inserting into an `AUTO_INCREMENT` table, or one that only
+//! sets a variable) makes the OK packet report 0 whatever `LAST_INSERT_ID(expr)` set, so every
+//! grant would look refused while its row was written. (The OK packet's other counts cannot
+//! tell an insert from a held lock: one affected row each, and the `Duplicates` an
+//! `INSERT … SELECT` would report counts changed rows only.) The session's `LAST_INSERT_ID()` keeps the statement's value (a trigger's
 //! changes to it end with the trigger, as MySQL documents), so acquire reads it back with
 //! `SELECT LAST_INSERT_ID()`, one more round trip, whenever the id may be hidden:
 //! - a non-zero id is the token (no trigger interfered, or none exists): one round trip;
