@@ -177,6 +177,34 @@ fn truncation_body() {
         .is_some());
 }
 
+/// Deleting the board while processes use it (a temporary-directory cleaner) used to split
+/// them for good: those that had mapped the old file and those that opened the database later
+/// and made a new one no longer woke each other. Now each follows the file the path names
+/// (at a release, and every second while it listens).
+#[test]
+fn after_the_board_is_deleted_old_and_new_registries_wake_each_other() {
+    let f = Fixture::new(Db::Sqlite, "board_deleted").unwrap();
+    let board = board_of(&f.sqlite_path());
+    let slow = || f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+    let (old_holder, old_waiter) = (f.registry(), slow());
+    let (woken, _) = handoff(&old_holder, &old_waiter, "before", || {});
+    assert!(woken, "woken before the deletion");
+    std::fs::remove_file(&board).unwrap();
+    let new_waiter = slow();
+    let (woken, tries) = handoff(&old_holder, &new_waiter, "old to new", || {});
+    assert!(
+        woken,
+        "a release through the deleted file reached a new registry"
+    );
+    assert_eq!(tries, 3, "{tries} tries");
+    let (woken, _) = handoff(&new_waiter, &old_waiter, "new to old", || {});
+    assert!(
+        woken,
+        "a release through the new file reached an old registry"
+    );
+    assert!(board.exists());
+}
+
 /// The board was keyed by the path as given: a registry that opened the database through a
 /// symbolic link (or a path with `..`) had a board of its own, and its waiters were woken only
 /// by their timers.

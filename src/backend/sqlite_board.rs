@@ -48,9 +48,11 @@
 //!   empty file): the next process to touch it grows it back; waiters of keys whose counts
 //!   were lost make one extra attempt, and a release announced while it was short may wake
 //!   nobody (its waiters poll).
-//! - **Delete it or replace it** (`rm`, a rename over it): processes that opened the old file
-//!   keep using it and those that open the database later make a new one; wake-ups between
-//!   the two groups fall back to polling until the first group's registries are rebuilt.
+//! - **Delete it or replace it** (`rm`, a rename over it): each process follows the file the
+//!   path names — a release checks it (one `stat`) and a listener does every second, making a
+//!   new file when there is none — so for about a second wake-ups between processes that
+//!   have the old file and those that have the new one are missed (their waiters poll), and a
+//!   listener that moves to the new file makes every waiter of its registry try once.
 //! - **Make it unwritable** for some users: their processes warn and poll.
 //! - **Write into it**: at worst spurious attempts (the row decides), or wake-ups missed.
 //!
@@ -67,6 +69,7 @@
 #![allow(unsafe_code)]
 
 use super::{ListenerEvent, ListenerHandler, ListenerReply};
+use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -145,48 +148,40 @@ impl Slots {
     }
 }
 
-/// One process's mapping of a release board. The mapping's address is only ever handed to
-/// the kernel (see the module docs).
-pub(crate) struct Board {
+/// One mapping of a board file. Its address is only ever handed to the kernel (see the module
+/// docs); unmapped when the last user lets go.
+struct Mapped {
     map: *mut u32,
     file: File,
-    path: PathBuf,
-    /// A warning said that the file was found short (said once per board).
-    warned_short: AtomicBool,
-    /// A warning said that the board failed even after growing it (said once per board).
-    warned_failing: AtomicBool,
+    /// The file's device and inode, to notice that the path names another file.
+    identity: (u64, u64),
 }
 
 // SAFETY: the mapping is never accessed from user space (only its address is passed to the
 // kernel), and it stays mapped until `Drop`.
-unsafe impl Send for Board {}
+unsafe impl Send for Mapped {}
 // SAFETY: as above; the file is used only through positioned reads and writes.
-unsafe impl Sync for Board {}
+unsafe impl Sync for Mapped {}
 
-impl std::fmt::Debug for Board {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Board").field("path", &self.path).finish()
-    }
-}
-
-impl Board {
-    /// Opens (creating it when missing) and maps the board of the database at `database`.
-    pub fn open(database: &Path) -> io::Result<Board> {
-        let path = board_path(database);
+impl Mapped {
+    /// Opens (creating it when missing), grows and maps the board file at `path`.
+    fn open(path: &Path) -> io::Result<Mapped> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)?;
+            .open(path)?;
+        let metadata = file.metadata()?;
         // Growing keeps what is there and fills the rest with zeros; two processes growing it
         // at once both set the same length.
-        if file.metadata()?.len() < SIZE as u64 {
+        if metadata.len() < SIZE as u64 {
             file.set_len(SIZE as u64)?;
         }
         use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
         // SAFETY: a fresh shared mapping of `SIZE` bytes of an open file; a mapping may reach
-        // past the file's end (the kernel then refuses its accesses, see `grow_back`).
+        // past the file's end (the kernel then refuses its accesses, see `Board::grow_back`).
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -200,12 +195,10 @@ impl Board {
         if map == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Board {
+        Ok(Mapped {
             map: map.cast(),
             file,
-            path,
-            warned_short: AtomicBool::new(false),
-            warned_failing: AtomicBool::new(false),
+            identity: (metadata.dev(), metadata.ino()),
         })
     }
 
@@ -213,49 +206,6 @@ impl Board {
     fn address(&self, index: usize) -> *mut u32 {
         assert!(index < WORDS);
         self.map.wrapping_add(index)
-    }
-
-    /// Runs `attempt`; when it fails, grows the file back and runs it once more. `false` when
-    /// it still fails (after a warning, once).
-    fn with_repair(&self, what: &str, mut attempt: impl FnMut() -> io::Result<()>) -> bool {
-        let error = match attempt() {
-            Ok(()) => return true,
-            Err(error) => error,
-        };
-        let error = match self.grow_back() {
-            Ok(true) => match attempt() {
-                Ok(()) => return true,
-                Err(error) => error,
-            },
-            Ok(false) => error,
-            Err(error) => error,
-        };
-        if !self.warned_failing.swap(true, Ordering::Relaxed) {
-            log::warn!(
-                "SQLite release wake-ups through {} fail ({what}: {error}); waiters poll every \
-                 idle_between_tries until it works again",
-                self.path.display()
-            );
-        }
-        false
-    }
-
-    /// Grows the file back to its size when someone shrank it: whether it had to.
-    fn grow_back(&self) -> io::Result<bool> {
-        let len = self.file.metadata()?.len();
-        if len >= SIZE as u64 {
-            return Ok(false);
-        }
-        self.file.set_len(SIZE as u64)?;
-        if !self.warned_short.swap(true, Ordering::Relaxed) {
-            log::warn!(
-                "the SQLite release board {} was shrunk to {len} bytes by another process; \
-                 grew it back to {SIZE} (wake-ups announced meanwhile may be missed: their \
-                 waiters poll)",
-                self.path.display()
-            );
-        }
-        Ok(true)
     }
 
     /// Reads the words from `index` on into `into`; a short read is an error.
@@ -285,73 +235,197 @@ impl Board {
         Ok(())
     }
 
-    /// A key of `slot` was released after a turn of `turn_age`: wakes every listener. `false`
-    /// when the board fails (after a warning): waiters poll.
-    pub fn announce(&self, slot: usize, turn_age: Duration) -> bool {
-        let age = u32::try_from(turn_age.as_micros()).unwrap_or(u32::MAX);
-        self.with_repair("announce a release", || {
-            self.file
-                .write_all_at(&age.to_ne_bytes(), (age_index(slot) * 4) as u64)?;
-            self.add_one(count_index(slot), 0)?;
-            self.add_one(0, i32::MAX)
-        })
-    }
-
-    /// The release sequence now, `None` when the board fails.
-    fn sequence(&self) -> Option<u32> {
-        let mut word = [0; 4];
-        self.with_repair("read the sequence", || self.pread(0, &mut word))
-            .then(|| u32::from_ne_bytes(word))
-    }
-
-    /// Copies the slot words into `slots`: `false` when the board fails.
-    fn read_slots(&self, slots: &mut Slots) -> bool {
-        self.with_repair("read the slots", || {
-            self.pread(FIRST_SLOT_WORD, &mut slots.0)
-        })
-    }
-
-    /// Waits until the sequence is no longer `seen`, or `timeout` passes (spurious returns
-    /// are possible: callers read again). When the board fails, sleeps `timeout`.
-    fn wait(&self, seen: u32, timeout: Duration) {
+    /// `FUTEX_WAIT` on the sequence while it is `seen`, at most `timeout`: only EFAULT (the
+    /// word is past the file's end) is an error.
+    fn wait(&self, seen: u32, timeout: Duration) -> io::Result<()> {
         let timespec = libc::timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
         };
-        let waited = self.with_repair("wait for releases", || {
-            // SAFETY: FUTEX_WAIT on a word address of the live mapping with a relative
-            // timeout; the kernel reads the word (EFAULT past the file's end).
-            let result = unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.address(0),
-                    libc::FUTEX_WAIT,
-                    seen,
-                    &timespec as *const libc::timespec,
-                    std::ptr::null::<u32>(),
-                    0u32,
-                )
-            };
-            match result {
-                0 => Ok(()),
-                _ => match io::Error::last_os_error() {
-                    e if e.raw_os_error() == Some(libc::EFAULT) => Err(e),
-                    // EAGAIN (the sequence moved), ETIMEDOUT, EINTR.
-                    _ => Ok(()),
-                },
-            }
-        });
-        if !waited {
-            std::thread::sleep(timeout);
+        // SAFETY: FUTEX_WAIT on a word address of the live mapping with a relative timeout;
+        // the kernel reads the word (EFAULT past the file's end).
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.address(0),
+                libc::FUTEX_WAIT,
+                seen,
+                &timespec as *const libc::timespec,
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+        match result {
+            0 => Ok(()),
+            _ => match io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::EFAULT) => Err(e),
+                // EAGAIN (the sequence moved), ETIMEDOUT, EINTR.
+                _ => Ok(()),
+            },
         }
     }
 }
 
-impl Drop for Board {
+impl Drop for Mapped {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `open`.
+        // SAFETY: unmaps exactly the mapping made in `open`; the kernel keeps no pointer to it
+        // (a futex wait still in progress elsewhere holds its own reference to the file).
         unsafe {
             libc::munmap(self.map.cast(), SIZE);
+        }
+    }
+}
+
+/// One process's view of a release board: the mapping of the file its path names, replaced
+/// when the path comes to name another file (see the module docs).
+pub(crate) struct Board {
+    path: PathBuf,
+    mapped: Mutex<Arc<Mapped>>,
+    /// A warning said that the file was found short (said once per board).
+    warned_short: AtomicBool,
+    /// A warning said that the board failed even after growing it (said once per board).
+    warned_failing: AtomicBool,
+    /// A warning said that the path named another file (said once per board).
+    warned_replaced: AtomicBool,
+}
+
+impl std::fmt::Debug for Board {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Board").field("path", &self.path).finish()
+    }
+}
+
+impl Board {
+    /// Opens (creating it when missing) and maps the board of the database at `database`.
+    pub fn open(database: &Path) -> io::Result<Board> {
+        let path = board_path(database);
+        let mapped = Mapped::open(&path)?;
+        Ok(Board {
+            path,
+            mapped: Mutex::new(Arc::new(mapped)),
+            warned_short: AtomicBool::new(false),
+            warned_failing: AtomicBool::new(false),
+            warned_replaced: AtomicBool::new(false),
+        })
+    }
+
+    /// The mapping in use, without looking at the path.
+    fn current(&self) -> Arc<Mapped> {
+        Arc::clone(&self.mapped.lock())
+    }
+
+    /// The mapping of the file the path names now: when the file was deleted or replaced,
+    /// opens (or creates) the one there and uses it from now on. Costs a `stat`.
+    fn mapping(&self) -> Arc<Mapped> {
+        let current = self.current();
+        let named = std::fs::metadata(&self.path).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        });
+        if named.is_ok_and(|identity| identity == current.identity) {
+            return current;
+        }
+        match Mapped::open(&self.path) {
+            Ok(mapped) => {
+                if !self.warned_replaced.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "the SQLite release board {} was deleted or replaced by another process; \
+                         using the file there now (wake-ups announced meanwhile may be missed: \
+                         their waiters poll)",
+                        self.path.display()
+                    );
+                }
+                let mapped = Arc::new(mapped);
+                *self.mapped.lock() = Arc::clone(&mapped);
+                mapped
+            }
+            // Keep the old one: it still works among the processes that have it.
+            Err(_) => current,
+        }
+    }
+
+    /// Runs `attempt` on `mapped`; when it fails, grows the file back and runs it once more.
+    /// `false` when it still fails (after a warning, once).
+    fn with_repair(
+        &self,
+        mapped: &Mapped,
+        what: &str,
+        mut attempt: impl FnMut() -> io::Result<()>,
+    ) -> bool {
+        let error = match attempt() {
+            Ok(()) => return true,
+            Err(error) => error,
+        };
+        let error = match self.grow_back(mapped) {
+            Ok(true) => match attempt() {
+                Ok(()) => return true,
+                Err(error) => error,
+            },
+            Ok(false) => error,
+            Err(error) => error,
+        };
+        if !self.warned_failing.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "SQLite release wake-ups through {} fail ({what}: {error}); waiters poll every \
+                 idle_between_tries until it works again",
+                self.path.display()
+            );
+        }
+        false
+    }
+
+    /// Grows `mapped`'s file back to its size when someone shrank it: whether it had to.
+    fn grow_back(&self, mapped: &Mapped) -> io::Result<bool> {
+        let len = mapped.file.metadata()?.len();
+        if len >= SIZE as u64 {
+            return Ok(false);
+        }
+        mapped.file.set_len(SIZE as u64)?;
+        if !self.warned_short.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "the SQLite release board {} was shrunk to {len} bytes by another process; \
+                 grew it back to {SIZE} (wake-ups announced meanwhile may be missed: their \
+                 waiters poll)",
+                self.path.display()
+            );
+        }
+        Ok(true)
+    }
+
+    /// A key of `slot` was released after a turn of `turn_age`: wakes every listener of the
+    /// file the path names. `false` when the board fails (after a warning): waiters poll.
+    pub fn announce(&self, slot: usize, turn_age: Duration) -> bool {
+        let age = u32::try_from(turn_age.as_micros()).unwrap_or(u32::MAX);
+        let mapped = self.mapping();
+        self.with_repair(&mapped, "announce a release", || {
+            mapped
+                .file
+                .write_all_at(&age.to_ne_bytes(), (age_index(slot) * 4) as u64)?;
+            mapped.add_one(count_index(slot), 0)?;
+            mapped.add_one(0, i32::MAX)
+        })
+    }
+
+    /// The release sequence of `mapped` now, `None` when the board fails.
+    fn sequence(&self, mapped: &Mapped) -> Option<u32> {
+        let mut word = [0; 4];
+        self.with_repair(mapped, "read the sequence", || mapped.pread(0, &mut word))
+            .then(|| u32::from_ne_bytes(word))
+    }
+
+    /// Copies the slot words of `mapped` into `slots`: `false` when the board fails.
+    fn read_slots(&self, mapped: &Mapped, slots: &mut Slots) -> bool {
+        self.with_repair(mapped, "read the slots", || {
+            mapped.pread(FIRST_SLOT_WORD, &mut slots.0)
+        })
+    }
+
+    /// Waits until the sequence of `mapped` is no longer `seen`, or `timeout` passes
+    /// (spurious returns are possible: callers read again). When the board fails, sleeps
+    /// `timeout`.
+    fn wait(&self, mapped: &Mapped, seen: u32, timeout: Duration) {
+        if !self.with_repair(mapped, "wait for releases", || mapped.wait(seen, timeout)) {
+            std::thread::sleep(timeout);
         }
     }
 }
@@ -395,7 +469,8 @@ impl BoardListener {
         let mut now = Slots::new();
         while self.requests.recv().is_ok() {
             while self.requests.try_recv().is_ok() {}
-            self.board.read_slots(&mut seen);
+            let mut mapped = self.board.mapping();
+            self.board.read_slots(&mapped, &mut seen);
             if (self.handler)(ListenerEvent::Subscribed) == ListenerReply::Stop {
                 return;
             }
@@ -403,8 +478,8 @@ impl BoardListener {
             loop {
                 // The sequence before the counts: a release after this read changes it, so
                 // the wait below returns at once.
-                let sequence = self.board.sequence();
-                if sequence.is_some() && self.board.read_slots(&mut now) {
+                let sequence = self.board.sequence(&mapped);
+                if sequence.is_some() && self.board.read_slots(&mapped, &mut now) {
                     let moved: Vec<usize> = (0..SLOTS)
                         .filter(|&s| seen.count(s) != now.count(s))
                         .collect();
@@ -439,10 +514,26 @@ impl BoardListener {
                     ) {
                         return;
                     }
+                    let named = self.board.mapping();
+                    if !Arc::ptr_eq(&named, &mapped) {
+                        // The file was deleted or replaced: follow the one the path names.
+                        // Releases announced there before now are unknown, so every waiter
+                        // tries once.
+                        mapped = named;
+                        self.board.read_slots(&mapped, &mut seen);
+                        let anything = |_: &str| Some(Duration::ZERO);
+                        let event = ListenerEvent::ReleasedAmong {
+                            released: &anything,
+                        };
+                        if (self.handler)(event) == ListenerReply::Stop {
+                            return;
+                        }
+                        continue;
+                    }
                 }
                 let timeout = next_tick.saturating_duration_since(at);
                 match sequence {
-                    Some(sequence) => self.board.wait(sequence, timeout),
+                    Some(sequence) => self.board.wait(&mapped, sequence, timeout),
                     // The board fails: its waiters poll; try it again at the tick.
                     None => std::thread::sleep(timeout),
                 }
@@ -480,13 +571,13 @@ mod tests {
             Board::open(&database).unwrap(),
             Board::open(&database).unwrap(),
         );
-        let seen = b.sequence().unwrap();
+        let seen = b.sequence(&b.current()).unwrap();
         let slot = slot_of("T", "R", "k");
         let waiter = std::thread::spawn(move || {
             let started = Instant::now();
-            b.wait(seen, Duration::from_secs(30));
+            b.wait(&b.current(), seen, Duration::from_secs(30));
             let mut slots = Slots::new();
-            assert!(b.read_slots(&mut slots));
+            assert!(b.read_slots(&b.current(), &mut slots));
             (started.elapsed(), slots.count(slot), slots.age(slot))
         });
         std::thread::sleep(Duration::from_millis(50));
@@ -494,7 +585,7 @@ mod tests {
         let (waited, count, age) = waiter.join().unwrap();
         assert!(waited < Duration::from_secs(30), "woken, not timed out");
         assert_eq!((count, age), (1, 1234));
-        assert_eq!(a.sequence(), Some(1));
+        assert_eq!(a.sequence(&a.current()), Some(1));
     }
 
     /// The premise of the design: the kernel's accesses to a mapped page past the file's end
@@ -503,7 +594,7 @@ mod tests {
     #[test]
     fn past_the_files_end_the_kernel_says_efault_and_no_signal_comes() {
         let dir = tempfile::tempdir().unwrap();
-        let board = Board::open(&dir.path().join("l.db")).unwrap();
+        let board = Mapped::open(&dir.path().join("l.db-leasehold")).unwrap();
         let slot = SLOTS - 1;
         board.file.set_len(0).unwrap();
         let efault = |result: io::Result<()>| {
@@ -545,26 +636,32 @@ mod tests {
             Board::open(&database).unwrap(),
         );
         let slot = SLOTS - 1;
+        let len = || std::fs::metadata(board_path(&database)).unwrap().len();
+        let cut = |to: u64| a.current().file.set_len(to).unwrap();
         assert!(a.announce(slot, Duration::from_micros(7)));
-        a.file.set_len(100).unwrap();
+        cut(100);
         assert!(b.announce(slot, Duration::from_micros(9)), "grown back");
-        assert_eq!(a.file.metadata().unwrap().len(), SIZE as u64);
+        assert_eq!(len(), SIZE as u64);
         let mut slots = Slots::new();
-        assert!(a.read_slots(&mut slots));
+        assert!(a.read_slots(&a.current(), &mut slots));
         // The count was lost with the truncation; the release after it counts.
         assert_eq!((slots.count(slot), slots.age(slot)), (1, 9));
-        b.file.set_len(0).unwrap();
-        assert_eq!(a.sequence(), Some(0), "read after growing it back");
+        cut(0);
+        assert_eq!(
+            a.sequence(&a.current()),
+            Some(0),
+            "read after growing it back"
+        );
         // A wait on a shrunk board grows it back and waits on the word as it then is (zero):
         // a waiter that saw another value returns at once.
-        b.file.set_len(0).unwrap();
+        cut(0);
         let started = Instant::now();
-        a.wait(1, Duration::from_secs(30));
+        a.wait(&a.current(), 1, Duration::from_secs(30));
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "waited on the grown board"
         );
-        assert_eq!(b.file.metadata().unwrap().len(), SIZE as u64);
+        assert_eq!(len(), SIZE as u64);
     }
 
     #[test]
@@ -581,6 +678,27 @@ mod tests {
             board.file_name().unwrap(),
             "l.db-leasehold",
             "beside the file it resolves to"
+        );
+    }
+
+    #[test]
+    fn a_deleted_board_is_followed_to_the_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        let old = Board::open(&database).unwrap();
+        std::fs::remove_file(board_path(&database)).unwrap();
+        let new = Board::open(&database).unwrap();
+        let before = old.current();
+        assert!(
+            !Arc::ptr_eq(&before, &old.mapping()),
+            "followed the new file"
+        );
+        let seen = new.sequence(&new.current()).unwrap();
+        assert!(old.announce(0, Duration::ZERO));
+        assert_eq!(
+            new.sequence(&new.current()),
+            Some(seen + 1),
+            "announced on the new file"
         );
     }
 }
