@@ -174,3 +174,20 @@ fn a_trigger_created_after_build_is_noticed_at_the_first_takeover() {
     guard.unlock().unwrap();
     assert_eq!(t.audited().0, 1, "the trigger saw the insert");
 }
+
+/// A registry that has not seen a trigger looks at the table's triggers again, at most every
+/// 5 s, when an acquire reports no id: an insert under a trigger created while it runs is
+/// recognised once that look is due, without waiting for a takeover.
+#[test]
+fn a_trigger_created_after_build_is_found_by_a_later_look() {
+    let Some(mut t) = Audited::new("audit_look") else {
+        return;
+    };
+    let a = t.f.registry();
+    t.add_triggers();
+    // The look made by build() is older than 5 s.
+    std::thread::sleep(std::time::Duration::from_millis(5_500));
+    let (guard, _) = t.granted(&a, "job", "an insert under a trigger created after build");
+    guard.unlock().unwrap();
+    assert_eq!(t.audited().0, 1, "the trigger saw the insert");
+}
