@@ -218,21 +218,22 @@ impl InsertIds {
 
     /// Whether an acquire that reported no id must ask the session: the table has id-hiding
     /// triggers, as known or as found now when the last look is older than [`Self::RECHECK`].
-    fn hidden(&self, conn: &mut mysql::Conn) -> Result<bool, Failure> {
+    fn hidden(&self, conn: &mut mysql::Conn) -> bool {
         if self.hidden.load(Ordering::Relaxed) {
-            return Ok(true);
+            return true;
         }
         let Some(table) = self.table.get() else {
-            return Ok(false);
+            return false;
         };
         {
             let mut checked = self.checked.lock();
             if checked.is_some_and(|at| at.elapsed() < Self::RECHECK) {
-                return Ok(false);
+                return false;
             }
             *checked = Some(std::time::Instant::now());
         }
-        Ok(self.look(conn, table)?.1 > 0)
+        // A look that fails changes nothing: the acquire's own answer stands.
+        self.look(conn, table).is_ok_and(|(_, hiders)| hiders > 0)
     }
 
     /// Counts the triggers of `table`: those named as the deletion floor's, and those that
@@ -574,7 +575,7 @@ impl Backend for Mysql {
                     session_insert_id(conn)?
                 }
                 // One row: held, or inserted with the id hidden by a trigger.
-                (0, _) if conn.ids.hidden(&mut conn.conn)? => session_insert_id(conn)?,
+                (0, _) if conn.ids.hidden(&mut conn.conn) => session_insert_id(conn)?,
                 (id, _) => id,
             };
             match id {
