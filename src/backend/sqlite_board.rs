@@ -45,9 +45,10 @@
 //! Nothing another process or an operator does to the board can crash a process or grant a
 //! lock; the worst is wake-ups that come late (one `idle_between_tries`) or spurious attempts.
 //! - **Truncate or shrink it** (a temporary-directory cleaner, a backup tool restoring an
-//!   empty file): the next process to touch it grows it back; waiters of keys whose counts
-//!   were lost make one extra attempt, and a release announced while it was short may wake
-//!   nobody (its waiters poll).
+//!   empty file): the next process to touch it grows it back and carries on, and releases
+//!   wake waiters as before. Waiters of keys whose counts were cut away make one extra
+//!   attempt; a release whose count was cut away before a listener read it wakes nobody (its
+//!   waiters poll).
 //! - **Delete it or replace it** (`rm`, a rename over it): each process follows the file the
 //!   path names — a release checks it (one `stat`) and a listener does every second, making a
 //!   new file when there is none — so for about a second wake-ups between processes that
