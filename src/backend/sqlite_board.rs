@@ -55,6 +55,9 @@
 //!   have the old file and those that have the new one are missed (their waiters poll), and a
 //!   listener that moves to the new file makes every waiter of its registry try once.
 //! - **Make it unwritable** for some users: their processes warn and poll.
+//! - **Put a symbolic link or anything but a regular file there**: refused (opened with
+//!   `O_NOFOLLOW`, checked to be a regular file), so nobody can aim a process's writes at
+//!   another file; processes keep the board they had, and those that have none warn and poll.
 //! - **Write into it**: at worst spurious attempts (the row decides), or wake-ups missed.
 //!
 //! # Which file: the database's identity
@@ -167,13 +170,30 @@ unsafe impl Sync for Mapped {}
 impl Mapped {
     /// Opens (creating it when missing), grows and maps the board file at `path`.
     fn open(path: &Path) -> io::Result<Mapped> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a symbolic link: someone who may write the directory could otherwise
+        // aim this process's writes at any file it may write.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(path)?;
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a symbolic link, which leasehold does not follow there: delete it",
+                ),
+                _ => e,
+            })?;
         let metadata = file.metadata()?;
+        if !metadata.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file: delete it, leasehold makes a new one",
+            ));
+        }
         // Growing keeps what is there and fills the rest with zeros; two processes growing it
         // at once both set the same length.
         if metadata.len() < SIZE as u64 {
@@ -701,5 +721,31 @@ mod tests {
             Some(seen + 1),
             "announced on the new file"
         );
+    }
+
+    #[test]
+    fn a_link_or_a_directory_at_the_boards_path_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (database, victim) = (dir.path().join("l.db"), dir.path().join("victim"));
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, board_path(&database)).unwrap();
+        assert!(Board::open(&database).is_err(), "a link is refused");
+        std::fs::remove_file(board_path(&database)).unwrap();
+        let board = Board::open(&database).unwrap();
+        std::fs::remove_file(board_path(&database)).unwrap();
+        std::os::unix::fs::symlink(&victim, board_path(&database)).unwrap();
+        assert!(
+            board.announce(0, Duration::ZERO),
+            "the board it had still works"
+        );
+        std::fs::remove_file(board_path(&database)).unwrap();
+        std::fs::create_dir(board_path(&database)).unwrap();
+        assert!(board.announce(0, Duration::ZERO));
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            b"keep",
+            "the link's target is untouched"
+        );
+        assert!(Board::open(&database).is_err(), "a directory is refused");
     }
 }
