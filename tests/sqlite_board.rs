@@ -196,7 +196,9 @@ fn after_the_board_is_deleted_old_and_new_registries_wake_each_other() {
         woken,
         "a release through the deleted file reached a new registry"
     );
-    assert_eq!(tries, 3, "{tries} tries");
+    // A failed try, one when the subscription took effect, one woken (two when the release
+    // came before the subscription took effect).
+    assert!(tries <= 3, "{tries} tries");
     let (woken, _) = handoff(&new_waiter, &old_waiter, "new to old", || {});
     assert!(
         woken,
@@ -235,8 +237,9 @@ fn registries_reaching_one_database_by_other_paths_share_its_board() {
     ] {
         let (woken, tries) = handoff(holder, waiter, what, || {});
         assert!(woken, "{what}: slept until its next poll");
-        // A failed try, one when the subscription took effect, one woken.
-        assert_eq!(tries, 3, "{what}: {tries} tries");
+        // A failed try, one when the subscription took effect, one woken (two when the release
+        // came before the subscription took effect).
+        assert!(tries <= 3, "{what}: {tries} tries");
     }
     assert!(
         !board_of(&link).exists(),
