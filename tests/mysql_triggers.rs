@@ -52,6 +52,20 @@ impl Audited {
         }
     }
 
+    /// Creates triggers that set `LAST_INSERT_ID` themselves: if their value leaked out of
+    /// them, a held lock would look granted.
+    fn add_id_setting_triggers(&mut self) {
+        let table = self.f.table();
+        for event in ["INSERT", "UPDATE"] {
+            self.conn
+                .query_drop(format!(
+                    "CREATE TRIGGER {table}_SETS_ID_{event} AFTER {event} ON {table} \
+                     FOR EACH ROW SET @leasehold_test = LAST_INSERT_ID(42)"
+                ))
+                .unwrap();
+        }
+    }
+
     /// `CLIENT_ID` and `FENCING_TOKEN` of `key`'s row.
     fn row(&mut self, key: &str) -> (Option<String>, i64) {
         self.conn
@@ -132,6 +146,7 @@ fn under_audit_triggers_every_grant_is_recognised_with_the_rows_token() {
         return;
     };
     t.add_triggers();
+    t.add_id_setting_triggers();
     let (a, b) = (t.f.registry(), t.f.registry());
     let (guard, first) = t.granted(&a, "job", "the first insert");
     assert!(
