@@ -98,11 +98,13 @@ impl LockRow {
 /// The rows of a registry's table and region, in `LOCK_KEY` order (see
 /// [`LockRegistry::listing`]).
 ///
-/// The table stores only a hash of each lock's name (`LOCK_KEY`, as Spring Integration
-/// does), so a listing can name only the locks whose names it is given: pass the names you
-/// know to [`resolving`](Self::resolving), and every other row shows its lock key. Leasehold
-/// does not add a name column, because Spring Integration clients sharing the table insert
-/// rows without one and its layout must stay theirs.
+/// A row's key is a hash of the lock's name (`LOCK_KEY`, as Spring Integration keys it). Where
+/// the table has the optional `LOCK_NAME` column (tables made by `create_table(true)` or
+/// `leasehold init` have it; `create_table(true)` adds it to older ones), leasehold's grant
+/// stores the name there, in the same statement, and every row leasehold wrote shows its name.
+/// Spring Integration's statements name their columns and leave it NULL, so its rows — and
+/// every row of a table without the column — show a name only when it is given to
+/// [`resolving`](Self::resolving); the others show their lock key.
 #[derive(Debug, Clone)]
 pub struct Listing<'r> {
     registry: &'r LockRegistry,
@@ -165,7 +167,7 @@ impl<'r> Listing<'r> {
             _ => LockState::Released,
         };
         LockRow {
-            name: self.names.get(&row.lock_key).cloned(),
+            name: self.names.get(&row.lock_key).cloned().or(row.name),
             lock_key: row.lock_key,
             state,
             client_id: row.client_id,

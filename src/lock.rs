@@ -252,7 +252,7 @@ impl LockInner {
                         fail_point!("lock::acquire_before_statement");
                         self.core
                             .store
-                            .acquire(&self.lock_key, ttl, attempt_deadline)
+                            .acquire(&self.lock_key, &self.key, ttl, attempt_deadline)
                     });
                     state.db_user = None;
                     // An attempt of this wait (this thread's, or that of the poller it took over

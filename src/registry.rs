@@ -541,7 +541,7 @@ impl RegistryBuilder {
         self
     }
 
-    /// Replaces the acquire statement. It gets parameters 1–4 (see [`Statements`]) and must
+    /// Replaces the acquire statement. It gets parameters 1–4 and 6 (see [`Statements`]) and must
     /// return one row with the fencing token when granted, none otherwise. Checked against the
     /// table by `build()`; [`LockRegistry::statements`] shows the default to start from.
     pub fn acquire_sql(mut self, sql: impl Into<String>) -> Self {

@@ -164,10 +164,18 @@ mod suite {
             (LockState::Released, None)
         );
         assert!(row.fencing_token > 0);
-        let unnamed: Vec<_> = rows.iter().filter(|r| r.name.is_none()).collect();
-        assert_eq!(unnamed.len(), 5);
-        for row in unnamed {
-            assert_eq!(row.label(), row.lock_key);
+        // Names not given to `resolving` come from the table's LOCK_NAME column.
+        let others: Vec<_> = rows
+            .iter()
+            .filter(|r| r.name.as_deref().is_some_and(|n| n.starts_with("unnamed-")))
+            .collect();
+        assert_eq!(others.len(), 5);
+        for row in others {
+            assert_eq!(row.label(), row.name.as_deref().unwrap());
+            assert_eq!(
+                row.lock_key,
+                leasehold::lock_key_for(row.name.as_deref().unwrap())
+            );
             assert_eq!(row.state, LockState::Released);
         }
 

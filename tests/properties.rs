@@ -467,6 +467,65 @@ mod suite {
         ))
     }
 
+    /// Issue 27: a table made before the `LOCK_NAME` column (or by Spring's DDL) works as it
+    /// did, its rows without names; `create_table(true)` adds the column, and from then on
+    /// leasehold's grants name their rows, while a registry built before goes on working.
+    pub fn a_table_without_the_name_column_works_and_create_table_adds_it(f: &Fixture) {
+        let prefix = format!("{}n_", f.prefix);
+        let ddl: String = shipped_ddl(f.db)
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("LOCK_NAME"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert!(!ddl.contains("LOCK_NAME ") && ddl.contains("FENCING_TOKEN"));
+        execute(f, &ddl.replace("INT_", &prefix));
+        let name_of = |registry: &LockRegistry, key: &str| {
+            let lock_key = leasehold::lock_key_for(key);
+            let rows: Vec<_> = registry.listing().rows().collect::<Result<_, _>>().unwrap();
+            rows.into_iter()
+                .find(|row| row.lock_key == lock_key)
+                .expect("the row")
+                .name
+        };
+        let before = f.builder().prefix(prefix.clone()).build().unwrap();
+        before
+            .obtain("plain")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        assert_eq!(name_of(&before, "plain"), None);
+        let after = f
+            .builder()
+            .prefix(prefix.clone())
+            .create_table(true)
+            .build()
+            .unwrap();
+        after
+            .obtain("named")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        assert_eq!(name_of(&after, "named").as_deref(), Some("named"));
+        // A registry built before the column came keeps working (its statements ignore it).
+        let guard = before.obtain("plain").unwrap().lock().unwrap();
+        assert!(after.obtain("plain").unwrap().try_lock().unwrap().is_none());
+        guard.unlock().unwrap();
+        // A takeover by a naming registry names the row.
+        after
+            .obtain("plain")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        assert_eq!(name_of(&after, "plain").as_deref(), Some("plain"));
+        f.drop_tables(&prefix);
+    }
+
     pub fn a_table_with_wrong_column_types_is_refused_or_still_excludes(f: &Fixture) {
         let mut double_grants = Vec::new();
         for (n, (what, from, to)) in variants(f.db).into_iter().enumerate() {
@@ -485,17 +544,23 @@ mod suite {
 
 #[cfg(feature = "sqlite")]
 mod sqlite_tables {
-    crate::suite_for!(crate::common::Db::Sqlite; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+    crate::suite_for!(crate::common::Db::Sqlite;
+        a_table_with_wrong_column_types_is_refused_or_still_excludes,
+        a_table_without_the_name_column_works_and_create_table_adds_it);
 }
 
 #[cfg(feature = "postgres")]
 mod postgres_tables {
-    crate::suite_for!(crate::common::Db::Postgres; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+    crate::suite_for!(crate::common::Db::Postgres;
+        a_table_with_wrong_column_types_is_refused_or_still_excludes,
+        a_table_without_the_name_column_works_and_create_table_adds_it);
 }
 
 #[cfg(feature = "mysql")]
 mod mysql_tables {
-    crate::suite_for!(crate::common::Db::Mysql; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+    crate::suite_for!(crate::common::Db::Mysql;
+        a_table_with_wrong_column_types_is_refused_or_still_excludes,
+        a_table_without_the_name_column_works_and_create_table_adds_it);
 }
 
 /// Sequences of operations by two instances on one key — lock with a time-to-live, renew with

@@ -22,7 +22,8 @@ pub(crate) struct AdminStatements {
     /// Parameters 1, 2 and 5. The region's rows whose `LOCK_KEY` sorts after parameter 1
     /// (byte order), in that order, at most parameter 5 of them: `LOCK_KEY`, `CLIENT_ID`
     /// (NULL when released), `CREATED_DATE` and `EXPIRED_AFTER` in µs since the Unix epoch,
-    /// `FENCING_TOKEN`, and the state on the database clock (see [`ListedRow::state`]).
+    /// `FENCING_TOKEN`, the state on the database clock (see [`ListedRow::state`]), and
+    /// `LOCK_NAME` (NULL where the table has no such column).
     pub list: String,
     /// Parameters 1–2. Frees a held row whatever its holder, as release does (`CLIENT_ID`
     /// NULL, `EXPIRED_AFTER` in 1970, the token kept); one affected row means a holder was
@@ -62,6 +63,9 @@ pub(crate) struct ListedRow {
     pub token: i64,
     /// [`STATE_RELEASED`], [`STATE_HELD`] or [`STATE_EXPIRED`].
     pub state: i64,
+    /// `LOCK_NAME`: the name leasehold's grant stored; `None` for Spring's rows, and on a
+    /// table without the column.
+    pub name: Option<String>,
 }
 
 /// `CLIENT_ID` is NULL: released (or never taken by leasehold).
@@ -82,7 +86,7 @@ pub(crate) fn state_sql(now: &str) -> String {
 
 impl<B: Backend> SqlStore<B> {
     fn admin(&self) -> Arc<AdminStatements> {
-        Arc::new(B::admin_statements(&self.table.table))
+        Arc::new(B::admin_statements(&self.table.table, self.named))
     }
 
     pub(super) fn admin_holder(

@@ -11,9 +11,11 @@
 //! replacement written by a user (`RegistryBuilder::acquire_sql` and friends) binds the same
 //! way on every database:
 //!
-//! - **acquire** (1–4): one statement that takes the row when it is absent or expired on the
+//! - **acquire** (1–4, 6): one statement that takes the row when it is absent or expired on the
 //!   database's clock, sets `FENCING_TOKEN` to `max(old + 1, database clock in µs, floor + 1)`
-//!   (see below) and returns it; it returns no row — and writes nothing — when the lock is held.
+//!   (see below) and `LOCK_NAME` to the lock's name (parameter 6) where the table has that
+//!   column, and returns the token; it returns no row — and writes nothing — when the lock is
+//!   held.
 //! - **renew** (1–5): moves `EXPIRED_AFTER` to database-now + TTL where the row still carries
 //!   this client and token and has not expired; one affected row means renewed.
 //! - **release** (1–3, 5): marks the row released (`CLIENT_ID` NULL, `EXPIRED_AFTER` in 1970)
@@ -138,17 +140,21 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Whether a trigger's name belongs to its table (PostgreSQL), so it never carries the
     /// table's schema; elsewhere it is a schema's object, named like the table.
     const TRIGGER_NAMES_PER_TABLE: bool = false;
+    /// The column type of the optional `LOCK_NAME` (room for [`crate::MAX_KEY_BYTES`]).
+    const NAME_TYPE: &'static str;
     /// The column type of `CREATED_DATE` and `EXPIRED_AFTER` in `DDL`.
     const TIMESTAMP_TYPE: &'static str;
     /// The literal a released row's `EXPIRED_AFTER` holds (1970-01-01).
     const RELEASED_TIMESTAMP: &'static str;
 
     /// The default statements for `table`; with `floor`, acquire reads the deletion floor
-    /// `{table}_FLOOR` (see [`floor_table`]).
-    fn default_queries(table: &str, floor: bool) -> Statements;
+    /// `{table}_FLOOR` (see [`floor_table`]); with `named`, acquire stores parameter 6 in
+    /// `LOCK_NAME` (whenever it writes the row).
+    fn default_queries(table: &str, floor: bool, named: bool) -> Statements;
 
-    /// The administration statements for `table` (see [`AdminStatements`]).
-    fn admin_statements(table: &str) -> AdminStatements;
+    /// The administration statements for `table` (see [`AdminStatements`]); with `named`,
+    /// the listing reads `LOCK_NAME`.
+    fn admin_statements(table: &str, named: bool) -> AdminStatements;
 
     /// Runs [`AdminStatements::holder`]: the held row, if any.
     fn holder(

@@ -138,7 +138,14 @@ const CLOCK_MICROS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UT
 /// How `EXPIRED_AFTER` marks a released row.
 const RELEASED: &str = "'1970-01-01 00:00:00'";
 /// Parameter names, in the documented order.
-const NAMES: [&str; 5] = ["lock_key", "region", "client_id", "ttl_micros", "token"];
+const NAMES: [&str; 6] = [
+    "lock_key",
+    "region",
+    "client_id",
+    "ttl_micros",
+    "token",
+    "lock_name",
+];
 
 /// Opens MySQL connections from one set of options.
 #[derive(Clone)]
@@ -294,7 +301,8 @@ fn value(params: &Params, index: usize) -> Value {
         1 => Value::from(params.region),
         2 => Value::from(params.client_id),
         3 => Value::Int(params.ttl_micros),
-        _ => Value::Int(params.token),
+        4 => Value::Int(params.token),
+        _ => Value::from(params.name),
     }
 }
 
@@ -429,9 +437,11 @@ impl Backend for Mysql {
     const FLOOR_DDL_FILE: &'static str = "sql/mysql_floor.sql";
     const FLOOR_DDL: &'static str = include_str!("../../sql/mysql_floor.sql");
     const TIMESTAMP_TYPE: &'static str = "DATETIME(6)";
+    /// utf8mb4 whatever the table's own character set: any name fits.
+    const NAME_TYPE: &'static str = "VARCHAR(1024) CHARACTER SET utf8mb4";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str, floor: bool) -> Statements {
+    fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
         let expired = format!("EXPIRED_AFTER < {NOW}");
         // The lower bounds of a token besides old + 1: the clock, and above the floor; a new
         // row's token is the greatest of them.
@@ -446,15 +456,26 @@ impl Backend for Mysql {
         } else {
             (CLOCK_MICROS.to_string(), CLOCK_MICROS.to_string())
         };
+        // The name is set before EXPIRED_AFTER: MySQL assigns left to right, and `expired`
+        // reads EXPIRED_AFTER.
+        let (name_column, name_value, name_update) = match named {
+            true => (
+                ", LOCK_NAME",
+                ", NULLIF(:lock_name, '')",
+                format!(" LOCK_NAME = IF({expired}, NULLIF(:lock_name, ''), LOCK_NAME),"),
+            ),
+            false => ("", "", String::new()),
+        };
         Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
-                 FENCING_TOKEN) VALUES (:lock_key, :region, :client_id, {NOW}, {NOW_PLUS_TTL}, \
-                 LAST_INSERT_ID({first_token})) ON DUPLICATE KEY UPDATE \
+                 FENCING_TOKEN{name_column}) VALUES (:lock_key, :region, :client_id, {NOW}, \
+                 {NOW_PLUS_TTL}, LAST_INSERT_ID({first_token}){name_value}) \
+                 ON DUPLICATE KEY UPDATE \
                  FENCING_TOKEN = IF({expired}, \
                  LAST_INSERT_ID(GREATEST(FENCING_TOKEN + 1, {bounds})), \
                  FENCING_TOKEN + LAST_INSERT_ID(0)), \
-                 CLIENT_ID = IF({expired}, :client_id, CLIENT_ID), \
+                 CLIENT_ID = IF({expired}, :client_id, CLIENT_ID),{name_update} \
                  CREATED_DATE = IF({expired}, {NOW}, CREATED_DATE), \
                  EXPIRED_AFTER = IF({expired}, {NOW_PLUS_TTL}, EXPIRED_AFTER)"
             ),
@@ -471,7 +492,8 @@ impl Backend for Mysql {
         }
     }
 
-    fn admin_statements(table: &str) -> AdminStatements {
+    fn admin_statements(table: &str, named: bool) -> AdminStatements {
+        let name = if named { "LOCK_NAME" } else { "NULL" };
         let micros =
             |column: &str| format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {column})");
         let keep_until = "CREATED_DATE + INTERVAL :ttl_micros MICROSECOND";
@@ -486,7 +508,7 @@ impl Backend for Mysql {
             ),
             // Byte order (BINARY), whatever the table's collation.
             list: format!(
-                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state} \
+                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state}, {name} \
                  FROM {table} WHERE REGION = :region AND BINARY LOCK_KEY > BINARY :lock_key \
                  ORDER BY BINARY LOCK_KEY LIMIT :token",
                 created = micros("CREATED_DATE"),
@@ -535,19 +557,22 @@ impl Backend for Mysql {
     }
 
     fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
-        type Row = (String, Option<String>, i64, i64, i64, i64);
+        type Row = (String, Option<String>, i64, i64, i64, i64, Option<String>);
         let (statement, values) = conn.bind(sql, params)?;
         let rows: Vec<Row> = conn.conn.exec(&statement, values).map_err(classify)?;
         Ok(rows
             .into_iter()
             .map(
-                |(lock_key, client_id, acquired_micros, expires_micros, token, state)| ListedRow {
-                    lock_key,
-                    client_id,
-                    acquired_micros,
-                    expires_micros,
-                    token,
-                    state,
+                |(lock_key, client_id, acquired_micros, expires_micros, token, state, name)| {
+                    ListedRow {
+                        lock_key,
+                        client_id,
+                        acquired_micros,
+                        expires_micros,
+                        token,
+                        state,
+                        name,
+                    }
                 },
             )
             .collect())

@@ -148,12 +148,13 @@ const CLOCK_MICROS: &str = "CAST(extract(epoch FROM now()) * 1000000 AS BIGINT)"
 /// How `EXPIRED_AFTER` marks a released row.
 const RELEASED: &str = "TIMESTAMP '1970-01-01 00:00:00'";
 /// Parameter types declared with every prepare: those of the columns they are compared with.
-const PARAM_TYPES: [Type; 5] = [
+const PARAM_TYPES: [Type; 6] = [
     Type::BPCHAR,
     Type::VARCHAR,
     Type::BPCHAR,
     Type::INT8,
     Type::INT8,
+    Type::TEXT,
 ];
 /// The deadline of calls made before any was set (checks run by r2d2 itself), and the connect
 /// limit when the configuration has none.
@@ -500,9 +501,18 @@ impl Backend for Postgres {
     const FLOOR_DDL: &'static str = include_str!("../../sql/postgres_floor.sql");
     const TRIGGER_NAMES_PER_TABLE: bool = true;
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
+    const NAME_TYPE: &'static str = "VARCHAR(1024)";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str, floor: bool) -> Statements {
+    fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
+        let (name_set, name_column, name_value) = match named {
+            true => (
+                " LOCK_NAME = NULLIF($6, ''),",
+                ", LOCK_NAME",
+                ", NULLIF($6, '')",
+            ),
+            false => ("", "", ""),
+        };
         // With the deletion floor: tokens also exceed it, and a row only inserts where the
         // statement's snapshot has no row. (Otherwise the row was deleted while the statement
         // ran, by a deletion the snapshot's floor does not show: report "held", the next try
@@ -523,14 +533,14 @@ impl Backend for Postgres {
         };
         Statements {
             acquire: format!(
-                "WITH expired AS (UPDATE {table} SET CLIENT_ID = $3, CREATED_DATE = {NOW}, \
-                 EXPIRED_AFTER = {NOW_PLUS_TTL}, \
+                "WITH expired AS (UPDATE {table} SET CLIENT_ID = $3,{name_set} \
+                 CREATED_DATE = {NOW}, EXPIRED_AFTER = {NOW_PLUS_TTL}, \
                  FENCING_TOKEN = GREATEST(FENCING_TOKEN + 1, {bounds}) \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
                  RETURNING FENCING_TOKEN), \
                  absent AS (INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, \
-                 EXPIRED_AFTER, FENCING_TOKEN) \
-                 SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}) \
+                 EXPIRED_AFTER, FENCING_TOKEN{name_column}) \
+                 SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}){name_value} \
                  WHERE NOT EXISTS (SELECT 1 FROM expired){absent_in_snapshot} \
                  ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN) \
                  SELECT FENCING_TOKEN FROM expired UNION ALL SELECT FENCING_TOKEN FROM absent"
@@ -553,7 +563,12 @@ impl Backend for Postgres {
         }
     }
 
-    fn admin_statements(table: &str) -> AdminStatements {
+    fn admin_statements(table: &str, named: bool) -> AdminStatements {
+        let name = if named {
+            "CAST(LOCK_NAME AS TEXT)"
+        } else {
+            "CAST(NULL AS TEXT)"
+        };
         let micros =
             |column: &str| format!("CAST(round(extract(epoch FROM {column}) * 1000000) AS BIGINT)");
         let keep_until = "CREATED_DATE + $4 * INTERVAL '1 microsecond'";
@@ -569,7 +584,7 @@ impl Backend for Postgres {
             // Byte order (COLLATE "C"), whatever the database's collation.
             list: format!(
                 "SELECT CAST(LOCK_KEY AS TEXT), CAST(CLIENT_ID AS TEXT), {created}, {expires}, \
-                 FENCING_TOKEN, {state} FROM {table} \
+                 FENCING_TOKEN, {state}, {name} FROM {table} \
                  WHERE REGION = $2 AND CAST(LOCK_KEY AS TEXT) COLLATE \"C\" > $1 \
                  ORDER BY CAST(LOCK_KEY AS TEXT) COLLATE \"C\" LIMIT $5",
                 created = micros("CREATED_DATE"),
@@ -639,6 +654,7 @@ impl Backend for Postgres {
                 expires_micros: row.try_get(3)?,
                 token: row.try_get(4)?,
                 state: row.try_get::<_, i32>(5)?.into(),
+                name: row.try_get(6)?,
             })
         };
         rows.iter().map(|row| read(row).map_err(classify)).collect()
@@ -1101,17 +1117,18 @@ fn read_messages<T>(
     runtime.block_on(async { tokio::time::timeout_at(deadline.into(), reading).await.ok() })
 }
 
-/// The values of the statement's parameters: all five (see `PARAM_TYPES`; a statement naming
-/// `$6` or more was rejected when it was checked).
+/// The values of the statement's parameters: all six (see `PARAM_TYPES`; a statement naming
+/// `$7` or more was rejected when it was checked).
 fn bind<'a>(statement: &Statement, params: &'a Params) -> Vec<&'a (dyn ToSql + Sync)> {
-    let values: [&'a (dyn ToSql + Sync); 5] = [
+    let values: [&'a (dyn ToSql + Sync); 6] = [
         &params.lock_key,
         &params.region,
         &params.client_id,
         &params.ttl_micros,
         &params.token,
+        &params.name,
     ];
-    values[..statement.params().len().min(5)].to_vec()
+    values[..statement.params().len().min(6)].to_vec()
 }
 
 /// The SQLSTATE of a failure from the server, if it is one.

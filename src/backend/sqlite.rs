@@ -116,9 +116,18 @@ impl Backend for Sqlite {
     const FLOOR_DDL_FILE: &'static str = "sql/sqlite_floor.sql";
     const FLOOR_DDL: &'static str = include_str!("../../sql/sqlite_floor.sql");
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
+    const NAME_TYPE: &'static str = "TEXT";
     const RELEASED_TIMESTAMP: &'static str = "'1970-01-01 00:00:00.000'";
 
-    fn default_queries(table: &str, floor: bool) -> Statements {
+    fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
+        let (name_column, name_value, name_update) = match named {
+            true => (
+                ", LOCK_NAME",
+                ", NULLIF(?6, '')",
+                " LOCK_NAME = excluded.LOCK_NAME,",
+            ),
+            false => ("", "", ""),
+        };
         // A new row's token: the clock, and above the floor (the conflict branch adds old + 1).
         let first_token = if floor {
             format!(
@@ -132,9 +141,10 @@ impl Backend for Sqlite {
         Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
-                 FENCING_TOKEN) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, {first_token}) \
-                 ON CONFLICT (LOCK_KEY, REGION) DO UPDATE SET CLIENT_ID = excluded.CLIENT_ID, \
-                 CREATED_DATE = excluded.CREATED_DATE, EXPIRED_AFTER = excluded.EXPIRED_AFTER, \
+                 FENCING_TOKEN{name_column}) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, \
+                 {first_token}{name_value}) \
+                 ON CONFLICT (LOCK_KEY, REGION) DO UPDATE SET CLIENT_ID = excluded.CLIENT_ID,\
+                 {name_update} CREATED_DATE = excluded.CREATED_DATE, EXPIRED_AFTER = excluded.EXPIRED_AFTER, \
                  FENCING_TOKEN = max({table}.FENCING_TOKEN + 1, excluded.FENCING_TOKEN) \
                  WHERE {table}.EXPIRED_AFTER < excluded.CREATED_DATE \
                  RETURNING FENCING_TOKEN"
@@ -152,7 +162,8 @@ impl Backend for Sqlite {
         }
     }
 
-    fn admin_statements(table: &str) -> AdminStatements {
+    fn admin_statements(table: &str, named: bool) -> AdminStatements {
+        let name = if named { "LOCK_NAME" } else { "NULL" };
         // Stored text with milliseconds, as µs since the Unix epoch.
         let micros = |column: &str| {
             format!("CAST(round((julianday({column}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000")
@@ -169,7 +180,7 @@ impl Backend for Sqlite {
                 expires = micros("EXPIRED_AFTER"),
             ),
             list: format!(
-                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state} \
+                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state}, {name} \
                  FROM {table} WHERE REGION = ?2 AND LOCK_KEY > ?1 ORDER BY LOCK_KEY LIMIT ?5",
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
@@ -232,6 +243,7 @@ impl Backend for Sqlite {
                 expires_micros: row.get(3).map_err(classify)?,
                 token: row.get(4).map_err(classify)?,
                 state: row.get(5).map_err(classify)?,
+                name: row.get(6).map_err(classify)?,
             });
         }
         Ok(listed)
@@ -394,12 +406,13 @@ impl Backend for Sqlite {
 /// Binds parameters 1 to the statement's highest parameter number, so a statement may use any
 /// prefix of the documented parameters.
 fn bind(statement: &mut rusqlite::CachedStatement<'_>, params: &Params) -> rusqlite::Result<()> {
-    let values: [&dyn ToSql; 5] = [
+    let values: [&dyn ToSql; 6] = [
         &params.lock_key,
         &params.region,
         &params.client_id,
         &params.ttl_micros,
         &params.token,
+        &params.name,
     ];
     for (index, value) in values.iter().enumerate().take(statement.parameter_count()) {
         statement.raw_bind_parameter(index + 1, value)?;

@@ -42,8 +42,15 @@ pub(crate) enum Path {
 
 /// The registry's view of a database: the three lease operations with deadlines.
 pub(crate) trait Store: Send + Sync {
-    /// One acquire attempt (retrying transient failures until `deadline`).
-    fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>>;
+    /// One acquire attempt (retrying transient failures until `deadline`); `name` is the
+    /// lock's name, stored where the table has a `LOCK_NAME` column.
+    fn acquire(
+        &self,
+        lock_key: &str,
+        name: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Grant>>;
     /// Renews; `Ok(Some(sent_at))` when renewed, `Ok(None)` when this client is not the holder.
     fn renew(
         &self,
@@ -129,6 +136,10 @@ pub(crate) struct SqlStore<B: Backend> {
     pub(super) table: TableSettings,
     /// How long an idle connection stays open (see [`PoolSettings`]).
     pub(super) idle_timeout: Duration,
+    /// Whether the table has the `LOCK_NAME` column (the statements fill and list it).
+    pub(super) named: bool,
+    /// The empty name of every statement but acquire.
+    pub(super) no_name: Arc<str>,
 }
 
 impl<B: Backend> SqlStore<B> {
@@ -156,10 +167,13 @@ impl<B: Backend> SqlStore<B> {
             manager,
             table: table.clone(),
             idle_timeout: pool.idle_timeout,
+            named: false,
+            no_name: Arc::from(""),
         };
         let deadline = Instant::now() + pool.connect_timeout;
         let floor = store.check_table(table, deadline)?;
-        let defaults = B::default_queries(&table.table, floor);
+        store.named = store.check_name_column(table, deadline)?;
+        let defaults = B::default_queries(&table.table, floor, store.named);
         store.queries = Arc::new(Statements {
             acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
             renew: table.custom.renew.clone().unwrap_or(defaults.renew),
@@ -176,13 +190,24 @@ impl<B: Backend> SqlStore<B> {
             client_id: Arc::clone(&self.client_id),
             ttl_micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),
             token,
+            name: Arc::clone(&self.no_name),
         }
     }
 }
 
 impl<B: Backend> Store for SqlStore<B> {
-    fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>> {
-        let params = self.params(lock_key, ttl, 0);
+    fn acquire(
+        &self,
+        lock_key: &str,
+        name: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Grant>> {
+        let mut params = self.params(lock_key, ttl, 0);
+        // A name the column cannot hold (PostgreSQL text has no NUL) is stored as none.
+        if !name.contains('\0') {
+            params.name = name.into();
+        }
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         self.run(Path::Main, "acquire", deadline, move |conn| {
             let sent_at = Instant::now();
