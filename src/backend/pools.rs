@@ -40,6 +40,14 @@ pub(crate) struct PoolSettings {
     /// The registry's `operation_timeout`: the usual deadline of one statement.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub operation_timeout: Duration,
+    /// PostgreSQL: whether connections prepare named statements and keep them
+    /// (`RegistryBuilder::prepared_statements`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub prepared_statements: bool,
+    /// PostgreSQL: where the release listener connects instead of the registry's URL
+    /// (`RegistryBuilder::listener_url`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub listener_url: Option<String>,
 }
 
 /// A pool of at most `size` connections from `manager`, opened on demand (see the module docs):

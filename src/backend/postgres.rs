@@ -13,9 +13,19 @@
 //! types — `CHAR`, `VARCHAR`, `CHAR`, `BIGINT`, `BIGINT`, the types of Spring's columns — so
 //! that `LOCK_KEY = $1` compares `CHAR` to `CHAR` and uses the primary key (a `TEXT` parameter
 //! would turn it into a text comparison and a sequential scan), and so that a statement may
-//! leave parameters out (release has no `$4`; the clock query has none). Each connection keeps
-//! its prepared statements: the driver has no cache, and an unprepared statement is planned
-//! again on every call.
+//! leave parameters out (the holder query has no `$3`; the clock query has none).
+//!
+//! By default every statement goes *unnamed* (`query_typed`: parse, bind, describe, execute
+//! and sync in one message, one round trip): the server parses and plans it on every call and
+//! keeps nothing. That is what a transaction-mode pooler (PgBouncer `pool_mode = transaction`
+//! without `max_prepared_statements`, and its kind) needs: it hands each statement to
+//! whichever server connection is free, where a named statement prepared earlier is missing
+//! (`26000`) or is another client's (`42P05`). With `prepared_statements(true)` each
+//! connection prepares a named statement per text on first use and keeps it (the driver has
+//! no cache of its own), which saves the server the planning; the difference is measured by
+//! `benches/databases.rs` (`lock_unlock` vs `lock_unlock_prepared`). Catalog queries run
+//! unnamed either way, and checking a replacement statement prepares it inside a transaction,
+//! which a pooler keeps on one server connection, and closes it before the commit.
 //!
 //! - **acquire** is one statement, one round trip:
 //!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now RETURNING FENCING_TOKEN),
@@ -129,7 +139,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::config::{Host, LoadBalanceHosts};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Config, Notification, Socket, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Notification, Row, Socket, Statement};
 
 /// What encrypts connections: one rustls configuration per registry with feature
 /// `postgres-tls`, nothing without.
@@ -163,6 +173,12 @@ const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(5);
 pub(crate) struct PgManager {
     config: Config,
     tls: Tls,
+    /// Whether connections prepare named statements and keep them
+    /// (`RegistryBuilder::prepared_statements`), or send every statement unnamed.
+    prepared: bool,
+    /// Where the release listener connects (`RegistryBuilder::listener_url`), with its TLS;
+    /// `None`: where the pools connect.
+    listener: Option<(Config, Tls)>,
 }
 
 /// The half of a connection that reads the socket and dispatches the server's messages to the
@@ -180,7 +196,9 @@ type Driver = Option<Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Erro
 pub(crate) struct PgConn {
     client: Client,
     driver: Driver,
-    statements: PerStatement<Statement>,
+    /// The named statements prepared so far; `None` when statements go unnamed (see
+    /// [`PgManager::prepared`]).
+    statements: Option<PerStatement<Statement>>,
     deadline: Instant,
     broken: bool,
     /// Declared last, so dropped after the socket it drives.
@@ -211,14 +229,14 @@ impl Drop for ConnRuntime {
 impl PgConn {
     /// Connects; the configuration's connect timeout bounds the whole wait, the startup
     /// handshake included (a server that accepts connections but never answers).
-    fn open(config: &Config, tls: &Tls) -> Result<PgConn, PgConnError> {
+    fn open(config: &Config, tls: &Tls, prepared: bool) -> Result<PgConn, PgConnError> {
         let runtime = connection_runtime()?;
         let (client, connection) = connect_on(&runtime, config, tls)?;
         Ok(PgConn {
             runtime,
             client,
             driver: Some(Box::pin(connection)),
-            statements: PerStatement::new(),
+            statements: prepared.then(PerStatement::new),
             deadline: Instant::now() + DEFAULT_CALL_LIMIT,
             broken: false,
         })
@@ -439,13 +457,45 @@ fn no_answer() -> Failure {
 }
 
 impl PgConn {
-    /// The prepared statement for `sql`, prepared on first use.
-    fn statement(&mut self, sql: &str) -> Result<Statement, Failure> {
-        if let Some(statement) = self.statements.get(sql) {
-            return Ok(statement.clone());
+    /// Runs `sql` with the five parameters and returns its rows: as a named statement,
+    /// prepared on first use and kept, or as an unnamed one (parsed, planned and run in one
+    /// round trip, nothing left on the server), which a transaction-mode pooler can send to any
+    /// server connection.
+    fn rows(&mut self, sql: &str, params: &Params) -> Result<Vec<Row>, Failure> {
+        let values = values(params);
+        match self.prepared(sql)? {
+            Some(statement) => call!(self, |client| client.query(&statement, &values)),
+            None => {
+                let typed = typed(&values);
+                call!(self, |client| client.query_typed(sql, &typed))
+            }
+        }
+    }
+
+    /// Runs `sql` like [`PgConn::rows`] and returns the number of rows it affected.
+    fn affected(&mut self, sql: &str, params: &Params) -> Result<u64, Failure> {
+        let values = values(params);
+        match self.prepared(sql)? {
+            Some(statement) => call!(self, |client| client.execute(&statement, &values)),
+            None => {
+                let typed = typed(&values);
+                call!(self, |client| client.execute_typed(sql, &typed))
+            }
+        }
+    }
+
+    /// The named statement for `sql`, prepared on first use; `None` when statements go
+    /// unnamed.
+    fn prepared(&mut self, sql: &str) -> Result<Option<Statement>, Failure> {
+        let Some(statements) = &self.statements else {
+            return Ok(None);
+        };
+        if let Some(statement) = statements.get(sql) {
+            return Ok(Some(statement.clone()));
         }
         let statement = call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
-        Ok(self.statements.insert(sql, statement).clone())
+        let statements = self.statements.as_mut().expect("checked above");
+        Ok(Some(statements.insert(sql, statement).clone()))
     }
 }
 
@@ -465,7 +515,7 @@ impl r2d2::ManageConnection for PgManager {
     type Error = PgConnError;
 
     fn connect(&self) -> Result<PgConn, PgConnError> {
-        PgConn::open(&self.config, &self.tls)
+        PgConn::open(&self.config, &self.tls, self.prepared)
     }
 
     fn is_valid(&self, conn: &mut PgConn) -> Result<(), PgConnError> {
@@ -603,9 +653,7 @@ impl Backend for Postgres {
         sql: &str,
         params: &Params,
     ) -> Result<Option<HolderRow>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let Some(row) = call!(conn, |client| client.query_opt(&statement, &values))? else {
+        let Some(row) = conn.rows(sql, params)?.into_iter().next() else {
             return Ok(None);
         };
         Ok(Some(HolderRow {
@@ -622,9 +670,7 @@ impl Backend for Postgres {
     }
 
     fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let rows = call!(conn, |client| client.query(&statement, &values))?;
+        let rows = conn.rows(sql, params)?;
         let read = |row: &tokio_postgres::Row| -> Result<ListedRow, tokio_postgres::Error> {
             Ok(ListedRow {
                 lock_key: row.try_get::<_, String>(0)?.trim_end().to_string(),
@@ -642,19 +688,14 @@ impl Backend for Postgres {
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let row = call!(conn, |client| client.query_opt(&statement, &values))?;
-        match row {
+        match conn.rows(sql, params)?.first() {
             Some(row) => Ok(Some(row.try_get::<_, i64>(0).map_err(classify)?)),
             None => Ok(None),
         }
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        call!(conn, |client| client.execute(&statement, &values))
+        conn.affected(sql, params)
     }
 
     fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
@@ -675,7 +716,8 @@ impl Backend for Postgres {
         let sql = "SELECT upper(attname::text) FROM pg_catalog.pg_attribute \
                    WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped \
                    ORDER BY attnum";
-        let rows = call!(conn, |client| client.query(sql, &[&table]))?;
+        let rows = call!(conn, |client| client
+            .query_typed(sql, &[(&table, Type::TEXT)]))?;
         rows.iter()
             .map(|row| row.try_get::<_, String>(0).map_err(classify))
             .collect()
@@ -689,8 +731,12 @@ impl Backend for Postgres {
                    WHERE tgrelid = to_regclass($2::text) AND tgname = lower($3::text) \
                    AND tgenabled <> 'D')";
         let (floor, trigger) = (super::floor_table(table), super::floor_trigger(table));
-        let params: [&(dyn ToSql + Sync); 3] = [&floor, &table, &trigger];
-        let row = call!(conn, |client| client.query_one(sql, &params))?;
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&floor, Type::TEXT),
+            (&table, Type::TEXT),
+            (&trigger, Type::TEXT),
+        ];
+        let row = call!(conn, |client| client.query_typed_one(sql, &params))?;
         Ok(FloorFound {
             readable: row.try_get(0).map_err(classify)?,
             trigger: row.try_get(1).map_err(classify)?,
@@ -705,7 +751,8 @@ impl Backend for Postgres {
                    FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a \
                    ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
                    WHERE i.indrelid = to_regclass($1::text) AND i.indisunique";
-        let rows = call!(conn, |client| client.query(sql, &[&table]))?;
+        let rows = call!(conn, |client| client
+            .query_typed(sql, &[(&table, Type::TEXT)]))?;
         rows.iter()
             .map(|row| {
                 Ok((
@@ -717,8 +764,18 @@ impl Backend for Postgres {
     }
 
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
-        let statement = call!(conn, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
-        Ok((statement.params().len(), statement.columns().len()))
+        // Prepared, described and closed inside one transaction, which a transaction-mode
+        // pooler keeps on one server connection: nothing named outlives it there. (A failed
+        // prepare aborts the transaction, and COMMIT then rolls it back.)
+        call!(conn, |client| async move {
+            client.batch_execute("BEGIN").await?;
+            let described = client
+                .prepare_typed(sql, &PARAM_TYPES)
+                .await
+                .map(|statement| (statement.params().len(), statement.columns().len()));
+            client.batch_execute("COMMIT").await?;
+            described
+        })
     }
 
     fn mark_broken(conn: &mut Conn<Self>) {
@@ -749,9 +806,7 @@ impl Backend for Postgres {
         sql: &[String],
         params: &Params,
     ) -> Result<Vec<(String, i64)>, Failure> {
-        let statement = conn.statement(&sql[0])?;
-        let values = bind(&statement, params);
-        let rows = call!(conn, |client| client.query(&statement, &values))?;
+        let rows = conn.rows(&sql[0], params)?;
         rows.iter()
             .map(|row| {
                 Ok((
@@ -770,11 +825,15 @@ impl Backend for Postgres {
         handler: ListenerHandler,
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
+        let (config, tls) = manager
+            .listener
+            .clone()
+            .unwrap_or_else(|| (manager.config.clone(), manager.tls.clone()));
         let listener = Listener {
             idle_timeout,
-            config: manager.config.clone(),
-            tls: manager.tls.clone(),
-            limit: connect_limit(&manager.config),
+            limit: connect_limit(&config),
+            config,
+            tls,
             channel: channel(&table.table),
             region: table.region.clone(),
             handler,
@@ -1081,17 +1140,24 @@ fn read_messages<T>(
     runtime.block_on(async { tokio::time::timeout_at(deadline.into(), reading).await.ok() })
 }
 
-/// The values of the statement's parameters: all five (see `PARAM_TYPES`; a statement naming
-/// `$6` or more was rejected when it was checked).
-fn bind<'a>(statement: &Statement, params: &'a Params) -> Vec<&'a (dyn ToSql + Sync)> {
-    let values: [&'a (dyn ToSql + Sync); 5] = [
+/// The values of the five parameters, in order (every statement is prepared with all five
+/// types, `PARAM_TYPES`, whether it uses them or not; one naming `$6` or more was rejected when
+/// it was checked).
+fn values<'a>(params: &'a Params) -> [&'a (dyn ToSql + Sync); 5] {
+    [
         &params.lock_key,
         &params.region,
         &params.client_id,
         &params.ttl_micros,
         &params.token,
-    ];
-    values[..statement.params().len().min(5)].to_vec()
+    ]
+}
+
+/// The parameters of an unnamed statement: each value with its declared type.
+fn typed<'a>(values: &[&'a (dyn ToSql + Sync); 5]) -> [(&'a (dyn ToSql + Sync), Type); 5] {
+    let [a, b, c, d, e] = *values;
+    let [ta, tb, tc, td, te] = PARAM_TYPES;
+    [(a, ta), (b, tb), (c, tc), (d, td), (e, te)]
 }
 
 /// The SQLSTATE of a failure from the server, if it is one.
@@ -1211,7 +1277,7 @@ fn check_connect(
     super::first_connection(Postgres::NAME, &server, timeout, |limit, deadline| {
         let mut attempt = config.clone();
         attempt.connect_timeout(connect_limit(config).min(limit));
-        let Err(error) = outside_async(|| PgConn::open(&attempt, tls)) else {
+        let Err(error) = outside_async(|| PgConn::open(&attempt, tls, false)) else {
             return Ok(());
         };
         // Reached a server (not refused, not unresolved) that did not answer as PostgreSQL.
@@ -1373,12 +1439,40 @@ pub(crate) fn open(
     pool: &super::PoolSettings,
     table: &super::TableSettings,
 ) -> crate::Result<Arc<dyn super::Store>> {
+    let (config, tls, settings) = parse_url(url, pool, "the PostgreSQL URL")?;
+    check_connect(&config, &tls, &settings, pool.connect_timeout)?;
+    let listener = match &pool.listener_url {
+        Some(url) => {
+            let (config, tls, settings) = parse_url(url, pool, "the listener URL")?;
+            check_connect(&config, &tls, &settings, pool.connect_timeout)?;
+            Some((config, tls))
+        }
+        None => None,
+    };
+    let manager = PgManager {
+        config,
+        tls,
+        prepared: pool.prepared_statements,
+        listener,
+    };
+    let store = super::SqlStore::<Postgres>::open(manager, pool, table)?;
+    Ok(Arc::new(store))
+}
+
+/// The connection settings of a URL or `key=value` string (`what`, in messages), with the
+/// registry's connect timeout and application name unless it sets its own, and its TLS.
+fn parse_url(
+    url: &str,
+    pool: &super::PoolSettings,
+    what: &str,
+) -> crate::Result<(Config, Tls, super::tls::PgTls)> {
     let (url, settings) = super::tls::split_postgres(url)?;
     let mut config: Config = url.parse().map_err(|e| Error::Database {
         operation: "connect",
-        hint: "the PostgreSQL URL does not parse: use postgres://user:password@host:port/database \
-               or key=value pairs"
-            .to_string(),
+        hint: format!(
+            "{what} does not parse: use postgres://user:password@host:port/database or \
+             key=value pairs"
+        ),
         source: Box::new(e),
     })?;
     if config.get_connect_timeout().is_none() {
@@ -1418,9 +1512,7 @@ pub(crate) fn open(
         }
         _ => tokio_postgres::NoTls,
     };
-    check_connect(&config, &tls, &settings, pool.connect_timeout)?;
-    let store = super::SqlStore::<Postgres>::open(PgManager { config, tls }, pool, table)?;
-    Ok(Arc::new(store))
+    Ok((config, tls, settings))
 }
 
 /// Splits a release notification's payload, `<LOCK_KEY> <TURN_AGE_µs> <REGION>`; a payload
