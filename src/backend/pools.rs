@@ -21,11 +21,9 @@
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::{Failure, FailureKind};
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::error::{Error, Result};
-use std::time::Duration;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use std::time::Instant;
+use super::{Backend, Grant, SqlStore, Store};
+use crate::error::{Error, Result, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
+use std::time::{Duration, Instant};
 
 /// Pool settings shared by every backend.
 #[derive(Debug, Clone)]
@@ -51,7 +49,9 @@ pub(crate) struct PoolSettings {
 }
 
 /// A pool of at most `size` connections from `manager`, opened on demand (see the module docs):
-/// it opens none now.
+/// it opens none now. A connection lives until it breaks or stays idle too long, never
+/// replaced for its age alone (r2d2's default `max_lifetime` would do that every 30 minutes,
+/// and a renewal that must open a new connection can be refused by a full server).
 pub(super) fn build_pool<M: r2d2::ManageConnection>(
     manager: M,
     size: u32,
@@ -61,10 +61,63 @@ pub(super) fn build_pool<M: r2d2::ManageConnection>(
         .max_size(size)
         .min_idle(Some(0))
         .idle_timeout(Some(pool.idle_timeout))
+        .max_lifetime(None)
         .test_on_check_out(false)
         .connection_timeout(pool.connect_timeout)
         .error_handler(Box::new(r2d2::NopErrorHandler))
         .build_unchecked(manager)
+}
+
+/// The least time a grant gets to secure its renewal connection, however little is left of
+/// the acquire's deadline.
+const SECURING_AT_LEAST: Duration = Duration::from_secs(1);
+
+impl<B: Backend> SqlStore<B> {
+    /// After a grant of `lock_key`: makes sure the renewal pool has a connection, so that
+    /// renewing the lease does not depend on opening one later — a full server would refuse
+    /// it ("too many clients") and the lease would run out. Opened here (by `deadline`, at
+    /// least [`SECURING_AT_LEAST`]) when the pool has none; the pool keeps it while renewals
+    /// use it. If it cannot be opened, the grant is released at once and the caller gets an
+    /// error saying why: a lease whose renewals cannot run is not handed out.
+    pub(super) fn secure_renewal(
+        &self,
+        lock_key: &str,
+        grant: &Grant,
+        deadline: Instant,
+    ) -> Result<()> {
+        if self.renewal_pool.state().connections > 0 {
+            return Ok(());
+        }
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(SECURING_AT_LEAST);
+        let failure = match self.renewal_pool.get_timeout(wait) {
+            Ok(_connection) => return Ok(()),
+            Err(e) => e,
+        };
+        let released = Store::release(self, lock_key, grant.token, Instant::now() + wait, None);
+        let given_back = match released {
+            Ok(_) => "the lock was granted and given back at once",
+            Err(_) => "the lock was granted and is left to expire (giving it back failed too)",
+        };
+        let text = failure.to_string();
+        let hint = if text.contains(TOO_MANY_CLIENTS) {
+            format!(
+                "{given_back}: its renewal connection could not be opened, \
+                 {TOO_MANY_CLIENTS}: {TOO_MANY_CLIENTS_FIX}"
+            )
+        } else {
+            format!(
+                "{given_back}: its renewal connection could not be opened ({text}): check the \
+                 server and RegistryBuilder::renewal_pool_size"
+            )
+        };
+        Err(Error::Database {
+            operation: "acquire",
+            hint,
+            source: Box::new(failure),
+        })
+    }
 }
 
 /// How long the first attempt of [`first_connection`] may take before it is given up and
@@ -97,7 +150,10 @@ pub(crate) fn first_connection(
         };
         let retry = failure.kind != FailureKind::Fatal;
         if !retry || Instant::now() + pause >= deadline {
-            let hint = if retry {
+            let hint = if retry && failure.hint.contains(TOO_MANY_CLIENTS) {
+                // The server answered, so "start the server" would mislead.
+                format!("{database} at {address} refused every attempt for {timeout:?}: {}", failure.hint)
+            } else if retry {
                 format!(
                     "cannot reach {database} at {address} within {timeout:?} ({detail}): start \
                      the server or fix the URL"

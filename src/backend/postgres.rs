@@ -126,7 +126,7 @@ use super::{
     AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow,
     ListenerEvent, ListenerHandler, ListenerReply, Params, PerStatement, Statements, TableSettings,
 };
-use crate::error::Error;
+use crate::error::{Error, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -499,15 +499,26 @@ impl PgConn {
     }
 }
 
-/// Why a pooled connection could not be opened or checked.
+/// Why a pooled connection could not be opened or checked. A server without a free
+/// connection slot is named as such ([`TOO_MANY_CLIENTS`]): the pool keeps only this text, and
+/// the registry's errors recognize it there.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PgConnError {
-    #[error(transparent)]
+    #[error("{}", connect_failure(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("could not start the connection's runtime: {0}")]
     Runtime(std::io::Error),
     #[error("no answer from PostgreSQL within {0:?}")]
     NoAnswer(Duration),
+}
+
+/// The text of a failed connection attempt: the driver's, after [`TOO_MANY_CLIENTS`] when
+/// the server said it has no slot left.
+fn connect_failure(error: &tokio_postgres::Error) -> String {
+    match error.code() {
+        Some(code) if code.code() == "53300" => format!("{TOO_MANY_CLIENTS}: {error}"),
+        _ => error.to_string(),
+    }
 }
 
 impl r2d2::ManageConnection for PgManager {
@@ -834,6 +845,8 @@ impl Backend for Postgres {
             limit: connect_limit(&config),
             config,
             tls,
+            sender: (manager.config.clone(), manager.tls.clone()),
+            heard: Cell::new(false),
             channel: channel(&table.table),
             region: table.region.clone(),
             handler,
@@ -871,6 +884,10 @@ fn channel(table: &str) -> String {
 struct Listener {
     config: Config,
     tls: Tls,
+    /// Where the probe notification is sent from (see [`Listener::probe`]): the pools' server.
+    sender: (Config, Tls),
+    /// Whether a probe was heard: `LISTEN` here hears other sessions' notifications.
+    heard: Cell<bool>,
     /// The bound of each call: the connect timeout.
     limit: Duration,
     /// Unsubscribed this long, the listener closes its connection.
@@ -949,6 +966,34 @@ impl Listener {
             if let Some(open) = conn {
                 fail_point!("postgres::listener_before_listen");
                 match open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit) {
+                    Ok(()) if !self.heard.get() => match self.probe(open) {
+                        Probe::Heard => {
+                            self.heard.set(true);
+                            return (self.handler)(ListenerEvent::Subscribed)
+                                != ListenerReply::Stop;
+                        }
+                        Probe::Unknown(e) => {
+                            // Subscribed all the same; the next connection probes again.
+                            log::debug!("PostgreSQL release listener could not probe: {e}");
+                            return (self.handler)(ListenerEvent::Subscribed)
+                                != ListenerReply::Stop;
+                        }
+                        Probe::Deaf => {
+                            log::warn!(
+                                "PostgreSQL release notifications do not reach this registry: \
+                                 LISTEN at {} did not hear a notification sent from another \
+                                 connection within {:?}, as happens through a transaction-mode \
+                                 pooler (PgBouncer pool_mode = transaction); waiters only poll \
+                                 now (every idle_between_tries). Give the listener a direct \
+                                 connection: RegistryBuilder::listener_url",
+                                address(&self.config),
+                                self.limit
+                            );
+                            let _ = open.execute("UNLISTEN *", self.limit);
+                            *conn = None;
+                            return false;
+                        }
+                    },
                     Ok(()) => {
                         return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop
                     }
@@ -965,6 +1010,46 @@ impl Listener {
             if (self.handler)(ListenerEvent::Tick) == ListenerReply::Stop {
                 return false;
             }
+        }
+    }
+
+    /// Whether `LISTEN` on `conn` hears other sessions: it listens on a channel of its own,
+    /// sends a notification there from a new connection to the pools' server, and waits for it
+    /// for one call's bound. A session-mode pooler or a direct connection hears it within
+    /// milliseconds. Through a transaction-mode pooler the `LISTEN` ran on a server connection
+    /// that went back to the pool, so the notification never comes ([`Probe::Deaf`]).
+    /// Releases heard meanwhile are kept for delivery.
+    fn probe(&self, conn: &mut ListenerConn) -> Probe {
+        let channel = format!("leasehold_probe_{}", uuid::Uuid::new_v4().simple());
+        if let Err(e) = conn.execute(&format!("LISTEN \"{channel}\""), self.limit) {
+            return Probe::Unknown(e);
+        }
+        let sent = ListenerConn::open(&self.sender.0, &self.sender.1)
+            .map_err(|e| e.to_string())
+            .and_then(|mut sender| {
+                sender.execute(&format!("SELECT pg_notify('{channel}', '')"), self.limit)
+            });
+        let heard = sent.map(|()| {
+            let until = Instant::now() + self.limit;
+            let mut releases = Vec::new();
+            let mut heard = false;
+            while let Some(notification) = conn.next_notification(until) {
+                if notification.channel() == channel {
+                    heard = true;
+                    break;
+                }
+                releases.push(notification);
+            }
+            for release in releases.into_iter().rev() {
+                conn.pending.push_front(release);
+            }
+            heard
+        });
+        let unlistened = conn.execute(&format!("UNLISTEN \"{channel}\""), self.limit);
+        match (heard, unlistened) {
+            (Ok(true), _) => Probe::Heard,
+            (Err(e), _) | (Ok(false), Err(e)) => Probe::Unknown(e),
+            (Ok(false), Ok(())) => Probe::Deaf,
         }
     }
 
@@ -1035,6 +1120,16 @@ impl Listener {
         }
         true
     }
+}
+
+/// What [`Listener::probe`] found.
+enum Probe {
+    /// The notification arrived: `LISTEN` works here.
+    Heard,
+    /// It did not, on a connection that works: notifications do not reach this session.
+    Deaf,
+    /// The probe itself failed (why): nothing learned.
+    Unknown(String),
 }
 
 /// The listener's connection: the asynchronous client on a current-thread runtime of its own,
@@ -1178,7 +1273,11 @@ fn classify(error: tokio_postgres::Error) -> Failure {
                 FailureKind::Transient,
                 format!("the lock row is busy or the statement timed out: {message}"),
             ),
-            "53300" | "57P03" => (
+            "53300" => (
+                FailureKind::Transient,
+                format!("{TOO_MANY_CLIENTS} ({message}): {TOO_MANY_CLIENTS_FIX}"),
+            ),
+            "57P03" => (
                 FailureKind::Transient,
                 format!("PostgreSQL does not accept connections right now: {message}"),
             ),
