@@ -28,7 +28,8 @@
 //! `--ttl-ms` (10000), `--idle-ms` (5), `--handoff-ms` (local handoff limit, 20; 0 = none),
 //! `--work-us` (busy work inside each critical section, 0), `--prefix` (table prefix, default
 //! `t<pid>_stress_`), `--dir` (directory for the record files; default a temporary one),
-//! `--sabotage 1` (self-check of the detector: each process gets a table of its own, so the
+//! `--listener-url` (PostgreSQL: a direct URL for the release listener when `--url` is a
+//! transaction-mode pooler), `--sabotage 1` (self-check of the detector: each process gets a table of its own, so the
 //! processes do not exclude each other and the run must FAIL with violations).
 //!
 //! The last line printed is the summary, e.g.
@@ -77,6 +78,9 @@ pub struct Config {
     /// Detector self-check: every process uses a table of its own, so processes do *not*
     /// exclude each other and the run must report violations.
     pub sabotage: bool,
+    /// PostgreSQL: where the release listener connects (`RegistryBuilder::listener_url`),
+    /// when `target` is a transaction-mode pooler.
+    pub listener_url: Option<String>,
 }
 
 impl Config {
@@ -97,6 +101,7 @@ impl Config {
             dir: dir.to_path_buf(),
             start_at_ms: 0,
             sabotage: false,
+            listener_url: None,
         }
     }
 
@@ -114,6 +119,10 @@ impl Config {
                     "database {other:?} is not compiled in (features: sqlite, postgres, mysql)"
                 ))
             }
+        };
+        let builder = match &self.listener_url {
+            Some(url) => builder.listener_url(url.clone()),
+            None => builder,
         };
         Ok(builder
             .prefix(self.prefix.clone())
@@ -141,6 +150,10 @@ impl Config {
             ("DIR", self.dir.display().to_string()),
             ("START_AT_MS", self.start_at_ms.to_string()),
             ("SABOTAGE", u8::from(self.sabotage).to_string()),
+            (
+                "LISTENER_URL",
+                self.listener_url.clone().unwrap_or_default(),
+            ),
         ];
         for (name, value) in vars {
             command.env(format!("{ENV}{name}"), value);
@@ -200,6 +213,7 @@ impl Config {
         config.work = Duration::from_micros(number("WORK_US", 0)?);
         config.start_at_ms = number("START_AT_MS", 0)?;
         config.sabotage = number("SABOTAGE", 0)? != 0;
+        config.listener_url = text("LISTENER_URL").filter(|url| !url.is_empty());
         if config.processes == 0 || config.threads == 0 || config.keys == 0 {
             return Err("processes, threads and keys must be at least 1".into());
         }

@@ -245,7 +245,10 @@ pub(crate) const TOO_MANY_CLIENTS_FIX: &str =
 
 /// Why an operation timed out, for [`Error::Timeout`]'s message: a full server by name, else
 /// the usual suspects.
-fn timeout_cause(operation: &str, source: Option<&(dyn std::error::Error + Send + Sync)>) -> String {
+fn timeout_cause(
+    operation: &str,
+    source: Option<&(dyn std::error::Error + Send + Sync)>,
+) -> String {
     if source.is_some_and(|e| e.to_string().contains(TOO_MANY_CLIENTS)) {
         return format!("{TOO_MANY_CLIENTS}: {TOO_MANY_CLIENTS_FIX}");
     }

@@ -3,11 +3,11 @@
 //! Each function in `suite` takes a [`Fixture`] (its own table on one real database) and is
 //! instantiated once per compiled-in backend at the bottom of this file. Waits are bounded
 //! generously (seconds) so a broken build fails instead of hanging; no assertion is on elapsed
-//! time.
+//! time. `tests/pgbouncer.rs` runs the PostgreSQL instance again through PgBouncer.
 
-mod common;
+pub(crate) mod common;
 
-mod suite {
+pub(crate) mod suite {
     use crate::common::{Db, Fixture};
     use leasehold::{Error, LossReason};
     use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

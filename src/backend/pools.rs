@@ -19,9 +19,9 @@
 //! it at once; a server that refuses connections (it may be starting) is tried again until
 //! `connect_timeout`.
 
+use super::{Backend, Grant, SqlStore, Store};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::{Failure, FailureKind};
-use super::{Backend, Grant, SqlStore, Store};
 use crate::error::{Error, Result, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
 use std::time::{Duration, Instant};
 
@@ -152,7 +152,10 @@ pub(crate) fn first_connection(
         if !retry || Instant::now() + pause >= deadline {
             let hint = if retry && failure.hint.contains(TOO_MANY_CLIENTS) {
                 // The server answered, so "start the server" would mislead.
-                format!("{database} at {address} refused every attempt for {timeout:?}: {}", failure.hint)
+                format!(
+                    "{database} at {address} refused every attempt for {timeout:?}: {}",
+                    failure.hint
+                )
             } else if retry {
                 format!(
                     "cannot reach {database} at {address} within {timeout:?} ({detail}): start \

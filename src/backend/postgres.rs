@@ -965,18 +965,14 @@ impl Listener {
             }
             if let Some(open) = conn {
                 fail_point!("postgres::listener_before_listen");
-                match open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit) {
-                    Ok(()) if !self.heard.get() => match self.probe(open) {
-                        Probe::Heard => {
-                            self.heard.set(true);
-                            return (self.handler)(ListenerEvent::Subscribed)
-                                != ListenerReply::Stop;
-                        }
+                // Probed before the channel's own LISTEN, which stays the connection's last
+                // statement (what pg_stat_activity shows).
+                if !self.heard.get() {
+                    match self.probe(open) {
+                        Probe::Heard => self.heard.set(true),
+                        // Nothing learned; the next connection probes again.
                         Probe::Unknown(e) => {
-                            // Subscribed all the same; the next connection probes again.
-                            log::debug!("PostgreSQL release listener could not probe: {e}");
-                            return (self.handler)(ListenerEvent::Subscribed)
-                                != ListenerReply::Stop;
+                            log::debug!("PostgreSQL release listener could not probe: {e}")
                         }
                         Probe::Deaf => {
                             log::warn!(
@@ -989,11 +985,12 @@ impl Listener {
                                 address(&self.config),
                                 self.limit
                             );
-                            let _ = open.execute("UNLISTEN *", self.limit);
                             *conn = None;
                             return false;
                         }
-                    },
+                    }
+                }
+                match open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit) {
                     Ok(()) => {
                         return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop
                     }

@@ -1,0 +1,581 @@
+//! PostgreSQL through PgBouncer in transaction pooling mode, and a server without free
+//! connection slots.
+//!
+//! Each test that needs a pooler starts its own PgBouncer (1.18 as Debian ships it, no
+//! `max_prepared_statements`) on a spare port in front of the test server, as user `postgres`
+//! when run as root, with its configuration, pid file and log in a temporary directory, and
+//! stops it (by the pid in that file) when done; the conformance suite shares one while any
+//! of its tests runs. Without `pgbouncer` installed the tests fail under `CI=true` (`.ci/run`
+//! installs it) and are skipped otherwise.
+//!
+//! - `through_pgbouncer::*`: the whole conformance suite (`tests/conformance.rs`), its
+//!   registries connecting through the pooler and their listeners straight to the server;
+//! - wake-ups: through the direct listener, a release wakes a waiter long before its next poll;
+//!   without one, the listener finds that `LISTEN` goes through a transaction pooler, says so
+//!   once in the log, and waiters poll;
+//! - a fleet: the stress driver (`examples/stress.rs`), many processes through a few server
+//!   connections, with no error, loss or overlap;
+//! - a full server (a role with a `CONNECTION LIMIT`, so the shared server keeps its slots):
+//!   `build()` names "too many clients" rather than telling to start the server, a grant that
+//!   cannot have its renewal connection is given back with that error, and a held lease keeps
+//!   being renewed.
+//!
+//! No assertion is on elapsed time except bounds far above what is expected (the wake-up
+//! test's waiter would poll only after 60 s; it must be woken well before).
+
+#![cfg(all(feature = "postgres", unix))]
+
+#[macro_use]
+#[allow(dead_code, unused_macros, unused_imports)]
+#[path = "conformance.rs"]
+mod conformance;
+#[allow(dead_code)]
+#[path = "../examples/stress.rs"]
+mod stress;
+
+use conformance::{common, suite};
+
+use common::{postgres_url, Db, Fixture, Route};
+use leasehold::{Error, LockRegistry};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Bound on every wait, so that a broken build fails instead of hanging.
+const GENEROUS: Duration = Duration::from_secs(60);
+/// The environment variable that makes `child_process_entry` run a stress child.
+const STRESS_CHILD: &str = "LEASEHOLD_PGBOUNCER_STRESS_CHILD";
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The `pgbouncer` executable, if installed.
+fn pgbouncer_binary() -> Option<PathBuf> {
+    [
+        "/usr/sbin/pgbouncer",
+        "/usr/bin/pgbouncer",
+        "/usr/local/bin/pgbouncer",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|path| path.exists())
+}
+
+/// A PgBouncer of this test run, stopped when dropped.
+pub struct PgBouncer {
+    dir: tempfile::TempDir,
+    port: u16,
+    database: String,
+}
+
+impl PgBouncer {
+    /// Starts one in transaction mode in front of the server of [`postgres_url`], with at most
+    /// `server_connections` connections to it; `None` (after saying why) when PgBouncer is not
+    /// installed outside CI. Panics under `CI=true` when it is not.
+    pub fn start(server_connections: u32) -> Option<PgBouncer> {
+        let Some(binary) = pgbouncer_binary() else {
+            assert!(
+                !ci(),
+                "pgbouncer is required under CI=true (.ci/run installs it)"
+            );
+            common::skipped(
+                "PgBouncer tests: pgbouncer is not installed (apt-get install pgbouncer)",
+            );
+            return None;
+        };
+        let direct: postgres::Config = postgres_url().parse().expect("LEASEHOLD_POSTGRES_URL");
+        let host = match direct.get_hosts().first() {
+            Some(postgres::config::Host::Tcp(host)) => host.clone(),
+            _ => "127.0.0.1".to_string(),
+        };
+        let server_port = direct.get_ports().first().copied().unwrap_or(5432);
+        let database = direct.get_dbname().unwrap_or("test").to_string();
+        let user = direct.get_user().unwrap_or("postgres").to_string();
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let port = spare_port();
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        std::fs::write(path("users.txt"), format!("\"{user}\" \"\"\n")).unwrap();
+        let ini = format!(
+            "[databases]\n\
+             {database} = host={host} port={server_port} dbname={database} user={user}\n\
+             [pgbouncer]\n\
+             listen_addr = 127.0.0.1\n\
+             listen_port = {port}\n\
+             unix_socket_dir =\n\
+             auth_type = trust\n\
+             auth_file = {users}\n\
+             pool_mode = transaction\n\
+             default_pool_size = {server_connections}\n\
+             max_db_connections = {server_connections}\n\
+             reserve_pool_size = 0\n\
+             max_client_conn = 2000\n\
+             ignore_startup_parameters = extra_float_digits\n\
+             pidfile = {pidfile}\n\
+             logfile = {logfile}\n",
+            users = path("users.txt"),
+            pidfile = path("pgbouncer.pid"),
+            logfile = path("pgbouncer.log"),
+        );
+        std::fs::write(path("pgbouncer.ini"), ini).unwrap();
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|out| out.stdout.starts_with(b"0\n"));
+        let mut command = if root {
+            // PgBouncer refuses to run as root.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(&binary);
+            command
+        } else {
+            Command::new(&binary)
+        };
+        let status = command
+            .arg("-d")
+            .arg(path("pgbouncer.ini"))
+            .status()
+            .expect("starting pgbouncer");
+        let bouncer = PgBouncer {
+            dir,
+            port,
+            database,
+        };
+        assert!(
+            status.success(),
+            "pgbouncer did not start: {}",
+            bouncer.log()
+        );
+        let give_up = Instant::now() + GENEROUS;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < give_up,
+                "pgbouncer does not listen: {}",
+                bouncer.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(bouncer)
+    }
+
+    /// Its URL, for registries.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{}",
+            self.port, self.database
+        )
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("pgbouncer.log")).unwrap_or_default()
+    }
+
+    fn pid(&self) -> Option<String> {
+        let pid = std::fs::read_to_string(self.dir.path().join("pgbouncer.pid")).ok()?;
+        Some(pid.trim().to_string()).filter(|pid| !pid.is_empty())
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let Some(pid) = self.pid() else { return };
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < give_up
+            && Command::new("kill")
+                .args(["-0", &pid])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success())
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A local TCP port nobody listens on now.
+fn spare_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// The PgBouncer the conformance tests share, started by the first and stopped after the last
+/// that runs at a time.
+fn shared_pgbouncer() -> Option<Arc<PgBouncer>> {
+    static SHARED: Mutex<Weak<PgBouncer>> = Mutex::new(Weak::new());
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(bouncer) = shared.upgrade() {
+        return Some(bouncer);
+    }
+    let bouncer = Arc::new(PgBouncer::start(4)?);
+    *shared = Arc::downgrade(&bouncer);
+    Some(bouncer)
+}
+
+/// The database of a conformance test through the shared PgBouncer: sets this thread's
+/// [`Route`] for the fixture about to be made. Without PgBouncer (outside CI) the route leads
+/// nowhere, so the fixture reports the test as skipped.
+fn through_pgbouncer() -> Db {
+    let route = match shared_pgbouncer() {
+        Some(bouncer) => Route {
+            url: bouncer.url(),
+            listener_url: postgres_url(),
+            keep: bouncer,
+        },
+        None => Route {
+            url: format!("postgres://postgres@127.0.0.1:{}/test", spare_port()),
+            listener_url: postgres_url(),
+            keep: Arc::new(()),
+        },
+    };
+    common::ROUTE.with(|current| *current.borrow_mut() = Some(route));
+    Db::Postgres
+}
+
+/// The conformance suite, through PgBouncer.
+mod through_pgbouncer {
+    conformance!(crate::through_pgbouncer());
+}
+
+/// A fixture on the server of [`postgres_url`] (its table made directly), or `None` to skip.
+fn direct_fixture(test: &str) -> Option<Fixture> {
+    common::ROUTE.with(|current| *current.borrow_mut() = None);
+    Fixture::new(Db::Postgres, test)
+}
+
+/// A builder through `bouncer` on `f`'s table.
+fn pooled(f: &Fixture, bouncer: &PgBouncer) -> leasehold::RegistryBuilder {
+    LockRegistry::postgres(bouncer.url())
+        .prefix(f.prefix.clone())
+        .idle_between_tries(Duration::from_millis(20))
+        .connect_timeout(Duration::from_secs(3))
+}
+
+/// The warnings logged by this test binary, kept for the tests that look for one.
+mod warnings {
+    use std::sync::Mutex;
+
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    struct Keeper;
+
+    impl log::Log for Keeper {
+        fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+            metadata.level() <= log::Level::Warn
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            if self.enabled(record.metadata()) {
+                SEEN.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(record.args().to_string());
+            }
+        }
+        fn flush(&self) {}
+    }
+
+    /// Starts keeping warnings (once per binary).
+    pub fn keep() {
+        if log::set_logger(&Keeper).is_ok() {
+            log::set_max_level(log::LevelFilter::Warn);
+        }
+    }
+
+    /// The warnings so far that contain `text`.
+    pub fn containing(text: &str) -> Vec<String> {
+        SEEN.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|warning| warning.contains(text))
+            .cloned()
+            .collect()
+    }
+}
+
+/// How many server connections `LISTEN` on `f`'s table now (asked directly).
+fn listening(f: &Fixture) -> i64 {
+    let mut client = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
+    let query = format!("LISTEN \"{}\"", f.table().to_ascii_lowercase());
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = $1",
+            &[&query],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// A waiter through PgBouncer whose listener connects straight to the server is woken by a
+/// release long before its next poll (a minute away).
+#[test]
+fn a_release_wakes_a_waiter_through_the_direct_listener() {
+    let Some(f) = direct_fixture("wakesdirect") else {
+        return;
+    };
+    let Some(bouncer) = PgBouncer::start(2) else {
+        return;
+    };
+    let holder = pooled(&f, &bouncer).build().unwrap();
+    let poll = Duration::from_secs(60);
+    let waiter = pooled(&f, &bouncer)
+        .idle_between_tries(poll)
+        .listener_url(postgres_url())
+        .build()
+        .unwrap();
+    let held = holder.obtain("job").unwrap().lock().unwrap();
+    let lock = waiter.obtain("job").unwrap();
+    let waiting = std::thread::spawn(move || {
+        let guard = lock.try_lock_for(GENEROUS * 2).unwrap().expect("granted");
+        (Instant::now(), guard.fencing_token())
+    });
+    let give_up = Instant::now() + GENEROUS;
+    while listening(&f) == 0 {
+        assert!(
+            Instant::now() < give_up,
+            "the waiter's listener never subscribed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Subscribed; the waiter's first try has failed, its next poll is a minute away.
+    std::thread::sleep(Duration::from_millis(200));
+    let released = Instant::now();
+    let token = held.fencing_token();
+    held.unlock().unwrap();
+    let (granted, new_token) = waiting.join().unwrap();
+    assert!(new_token > token);
+    let took = granted - released;
+    assert!(
+        took < poll / 2,
+        "the waiter was not woken: granted {took:?} after the release"
+    );
+    println!("woken through the direct listener {took:?} after the release");
+}
+
+/// Without a listener URL the listener finds that its `LISTEN` goes through a transaction
+/// pooler: it says so once in the log, and the waiter gets the lock by polling.
+#[test]
+fn a_listen_through_the_transaction_pooler_is_found_and_waiters_poll() {
+    warnings::keep();
+    let Some(f) = direct_fixture("deaflisten") else {
+        return;
+    };
+    let Some(bouncer) = PgBouncer::start(2) else {
+        return;
+    };
+    let holder = pooled(&f, &bouncer).build().unwrap();
+    let waiter = pooled(&f, &bouncer)
+        .idle_between_tries(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let held = holder.obtain("job").unwrap().lock().unwrap();
+    let lock = waiter.obtain("job").unwrap();
+    let waiting = std::thread::spawn(move || {
+        lock.try_lock_for(GENEROUS * 2)
+            .map(|g| g.expect("granted").fencing_token())
+    });
+    let address = format!("127.0.0.1:{}", bouncer.port);
+    let give_up = Instant::now() + GENEROUS;
+    while warnings::containing(&address).is_empty() {
+        assert!(
+            Instant::now() < give_up,
+            "no warning about LISTEN through the pooler"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Waiters go on waiting (and polling) after it; the warning is not repeated.
+    std::thread::sleep(Duration::from_secs(3));
+    let token = held.fencing_token();
+    held.unlock().unwrap();
+    assert!(waiting.join().unwrap().unwrap() > token);
+    let said = warnings::containing(&address);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains("transaction-mode pooler"), "{}", said[0]);
+    assert!(said[0].contains("listener_url"), "{}", said[0]);
+}
+
+/// The entry point of the fleet's child processes (see `a_fleet_shares_a_few_server_connections`);
+/// without the variable it returns at once.
+#[test]
+fn child_process_entry() {
+    let Ok(index) = std::env::var(STRESS_CHILD) else {
+        return;
+    };
+    let config = stress::Config::from_env_and_args(&[]).expect("configuration from the parent");
+    stress::child_main(index.parse().unwrap(), &config).expect("stress child");
+}
+
+/// Many processes, each a registry with its own pools, through PgBouncer's few server
+/// connections (listeners straight to the server): no error, no lost lease, no overlap.
+#[test]
+fn a_fleet_shares_a_few_server_connections() {
+    let Some(f) = direct_fixture("fleet") else {
+        return;
+    };
+    let server_connections = 4;
+    let Some(bouncer) = PgBouncer::start(server_connections) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = stress::Config::new("postgres", &bouncer.url(), &f.prefix, dir.path());
+    config.processes = 12;
+    config.threads = 2;
+    config.keys = 6;
+    config.duration = Duration::from_secs(8);
+    config.listener_url = Some(postgres_url());
+    let spawn = |index: usize| {
+        let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+        command
+            .args([
+                "--exact",
+                "child_process_entry",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(STRESS_CHILD, index.to_string());
+        command
+    };
+    let summary = stress::run(&mut config, &spawn).unwrap();
+    let line = summary.line(&config);
+    println!("{line} server_connections={server_connections}");
+    assert!(summary.failures.is_empty(), "{:?}", summary.failures);
+    assert_eq!(summary.children.len(), config.processes, "{line}");
+    assert!(summary.passed(), "{line}");
+    assert!(summary.sections() > 0, "{line}");
+}
+
+/// A role allowed `limit` connections, with the rights a registry needs on `f`'s table; it
+/// is dropped with the returned guard.
+struct LimitedRole {
+    name: String,
+}
+
+impl LimitedRole {
+    fn new(f: &Fixture, limit: u32) -> LimitedRole {
+        let name = format!("{}role", f.prefix);
+        let mut client = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
+        let table = f.table();
+        client
+            .batch_execute(&format!(
+                "DROP ROLE IF EXISTS {name}; \
+                 CREATE ROLE {name} LOGIN CONNECTION LIMIT {limit}; \
+                 GRANT USAGE ON SCHEMA public TO {name}; \
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {name}; \
+                 GRANT SELECT ON {table}_FLOOR TO {name}"
+            ))
+            .unwrap();
+        LimitedRole { name }
+    }
+
+    fn url(&self) -> String {
+        let mut url = postgres_url();
+        let at = url.find("postgres@").expect("a URL with user postgres");
+        url.replace_range(at..at + "postgres@".len(), &format!("{}@", self.name));
+        url
+    }
+
+    /// Raw connections of this role until the server refuses one with 53300.
+    fn fill(&self) -> Vec<postgres::Client> {
+        let mut held = Vec::new();
+        let give_up = Instant::now() + GENEROUS;
+        loop {
+            assert!(Instant::now() < give_up, "the role's slots never filled");
+            match postgres::Client::connect(&self.url(), postgres::NoTls) {
+                Ok(client) => held.push(client),
+                Err(e) if e.code().is_some_and(|c| c.code() == "53300") => {
+                    // A connection that just closed may still have counted: make sure.
+                    std::thread::sleep(Duration::from_millis(300));
+                    match postgres::Client::connect(&self.url(), postgres::NoTls) {
+                        Ok(client) => held.push(client),
+                        Err(_) => return held,
+                    }
+                }
+                Err(e) => panic!("connecting as {}: {e}", self.name),
+            }
+        }
+    }
+}
+
+impl Drop for LimitedRole {
+    fn drop(&mut self) {
+        if let Ok(mut client) = postgres::Client::connect(&postgres_url(), postgres::NoTls) {
+            let _ = client.batch_execute(&format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{0}'; \
+                 DROP OWNED BY {0}; DROP ROLE IF EXISTS {0}",
+                self.name
+            ));
+        }
+    }
+}
+
+/// A server without a free connection slot for the registry's role: `build()` says "too many
+/// clients" (not "start the server"), a grant whose renewal connection cannot be opened is
+/// given back with that error, and a lease held before the server filled up keeps being
+/// renewed on its renewal connection, opened when it was granted.
+#[test]
+fn a_full_server_is_named_and_costs_no_held_lease() {
+    let Some(f) = direct_fixture("fullserver") else {
+        return;
+    };
+    // Holder: one main and one renewal connection; other: one main connection; filler: one.
+    let role = LimitedRole::new(&f, 4);
+    let builder = || {
+        LockRegistry::postgres(role.url())
+            .prefix(f.prefix.clone())
+            .notifications(false)
+            .connect_timeout(Duration::from_secs(3))
+    };
+    let holder = builder()
+        .time_to_live(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let guard = holder.obtain("held").unwrap().lock().unwrap();
+    let other = builder().build().unwrap();
+    let filler = role.fill();
+    assert!(!filler.is_empty(), "the role had no slot left to fill");
+
+    match builder().build() {
+        Err(e) => {
+            let text = e.to_string();
+            assert!(text.contains("too many clients"), "{text}");
+            assert!(text.contains("max_connections"), "{text}");
+            assert!(!text.contains("start the server"), "{text}");
+        }
+        Ok(_) => panic!("a registry was built on a full server"),
+    }
+
+    match other.obtain("wanted").unwrap().try_lock() {
+        Err(Error::Database {
+            operation, hint, ..
+        }) => {
+            assert_eq!(operation, "acquire");
+            assert!(hint.contains("too many clients"), "{hint}");
+            assert!(hint.contains("given back"), "{hint}");
+        }
+        other => panic!("expected the grant to be given back, got {other:?}"),
+    }
+    // Given back: free for anyone else.
+    let direct = f.registry();
+    assert!(direct
+        .obtain("wanted")
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .is_some());
+
+    let renewed = holder.statistics().renewals;
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        guard.is_held(),
+        "the held lease was lost to the full server"
+    );
+    assert!(
+        holder.statistics().renewals >= renewed + 3,
+        "{:?}",
+        holder.statistics()
+    );
+    assert!(direct.obtain("held").unwrap().try_lock().unwrap().is_none());
+    guard.unlock().unwrap();
+    drop(filler);
+}
