@@ -1288,6 +1288,15 @@ fn classify(error: tokio_postgres::Error) -> Failure {
                 FailureKind::Broken,
                 format!("the PostgreSQL connection failed: {message}"),
             ),
+            "26000" | "42P05" => (
+                FailureKind::Fatal,
+                format!(
+                    "{message}: named prepared statements do not survive a transaction-mode \
+                     pooler (PgBouncer pool_mode = transaction), which runs each statement on \
+                     whichever server connection is free: leave \
+                     RegistryBuilder::prepared_statements off"
+                ),
+            ),
             "42P01" => (
                 FailureKind::Fatal,
                 format!(
