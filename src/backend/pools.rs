@@ -10,7 +10,23 @@
 //! the timeout and 30 s after it. A process holding one lock therefore keeps one renewal
 //! connection (used every renewal period) and, until it times out, the main connection that
 //! acquired it. On SQLite a connection is an open file (and its page cache), closed the same
-//! way.
+//! way. No connection is replaced for its age alone.
+//!
+//! # A full server
+//!
+//! A server that has no connection slot left (PostgreSQL's `max_connections`, or a role's
+//! `CONNECTION LIMIT`: SQLSTATE 53300, "too many clients") refuses new connections, not
+//! statements on open ones. So a grant secures the lease's renewals
+//! ([`SqlStore::secure_renewal`]): when the renewal pool has no connection, the grant opens
+//! one before it is handed out; if the server refuses it, the grant is released at once and the
+//! caller gets an error naming the full server — a lease whose renewals could not run is never
+//! handed out to expire later. The renewal connection then stays while renewals use it (every
+//! renewal period, which must stay below `idle_connection_timeout`, as it does by default). A
+//! connection that breaks is replaced by a new one, which a full server can still refuse; no
+//! client can do better there. Wherever the refusal surfaces — `build()`'s first connection,
+//! an acquire or a renewal that needed a new connection and timed out — the message names
+//! "too many clients" and the fix ([`crate::error`]'s `TOO_MANY_CLIENTS_FIX`: a pooler,
+//! `max_connections`, fewer connections), never "start the server".
 //!
 //! `build()` still fails fast on a wrong URL or an absent server: each backend opens one
 //! direct connection first ([`first_connection`]; SQLite opens the file), and the table check
@@ -100,7 +116,25 @@ impl<B: Backend> SqlStore<B> {
             Ok(_) => "the lock was granted and given back at once",
             Err(_) => "the lock was granted and is left to expire (giving it back failed too)",
         };
-        let text = failure.to_string();
+        let mut text = failure.to_string();
+        if !text.contains(TOO_MANY_CLIENTS) {
+            // The pool's error may not say why (another waiter took its last error): ask once,
+            // on a thread of its own, as the pool's own attempts run (the caller may be on a
+            // thread of an asynchronous runtime, where a driver cannot block).
+            let manager = &self.manager;
+            let asked = std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        r2d2::ManageConnection::connect(manager)
+                            .err()
+                            .map(|e| e.to_string())
+                    })
+                    .join()
+            });
+            if let Ok(Some(why)) = asked {
+                text = format!("{text}: {why}");
+            }
+        }
         let hint = if text.contains(TOO_MANY_CLIENTS) {
             format!(
                 "{given_back}: its renewal connection could not be opened, \

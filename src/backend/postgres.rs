@@ -78,6 +78,17 @@
 //! Unsubscribed for `idle_connection_timeout`, the listener closes its connection; the next
 //! subscription opens a new one.
 //!
+//! The listener connects to `listener_url` when the registry has one, else to the registry's
+//! URL. `LISTEN` needs a session that stays on one server connection: through a
+//! transaction-mode pooler it succeeds, but the server connection goes back to the pool and
+//! its notifications are dropped. So the first time it subscribes, the listener probes
+//! ([`Listener::probe`]): it listens on a channel of its own, sends a notification there from a
+//! short-lived connection to the registry's URL and waits one call's bound for it. Heard, the
+//! probe is not made again. Not heard on a connection that works, the listener logs one
+//! warning naming `listener_url`, closes its connection and ends: the registry's waiters poll
+//! from then on. A probe that fails (the sending connection was refused, say) decides
+//! nothing, and the next connection probes again.
+//!
 //! No listener call waits without a bound:
 //!
 //! - **connect** (TCP and the whole startup handshake) is bounded by the connect timeout (the
