@@ -3,11 +3,12 @@
 //! Each function in `suite` takes a [`Fixture`] (its own table on one real database) and is
 //! instantiated once per compiled-in backend at the bottom of this file. Waits are bounded
 //! generously (seconds) so a broken build fails instead of hanging; no assertion is on elapsed
-//! time. `tests/pgbouncer.rs` runs the PostgreSQL instance again through PgBouncer.
+//! time. `postgres_through_pgbouncer` runs the suite again through a PgBouncer in
+//! transaction mode (`common::pgbouncer`), the listeners connecting straight to the server.
 
-pub(crate) mod common;
+mod common;
 
-pub(crate) mod suite {
+mod suite {
     use crate::common::{Db, Fixture};
     use leasehold::{Error, LossReason};
     use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -764,4 +765,9 @@ mod postgres {
 #[cfg(feature = "mysql")]
 mod mysql {
     conformance!(crate::common::Db::Mysql);
+}
+
+#[cfg(all(feature = "postgres", unix))]
+mod postgres_through_pgbouncer {
+    conformance!(crate::common::pgbouncer::through_pgbouncer());
 }

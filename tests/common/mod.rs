@@ -10,6 +10,9 @@
 use leasehold::{LockRegistry, RegistryBuilder};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+#[cfg(all(feature = "postgres", unix))]
+pub mod pgbouncer;
+
 /// The databases the suites run against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Db {
