@@ -15,7 +15,8 @@
 //! - a full server (a role with a `CONNECTION LIMIT`, so the shared server keeps its slots):
 //!   `build()` names "too many clients" rather than telling to start the server, a grant that
 //!   cannot have its renewal connection is given back with that error, and a held lease keeps
-//!   being renewed.
+//!   being renewed; connections lost while it is full make the acquire that needs a new one
+//!   time out naming "too many clients", and the lease is reported lost for that reason.
 //!
 //! No assertion is on elapsed time except bounds far above what is expected (the wake-up
 //! test's waiter would poll only after 60 s; it must be woken well before).
@@ -376,5 +377,55 @@ fn a_full_server_is_named_and_costs_no_held_lease() {
     );
     assert!(direct.obtain("held").unwrap().try_lock().unwrap().is_none());
     guard.unlock().unwrap();
+    drop(filler);
+}
+
+/// Connections a registry already had, lost while the server is full: the acquire that needs a
+/// new one and the renewals that do both fail naming "too many clients", and the lease is
+/// reported lost with that reason.
+#[test]
+fn acquires_and_renewals_refused_by_a_full_server_say_too_many_clients() {
+    let Some(f) = direct_fixture("fullrenewal") else {
+        return;
+    };
+    let role = LimitedRole::new(&f, 3);
+    let losses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&losses);
+    let holder = LockRegistry::postgres(role.url())
+        .prefix(f.prefix.clone())
+        .notifications(false)
+        .time_to_live(Duration::from_secs(2))
+        .operation_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .on_lease_lost(move |lost| seen.lock().unwrap().push(lost.reason.to_string()))
+        .build()
+        .unwrap();
+    let guard = holder.obtain("held").unwrap().lock().unwrap();
+    // Cut the holder's connections, then take every slot of its role.
+    let mut admin = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+            &[&role.name],
+        )
+        .unwrap();
+    let filler = role.fill();
+    assert_eq!(filler.len(), 3, "the holder's connections were not cut");
+
+    match holder.obtain("other").unwrap().try_lock() {
+        Err(e @ Error::Timeout { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("too many clients"), "{text}");
+            assert!(text.contains("max_connections"), "{text}");
+        }
+        other => panic!("expected a timeout naming the full server, got {other:?}"),
+    }
+    let lost = guard
+        .loss_channel()
+        .recv_timeout(GENEROUS)
+        .expect("the lease to be lost");
+    let reason = lost.reason.to_string();
+    assert!(reason.contains("too many clients"), "{reason}");
+    assert_eq!(losses.lock().unwrap().len(), 1);
     drop(filler);
 }
