@@ -429,3 +429,52 @@ fn acquires_and_renewals_refused_by_a_full_server_say_too_many_clients() {
     assert_eq!(losses.lock().unwrap().len(), 1);
     drop(filler);
 }
+
+/// The `leasehold` command through PgBouncer: every subcommand that talks to the table works
+/// (at a822fc6, with named statements, every one after `init` failed: issue 23).
+#[cfg(feature = "cli")]
+#[test]
+fn the_command_works_through_the_pooler() {
+    let Some(f) = direct_fixture("clipooled") else {
+        return;
+    };
+    let Some(bouncer) = PgBouncer::start(2) else {
+        return;
+    };
+    let prefix = format!("{}cli_", f.prefix);
+    let run = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(&args[..1])
+            .args(["--database", &bouncer.url(), "--prefix", &prefix])
+            .args(&args[1..])
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .output()
+            .expect("leasehold");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.code(), text)
+    };
+    let steps: [(&[&str], i32); 6] = [
+        (&["init"], 0),
+        (&["run", "--key", "job", "--", "true"], 0),
+        (
+            &["run", "--key", "job", "--keep-for", "1h", "--", "true"],
+            0,
+        ),
+        (&["status", "--key", "job"], 0),
+        (&["list"], 0),
+        (&["release", "--key", "job", "--force"], 0),
+    ];
+    for (args, expected) in steps {
+        let (code, text) = run(args);
+        assert_eq!(code, Some(expected), "leasehold {args:?}: {text}");
+    }
+    let (code, text) = run(&["status", "--key", "job"]);
+    assert_eq!(code, Some(1), "freed by release --force: {text}");
+    let (code, text) = run(&["cleanup", "--older-than", "0s"]);
+    assert_eq!(code, Some(0), "{text}");
+    f.drop_tables(&prefix);
+}
