@@ -178,11 +178,19 @@ pub(crate) fn first_connection(
     let deadline = Instant::now() + timeout;
     let pause = Duration::from_millis(50);
     let mut limit = timeout.min(FIRST_ATTEMPT);
+    // A refusal for want of a slot, kept over later failures that say less (an attempt cut
+    // short by the deadline).
+    let mut full: Option<Failure> = None;
     loop {
-        let Err((failure, detail)) = connect(limit, deadline) else {
+        let Err((mut failure, detail)) = connect(limit, deadline) else {
             return Ok(());
         };
         let retry = failure.kind != FailureKind::Fatal;
+        if retry && !failure.hint.contains(TOO_MANY_CLIENTS) {
+            if let Some(kept) = full.take() {
+                failure = kept;
+            }
+        }
         if !retry || Instant::now() + pause >= deadline {
             let hint = if retry && failure.hint.contains(TOO_MANY_CLIENTS) {
                 // The server answered, so "start the server" would mislead.
@@ -205,6 +213,9 @@ pub(crate) fn first_connection(
                 hint,
                 source: failure.source,
             });
+        }
+        if failure.hint.contains(TOO_MANY_CLIENTS) {
+            full = Some(failure);
         }
         std::thread::sleep(pause);
         limit = deadline

@@ -978,13 +978,21 @@ impl Listener {
                 fail_point!("postgres::listener_before_listen");
                 // Probed before the channel's own LISTEN, which stays the connection's last
                 // statement (what pg_stat_activity shows).
-                if !self.heard.get() {
+                let probed = if self.heard.get() {
+                    Ok(())
+                } else {
                     match self.probe(open) {
-                        Probe::Heard => self.heard.set(true),
+                        Probe::Heard => {
+                            self.heard.set(true);
+                            Ok(())
+                        }
                         // Nothing learned; the next connection probes again.
                         Probe::Unknown(e) => {
-                            log::debug!("PostgreSQL release listener could not probe: {e}")
+                            log::debug!("PostgreSQL release listener could not probe: {e}");
+                            Ok(())
                         }
+                        Probe::Failed(e) => Err(e),
+                        Probe::Gone => return false,
                         Probe::Deaf => {
                             log::warn!(
                                 "PostgreSQL release notifications do not reach this registry: \
@@ -1000,8 +1008,11 @@ impl Listener {
                             return false;
                         }
                     }
-                }
-                match open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit) {
+                };
+                let listened = probed.and_then(|()| {
+                    open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit)
+                });
+                match listened {
                     Ok(()) => {
                         return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop
                     }
@@ -1028,15 +1039,24 @@ impl Listener {
     /// that went back to the pool, so the notification never comes ([`Probe::Deaf`]).
     /// Releases heard meanwhile are kept for delivery.
     fn probe(&self, conn: &mut ListenerConn) -> Probe {
+        // Each step is one bounded call; the registry may be gone after any of them.
         let channel = format!("leasehold_probe_{}", uuid::Uuid::new_v4().simple());
         if let Err(e) = conn.execute(&format!("LISTEN \"{channel}\""), self.limit) {
-            return Probe::Unknown(e);
+            return Probe::Failed(e);
         }
-        let sent = ListenerConn::open(&self.sender.0, &self.sender.1)
-            .map_err(|e| e.to_string())
-            .and_then(|mut sender| {
-                sender.execute(&format!("SELECT pg_notify('{channel}', '')"), self.limit)
-            });
+        if self.gone() {
+            return Probe::Gone;
+        }
+        let sender = ListenerConn::open(&self.sender.0, &self.sender.1);
+        if self.gone() {
+            return Probe::Gone;
+        }
+        let sent = sender.map_err(|e| e.to_string()).and_then(|mut sender| {
+            sender.execute(&format!("SELECT pg_notify('{channel}', '')"), self.limit)
+        });
+        if self.gone() {
+            return Probe::Gone;
+        }
         let heard = sent.map(|()| {
             let until = Instant::now() + self.limit;
             let mut releases = Vec::new();
@@ -1053,11 +1073,17 @@ impl Listener {
             }
             heard
         });
-        let unlistened = conn.execute(&format!("UNLISTEN \"{channel}\""), self.limit);
-        match (heard, unlistened) {
-            (Ok(true), _) => Probe::Heard,
-            (Err(e), _) | (Ok(false), Err(e)) => Probe::Unknown(e),
-            (Ok(false), Ok(())) => Probe::Deaf,
+        if self.gone() {
+            return Probe::Gone;
+        }
+        if let Err(e) = conn.execute(&format!("UNLISTEN \"{channel}\""), self.limit) {
+            return Probe::Failed(e);
+        }
+        match heard {
+            Ok(true) => Probe::Heard,
+            Ok(false) if conn.is_closed() => Probe::Failed("the connection closed".to_string()),
+            Ok(false) => Probe::Deaf,
+            Err(e) => Probe::Unknown(e),
         }
     }
 
@@ -1136,8 +1162,12 @@ enum Probe {
     Heard,
     /// It did not, on a connection that works: notifications do not reach this session.
     Deaf,
-    /// The probe itself failed (why): nothing learned.
+    /// Sending the notification failed (why): nothing learned.
     Unknown(String),
+    /// The listener's own connection failed (why): it is dropped, as when `LISTEN` fails.
+    Failed(String),
+    /// The registry went away meanwhile.
+    Gone,
 }
 
 /// The listener's connection: the asynchronous client on a current-thread runtime of its own,
