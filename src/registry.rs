@@ -542,8 +542,10 @@ impl RegistryBuilder {
     /// Supavisor, pgcat) that hands each statement to whichever server connection is free,
     /// where a named statement is missing or is another client's. `true` saves the server
     /// that planning (measured in the README's *Fleets and poolers*) and is only for
-    /// connections straight to the server or through a session-mode pooler. Ignored by the
-    /// other databases.
+    /// connections straight to the server or through a session-mode pooler: through a
+    /// transaction-mode pooler, statements fail (`26000`, `42P05`, named in the error) or, worse,
+    /// a statement name another client prepared on that server connection runs that client's
+    /// statement with this one's parameters. Ignored by the other databases.
     pub fn prepared_statements(mut self, enabled: bool) -> Self {
         self.prepared_statements = enabled;
         self
@@ -553,8 +555,9 @@ impl RegistryBuilder {
     /// transaction-mode pooler. `LISTEN` needs a session of its own: through such a pooler it
     /// succeeds, but the server connection goes back to the pool and its notifications are
     /// dropped. Give the server's own address here (or a session-mode pool's); it is checked
-    /// by `build()` like the registry's URL, and costs one connection per registry while a
-    /// thread of it waits (see [`notifications`](Self::notifications)). Without it, the
+    /// by `build()` like the registry's URL (unless `notifications(false)`), and costs one
+    /// connection per registry while a thread of it waits (see
+    /// [`notifications`](Self::notifications)). Without it, the
     /// listener uses the registry's URL and checks once that its own `LISTEN` hears a
     /// notification sent from another connection; if it does not, it says so in the log and
     /// waiters only poll. Ignored by the other databases.

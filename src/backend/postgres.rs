@@ -1587,7 +1587,8 @@ pub(crate) fn open(
 ) -> crate::Result<Arc<dyn super::Store>> {
     let (config, tls, settings) = parse_url(url, pool, "the PostgreSQL URL")?;
     check_connect(&config, &tls, &settings, pool.connect_timeout)?;
-    let listener = match &pool.listener_url {
+    // Without notifications there is no listener to connect.
+    let listener = match pool.listener_url.as_ref().filter(|_| table.notifications) {
         Some(url) => {
             let (config, tls, settings) = parse_url(url, pool, "the listener URL")?;
             check_connect(&config, &tls, &settings, pool.connect_timeout)?;
