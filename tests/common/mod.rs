@@ -52,7 +52,7 @@ pub struct Route {
 }
 
 thread_local! {
-    /// The [`Route`] of the PostgreSQL fixtures this thread makes next (none: direct).
+    /// The [`Route`] of the next fixture this thread makes, which takes it (none: direct).
     pub static ROUTE: std::cell::RefCell<Option<Route>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -73,7 +73,7 @@ impl Fixture {
             db,
             prefix,
             dir: tempfile::tempdir().expect("temporary directory"),
-            route: ROUTE.with(|route| route.borrow().clone()),
+            route: ROUTE.with(|route| route.borrow_mut().take()),
         };
         match fixture.builder().create_table(true).build() {
             Ok(_) => Some(fixture),
