@@ -10,6 +10,8 @@
 //! - wake-ups: through the direct listener, a release wakes a waiter long before its next poll;
 //!   without one, the listener finds that `LISTEN` goes through a transaction pooler, says so
 //!   once in the log, and waiters poll;
+//! - the `leasehold` command through the pooler;
+//! - named statements (`prepared_statements(true)`) straight to the server;
 //! - a fleet: the stress driver (`examples/stress.rs`), many processes through a few server
 //!   connections, with no error, loss or overlap;
 //! - a full server (a role with a `CONNECTION LIMIT`, so the shared server keeps its slots):
@@ -477,4 +479,63 @@ fn the_command_works_through_the_pooler() {
     let (code, text) = run(&["cleanup", "--older-than", "0s"]);
     assert_eq!(code, Some(0), "{text}");
     f.drop_tables(&prefix);
+}
+
+/// Named statements, for connections straight to the server (`prepared_statements(true)`): the
+/// lease statements, a replacement, the administration queries, the clock and batch renewals
+/// all work, and a lease passes between a registry with them and one without.
+#[test]
+fn prepared_statements_work_straight_to_the_server() {
+    let Some(f) = direct_fixture("prepareddirect") else {
+        return;
+    };
+    let prepared = f
+        .builder()
+        .prepared_statements(true)
+        .time_to_live(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let unnamed = f.registry();
+    let replacement = f
+        .builder()
+        .prepared_statements(true)
+        .renew_sql(unnamed.statements().renew.clone())
+        .build()
+        .unwrap();
+    for round in 0..3 {
+        let guards: Vec<_> = (0..3)
+            .map(|i| prepared.obtain(&format!("k{i}")).unwrap().lock().unwrap())
+            .collect();
+        guards[0].renew().unwrap();
+        let holder = prepared.holder("k0").unwrap().expect("held");
+        assert_eq!(
+            holder.fencing_token,
+            guards[0].fencing_token(),
+            "round {round}"
+        );
+        assert_eq!(prepared.listing().page(None, 10).unwrap().len(), 3);
+        assert!(unnamed.obtain("k1").unwrap().try_lock().unwrap().is_none());
+        // Past two renewal periods: the three leases are renewed in batches.
+        std::thread::sleep(Duration::from_millis(700));
+        for guard in guards {
+            assert!(guard.is_held(), "round {round}");
+            guard.unlock().unwrap();
+        }
+        let taken = unnamed
+            .obtain("k1")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .expect("free");
+        taken.unlock().unwrap();
+        let custom = replacement.obtain("k2").unwrap().lock().unwrap();
+        custom.renew().unwrap();
+        custom.unlock().unwrap();
+    }
+    assert!(prepared.database_time().is_ok());
+    assert!(
+        prepared.statistics().renewals >= 3,
+        "{:?}",
+        prepared.statistics()
+    );
 }
