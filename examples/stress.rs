@@ -28,9 +28,10 @@
 //! `--ttl-ms` (10000), `--idle-ms` (5), `--handoff-ms` (local handoff limit, 20; 0 = none),
 //! `--work-us` (busy work inside each critical section, 0), `--prefix` (table prefix, default
 //! `t<pid>_stress_`), `--dir` (directory for the record files; default a temporary one),
-//! `--sabotage 1` (self-check of the detector: each process gets a table of its own, so the
-//! processes do not exclude each other and the run must FAIL with violations), `--probe N`
-//! (8; 0 = off) and `--mix 1` (see below).
+//! `--listener-url` (PostgreSQL: a direct URL for the release listener when `--url` is a
+//! transaction-mode pooler), `--sabotage 1` (self-check of the detector: each process gets a
+//! table of its own, so the processes do not exclude each other and the run must FAIL with
+//! violations), `--probe N` (8; 0 = off) and `--mix 1` (see below).
 //!
 //! **The deadline probe.** In about one critical section in N, the holder compares its own view
 //! with the row as the database has it (one statement, [`LockRegistry::holder`]): the row must
@@ -96,6 +97,9 @@ pub struct Config {
     pub probe_every: u64,
     /// Other time-to-lives, manual renewals, slow loss callbacks and row locks (module docs).
     pub mix: bool,
+    /// PostgreSQL: where the release listener connects (`RegistryBuilder::listener_url`),
+    /// when `target` is a transaction-mode pooler.
+    pub listener_url: Option<String>,
 }
 
 impl Config {
@@ -118,6 +122,7 @@ impl Config {
             sabotage: false,
             probe_every: 8,
             mix: false,
+            listener_url: None,
         }
     }
 
@@ -135,6 +140,10 @@ impl Config {
                     "database {other:?} is not compiled in (features: sqlite, postgres, mysql)"
                 ))
             }
+        };
+        let builder = match &self.listener_url {
+            Some(url) => builder.listener_url(url.clone()),
+            None => builder,
         };
         Ok(builder
             .prefix(self.prefix.clone())
@@ -164,6 +173,10 @@ impl Config {
             ("SABOTAGE", u8::from(self.sabotage).to_string()),
             ("PROBE", self.probe_every.to_string()),
             ("MIX", u8::from(self.mix).to_string()),
+            (
+                "LISTENER_URL",
+                self.listener_url.clone().unwrap_or_default(),
+            ),
         ];
         for (name, value) in vars {
             command.env(format!("{ENV}{name}"), value);
@@ -225,6 +238,7 @@ impl Config {
         config.sabotage = number("SABOTAGE", 0)? != 0;
         config.probe_every = number("PROBE", 8)?;
         config.mix = number("MIX", 0)? != 0;
+        config.listener_url = text("LISTENER_URL").filter(|url| !url.is_empty());
         if config.processes == 0 || config.threads == 0 || config.keys == 0 {
             return Err("processes, threads and keys must be at least 1".into());
         }

@@ -317,6 +317,8 @@ pub struct RegistryBuilder {
     idle_connection_timeout: Duration,
     create_table: bool,
     notifications: bool,
+    prepared_statements: bool,
+    listener_url: Option<String>,
     custom: CustomQueries,
     on_lost: Option<LostCallback>,
     metrics_key_labels: bool,
@@ -344,6 +346,8 @@ impl RegistryBuilder {
             idle_connection_timeout: Duration::from_secs(60),
             create_table: false,
             notifications: true,
+            prepared_statements: false,
+            listener_url: None,
             custom: CustomQueries::default(),
             on_lost: None,
             metrics_key_labels: false,
@@ -541,6 +545,37 @@ impl RegistryBuilder {
         self
     }
 
+    /// PostgreSQL: whether pooled connections prepare each statement once, as a named
+    /// statement, and reuse it. Defaults to `false`: every statement is sent unnamed, parsed
+    /// and planned by the server on each call, in the same single round trip, which works
+    /// through a transaction-mode pooler (PgBouncer `pool_mode = transaction`, RDS Proxy,
+    /// Supavisor, pgcat) that hands each statement to whichever server connection is free,
+    /// where a named statement is missing or is another client's. `true` saves the server
+    /// that planning (measured in the README's *Fleets and poolers*) and is only for
+    /// connections straight to the server or through a session-mode pooler: through a
+    /// transaction-mode pooler, statements fail (`26000`, `42P05`, named in the error) or, worse,
+    /// a statement name another client prepared on that server connection runs that client's
+    /// statement with this one's parameters. Ignored by the other databases.
+    pub fn prepared_statements(mut self, enabled: bool) -> Self {
+        self.prepared_statements = enabled;
+        self
+    }
+
+    /// PostgreSQL: where the release listener connects, when the registry's URL goes through a
+    /// transaction-mode pooler. `LISTEN` needs a session of its own: through such a pooler it
+    /// succeeds, but the server connection goes back to the pool and its notifications are
+    /// dropped. Give the server's own address here (or a session-mode pool's); it is checked
+    /// by `build()` like the registry's URL (unless `notifications(false)`), and costs one
+    /// connection per registry while a thread of it waits (see
+    /// [`notifications`](Self::notifications)). Without it, the
+    /// listener uses the registry's URL and checks once that its own `LISTEN` hears a
+    /// notification sent from another connection; if it does not, it says so in the log and
+    /// waiters only poll. Ignored by the other databases.
+    pub fn listener_url(mut self, url: impl Into<String>) -> Self {
+        self.listener_url = Some(url.into());
+        self
+    }
+
     /// Replaces the acquire statement. It gets parameters 1–4 and 6 (see [`Statements`]) and must
     /// return one row with the fencing token when granted, none otherwise. Checked against the
     /// table by `build()`; [`LockRegistry::statements`] shows the default to start from.
@@ -634,6 +669,8 @@ impl RegistryBuilder {
             idle_timeout: self.idle_connection_timeout,
             connect_timeout: self.connect_timeout,
             operation_timeout: self.operation_timeout,
+            prepared_statements: self.prepared_statements,
+            listener_url: self.listener_url,
         };
         let table_settings = TableSettings {
             table: table.clone(),

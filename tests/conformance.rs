@@ -3,7 +3,8 @@
 //! Each function in `suite` takes a [`Fixture`] (its own table on one real database) and is
 //! instantiated once per compiled-in backend at the bottom of this file. Waits are bounded
 //! generously (seconds) so a broken build fails instead of hanging; no assertion is on elapsed
-//! time.
+//! time. `postgres_through_pgbouncer` runs the suite again through a PgBouncer in
+//! transaction mode (`common::pgbouncer`), the listeners connecting straight to the server.
 
 mod common;
 
@@ -770,4 +771,9 @@ mod postgres {
 #[cfg(feature = "mysql")]
 mod mysql {
     conformance!(crate::common::Db::Mysql);
+}
+
+#[cfg(all(feature = "postgres", unix))]
+mod postgres_through_pgbouncer {
+    conformance!(crate::common::pgbouncer::through_pgbouncer());
 }

@@ -13,9 +13,19 @@
 //! types — `CHAR`, `VARCHAR`, `CHAR`, `BIGINT`, `BIGINT`, the types of Spring's columns — so
 //! that `LOCK_KEY = $1` compares `CHAR` to `CHAR` and uses the primary key (a `TEXT` parameter
 //! would turn it into a text comparison and a sequential scan), and so that a statement may
-//! leave parameters out (release has no `$4`; the clock query has none). Each connection keeps
-//! its prepared statements: the driver has no cache, and an unprepared statement is planned
-//! again on every call.
+//! leave parameters out (the holder query has no `$3`; the clock query has none).
+//!
+//! By default every statement goes *unnamed* (`query_typed`: parse, bind, describe, execute
+//! and sync in one message, one round trip): the server parses and plans it on every call and
+//! keeps nothing. That is what a transaction-mode pooler (PgBouncer `pool_mode = transaction`
+//! without `max_prepared_statements`, and its kind) needs: it hands each statement to
+//! whichever server connection is free, where a named statement prepared earlier is missing
+//! (`26000`) or is another client's (`42P05`). With `prepared_statements(true)` each
+//! connection prepares a named statement per text on first use and keeps it (the driver has
+//! no cache of its own), which saves the server the planning; the difference is measured by
+//! `benches/databases.rs` (`lock_unlock` vs `lock_unlock_prepared`). Catalog queries run
+//! unnamed either way, and checking a replacement statement prepares it inside a transaction,
+//! which a pooler keeps on one server connection, and closes it before the commit.
 //!
 //! - **acquire** is one statement, one round trip:
 //!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now RETURNING FENCING_TOKEN),
@@ -68,6 +78,17 @@
 //! Unsubscribed for `idle_connection_timeout`, the listener closes its connection; the next
 //! subscription opens a new one.
 //!
+//! The listener connects to `listener_url` when the registry has one, else to the registry's
+//! URL. `LISTEN` needs a session that stays on one server connection: through a
+//! transaction-mode pooler it succeeds, but the server connection goes back to the pool and
+//! its notifications are dropped. So the first time it subscribes, the listener probes
+//! ([`Listener::probe`]): it listens on a channel of its own, sends a notification there from a
+//! short-lived connection to the registry's URL and waits one call's bound for it. Heard, the
+//! probe is not made again. Not heard on a connection that works, the listener logs one
+//! warning naming `listener_url`, closes its connection and ends: the registry's waiters poll
+//! from then on. A probe that fails (the sending connection was refused, say) decides
+//! nothing, and the next connection probes again.
+//!
 //! No listener call waits without a bound:
 //!
 //! - **connect** (TCP and the whole startup handshake) is bounded by the connect timeout (the
@@ -117,7 +138,7 @@ use super::{
     ListedRow, ListenerEvent, ListenerHandler, ListenerReply, Params, PerStatement, Statements,
     TableSettings,
 };
-use crate::error::Error;
+use crate::error::{Error, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -130,7 +151,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::config::{Host, LoadBalanceHosts};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Config, Notification, Socket, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Notification, Row, Socket, Statement};
 
 /// What encrypts connections: one rustls configuration per registry with feature
 /// `postgres-tls`, nothing without.
@@ -165,6 +186,12 @@ const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(5);
 pub(crate) struct PgManager {
     config: Config,
     tls: Tls,
+    /// Whether connections prepare named statements and keep them
+    /// (`RegistryBuilder::prepared_statements`), or send every statement unnamed.
+    prepared: bool,
+    /// Where the release listener connects (`RegistryBuilder::listener_url`), with its TLS;
+    /// `None`: where the pools connect.
+    listener: Option<(Config, Tls)>,
 }
 
 /// The half of a connection that reads the socket and dispatches the server's messages to the
@@ -182,7 +209,9 @@ type Driver = Option<Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Erro
 pub(crate) struct PgConn {
     client: Client,
     driver: Driver,
-    statements: PerStatement<Statement>,
+    /// The named statements prepared so far; `None` when statements go unnamed (see
+    /// [`PgManager::prepared`]).
+    statements: Option<PerStatement<Statement>>,
     deadline: Instant,
     broken: bool,
     /// Declared last, so dropped after the socket it drives.
@@ -213,14 +242,14 @@ impl Drop for ConnRuntime {
 impl PgConn {
     /// Connects; the configuration's connect timeout bounds the whole wait, the startup
     /// handshake included (a server that accepts connections but never answers).
-    fn open(config: &Config, tls: &Tls) -> Result<PgConn, PgConnError> {
+    fn open(config: &Config, tls: &Tls, prepared: bool) -> Result<PgConn, PgConnError> {
         let runtime = connection_runtime()?;
         let (client, connection) = connect_on(&runtime, config, tls)?;
         Ok(PgConn {
             runtime,
             client,
             driver: Some(Box::pin(connection)),
-            statements: PerStatement::new(),
+            statements: prepared.then(PerStatement::new),
             deadline: Instant::now() + DEFAULT_CALL_LIMIT,
             broken: false,
         })
@@ -441,20 +470,54 @@ fn no_answer() -> Failure {
 }
 
 impl PgConn {
-    /// The prepared statement for `sql`, prepared on first use.
-    fn statement(&mut self, sql: &str) -> Result<Statement, Failure> {
-        if let Some(statement) = self.statements.get(sql) {
-            return Ok(statement.clone());
+    /// Runs `sql` with the five parameters and returns its rows: as a named statement,
+    /// prepared on first use and kept, or as an unnamed one (parsed, planned and run in one
+    /// round trip, nothing left on the server), which a transaction-mode pooler can send to any
+    /// server connection.
+    fn rows(&mut self, sql: &str, params: &Params) -> Result<Vec<Row>, Failure> {
+        let values = values(params);
+        match self.prepared(sql)? {
+            Some(statement) => call!(self, |client| client.query(&statement, &values)),
+            None => {
+                let typed = typed(&values);
+                call!(self, |client| client.query_typed(sql, &typed))
+            }
+        }
+    }
+
+    /// Runs `sql` like [`PgConn::rows`] and returns the number of rows it affected.
+    fn affected(&mut self, sql: &str, params: &Params) -> Result<u64, Failure> {
+        let values = values(params);
+        match self.prepared(sql)? {
+            Some(statement) => call!(self, |client| client.execute(&statement, &values)),
+            None => {
+                let typed = typed(&values);
+                call!(self, |client| client.execute_typed(sql, &typed))
+            }
+        }
+    }
+
+    /// The named statement for `sql`, prepared on first use; `None` when statements go
+    /// unnamed.
+    fn prepared(&mut self, sql: &str) -> Result<Option<Statement>, Failure> {
+        let Some(statements) = &self.statements else {
+            return Ok(None);
+        };
+        if let Some(statement) = statements.get(sql) {
+            return Ok(Some(statement.clone()));
         }
         let statement = call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
-        Ok(self.statements.insert(sql, statement).clone())
+        let statements = self.statements.as_mut().expect("checked above");
+        Ok(Some(statements.insert(sql, statement).clone()))
     }
 }
 
-/// Why a pooled connection could not be opened or checked.
+/// Why a pooled connection could not be opened or checked. A server without a free
+/// connection slot is named as such ([`TOO_MANY_CLIENTS`]): the pool keeps only this text, and
+/// the registry's errors recognize it there.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PgConnError {
-    #[error(transparent)]
+    #[error("{}", connect_failure(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("could not start the connection's runtime: {0}")]
     Runtime(std::io::Error),
@@ -462,12 +525,21 @@ pub(crate) enum PgConnError {
     NoAnswer(Duration),
 }
 
+/// The text of a failed connection attempt: the driver's, after [`TOO_MANY_CLIENTS`] when
+/// the server said it has no slot left.
+fn connect_failure(error: &tokio_postgres::Error) -> String {
+    match error.code() {
+        Some(code) if code.code() == "53300" => format!("{TOO_MANY_CLIENTS}: {error}"),
+        _ => error.to_string(),
+    }
+}
+
 impl r2d2::ManageConnection for PgManager {
     type Connection = PgConn;
     type Error = PgConnError;
 
     fn connect(&self) -> Result<PgConn, PgConnError> {
-        PgConn::open(&self.config, &self.tls)
+        PgConn::open(&self.config, &self.tls, self.prepared)
     }
 
     fn is_valid(&self, conn: &mut PgConn) -> Result<(), PgConnError> {
@@ -620,9 +692,7 @@ impl Backend for Postgres {
         sql: &str,
         params: &Params,
     ) -> Result<Option<HolderRow>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let Some(row) = call!(conn, |client| client.query_opt(&statement, &values))? else {
+        let Some(row) = conn.rows(sql, params)?.into_iter().next() else {
             return Ok(None);
         };
         Ok(Some(HolderRow {
@@ -640,9 +710,7 @@ impl Backend for Postgres {
     }
 
     fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let rows = call!(conn, |client| client.query(&statement, &values))?;
+        let rows = conn.rows(sql, params)?;
         let read = |row: &tokio_postgres::Row| -> Result<ListedRow, tokio_postgres::Error> {
             Ok(ListedRow {
                 lock_key: row.try_get::<_, String>(0)?.trim_end().to_string(),
@@ -661,19 +729,14 @@ impl Backend for Postgres {
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let row = call!(conn, |client| client.query_opt(&statement, &values))?;
-        match row {
+        match conn.rows(sql, params)?.first() {
             Some(row) => Ok(Some(row.try_get::<_, i64>(0).map_err(classify)?)),
             None => Ok(None),
         }
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        call!(conn, |client| client.execute(&statement, &values))
+        conn.affected(sql, params)
     }
 
     fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
@@ -694,7 +757,8 @@ impl Backend for Postgres {
         let sql = "SELECT upper(attname::text) FROM pg_catalog.pg_attribute \
                    WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped \
                    ORDER BY attnum";
-        let rows = call!(conn, |client| client.query(sql, &[&table]))?;
+        let rows = call!(conn, |client| client
+            .query_typed(sql, &[(&table, Type::TEXT)]))?;
         rows.iter()
             .map(|row| row.try_get::<_, String>(0).map_err(classify))
             .collect()
@@ -708,8 +772,12 @@ impl Backend for Postgres {
                    WHERE tgrelid = to_regclass($2::text) AND tgname = lower($3::text) \
                    AND tgenabled <> 'D')";
         let (floor, trigger) = (super::floor_table(table), super::floor_trigger(table));
-        let params: [&(dyn ToSql + Sync); 3] = [&floor, &table, &trigger];
-        let row = call!(conn, |client| client.query_one(sql, &params))?;
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&floor, Type::TEXT),
+            (&table, Type::TEXT),
+            (&trigger, Type::TEXT),
+        ];
+        let row = call!(conn, |client| client.query_typed_one(sql, &params))?;
         Ok(FloorFound {
             readable: row.try_get(0).map_err(classify)?,
             trigger: row.try_get(1).map_err(classify)?,
@@ -724,7 +792,8 @@ impl Backend for Postgres {
                    FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a \
                    ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
                    WHERE i.indrelid = to_regclass($1::text) AND i.indisunique";
-        let rows = call!(conn, |client| client.query(sql, &[&table]))?;
+        let rows = call!(conn, |client| client
+            .query_typed(sql, &[(&table, Type::TEXT)]))?;
         rows.iter()
             .map(|row| {
                 Ok((
@@ -736,8 +805,18 @@ impl Backend for Postgres {
     }
 
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
-        let statement = call!(conn, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
-        Ok((statement.params().len(), statement.columns().len()))
+        // Prepared, described and closed inside one transaction, which a transaction-mode
+        // pooler keeps on one server connection: nothing named outlives it there. (A failed
+        // prepare aborts the transaction, and COMMIT then rolls it back.)
+        call!(conn, |client| async move {
+            client.batch_execute("BEGIN").await?;
+            let described = client
+                .prepare_typed(sql, &PARAM_TYPES)
+                .await
+                .map(|statement| (statement.params().len(), statement.columns().len()));
+            client.batch_execute("COMMIT").await?;
+            described
+        })
     }
 
     fn mark_broken(conn: &mut Conn<Self>) {
@@ -780,9 +859,7 @@ impl Backend for Postgres {
         params: &Params,
         _pairs: usize,
     ) -> Result<BatchRows, Failure> {
-        let statement = conn.statement(&sql[0])?;
-        let values = bind(&statement, params);
-        let rows = call!(conn, |client| client.query(&statement, &values))?;
+        let rows = conn.rows(&sql[0], params)?;
         let mut found = BatchRows::default();
         for row in &rows {
             let pair = (
@@ -806,11 +883,17 @@ impl Backend for Postgres {
         handler: ListenerHandler,
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
+        let (config, tls) = manager
+            .listener
+            .clone()
+            .unwrap_or_else(|| (manager.config.clone(), manager.tls.clone()));
         let listener = Listener {
             idle_timeout,
-            config: manager.config.clone(),
-            tls: manager.tls.clone(),
-            limit: connect_limit(&manager.config),
+            limit: connect_limit(&config),
+            config,
+            tls,
+            sender: (manager.config.clone(), manager.tls.clone()),
+            heard: Cell::new(false),
             channel: channel(&table.table),
             region: table.region.clone(),
             handler,
@@ -848,6 +931,10 @@ fn channel(table: &str) -> String {
 struct Listener {
     config: Config,
     tls: Tls,
+    /// Where the probe notification is sent from (see [`Listener::probe`]): the pools' server.
+    sender: (Config, Tls),
+    /// Whether a probe was heard: `LISTEN` here hears other sessions' notifications.
+    heard: Cell<bool>,
     /// The bound of each call: the connect timeout.
     limit: Duration,
     /// Unsubscribed this long, the listener closes its connection.
@@ -925,7 +1012,43 @@ impl Listener {
             }
             if let Some(open) = conn {
                 fail_point!("postgres::listener_before_listen");
-                match open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit) {
+                // Probed before the channel's own LISTEN, which stays the connection's last
+                // statement (what pg_stat_activity shows).
+                let probed = if self.heard.get() {
+                    Ok(())
+                } else {
+                    match self.probe(open) {
+                        Probe::Heard => {
+                            self.heard.set(true);
+                            Ok(())
+                        }
+                        // Nothing learned; the next connection probes again.
+                        Probe::Unknown(e) => {
+                            log::debug!("PostgreSQL release listener could not probe: {e}");
+                            Ok(())
+                        }
+                        Probe::Failed(e) => Err(e),
+                        Probe::Gone => return false,
+                        Probe::Deaf => {
+                            log::warn!(
+                                "PostgreSQL release notifications do not reach this registry: \
+                                 LISTEN at {} did not hear a notification sent from another \
+                                 connection within {:?}, as happens through a transaction-mode \
+                                 pooler (PgBouncer pool_mode = transaction); waiters only poll \
+                                 now (every idle_between_tries). Give the listener a direct \
+                                 connection: RegistryBuilder::listener_url",
+                                address(&self.config),
+                                self.limit
+                            );
+                            *conn = None;
+                            return false;
+                        }
+                    }
+                };
+                let listened = probed.and_then(|()| {
+                    open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit)
+                });
+                match listened {
                     Ok(()) => {
                         return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop
                     }
@@ -942,6 +1065,61 @@ impl Listener {
             if (self.handler)(ListenerEvent::Tick) == ListenerReply::Stop {
                 return false;
             }
+        }
+    }
+
+    /// Whether `LISTEN` on `conn` hears other sessions: it listens on a channel of its own,
+    /// sends a notification there from a new connection to the pools' server, and waits for it
+    /// for one call's bound. A session-mode pooler or a direct connection hears it within
+    /// milliseconds. Through a transaction-mode pooler the `LISTEN` ran on a server connection
+    /// that went back to the pool, so the notification never comes ([`Probe::Deaf`]).
+    /// Releases heard meanwhile are kept for delivery.
+    fn probe(&self, conn: &mut ListenerConn) -> Probe {
+        // Each step is one bounded call; the registry may be gone after any of them.
+        let channel = format!("leasehold_probe_{}", uuid::Uuid::new_v4().simple());
+        if let Err(e) = conn.execute(&format!("LISTEN \"{channel}\""), self.limit) {
+            return Probe::Failed(e);
+        }
+        if self.gone() {
+            return Probe::Gone;
+        }
+        let sender = ListenerConn::open(&self.sender.0, &self.sender.1);
+        if self.gone() {
+            return Probe::Gone;
+        }
+        let sent = sender.map_err(|e| e.to_string()).and_then(|mut sender| {
+            sender.execute(&format!("SELECT pg_notify('{channel}', '')"), self.limit)
+        });
+        if self.gone() {
+            return Probe::Gone;
+        }
+        let heard = sent.map(|()| {
+            let until = Instant::now() + self.limit;
+            let mut releases = Vec::new();
+            let mut heard = false;
+            while let Some(notification) = conn.next_notification(until) {
+                if notification.channel() == channel {
+                    heard = true;
+                    break;
+                }
+                releases.push(notification);
+            }
+            for release in releases.into_iter().rev() {
+                conn.pending.push_front(release);
+            }
+            heard
+        });
+        if self.gone() {
+            return Probe::Gone;
+        }
+        if let Err(e) = conn.execute(&format!("UNLISTEN \"{channel}\""), self.limit) {
+            return Probe::Failed(e);
+        }
+        match heard {
+            Ok(true) => Probe::Heard,
+            Ok(false) if conn.is_closed() => Probe::Failed("the connection closed".to_string()),
+            Ok(false) => Probe::Deaf,
+            Err(e) => Probe::Unknown(e),
         }
     }
 
@@ -1012,6 +1190,20 @@ impl Listener {
         }
         true
     }
+}
+
+/// What [`Listener::probe`] found.
+enum Probe {
+    /// The notification arrived: `LISTEN` works here.
+    Heard,
+    /// It did not, on a connection that works: notifications do not reach this session.
+    Deaf,
+    /// Sending the notification failed (why): nothing learned.
+    Unknown(String),
+    /// The listener's own connection failed (why): it is dropped, as when `LISTEN` fails.
+    Failed(String),
+    /// The registry went away meanwhile.
+    Gone,
 }
 
 /// The listener's connection: the asynchronous client on a current-thread runtime of its own,
@@ -1117,18 +1309,25 @@ fn read_messages<T>(
     runtime.block_on(async { tokio::time::timeout_at(deadline.into(), reading).await.ok() })
 }
 
-/// The values of the statement's parameters: all six (see `PARAM_TYPES`; a statement naming
-/// `$7` or more was rejected when it was checked).
-fn bind<'a>(statement: &Statement, params: &'a Params) -> Vec<&'a (dyn ToSql + Sync)> {
-    let values: [&'a (dyn ToSql + Sync); 6] = [
+/// The values of the six parameters, in order (every statement is prepared with all six
+/// types, `PARAM_TYPES`, whether it uses them or not; one naming `$7` or more was rejected when
+/// it was checked).
+fn values<'a>(params: &'a Params) -> [&'a (dyn ToSql + Sync); 6] {
+    [
         &params.lock_key,
         &params.region,
         &params.client_id,
         &params.ttl_micros,
         &params.token,
         &params.name,
-    ];
-    values[..statement.params().len().min(6)].to_vec()
+    ]
+}
+
+/// The parameters of an unnamed statement: each value with its declared type.
+fn typed<'a>(values: &[&'a (dyn ToSql + Sync); 6]) -> [(&'a (dyn ToSql + Sync), Type); 6] {
+    let [a, b, c, d, e, f] = *values;
+    let [ta, tb, tc, td, te, tf] = PARAM_TYPES;
+    [(a, ta), (b, tb), (c, tc), (d, td), (e, te), (f, tf)]
 }
 
 /// The SQLSTATE of a failure from the server, if it is one.
@@ -1149,7 +1348,11 @@ fn classify(error: tokio_postgres::Error) -> Failure {
                 FailureKind::Transient,
                 format!("the lock row is busy or the statement timed out: {message}"),
             ),
-            "53300" | "57P03" => (
+            "53300" => (
+                FailureKind::Transient,
+                format!("{TOO_MANY_CLIENTS} ({message}): {TOO_MANY_CLIENTS_FIX}"),
+            ),
+            "57P03" => (
                 FailureKind::Transient,
                 format!("PostgreSQL does not accept connections right now: {message}"),
             ),
@@ -1162,6 +1365,15 @@ fn classify(error: tokio_postgres::Error) -> Failure {
             code if code.starts_with("08") || code.starts_with("57P") => (
                 FailureKind::Broken,
                 format!("the PostgreSQL connection failed: {message}"),
+            ),
+            "26000" | "42P05" => (
+                FailureKind::Fatal,
+                format!(
+                    "{message}: named prepared statements do not survive a transaction-mode \
+                     pooler (PgBouncer pool_mode = transaction), which runs each statement on \
+                     whichever server connection is free: leave \
+                     RegistryBuilder::prepared_statements off"
+                ),
             ),
             "42P01" => (
                 FailureKind::Fatal,
@@ -1248,7 +1460,7 @@ fn check_connect(
     super::first_connection(Postgres::NAME, &server, timeout, |limit, deadline| {
         let mut attempt = config.clone();
         attempt.connect_timeout(connect_limit(config).min(limit));
-        let Err(error) = outside_async(|| PgConn::open(&attempt, tls)) else {
+        let Err(error) = outside_async(|| PgConn::open(&attempt, tls, false)) else {
             return Ok(());
         };
         // Reached a server (not refused, not unresolved) that did not answer as PostgreSQL.
@@ -1410,12 +1622,41 @@ pub(crate) fn open(
     pool: &super::PoolSettings,
     table: &super::TableSettings,
 ) -> crate::Result<Arc<dyn super::Store>> {
+    let (config, tls, settings) = parse_url(url, pool, "the PostgreSQL URL")?;
+    check_connect(&config, &tls, &settings, pool.connect_timeout)?;
+    // Without notifications there is no listener to connect.
+    let listener = match pool.listener_url.as_ref().filter(|_| table.notifications) {
+        Some(url) => {
+            let (config, tls, settings) = parse_url(url, pool, "the listener URL")?;
+            check_connect(&config, &tls, &settings, pool.connect_timeout)?;
+            Some((config, tls))
+        }
+        None => None,
+    };
+    let manager = PgManager {
+        config,
+        tls,
+        prepared: pool.prepared_statements,
+        listener,
+    };
+    let store = super::SqlStore::<Postgres>::open(manager, pool, table)?;
+    Ok(Arc::new(store))
+}
+
+/// The connection settings of a URL or `key=value` string (`what`, in messages), with the
+/// registry's connect timeout and application name unless it sets its own, and its TLS.
+fn parse_url(
+    url: &str,
+    pool: &super::PoolSettings,
+    what: &str,
+) -> crate::Result<(Config, Tls, super::tls::PgTls)> {
     let (url, settings) = super::tls::split_postgres(url)?;
     let mut config: Config = url.parse().map_err(|e| Error::Database {
         operation: "connect",
-        hint: "the PostgreSQL URL does not parse: use postgres://user:password@host:port/database \
-               or key=value pairs"
-            .to_string(),
+        hint: format!(
+            "{what} does not parse: use postgres://user:password@host:port/database or \
+             key=value pairs"
+        ),
         source: Box::new(e),
     })?;
     if config.get_connect_timeout().is_none() {
@@ -1455,9 +1696,7 @@ pub(crate) fn open(
         }
         _ => tokio_postgres::NoTls,
     };
-    check_connect(&config, &tls, &settings, pool.connect_timeout)?;
-    let store = super::SqlStore::<Postgres>::open(PgManager { config, tls }, pool, table)?;
-    Ok(Arc::new(store))
+    Ok((config, tls, settings))
 }
 
 /// Splits a release notification's payload, `<LOCK_KEY> <TURN_AGE_µs> <REGION>`; a payload

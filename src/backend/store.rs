@@ -219,10 +219,12 @@ impl<B: Backend> Store for SqlStore<B> {
             }
             Ok(token.map(|token| Grant { token, sent_at }))
         })
-        .inspect(|grant| {
-            if grant.is_some() {
+        .and_then(|grant| {
+            if let Some(grant) = &grant {
+                self.secure_renewal(lock_key, grant, deadline)?;
                 B::granted(&self.manager, &self.table, lock_key, self.idle_timeout);
             }
+            Ok(grant)
         })
     }
 
