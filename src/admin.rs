@@ -263,8 +263,10 @@ impl LockRegistry {
     }
 
     /// The rows of this registry's table and region — held, expired and released — for
-    /// operators (Spring Integration's `getAllLocks`, with the states). Only names given to
-    /// [`Listing::resolving`] show; other rows carry their lock key alone (see [`Listing`]).
+    /// operators (Spring Integration's `getAllLocks`, with the states). Rows leasehold wrote
+    /// carry their names where the table has the `LOCK_NAME` column; other rows (Spring's, or
+    /// a table without the column) show a name only when it is given to
+    /// [`Listing::resolving`], and their lock key otherwise (see [`Listing`]).
     ///
     /// ```
     /// # fn main() -> leasehold::Result<()> {
@@ -273,19 +275,18 @@ impl LockRegistry {
     /// use leasehold::LockState;
     /// let held = registry.obtain("nightly-export")?.lock()?;
     /// registry.obtain("hourly-sync")?.lock()?.unlock()?;
-    /// registry.obtain("unnamed")?.lock()?.unlock()?;
+    /// registry.obtain("weekly")?.lock()?.unlock()?;
     ///
-    /// let listing = registry.listing().resolving(["nightly-export", "hourly-sync"])?;
+    /// let listing = registry.listing();
     /// let mut rows = listing.rows().collect::<leasehold::Result<Vec<_>>>()?;
     /// rows.sort_by(|a, b| a.label().cmp(b.label()));
     /// let shown: Vec<(&str, LockState)> = rows.iter().map(|r| (r.label(), r.state)).collect();
-    /// let unnamed = leasehold::lock_key_for("unnamed");
     /// assert_eq!(shown, [
-    ///     (unnamed.as_str(), LockState::Released),   // not resolved: its lock key
     ///     ("hourly-sync", LockState::Released),
     ///     ("nightly-export", LockState::Held),
+    ///     ("weekly", LockState::Released),
     /// ]);
-    /// assert_eq!(rows[2].fencing_token, held.fencing_token());
+    /// assert_eq!(rows[1].fencing_token, held.fencing_token());
     ///
     /// // The same rows a page at a time, after the last lock key of the page before.
     /// let first = listing.page(None, 2)?;
