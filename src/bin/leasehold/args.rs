@@ -1,0 +1,184 @@
+//! The command line: every subcommand and its options (clap's derive).
+
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::time::Duration;
+
+const AFTER_HELP: &str = "\
+Exit codes of `run`: the command's own (128 + N when signal N ended it); 75 the lock was held \
+elsewhere (--no-wait, or --wait ran out); 74 the lease was lost (the command was stopped, or \
+ended after the loss); 70 leasehold failed (database, table); 64 bad arguments, keys or settings; \
+126/127 the command could not be started / was not found. `lead` exits likewise: the command's \
+own when it ended while leading; 74 when leadership was lost and --once (or a signal) ended \
+the loop; 128 + N when signal N arrived while standing by.
+
+SIGINT, SIGTERM and SIGHUP sent to leasehold go to the command; those a terminal sends \
+(Ctrl-C, hangup) reach the command directly, in the same process group, and are not \
+sent twice.";
+
+/// Distributed locks in a SQL database for shell scripts and cron jobs.
+#[derive(Parser, Debug)]
+#[command(name = "leasehold", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Commands {
+    /// Run COMMAND while holding the lock KEY; renew it while COMMAND runs, release it after.
+    Run(RunArgs),
+    /// Run COMMAND while this instance leads GROUP; stop it when leadership is lost, then
+    /// compete again (or exit, with --once).
+    Lead(LeadArgs),
+    /// Show who holds KEY (exit 0) or that it is free (exit 1).
+    Status(KeyArgs),
+    /// List the rows of the table and region: held, expired and released locks.
+    List(ListArgs),
+    /// Create the lock table and its deletion floor (or print their DDL with --print).
+    Init(InitArgs),
+    /// Free KEY whatever holds it; the holder learns at its next renewal.
+    Release(ReleaseArgs),
+    /// Delete rows released or expired longer ago than --older-than.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct Database {
+    /// The lock table's database: sqlite:PATH, postgres://USER@HOST:PORT/DB or
+    /// mysql://USER@HOST:PORT/DB.
+    #[arg(long, env = "LEASEHOLD_DATABASE_URL", value_name = "URL")]
+    pub database: String,
+    /// The table name prefix: the table is PREFIX + LOCK.
+    #[arg(long, default_value = "INT_")]
+    pub prefix: String,
+    /// The region the locks live in.
+    #[arg(long, default_value = "DEFAULT")]
+    pub region: String,
+    /// Only check the table; do not create it (and its deletion floor) when missing.
+    #[arg(long)]
+    pub no_create_table: bool,
+    /// Report waiting, acquired, renewed, lost and released on stderr, with timestamps.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct KeyArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The lock's name.
+    #[arg(long)]
+    pub key: String,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The lock's name.
+    #[arg(long)]
+    pub key: String,
+    /// How long the lock outlives a crash of this process (it is renewed every third of it).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// Give up after waiting this long for the lock (exit 75). Default: wait until granted.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+    /// Give up at once if the lock is held elsewhere (exit 75).
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Keep the lock held until this long after it was granted, even when COMMAND ends
+    /// sooner, so that another run of the job within the period finds it held.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub keep_for: Option<Duration>,
+    /// How long COMMAND has to end after SIGTERM, once the lease is lost, before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct LeadArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The group's name: every instance that may lead names the same group (it is the key of
+    /// the lock the leader holds).
+    #[arg(long)]
+    pub group: String,
+    /// How long leadership outlives a crash of this process (it is renewed every third of it;
+    /// a leader that cannot renew stops the command with a tenth of it left).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How often a standby tries to become leader.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub poll: Duration,
+    /// How long COMMAND has to end after SIGTERM, once leadership is lost, before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// Exit (code 74) once leadership is lost and COMMAND has stopped, instead of standing by
+    /// to lead again.
+    #[arg(long)]
+    pub once: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Required: the lock is freed whoever holds it.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// A lock name to show instead of its lock key (the table keeps only a hash of each
+    /// name); repeat for several. Rows of other names show their lock key.
+    #[arg(long = "key", value_name = "NAME")]
+    pub keys: Vec<String>,
+    /// One JSON array of objects instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// Print the DDL for the database instead of running it (nothing is connected to).
+    #[arg(long)]
+    pub print: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// Delete rows released or expired longer ago than this (released rows count from their
+    /// last grant).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: Duration,
+}
+
+impl Commands {
+    /// The database options of the subcommand.
+    pub fn database(&self) -> &Database {
+        match self {
+            Commands::Run(a) => &a.database,
+            Commands::Lead(a) => &a.database,
+            Commands::Status(a) => &a.database,
+            Commands::List(a) => &a.database,
+            Commands::Init(a) => &a.database,
+            Commands::Release(a) => &a.key.database,
+            Commands::Cleanup(a) => &a.database,
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The database a command names: its URL (`sqlite:PATH`, `postgres://…`, `mysql://…`), the
+//! registry builder with the table prefix and region, and the client id that tells operators
+//! where a holder runs.
+
+use crate::args::Database;
+use crate::exit::{self, Failure};
+use leasehold::{LockRegistry, RegistryBuilder};
+use std::time::Duration;
+
+/// The URL names a database this build cannot reach.
+#[cfg_attr(
+    all(feature = "sqlite", feature = "postgres", feature = "mysql"),
+    allow(dead_code)
+)]
+pub fn without(feature: &str) -> Failure {
+    Failure::new(
+        exit::USAGE,
+        format!(
+            "this leasehold was built without the `{feature}` feature; install it with \
+             `cargo install leasehold --features cli,{feature}`"
+        ),
+    )
+}
+
+/// A registry on the database of `database`.
+pub fn registry(database: &Database, ttl: Option<Duration>) -> Result<LockRegistry, Failure> {
+    let mut builder = builder(database)?;
+    if let Some(ttl) = ttl {
+        builder = builder.time_to_live(ttl);
+    }
+    Ok(builder.build()?)
+}
+
+/// A registry builder for the database of `database`, with its prefix, region and client id.
+pub fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
+    let url = database.database.as_str();
+    let builder = if let Some(path) = url.strip_prefix("sqlite:") {
+        let path = path.strip_prefix("//").unwrap_or(path);
+        if path.is_empty() {
+            return Err(Failure::new(
+                exit::USAGE,
+                "the database URL sqlite: names no file: use sqlite:PATH, e.g. \
+                 sqlite:/var/lib/jobs/locks.db",
+            ));
+        }
+        #[cfg(feature = "sqlite")]
+        {
+            LockRegistry::sqlite(path)
+        }
+        #[cfg(not(feature = "sqlite"))]
+        return Err(without("sqlite"));
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        {
+            LockRegistry::postgres(url)
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(without("postgres"));
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        #[cfg(feature = "mysql")]
+        {
+            LockRegistry::mysql(url.replacen("mariadb://", "mysql://", 1))
+        }
+        #[cfg(not(feature = "mysql"))]
+        return Err(without("mysql"));
+    } else {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "unknown database URL {url:?}: use sqlite:PATH, postgres://USER@HOST:PORT/DB or \
+                 mysql://USER@HOST:PORT/DB (or set LEASEHOLD_DATABASE_URL)"
+            ),
+        ));
+    };
+    Ok(builder
+        .client_id(client_id())
+        .prefix(database.prefix.clone())
+        .region(database.region.clone())
+        .create_table(!database.no_create_table))
+}
+
+/// `HOST/PID/RANDOM` (at most 36 characters), so that `status` tells operators where the
+/// holder runs; the random part keeps it unique when a pid is reused.
+fn client_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_graphic() && *c != '/')
+        .take(18)
+        .collect();
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    let id = format!("{}/{}/{}", host, std::process::id(), &random[..8]);
+    id.chars().take(36).collect()
+}
