@@ -368,6 +368,35 @@ mod suite {
         assert!(status.success(), "{status:?}");
     }
 
+    /// Ctrl-Z stops the command's group (it has the terminal); leasehold follows as a job does
+    /// and continues the command when continued — here at once, as leasehold's group under
+    /// script(1) is orphaned and ignores the stop. The command must not stay stopped.
+    pub fn ctrl_z_in_a_terminal_does_not_leave_the_command_stopped(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, done) = (dir.path().join("ready"), dir.path().join("done"));
+        let mut run = leasehold(f, "run", &["--key", "tty", "--"]);
+        run.args([
+            "sh",
+            "-c",
+            &format!(
+                "echo > \"{}\"; read line; echo \"done $line\" > \"{}\"",
+                ready.display(),
+                done.display()
+            ),
+        ]);
+        let mut script = on_a_terminal(&format!("exec {}", shell_words(&run)));
+        let _reaper = Reaper(vec![script.id()]);
+        let mut typed = script.stdin.take().unwrap();
+        wait_for_file(&ready);
+        std::io::Write::write_all(&mut typed, b"\x1a").unwrap();
+        thread::sleep(Duration::from_millis(300));
+        std::io::Write::write_all(&mut typed, b"go\n").unwrap();
+        wait_for_text(&done, "done go\n");
+        let status = wait_with_deadline(&mut script);
+        drop(typed);
+        assert!(status.success(), "{status:?}");
+    }
+
     pub fn a_sigkilled_holders_lock_is_taken_after_its_ttl_and_its_command_stopped(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
@@ -396,6 +425,208 @@ mod suite {
         });
         assert_eq!(code(&taken), 0, "{taken:?}");
         assert_eq!(stdout(&taken), "taken\n");
+    }
+
+    /// Whether process `pid` runs: a zombie (which only waits to be reaped) counts as gone.
+    fn alive(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => !matches!(
+                stat[stat.rfind(')').unwrap() + 2..].chars().next(),
+                Some('Z' | 'X')
+            ),
+            Err(_) => false,
+        }
+    }
+
+    /// The pid a script wrote to `path` (waiting until it is there in full).
+    fn read_pid(path: &Path) -> u32 {
+        let deadline = Instant::now() + GENEROUS;
+        loop {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if let Some(pid) = text.strip_suffix('\n').and_then(|t| t.parse().ok()) {
+                return pid;
+            }
+            assert!(Instant::now() < deadline, "no pid in {}", path.display());
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILLs the processes it names when dropped, so that a failing test leaves no `sleep`
+    /// behind.
+    struct Reaper(Vec<u32>);
+
+    impl Drop for Reaper {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                if alive(*pid) {
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status();
+                }
+            }
+        }
+    }
+
+    fn wait_until_gone(pid: u32, what: &str) {
+        let deadline = Instant::now() + GENEROUS;
+        while alive(pid) {
+            assert!(Instant::now() < deadline, "{what} (pid {pid}) still runs");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A `sh -c` script that starts, in the background, a `sleep` (its pid in `normal`) and a
+    /// shell that ignores SIGTERM and becomes a `sleep` (its pid in `stubborn`), then waits.
+    fn grandchildren_script(normal: Option<&Path>, stubborn: Option<&Path>) -> String {
+        let mut script = String::new();
+        if let Some(normal) = normal {
+            script.push_str(&format!("sleep 300 & echo $! > '{}'; ", normal.display()));
+        }
+        if let Some(stubborn) = stubborn {
+            script.push_str(&format!(
+                "sh -c 'trap \"\" TERM; echo $$ > \"{}\"; exec sleep 300' & ",
+                stubborn.display()
+            ));
+        }
+        script.push_str("wait");
+        script
+    }
+
+    pub fn a_lost_lease_stops_every_process_of_the_command_before_exiting_lost(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (normal, stubborn) = (dir.path().join("normal"), dir.path().join("stubborn"));
+        let script = grandchildren_script(Some(&normal), Some(&stubborn));
+        let mut run = leasehold(f, "run", &["--key", "tree", "--grace", "1s", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pids = [read_pid(&normal), read_pid(&stubborn)];
+        let _reaper = Reaper(pids.to_vec());
+        let released = output(leasehold(f, "release", &["--key", "tree", "--force"]));
+        assert_eq!(code(&released), 0, "{released:?}");
+        let status = wait_with_deadline(&mut run);
+        // "Stopped" only once every process of the command is gone.
+        let running: Vec<u32> = pids.into_iter().filter(|pid| alive(*pid)).collect();
+        assert_eq!(status.code(), Some(LOST));
+        assert!(
+            running.is_empty(),
+            "grandchildren {running:?} outlived the loss"
+        );
+        let stderr = stderr_of(&mut run);
+        assert!(
+            stderr.contains("SIGKILL"),
+            "the stubborn one was killed: {stderr}"
+        );
+    }
+
+    pub fn a_sigkilled_leasehold_takes_its_commands_grandchildren_with_it(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let normal = dir.path().join("normal");
+        let script = grandchildren_script(Some(&normal), None);
+        let mut holder = leasehold(f, "run", &["--key", "orphans", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = read_pid(&normal);
+        let _reaper = Reaper(vec![pid]);
+        holder.kill().unwrap(); // SIGKILL: leasehold can do nothing more itself
+        holder.wait().unwrap();
+        wait_until_gone(pid, "the grandchild");
+    }
+
+    pub fn a_grandchild_that_ignores_sigterm_is_killed_after_the_grace_when_leasehold_dies(
+        f: &Fixture,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let stubborn = dir.path().join("stubborn");
+        let script = grandchildren_script(None, Some(&stubborn));
+        let mut holder = leasehold(f, "run", &["--key", "stubborn", "--grace", "1s", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = read_pid(&stubborn);
+        let _reaper = Reaper(vec![pid]);
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        wait_until_gone(pid, "the grandchild that ignores SIGTERM");
+    }
+
+    /// Runs `shell_command` (a `sh -c` string) on a pseudo-terminal through `script(1)`
+    /// (util-linux); its standard input is what the test types.
+    fn on_a_terminal(shell_command: &str) -> Child {
+        Command::new("script")
+            .args(["-qec", shell_command, "/dev/null"])
+            .env("SHELL", "/bin/sh")
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("script(1) from util-linux runs the test on a pseudo-terminal")
+    }
+
+    /// `command` as words quoted for `sh`.
+    fn shell_words(command: &Command) -> String {
+        let words: Vec<String> = std::iter::once(command.get_program())
+            .chain(command.get_args())
+            .map(|word| format!("'{}'", word.to_str().unwrap()))
+            .collect();
+        words.join(" ")
+    }
+
+    fn wait_for_text(path: &Path, text: &str) {
+        let deadline = Instant::now() + GENEROUS;
+        loop {
+            let seen = std::fs::read_to_string(path).unwrap_or_default();
+            if seen == text {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} holds {seen:?}, not {text:?}",
+                path.display()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The command reads the terminal while it runs, and the shell that started leasehold reads
+    /// it again afterwards (leasehold gave the terminal back).
+    pub fn the_command_reads_the_terminal_and_the_shell_gets_it_back(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got, after) = (
+            dir.path().join("ready"),
+            dir.path().join("got"),
+            dir.path().join("after"),
+        );
+        let mut run = leasehold(f, "run", &["--key", "tty", "--"]);
+        run.args([
+            "sh",
+            "-c",
+            &format!(
+                "echo > \"{}\"; read line; echo \"got $line\" > \"{}\"",
+                ready.display(),
+                got.display()
+            ),
+        ]);
+        let mut script = on_a_terminal(&format!(
+            "{}; read again; echo \"after $again\" > '{}'",
+            shell_words(&run),
+            after.display()
+        ));
+        let _reaper = Reaper(vec![script.id()]);
+        let mut typed = script.stdin.take().unwrap();
+        wait_for_file(&ready);
+        std::io::Write::write_all(&mut typed, b"hello\n").unwrap();
+        wait_for_text(&got, "got hello\n");
+        std::io::Write::write_all(&mut typed, b"again\n").unwrap();
+        wait_for_text(&after, "after again\n");
+        let status = wait_with_deadline(&mut script);
+        drop(typed);
+        assert!(status.success(), "{status:?}");
     }
 
     /// `leasehold lead` on group `group` running `sh -c script`, with short timings.
@@ -694,6 +925,11 @@ macro_rules! cli {
             int_term_and_hup_are_forwarded_to_the_command,
             ctrl_c_in_a_terminal_reaches_the_command_once,
             a_sigkilled_holders_lock_is_taken_after_its_ttl_and_its_command_stopped,
+            a_lost_lease_stops_every_process_of_the_command_before_exiting_lost,
+            a_sigkilled_leasehold_takes_its_commands_grandchildren_with_it,
+            a_grandchild_that_ignores_sigterm_is_killed_after_the_grace_when_leasehold_dies,
+            the_command_reads_the_terminal_and_the_shell_gets_it_back,
+            ctrl_z_in_a_terminal_does_not_leave_the_command_stopped,
             two_leads_never_run_their_commands_at_once,
             losing_leadership_stops_the_command_and_the_lead_competes_again,
             a_standby_lead_exits_on_a_signal_without_running_the_command,

@@ -12,9 +12,11 @@ ended after the loss); 70 leasehold failed (database, table); 64 bad arguments, 
 own when it ended while leading; 74 when leadership was lost and --once (or a signal) ended \
 the loop; 128 + N when signal N arrived while standing by.
 
-SIGINT, SIGTERM and SIGHUP sent to leasehold go to the command; those a terminal sends \
-(Ctrl-C, hangup) reach the command directly, in the same process group, and are not \
-sent twice.";
+The command runs in a process group of its own, which gets the terminal when leasehold has \
+it: Ctrl-C reaches the command once. SIGINT, SIGTERM and SIGHUP sent to leasehold go to the \
+whole group. On a loss, and when leasehold dies (even by SIGKILL, through a watchdog process), \
+the group gets SIGTERM, then SIGKILL after --grace; processes that leave the group (setsid) \
+are not tracked.";
 
 /// Distributed locks in a SQL database for shell scripts and cron jobs.
 #[derive(Parser, Debug)]
@@ -41,6 +43,10 @@ pub enum Commands {
     Release(ReleaseArgs),
     /// Delete rows released or expired longer ago than --older-than.
     Cleanup(CleanupArgs),
+    /// (Internal) the watchdog `run` and `lead` start: stops the command's process group
+    /// when leasehold dies.
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog(WatchdogArgs),
 }
 
 #[derive(Args, Debug)]
@@ -169,16 +175,24 @@ pub struct CleanupArgs {
 }
 
 impl Commands {
-    /// The database options of the subcommand.
-    pub fn database(&self) -> &Database {
+    /// The database options of the subcommand (none for the watchdog).
+    pub fn database(&self) -> Option<&Database> {
         match self {
-            Commands::Run(a) => &a.database,
-            Commands::Lead(a) => &a.database,
-            Commands::Status(a) => &a.database,
-            Commands::List(a) => &a.database,
-            Commands::Init(a) => &a.database,
-            Commands::Release(a) => &a.key.database,
-            Commands::Cleanup(a) => &a.database,
+            Commands::Run(a) => Some(&a.database),
+            Commands::Lead(a) => Some(&a.database),
+            Commands::Status(a) => Some(&a.database),
+            Commands::List(a) => Some(&a.database),
+            Commands::Init(a) => Some(&a.database),
+            Commands::Release(a) => Some(&a.key.database),
+            Commands::Cleanup(a) => Some(&a.database),
+            Commands::Watchdog(_) => None,
         }
     }
+}
+
+#[derive(Args, Debug)]
+pub struct WatchdogArgs {
+    /// How long the command's group has after SIGTERM before SIGKILL, in milliseconds.
+    #[arg(long)]
+    pub grace_ms: u64,
 }

@@ -53,7 +53,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let verbose = cli.command.database().verbose;
+    let verbose = cli.command.database().is_some_and(|d| d.verbose);
     let reporter = Reporter { verbose };
     if log::set_logger(Box::leak(Box::new(Reporter { verbose }))).is_ok() {
         log::set_max_level(log::LevelFilter::Info);
@@ -66,6 +66,7 @@ fn main() -> ExitCode {
         Commands::Init(args) => commands::init::init(args),
         Commands::Release(args) => commands::release::release(args),
         Commands::Cleanup(args) => commands::cleanup::cleanup(args),
+        Commands::Watchdog(args) => supervisor::watchdog::watch(args),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),

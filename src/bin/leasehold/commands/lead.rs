@@ -5,7 +5,7 @@ use crate::args::LeadArgs;
 use crate::database::builder;
 use crate::exit::{self, Failure};
 use crate::report::Reporter;
-use crate::supervisor::{code_of, forward_signals, spawn, supervise};
+use crate::supervisor::{code_of, forward_signals, spawn, supervise, Watchdog};
 use leasehold::{Error, LeaderElection};
 
 pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
@@ -13,6 +13,7 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
         .lease_duration(args.ttl)
         .lock_acquire_sleep_interval(args.poll)
         .build()?;
+    let watchdog = Watchdog::start(args.grace)?;
     // Caught from the start: while standing by, a signal ends leasehold (128 + its number);
     // while the command runs, it goes to the command.
     let signals = forward_signals()?;
@@ -20,12 +21,9 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
     loop {
         reporter.say(format_args!("standing by for the leadership of {group:?}"));
         let leadership = loop {
-            if let Ok(received) = signals.try_recv() {
-                reporter.say(format_args!(
-                    "signal {} while standing by; exiting",
-                    received.signal
-                ));
-                return Ok((128 + received.signal) as u8);
+            if let Ok(signal) = signals.try_recv() {
+                reporter.say(format_args!("signal {signal} while standing by; exiting"));
+                return Ok((128 + signal) as u8);
             }
             match election.try_acquire_for(args.poll) {
                 Ok(Some(leadership)) => break leadership,
@@ -43,8 +41,8 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
             ("LEASEHOLD_TERM", term.to_string()),
             ("LEASEHOLD_FENCING_TOKEN", term.to_string()),
         ];
-        let mut child = match spawn(&args.command, &env) {
-            Ok(child) => child,
+        let command = match spawn(&args.command, &env, &watchdog) {
+            Ok(command) => command,
             Err((code, message)) => {
                 let resigned = leadership.resign();
                 eprintln!("leasehold: {message}");
@@ -53,7 +51,7 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
             }
         };
         let ended = supervise(
-            &mut child,
+            command,
             leadership.loss_channel(),
             &signals,
             args.grace,

@@ -6,12 +6,14 @@ use crate::database::registry;
 use crate::exit::{self, Failure};
 use crate::output::rounded;
 use crate::report::Reporter;
-use crate::supervisor::{code_of, forward_signals, spawn, supervise};
+use crate::supervisor::{code_of, forward_signals, spawn, supervise, Watchdog};
 use leasehold::Error;
 use std::time::Duration;
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     let registry = registry(&args.database, Some(args.ttl))?;
+    // Before the lock: without a watchdog the command would not be stopped if leasehold died.
+    let watchdog = Watchdog::start(args.grace)?;
     let lock = registry.obtain(&args.key)?;
     reporter.say(format_args!("waiting for {:?}", args.key));
     let guard = if args.no_wait {
@@ -42,8 +44,8 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         ("LEASEHOLD_KEY", args.key.clone()),
         ("LEASEHOLD_FENCING_TOKEN", token.to_string()),
     ];
-    let mut child = match spawn(&args.command, &env) {
-        Ok(child) => child,
+    let group = match spawn(&args.command, &env, &watchdog) {
+        Ok(group) => group,
         Err((code, message)) => {
             let released = guard.unlock();
             eprintln!("leasehold: {message}");
@@ -53,7 +55,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     };
     let mut remaining = guard.remaining();
     let ended = supervise(
-        &mut child,
+        group,
         guard.loss_channel(),
         &signals,
         args.grace,
