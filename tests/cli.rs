@@ -231,6 +231,57 @@ mod suite {
         assert_eq!(code(&third), 0, "{third:?}");
     }
 
+    /// `run --keep-for 8d` used to take the lock, run the job, fail to keep the row (the
+    /// library refuses more than 7 days) and exit 70 with the lock free. Every duration is
+    /// checked before anything runs.
+    pub fn out_of_range_durations_exit_usage_before_the_lock_is_taken(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let touch = format!("touch '{}'", marker.display());
+        for (subcommand, option, value, range) in [
+            ("run", "--keep-for", "8d", "0s to 7days"),
+            ("run", "--grace", "8d", "0s to 7days"),
+            ("run", "--ttl", "5ms", "10ms to 7days"),
+            ("run", "--ttl", "8d", "10ms to 7days"),
+            ("lead", "--ttl", "8d", "10ms to 7days"),
+            ("lead", "--poll", "0s", "1ms to 1h"),
+            ("lead", "--grace", "1year", "0s to 7days"),
+        ] {
+            let key = if subcommand == "run" {
+                "--key"
+            } else {
+                "--group"
+            };
+            let refused = output({
+                let mut c = leasehold(f, subcommand, &[key, "ranges", option, value, "--"]);
+                c.args(["sh", "-c", &touch]);
+                c
+            });
+            assert_eq!(
+                code(&refused),
+                64,
+                "{subcommand} {option} {value}: {refused:?}"
+            );
+            let stderr = String::from_utf8_lossy(&refused.stderr);
+            assert!(
+                stderr.contains(&format!("allowed range {range}")),
+                "{subcommand} {option} {value}: {stderr}"
+            );
+            assert!(
+                !marker.exists(),
+                "{subcommand} {option} {value}: the command ran"
+            );
+        }
+        let status = output(leasehold(f, "status", &["--key", "ranges"]));
+        assert_eq!(code(&status), 1, "nothing took the lock: {status:?}");
+        let longest = output({
+            let mut c = leasehold(f, "run", &["--key", "ranges", "--keep-for", "7d", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&longest), 0, "7 days is allowed: {longest:?}");
+    }
+
     pub fn a_lost_lease_stops_the_command_with_the_lost_code(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let started = dir.path().join("started");
@@ -921,6 +972,7 @@ macro_rules! cli {
             no_wait_and_an_expired_wait_exit_busy_without_running,
             the_commands_exit_code_passes_through,
             keep_for_makes_a_second_run_inside_the_period_exit_busy,
+            out_of_range_durations_exit_usage_before_the_lock_is_taken,
             a_lost_lease_stops_the_command_with_the_lost_code,
             int_term_and_hup_are_forwarded_to_the_command,
             ctrl_c_in_a_terminal_reaches_the_command_once,

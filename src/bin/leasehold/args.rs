@@ -1,6 +1,7 @@
 //! The command line: every subcommand and its options (clap's derive).
 
 use clap::{Args, Parser, Subcommand};
+use leasehold::{MAX_IDLE_BETWEEN_TRIES, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE};
 use std::ffi::OsString;
 use std::time::Duration;
 
@@ -86,20 +87,20 @@ pub struct RunArgs {
     #[arg(long)]
     pub key: String,
     /// How long the lock outlives a crash of this process (it is renewed every third of it).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = time_to_live)]
     pub ttl: Duration,
     /// Give up after waiting this long for the lock (exit 75). Default: wait until granted.
-    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    #[arg(long, value_parser = any_duration, conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
     /// Give up at once if the lock is held elsewhere (exit 75).
     #[arg(long)]
     pub no_wait: bool,
     /// Keep the lock held until this long after it was granted, even when COMMAND ends
     /// sooner, so that another run of the job within the period finds it held.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = keep_for)]
     pub keep_for: Option<Duration>,
     /// How long COMMAND has to end after SIGTERM, once the lease is lost, before SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = grace)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -116,13 +117,13 @@ pub struct LeadArgs {
     pub group: String,
     /// How long leadership outlives a crash of this process (it is renewed every third of it;
     /// a leader that cannot renew stops the command with a tenth of it left).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = time_to_live)]
     pub ttl: Duration,
     /// How often a standby tries to become leader.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = poll)]
     pub poll: Duration,
     /// How long COMMAND has to end after SIGTERM, once leadership is lost, before SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = grace)]
     pub grace: Duration,
     /// Exit (code 74) once leadership is lost and COMMAND has stopped, instead of standing by
     /// to lead again.
@@ -170,7 +171,7 @@ pub struct CleanupArgs {
     pub database: Database,
     /// Delete rows released or expired longer ago than this (released rows count from their
     /// last grant).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = any_duration)]
     pub older_than: Duration,
 }
 
@@ -195,4 +196,74 @@ pub struct WatchdogArgs {
     /// How long the command's group has after SIGTERM before SIGKILL, in milliseconds.
     #[arg(long)]
     pub grace_ms: u64,
+}
+
+/// A duration on the command line: with units (`500ms`, `10m`, `1h 30m`).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{e}: give a duration with units (500ms, 10m, 1h 30m)"))
+}
+
+/// A duration within `min..=max`; `what` says why the bounds are there.
+fn duration_within(
+    text: &str,
+    min: Duration,
+    max: Duration,
+    what: &str,
+) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration < min || duration > max {
+        return Err(format!(
+            "{} is outside the allowed range {} to {} ({what})",
+            humantime::format_duration(duration),
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(duration)
+}
+
+/// `--wait`, `--older-than`: any length.
+fn any_duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text)
+}
+
+/// `--ttl`: the library's range for a lease.
+fn time_to_live(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        MIN_TIME_TO_LIVE,
+        MAX_TIME_TO_LIVE,
+        "a lease's time-to-live",
+    )
+}
+
+/// `--keep-for`: the lock table keeps a row held at most as long as a lease.
+fn keep_for(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        Duration::ZERO,
+        MAX_TIME_TO_LIVE,
+        "a row is kept held at most as long as the longest lease",
+    )
+}
+
+/// `--grace`: at most as long as the longest lease.
+fn grace(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        Duration::ZERO,
+        MAX_TIME_TO_LIVE,
+        "at most as long as the longest lease",
+    )
+}
+
+/// `--poll`: the library's range for the time between a standby's tries.
+fn poll(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        Duration::from_millis(1),
+        MAX_IDLE_BETWEEN_TRIES,
+        "zero would spin on the database",
+    )
 }
