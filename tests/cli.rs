@@ -167,6 +167,86 @@ mod suite {
         assert!(marker.exists());
     }
 
+    /// flock(1)'s habits: `-n`, `-w SECS` with plain and fractional seconds, `-E N`.
+    pub fn flock_style_no_wait_wait_seconds_and_conflict_exit_code(f: &Fixture) {
+        let registry = f.registry();
+        let held = registry.obtain("flock").unwrap().lock().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let touch = format!("touch '{}'", marker.display());
+        let try_run = |options: &[&str]| {
+            output({
+                let mut c = leasehold(f, "run", &[&["--key", "flock"], options, &["--"]].concat());
+                c.args(["sh", "-c", &touch]);
+                c
+            })
+        };
+        for (options, expected) in [
+            (&["-n"][..], BUSY),
+            (&["-w", "0.3"][..], BUSY),
+            (&["-w", "1"][..], BUSY),
+            (&["--wait", ".2"][..], BUSY),
+            (&["-w", "200ms"][..], BUSY),
+            (&["-n", "-E", "3"][..], 3),
+            (&["-w", "0.1", "--conflict-exit-code", "0"][..], 0),
+            (&["-n", "-E", "256"][..], 64),
+            (&["-w", "1.5s.2"][..], 64),
+        ] {
+            let busy = try_run(options);
+            assert_eq!(code(&busy), expected, "{options:?}: {busy:?}");
+            assert!(!marker.exists(), "{options:?}: the command ran");
+        }
+        held.unlock().unwrap();
+        let free = try_run(&["-w", "1.5", "-E", "3"]);
+        assert_eq!(code(&free), 0, "{free:?}");
+        assert!(marker.exists());
+    }
+
+    /// `status` shows when the lease runs out, in time left and as a UTC timestamp, and
+    /// `status --json` says the same as one object.
+    pub fn status_shows_the_absolute_expiry_and_speaks_json(f: &Fixture) {
+        let kept = output({
+            let mut c = leasehold(f, "run", &["--key", "kept", "--keep-for", "1h", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&kept), 0, "{kept:?}");
+        // Kept, not renewed: the row stays as it is for the hour.
+        let holder = f.registry().holder("kept").unwrap().expect("held");
+        let expires_at = humantime::format_rfc3339_millis(holder.expires_at).to_string();
+        let status = output(leasehold(f, "status", &["--key", "kept"]));
+        assert_eq!(code(&status), 0, "{status:?}");
+        let line = stdout(&status);
+        assert!(line.contains("expires in "), "{line}");
+        assert!(
+            line.contains(&format!("(at {expires_at})")),
+            "{expires_at} in {line}"
+        );
+
+        let json = output(leasehold(f, "status", &["--key", "kept", "--json"]));
+        assert_eq!(code(&json), 0, "{json:?}");
+        let object: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+        assert_eq!(object["key"], "kept");
+        assert_eq!(object["lock_key"], leasehold::lock_key_for("kept"));
+        assert_eq!(object["state"], "held");
+        assert_eq!(object["client_id"], holder.client_id.as_str());
+        assert_eq!(object["expires_at"], expires_at.as_str());
+        assert_eq!(
+            object["acquired"],
+            humantime::format_rfc3339_millis(holder.acquired).to_string()
+        );
+        assert_eq!(object["fencing_token"], holder.fencing_token);
+        let left = object["expires_in_ms"].as_i64().unwrap();
+        assert!(left > 0 && left <= 3_600_000, "{object}");
+
+        let free = output(leasehold(f, "status", &["--key", "never", "--json"]));
+        assert_eq!(code(&free), 1, "{free:?}");
+        let object: serde_json::Value = serde_json::from_str(&stdout(&free)).unwrap();
+        assert_eq!(object["state"], "free");
+        assert_eq!(object["lock_key"], leasehold::lock_key_for("never"));
+        assert!(object["client_id"].is_null() && object["fencing_token"].is_null());
+    }
+
     pub fn the_commands_exit_code_passes_through(f: &Fixture) {
         let failed = output({
             let mut c = leasehold(f, "run", &["--key", "code", "--"]);
@@ -971,6 +1051,8 @@ macro_rules! cli {
             concurrent_runs_never_overlap,
             no_wait_and_an_expired_wait_exit_busy_without_running,
             the_commands_exit_code_passes_through,
+            flock_style_no_wait_wait_seconds_and_conflict_exit_code,
+            status_shows_the_absolute_expiry_and_speaks_json,
             keep_for_makes_a_second_run_inside_the_period_exit_busy,
             out_of_range_durations_exit_usage_before_the_lock_is_taken,
             a_lost_lease_stops_the_command_with_the_lost_code,

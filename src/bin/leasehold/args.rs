@@ -35,7 +35,7 @@ pub enum Commands {
     /// compete again (or exit, with --once).
     Lead(LeadArgs),
     /// Show who holds KEY (exit 0) or that it is free (exit 1).
-    Status(KeyArgs),
+    Status(StatusArgs),
     /// List the rows of the table and region: held, expired and released locks.
     List(ListArgs),
     /// Create the lock table and its deletion floor (or print their DDL with --print).
@@ -89,12 +89,24 @@ pub struct RunArgs {
     /// How long the lock outlives a crash of this process (it is renewed every third of it).
     #[arg(long, default_value = "30s", value_parser = time_to_live)]
     pub ttl: Duration,
-    /// Give up after waiting this long for the lock (exit 75). Default: wait until granted.
-    #[arg(long, value_parser = any_duration, conflicts_with = "no_wait")]
+    /// Give up after waiting this long for the lock (exit 75, or --conflict-exit-code):
+    /// seconds as flock(1) takes them (10, 1.5) or with units (500ms, 10m). Default: wait
+    /// until granted.
+    #[arg(
+        long,
+        short = 'w',
+        value_name = "SECS",
+        value_parser = any_duration,
+        conflicts_with = "no_wait"
+    )]
     pub wait: Option<Duration>,
-    /// Give up at once if the lock is held elsewhere (exit 75).
-    #[arg(long)]
+    /// Give up at once if the lock is held elsewhere (exit 75, or --conflict-exit-code).
+    #[arg(long, short = 'n')]
     pub no_wait: bool,
+    /// The exit code when the lock was held elsewhere (--no-wait, or --wait ran out), as
+    /// flock(1)'s -E.
+    #[arg(long, short = 'E', value_name = "N", default_value_t = crate::exit::BUSY)]
+    pub conflict_exit_code: u8,
     /// Keep the lock held until this long after it was granted, even when COMMAND ends
     /// sooner, so that another run of the job within the period finds it held.
     #[arg(long, value_parser = keep_for)]
@@ -132,6 +144,17 @@ pub struct LeadArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// One JSON object instead of a line: `key`, `lock_key`, `state` ("held" or "free"),
+    /// `client_id`, `acquired`, `expires_at`, `expires_in_ms` and `fencing_token` (null when
+    /// free).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -181,7 +204,7 @@ impl Commands {
         match self {
             Commands::Run(a) => Some(&a.database),
             Commands::Lead(a) => Some(&a.database),
-            Commands::Status(a) => Some(&a.database),
+            Commands::Status(a) => Some(&a.key.database),
             Commands::List(a) => Some(&a.database),
             Commands::Init(a) => Some(&a.database),
             Commands::Release(a) => Some(&a.key.database),
@@ -198,10 +221,22 @@ pub struct WatchdogArgs {
     pub grace_ms: u64,
 }
 
-/// A duration on the command line: with units (`500ms`, `10m`, `1h 30m`).
+/// A duration on the command line: plain seconds as flock(1) takes them (`10`, `1.5`), or
+/// with units (`500ms`, `10m`, `1h 30m`).
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{e}: give a duration with units (500ms, 10m, 1h 30m)"))
+    let text = text.trim();
+    if text.starts_with(|c: char| c.is_ascii_digit() || c == '.')
+        && text.chars().all(|c| c.is_ascii_digit() || c == '.')
+    {
+        let seconds: f64 = text
+            .parse()
+            .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+        return Duration::try_from_secs_f64(seconds)
+            .map_err(|_| format!("{text} seconds is too long"));
+    }
+    humantime::parse_duration(text).map_err(|e| {
+        format!("{e}: give seconds (10, 1.5) or a duration with units (500ms, 10m, 1h 30m)")
+    })
 }
 
 /// A duration within `min..=max`; `what` says why the bounds are there.

@@ -1,7 +1,7 @@
 //! Output for people and programs: the table and JSON of `list`, durations rounded for
 //! reading.
 
-use leasehold::{LockRow, LockState};
+use leasehold::{Holder, LockRow, LockState};
 use std::time::{Duration, SystemTime};
 
 /// A duration for people: tenths of a second under 10 s, whole seconds above (`1h 5m 3s`).
@@ -108,4 +108,35 @@ pub fn rows_json(rows: &[LockRow], now: SystemTime) -> String {
         })
         .collect();
     serde_json::to_string(&objects).expect("rows serialize to JSON")
+}
+
+/// `status --json`.
+#[derive(serde::Serialize)]
+struct StatusJson<'a> {
+    key: &'a str,
+    lock_key: String,
+    state: &'static str,
+    client_id: Option<&'a str>,
+    acquired: Option<String>,
+    expires_at: Option<String>,
+    expires_in_ms: Option<i64>,
+    fencing_token: Option<u64>,
+}
+
+/// `key`'s status as one JSON object: `key`, `lock_key`, `state` ("held" or "free"), and the
+/// holder's `client_id`, `acquired` and `expires_at` (RFC 3339, UTC, on the database clock),
+/// `expires_in_ms` and `fencing_token`, all null when free.
+pub fn status_json(key: &str, holder: Option<&Holder>, now: SystemTime) -> String {
+    let time = |at: SystemTime| humantime::format_rfc3339_millis(at).to_string();
+    let status = StatusJson {
+        key,
+        lock_key: leasehold::lock_key_for(key),
+        state: if holder.is_some() { "held" } else { "free" },
+        client_id: holder.map(|h| h.client_id.as_str()),
+        acquired: holder.map(|h| time(h.acquired)),
+        expires_at: holder.map(|h| time(h.expires_at)),
+        expires_in_ms: holder.map(|h| millis_until(h.expires_at, now)),
+        fencing_token: holder.map(|h| h.fencing_token),
+    };
+    serde_json::to_string(&status).expect("a status serializes to JSON")
 }

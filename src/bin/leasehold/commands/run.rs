@@ -30,7 +30,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
             "leasehold: {:?} is held{by}; not running the command",
             args.key
         );
-        return Ok(exit::BUSY);
+        return Ok(args.conflict_exit_code);
     };
     // From here on SIGINT, SIGTERM and SIGHUP go to the command (before, they end leasehold
     // as usual, and a grant in flight runs out after its time-to-live).

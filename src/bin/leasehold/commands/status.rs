@@ -1,25 +1,36 @@
-//! `leasehold status`: who holds a key (exit 0), or that it is free (exit 1).
+//! `leasehold status`: who holds a key (exit 0), or that it is free (exit 1), as a line or
+//! as JSON.
 
-use crate::args::KeyArgs;
+use crate::args::StatusArgs;
 use crate::database::registry;
 use crate::exit::{self, Failure};
-use crate::output::rounded;
+use crate::output::{rounded, status_json};
 
-pub fn status(args: KeyArgs) -> Result<u8, Failure> {
-    let registry = registry(&args.database, None)?;
-    let Some(holder) = registry.holder(&args.key)? else {
-        println!("{}: free", args.key);
+pub fn status(args: StatusArgs) -> Result<u8, Failure> {
+    let key = &args.key.key;
+    let registry = registry(&args.key.database, None)?;
+    let holder = registry.holder(key)?;
+    let (now, _) = registry.database_time()?;
+    if args.json {
+        println!("{}", status_json(key, holder.as_ref(), now));
+    }
+    let Some(holder) = holder else {
+        if !args.json {
+            println!("{key}: free");
+        }
         return Ok(exit::FREE);
     };
-    let (now, _) = registry.database_time()?;
-    let left = holder.expires_at.duration_since(now).unwrap_or_default();
-    println!(
-        "{}: held by {} since {} (database clock, UTC), expires in {}, fencing token {}",
-        args.key,
-        holder.client_id,
-        humantime::format_rfc3339_millis(holder.acquired),
-        rounded(left),
-        holder.fencing_token
-    );
+    if !args.json {
+        let left = holder.expires_at.duration_since(now).unwrap_or_default();
+        println!(
+            "{key}: held by {} since {} (database clock, UTC), expires in {} (at {}), fencing \
+             token {}",
+            holder.client_id,
+            humantime::format_rfc3339_millis(holder.acquired),
+            rounded(left),
+            humantime::format_rfc3339_millis(holder.expires_at),
+            holder.fencing_token
+        );
+    }
     Ok(0)
 }
