@@ -1025,6 +1025,124 @@ mod suite {
         assert_eq!(code(&twice), 0, "init on an existing table: {twice:?}");
     }
 
+    /// The tables, triggers and functions on the fixture's database whose names start with
+    /// `prefix` (case-insensitive; `_` matches any character, which only widens the net).
+    fn objects_named(f: &Fixture, prefix: &str) -> Vec<String> {
+        let pattern = format!("{}%", prefix.to_lowercase());
+        match f.db {
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite => {
+                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+                let mut query = conn
+                    .prepare("SELECT type || ' ' || name FROM sqlite_master WHERE name LIKE ?1")
+                    .unwrap();
+                let rows = query.query_map([&pattern], |row| row.get(0)).unwrap();
+                rows.map(Result::unwrap).collect()
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                let mut client =
+                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
+                        .unwrap();
+                let rows = client
+                    .query(
+                        "SELECT 'table ' || table_name::text FROM information_schema.tables \
+                           WHERE lower(table_name) LIKE $1 \
+                         UNION ALL SELECT 'trigger ' || tgname::text FROM pg_trigger \
+                           WHERE lower(tgname::text) LIKE $1 \
+                         UNION ALL SELECT 'function ' || proname::text FROM pg_proc \
+                           WHERE lower(proname::text) LIKE $1",
+                        &[&pattern],
+                    )
+                    .unwrap();
+                rows.iter().map(|row| row.get(0)).collect()
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
+                let mut conn = mysql::Conn::new(opts).unwrap();
+                conn.exec(
+                    "SELECT CONCAT('table ', table_name) FROM information_schema.tables \
+                       WHERE table_schema = DATABASE() AND lower(table_name) LIKE ? \
+                     UNION ALL SELECT CONCAT('trigger ', trigger_name) \
+                       FROM information_schema.triggers \
+                       WHERE trigger_schema = DATABASE() AND lower(trigger_name) LIKE ?",
+                    (&pattern, &pattern),
+                )
+                .unwrap()
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("{other:?} support is not compiled in"),
+        }
+    }
+
+    /// Drops the tables of a prefix when dropped, even when the test fails.
+    struct DropTables<'a>(&'a Fixture, String);
+
+    impl Drop for DropTables<'_> {
+        fn drop(&mut self) {
+            self.0.drop_tables(&self.1);
+        }
+    }
+
+    /// A typo'd `--prefix` used to create a table, its floor table and a trigger from `list`
+    /// or `status`, and the message named a DDL file an installed binary's user does not have.
+    pub fn read_only_commands_create_no_table_and_point_at_init(f: &Fixture) {
+        let typo = format!("{}TYPO_", f.prefix);
+        let _dropper = DropTables(f, typo.clone());
+        for (subcommand, args) in [
+            ("list", &[][..]),
+            ("list", &["--json"][..]),
+            ("status", &["--key", "k"][..]),
+            ("status", &["--key", "k", "--json"][..]),
+            ("release", &["--key", "k", "--force"][..]),
+            ("cleanup", &["--older-than", "1d"][..]),
+            (
+                "run",
+                &["--no-create-table", "--key", "k", "--", "true"][..],
+            ),
+        ] {
+            let missing = output(leasehold_on(f, &typo, subcommand, args));
+            assert_eq!(code(&missing), 70, "{subcommand} {args:?}: {missing:?}");
+            let stderr = String::from_utf8_lossy(&missing.stderr);
+            assert!(
+                stderr.contains(&format!("{typo}LOCK does not exist"))
+                    && stderr.contains("`leasehold init`")
+                    && stderr.contains("--prefix"),
+                "{subcommand} {args:?}: {stderr}"
+            );
+        }
+        let made = objects_named(f, &typo);
+        f.drop_tables(&typo);
+        assert!(made.is_empty(), "read-only commands made {made:?}");
+        assert!(
+            !objects_named(f, &f.prefix).is_empty(),
+            "the query sees the fixture's table"
+        );
+
+        if f.db == Db::Sqlite {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("typo.db");
+            let url = format!("sqlite:{}", file.display());
+            for (subcommand, args) in [("status", &["--key", "k"][..]), ("list", &[][..])] {
+                let missing = output({
+                    let mut c = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+                    c.args([subcommand, "--database", &url]).args(args);
+                    c
+                });
+                assert_eq!(code(&missing), 70, "{missing:?}");
+                let stderr = String::from_utf8_lossy(&missing.stderr);
+                assert!(
+                    stderr.contains("leasehold init --database sqlite:"),
+                    "{stderr}"
+                );
+                let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+                assert!(left.is_empty(), "{subcommand} made files: {left:?}");
+            }
+        }
+    }
+
     pub fn cleanup_deletes_old_rows(f: &Fixture) {
         let registry = f.registry();
         registry
@@ -1068,6 +1186,7 @@ macro_rules! cli {
             losing_leadership_stops_the_command_and_the_lead_competes_again,
             a_standby_lead_exits_on_a_signal_without_running_the_command,
             cleanup_deletes_old_rows,
+            read_only_commands_create_no_table_and_point_at_init,
             list_shows_the_rows_as_a_table_and_as_json,
             init_creates_the_table_or_prints_its_ddl,
         );

@@ -62,7 +62,8 @@ pub struct Database {
     /// The region the locks live in.
     #[arg(long, default_value = "DEFAULT")]
     pub region: String,
-    /// Only check the table; do not create it (and its deletion floor) when missing.
+    /// `run` and `lead`: only check the table; do not create it (and its deletion floor) when
+    /// missing. `status`, `list`, `release` and `cleanup` never create it; `init` does.
     #[arg(long)]
     pub no_create_table: bool,
     /// Report waiting, acquired, renewed, lost and released on stderr, with timestamps.

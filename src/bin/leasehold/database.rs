@@ -22,20 +22,56 @@ pub fn without(feature: &str) -> Failure {
     )
 }
 
+/// What a command may do about a missing table.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Tables {
+    /// `run` and `lead`: create the table and its deletion floor when missing, unless
+    /// `--no-create-table` (`init` creates them itself).
+    Create,
+    /// `status`, `list`, `release` and `cleanup`: only use an existing table — a typo'd
+    /// `--prefix` must not leave a table, a floor table and a trigger behind — nor create a
+    /// missing SQLite file.
+    Existing,
+}
+
 /// A registry on the database of `database`.
-pub fn registry(database: &Database, ttl: Option<Duration>) -> Result<LockRegistry, Failure> {
+pub fn registry(
+    database: &Database,
+    ttl: Option<Duration>,
+    tables: Tables,
+) -> Result<LockRegistry, Failure> {
     let mut builder = builder(database)?;
+    if tables == Tables::Existing {
+        if let Some(path) = sqlite_path(&database.database) {
+            if !std::path::Path::new(path).exists() {
+                return Err(Failure::new(
+                    exit::ERROR,
+                    format!(
+                        "there is no SQLite database {path}: create it and its lock table with \
+                         `leasehold init --database sqlite:{path}` (and the same --prefix), or \
+                         check the path for a typo"
+                    ),
+                ));
+            }
+        }
+        builder = builder.create_table(false);
+    }
     if let Some(ttl) = ttl {
         builder = builder.time_to_live(ttl);
     }
     Ok(builder.build()?)
 }
 
+/// The file a `sqlite:` URL names.
+fn sqlite_path(url: &str) -> Option<&str> {
+    let path = url.strip_prefix("sqlite:")?;
+    Some(path.strip_prefix("//").unwrap_or(path))
+}
+
 /// A registry builder for the database of `database`, with its prefix, region and client id.
 pub fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
     let url = database.database.as_str();
-    let builder = if let Some(path) = url.strip_prefix("sqlite:") {
-        let path = path.strip_prefix("//").unwrap_or(path);
+    let builder = if let Some(path) = sqlite_path(url) {
         if path.is_empty() {
             return Err(Failure::new(
                 exit::USAGE,

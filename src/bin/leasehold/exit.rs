@@ -37,6 +37,19 @@ impl Failure {
 
 impl From<Error> for Failure {
     fn from(error: Error) -> Failure {
+        if let Error::TableMissing { table, .. } = &error {
+            // The library's advice (a DDL file, `create_table`) is for programs; an installed
+            // command's user has `init`.
+            return Failure::new(
+                ERROR,
+                format!(
+                    "lock table {table} does not exist: create it with `leasehold init` and the \
+                     same --database and --prefix (or have a DBA run what `leasehold init \
+                     --print` shows); check --prefix for a typo, as every instance must use the \
+                     same database, prefix and region"
+                ),
+            );
+        }
         let code = match error {
             Error::LeaseLost { .. } => LOST,
             Error::InvalidKey { .. } | Error::InvalidSetting { .. } => USAGE,

@@ -1,12 +1,12 @@
 //! `leasehold list`: the rows of the table and region, as a table or as JSON.
 
 use crate::args::ListArgs;
-use crate::database::registry;
+use crate::database::{registry, Tables};
 use crate::exit::Failure;
 use crate::output::{rows_json, rows_table};
 
 pub fn list(args: ListArgs) -> Result<u8, Failure> {
-    let registry = registry(&args.database, None)?;
+    let registry = registry(&args.database, None, Tables::Existing)?;
     let listing = registry.listing().resolving(&args.keys)?;
     let rows = listing.rows().collect::<leasehold::Result<Vec<_>>>()?;
     let (now, _) = registry.database_time()?;

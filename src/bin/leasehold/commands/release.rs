@@ -1,7 +1,7 @@
 //! `leasehold release --force`: free a key whoever holds it.
 
 use crate::args::ReleaseArgs;
-use crate::database::registry;
+use crate::database::{registry, Tables};
 use crate::exit::{self, Failure};
 
 pub fn release(args: ReleaseArgs) -> Result<u8, Failure> {
@@ -12,7 +12,7 @@ pub fn release(args: ReleaseArgs) -> Result<u8, Failure> {
              learns at its next renewal, and may act until then)",
         ));
     }
-    let registry = registry(&args.key.database, None)?;
+    let registry = registry(&args.key.database, None, Tables::Existing)?;
     let holder = registry.holder(&args.key.key)?;
     if registry.force_release(&args.key.key)? {
         let by = holder.map_or_else(String::new, |h| format!(" from {}", h.client_id));

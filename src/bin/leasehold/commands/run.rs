@@ -2,7 +2,7 @@
 //! it held, `--keep-for`) when the command ends.
 
 use crate::args::RunArgs;
-use crate::database::registry;
+use crate::database::{registry, Tables};
 use crate::exit::{self, Failure};
 use crate::output::rounded;
 use crate::report::Reporter;
@@ -11,7 +11,7 @@ use leasehold::Error;
 use std::time::Duration;
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
-    let registry = registry(&args.database, Some(args.ttl))?;
+    let registry = registry(&args.database, Some(args.ttl), Tables::Create)?;
     // Before the lock: without a watchdog the command would not be stopped if leasehold died.
     let watchdog = Watchdog::start(args.grace)?;
     let lock = registry.obtain(&args.key)?;

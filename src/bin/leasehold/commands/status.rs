@@ -2,13 +2,13 @@
 //! as JSON.
 
 use crate::args::StatusArgs;
-use crate::database::registry;
+use crate::database::{registry, Tables};
 use crate::exit::{self, Failure};
 use crate::output::{rounded, status_json};
 
 pub fn status(args: StatusArgs) -> Result<u8, Failure> {
     let key = &args.key.key;
-    let registry = registry(&args.key.database, None)?;
+    let registry = registry(&args.key.database, None, Tables::Existing)?;
     let holder = registry.holder(key)?;
     let (now, _) = registry.database_time()?;
     if args.json {
