@@ -118,7 +118,7 @@ pub fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
 /// `HOST/PID/RANDOM` (at most 36 characters), so that `status` tells operators where the
 /// holder runs; the random part keeps it unique when a pid is reused.
 fn client_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = hostname();
     let host: String = host
         .trim()
         .chars()
@@ -128,4 +128,17 @@ fn client_id() -> String {
     let random = uuid::Uuid::new_v4().simple().to_string();
     let id = format!("{}/{}/{}", host, std::process::id(), &random[..8]);
     id.chars().take(36).collect()
+}
+
+/// This host's name (gethostname(3), POSIX), or "" if it cannot be read.
+#[allow(unsafe_code)]
+fn hostname() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `name.len()` bytes into the buffer.
+    let got = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) };
+    if got != 0 {
+        return String::new();
+    }
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    String::from_utf8_lossy(&name[..end]).into_owned()
 }

@@ -29,22 +29,50 @@
 //! | [`report`] | `--verbose` reports and the library's warnings on stderr |
 //! | [`exit`] | leasehold's own exit codes, and the failure type that carries one |
 
+//!
+//! # Platforms
+//!
+//! Unix only: Linux, macOS and the BSDs. Everything the supervisor uses is POSIX (process
+//! groups, `tcsetpgrp`, `waitpid`, `kill`, signal masks, pipes); Linux adds only cosmetics
+//! (`/proc/self/exe` to start the watchdog from the very binary even after an upgrade replaced
+//! it, and the watchdog's name in `ps`). Windows has no process groups or signals to forward in
+//! this sense, and is refused at compile time; the library itself does not need the `cli`
+//! feature.
+
 #![deny(unsafe_code)]
 
+#[cfg(not(unix))]
+compile_error!(
+    "the `leasehold` command (feature `cli`) runs on Unix only (Linux, macOS, the BSDs): it \
+     supervises commands through POSIX process groups and signals. On Windows, build the \
+     library without the `cli` feature."
+);
+
+#[cfg(unix)]
 mod args;
+#[cfg(unix)]
 mod commands;
+#[cfg(unix)]
 mod database;
+#[cfg(unix)]
 mod exit;
+#[cfg(unix)]
 mod output;
+#[cfg(unix)]
 mod report;
+#[cfg(unix)]
 mod supervisor;
 
-use args::{Cli, Commands};
-use clap::Parser;
-use report::Reporter;
-use std::process::ExitCode;
+#[cfg(not(unix))]
+fn main() {}
 
-fn main() -> ExitCode {
+#[cfg(unix)]
+fn main() -> std::process::ExitCode {
+    use args::{Cli, Commands};
+    use clap::Parser;
+    use report::Reporter;
+    use std::process::ExitCode;
+
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
