@@ -1,7 +1,9 @@
 //! The `leasehold` command, run as a real process against every database (issue 13): `run`
 //! never overlaps, passes the command's exit code through, and exits with its own codes when
 //! the lock is busy or the lease is lost; `status`, `list`, `init`, `release --force` and
-//! `cleanup`.
+//! `cleanup`. Issue 21: every process of the command is stopped on a loss and when leasehold
+//! dies, and the terminal keeps working (through script(1)); durations are checked before
+//! the lock. Issue 22: flock's options, `status --json`, no table from read-only commands.
 
 #![cfg(feature = "cli")]
 
@@ -540,7 +542,7 @@ mod suite {
         wait_for_file(&ready);
         holder.kill().unwrap(); // SIGKILL: no release, no forwarding
         holder.wait().unwrap();
-        // The command learns through the parent-death signal (Linux).
+        // The command learns through leasehold's watchdog.
         wait_for_file(&got);
         assert_eq!(std::fs::read_to_string(&got).unwrap(), "TERM\n");
         let busy = output({
@@ -871,6 +873,35 @@ mod suite {
         assert!(seen[5].starts_with("stopped "), "{seen:?}");
     }
 
+    pub fn a_lost_leadership_stops_every_process_of_the_command(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (normal, stubborn) = (dir.path().join("normal"), dir.path().join("stubborn"));
+        let script = grandchildren_script(Some(&normal), Some(&stubborn));
+        let mut leader = leasehold(
+            f,
+            "lead",
+            &[
+                "--group", "tree", "--ttl", "3s", "--grace", "1s", "--once", "--", "sh", "-c",
+                &script,
+            ],
+        )
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let pids = [read_pid(&normal), read_pid(&stubborn)];
+        let _reaper = Reaper(pids.to_vec());
+        let released = output(leasehold(f, "release", &["--key", "tree", "--force"]));
+        assert_eq!(code(&released), 0, "{released:?}");
+        let status = wait_with_deadline(&mut leader);
+        let running: Vec<u32> = pids.into_iter().filter(|pid| alive(*pid)).collect();
+        assert_eq!(status.code(), Some(LOST), "{}", stderr_of(&mut leader));
+        assert!(
+            running.is_empty(),
+            "grandchildren {running:?} outlived the loss"
+        );
+    }
+
     pub fn a_standby_lead_exits_on_a_signal_without_running_the_command(f: &Fixture) {
         let registry = f.registry();
         let held = registry.obtain("taken").unwrap().lock().unwrap();
@@ -1185,6 +1216,7 @@ macro_rules! cli {
             two_leads_never_run_their_commands_at_once,
             losing_leadership_stops_the_command_and_the_lead_competes_again,
             a_standby_lead_exits_on_a_signal_without_running_the_command,
+            a_lost_leadership_stops_every_process_of_the_command,
             cleanup_deletes_old_rows,
             read_only_commands_create_no_table_and_point_at_init,
             list_shows_the_rows_as_a_table_and_as_json,

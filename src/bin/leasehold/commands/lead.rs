@@ -58,7 +58,17 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
             &format!("the leadership of {group:?} (term {term})"),
             reporter,
             || {},
-        )?;
+        );
+        // If supervising failed, the watchdog stops the command's group before the leadership
+        // is given up.
+        let ended = match ended {
+            Ok(ended) => ended,
+            Err(failure) => {
+                drop(watchdog);
+                drop(leadership);
+                return Err(failure);
+            }
+        };
         let code = code_of(ended.status);
         if !ended.lost {
             reporter.say(format_args!(

@@ -72,7 +72,16 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
             }
             remaining = now_remaining;
         },
-    )?;
+    );
+    // If supervising failed, the watchdog stops the command's group (and waits for it) before
+    // the guard, dropped after it, releases the lock.
+    let ended = match ended {
+        Ok(ended) => ended,
+        Err(failure) => {
+            drop(watchdog);
+            return Err(failure);
+        }
+    };
     let code = code_of(ended.status);
     reporter.say(format_args!("the command ended with exit code {code}"));
     let released = match args.keep_for {
