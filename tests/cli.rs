@@ -688,6 +688,31 @@ mod suite {
         wait_until_gone(pid, "the grandchild that ignores SIGTERM");
     }
 
+    /// As PID 1 of a container (here: of a new PID namespace, through unshare(1)), leasehold
+    /// adopts the processes its command leaves behind, and must reap them: a zombie stays a
+    /// member of its process group, and would keep leasehold waiting for the group for ever.
+    pub fn as_init_of_a_container_leasehold_reaps_what_its_command_left(f: &Fixture) {
+        let namespaces = Command::new("unshare")
+            .args(["--pid", "--fork", "true"])
+            .status();
+        if !namespaces.is_ok_and(|s| s.success()) {
+            crate::common::skipped("unshare --pid (root) is not available here");
+            return;
+        }
+        let run = leasehold(f, "run", &["--key", "init", "--"]);
+        // --kill-child: a leasehold that hangs dies with unshare when the deadline kills it.
+        let mut init = Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(run.get_program())
+            .args(run.get_args())
+            .args(["sh", "-c", "sleep 0.2 & exit 5"])
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert_eq!(wait_with_deadline(&mut init).code(), Some(5));
+    }
+
     /// Runs `shell_command` (a `sh -c` string) on a pseudo-terminal through `script(1)`
     /// (util-linux); its standard input is what the test types.
     fn on_a_terminal(shell_command: &str) -> Child {
@@ -1211,6 +1236,7 @@ macro_rules! cli {
             a_lost_lease_stops_every_process_of_the_command_before_exiting_lost,
             a_sigkilled_leasehold_takes_its_commands_grandchildren_with_it,
             a_grandchild_that_ignores_sigterm_is_killed_after_the_grace_when_leasehold_dies,
+            as_init_of_a_container_leasehold_reaps_what_its_command_left,
             the_command_reads_the_terminal_and_the_shell_gets_it_back,
             ctrl_z_in_a_terminal_does_not_leave_the_command_stopped,
             two_leads_never_run_their_commands_at_once,

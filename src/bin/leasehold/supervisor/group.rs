@@ -151,24 +151,37 @@ impl Group<'_> {
     }
 
     /// Reaps the command if it has ended, and says what is left.
+    ///
+    /// Processes of the group whose parent died are adopted by init, which reaps them — or by
+    /// leasehold itself when it is init (PID 1 of a container) or a subreaper: so leasehold
+    /// also reaps any child of its own in the group. A zombie still counts as a member of its
+    /// group, and one nobody reaped would keep the group "running" for ever.
     pub fn poll(&mut self) -> Result<State, Failure> {
-        while self.status.is_none() {
+        loop {
             let mut raw = 0;
-            // SAFETY: waitpid(2) on our own child, which nobody else reaps.
+            // SAFETY: waitpid(2) on children of ours in the command's group, which nobody else
+            // reaps.
             let reaped =
-                unsafe { libc::waitpid(self.pid, &mut raw, libc::WNOHANG | libc::WUNTRACED) };
+                unsafe { libc::waitpid(-self.pid, &mut raw, libc::WNOHANG | libc::WUNTRACED) };
             if reaped == 0 {
-                return Ok(State::Running);
+                break;
             }
             if reaped < 0 {
                 let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    // No child of ours is left in the group.
+                    Some(libc::ECHILD) if self.status.is_some() => break,
+                    _ => {
+                        return Err(Failure::new(
+                            exit::ERROR,
+                            format!("waiting for the command: {e}"),
+                        ))
+                    }
                 }
-                return Err(Failure::new(
-                    exit::ERROR,
-                    format!("waiting for the command: {e}"),
-                ));
+            }
+            if reaped != self.pid {
+                continue; // an adopted process of the group: its status is not ours to report
             }
             if libc::WIFSTOPPED(raw) {
                 return Ok(State::Stopped);
@@ -176,9 +189,9 @@ impl Group<'_> {
             self.status = Some(ExitStatus::from_raw(raw));
         }
         match self.status {
+            None => Ok(State::Running),
             Some(_) if exists(self.pid) => Ok(State::Leftovers),
             Some(status) => Ok(State::Gone(status)),
-            None => Ok(State::Running),
         }
     }
 

@@ -32,6 +32,17 @@
 //!   sends SIGTERM to the group, waits `--grace`, then sends SIGKILL. Once the group is gone,
 //!   leasehold tells the watchdog so ("disarms" it) before it releases the lock.
 //!
+//! Zombies: a process that died stays a member of its group until reaped. Orphans of the
+//! group are adopted by init, which reaps them, or by leasehold itself when it is PID 1 (of a
+//! container) or a subreaper; so leasehold reaps every child of its own in the group, not only
+//! the command ([`Group::poll`]).
+//!
+//! Group ids are process ids, reused once free: leasehold and the watchdog signal a group only
+//! after checking that it has members (a group id stays taken while it has any), and leasehold
+//! disarms the watchdog as soon as the group is gone. What is left is the moment between a
+//! group's last member ending and that check, too short for the system to hand the id out
+//! again in practice.
+//!
 //! Not tracked: a process that leaves the group (`setsid`, a daemon that detaches, a
 //! `setpgid` of its own) is no longer the command's as far as leasehold can tell, and runs on
 //! after a loss or leasehold's death. Run such programs in the foreground (most daemons have
