@@ -87,7 +87,8 @@ pub struct RunArgs {
     /// The lock's name.
     #[arg(long)]
     pub key: String,
-    /// How long the lock outlives a crash of this process (it is renewed every third of it).
+    /// How long the lock outlives a crash of this process (it is renewed every third of it);
+    /// 10ms to 7 days.
     #[arg(long, default_value = "30s", value_parser = time_to_live)]
     pub ttl: Duration,
     /// Give up after waiting this long for the lock (exit 75, or --conflict-exit-code):
@@ -109,10 +110,12 @@ pub struct RunArgs {
     #[arg(long, short = 'E', value_name = "N", default_value_t = crate::exit::BUSY)]
     pub conflict_exit_code: u8,
     /// Keep the lock held until this long after it was granted, even when COMMAND ends
-    /// sooner, so that another run of the job within the period finds it held.
+    /// sooner, so that another run of the job within the period finds it held (ShedLock's
+    /// lockAtLeastFor); at most 7 days.
     #[arg(long, value_parser = keep_for)]
     pub keep_for: Option<Duration>,
-    /// How long COMMAND has to end after SIGTERM, once the lease is lost, before SIGKILL.
+    /// How long COMMAND's process group has to end after SIGTERM, once the lease is lost (or
+    /// leasehold died), before SIGKILL; at most 7 days.
     #[arg(long, default_value = "10s", value_parser = grace)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
@@ -129,13 +132,14 @@ pub struct LeadArgs {
     #[arg(long)]
     pub group: String,
     /// How long leadership outlives a crash of this process (it is renewed every third of it;
-    /// a leader that cannot renew stops the command with a tenth of it left).
+    /// a leader that cannot renew stops the command with a tenth of it left); 10ms to 7 days.
     #[arg(long, default_value = "30s", value_parser = time_to_live)]
     pub ttl: Duration,
-    /// How often a standby tries to become leader.
+    /// How often a standby tries to become leader; 1ms to 1h.
     #[arg(long, default_value = "1s", value_parser = poll)]
     pub poll: Duration,
-    /// How long COMMAND has to end after SIGTERM, once leadership is lost, before SIGKILL.
+    /// How long COMMAND's process group has to end after SIGTERM, once leadership is lost (or
+    /// leasehold died), before SIGKILL; at most 7 days.
     #[arg(long, default_value = "10s", value_parser = grace)]
     pub grace: Duration,
     /// Exit (code 74) once leadership is lost and COMMAND has stopped, instead of standing by
