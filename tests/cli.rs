@@ -439,9 +439,10 @@ mod suite {
         }
     }
 
-    /// Ctrl-C typed in a terminal goes to the whole foreground process group, the command
-    /// included; leasehold must not send it a second time. Runs `leasehold run` on a
-    /// pseudo-terminal through `script(1)` (util-linux) and types Ctrl-C into it.
+    /// Ctrl-C typed in a terminal goes to the foreground process group — the command's, which
+    /// leasehold gave the terminal — and must reach the command once, not a second time from
+    /// leasehold. Runs `leasehold run` on a pseudo-terminal through `script(1)` (util-linux)
+    /// and types Ctrl-C into it.
     pub fn ctrl_c_in_a_terminal_reaches_the_command_once(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let (ready, got, child) = (
