@@ -655,6 +655,51 @@ mod suite {
         );
     }
 
+    /// A signal sent to leasehold reaches every process of the command, once.
+    pub fn a_forwarded_signal_reaches_the_commands_grandchildren(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
+        let inner = trapping_script(&ready, &got, &["TERM"]);
+        let script = format!("sh -c '{}' & wait", inner.replace('\'', "'\\''"));
+        let mut run = leasehold(f, "run", &["--key", "forward", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = read_pid(&ready);
+        let _reaper = Reaper(vec![pid]);
+        send("TERM", run.id());
+        // The outer shell dies of it (128 + 15); the grandchild traps it.
+        assert_eq!(wait_with_deadline(&mut run).code(), Some(128 + 15));
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "TERM\n");
+        assert!(!alive(pid));
+    }
+
+    /// What the command leaves running in its group keeps the lock until it ends, as a
+    /// background child keeps a flock(1) lock through the inherited descriptor.
+    pub fn the_lock_is_kept_until_what_the_command_left_running_ends(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let done = dir.path().join("done");
+        // Its output goes elsewhere, so that only leasehold's end ends `output()`.
+        let script = format!(
+            "(sleep 0.5; echo done > '{}') > /dev/null 2>&1 & exit 4",
+            done.display()
+        );
+        let run = output({
+            let mut c = leasehold(f, "run", &["--key", "leftovers", "--"]);
+            c.args(["sh", "-c", &script]);
+            c
+        });
+        assert_eq!(code(&run), 4, "the command's own code: {run:?}");
+        assert_eq!(
+            std::fs::read_to_string(&done).unwrap_or_default(),
+            "done\n",
+            "leasehold ended before the background job: {run:?}"
+        );
+        let status = output(leasehold(f, "status", &["--key", "leftovers"]));
+        assert_eq!(code(&status), 1, "released after it: {status:?}");
+    }
+
     pub fn a_sigkilled_leasehold_takes_its_commands_grandchildren_with_it(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let normal = dir.path().join("normal");
@@ -1235,6 +1280,8 @@ macro_rules! cli {
             ctrl_c_in_a_terminal_reaches_the_command_once,
             a_sigkilled_holders_lock_is_taken_after_its_ttl_and_its_command_stopped,
             a_lost_lease_stops_every_process_of_the_command_before_exiting_lost,
+            a_forwarded_signal_reaches_the_commands_grandchildren,
+            the_lock_is_kept_until_what_the_command_left_running_ends,
             a_sigkilled_leasehold_takes_its_commands_grandchildren_with_it,
             a_grandchild_that_ignores_sigterm_is_killed_after_the_grace_when_leasehold_dies,
             as_init_of_a_container_leasehold_reaps_what_its_command_left,
