@@ -502,6 +502,32 @@ mod suite {
         assert!(status.success(), "{status:?}");
     }
 
+    /// With its input redirected, leasehold still gives the command the terminal: a password
+    /// prompt reads `/dev/tty`, and must not be stopped in the background.
+    pub fn the_command_reads_the_terminal_when_leaseholds_input_is_redirected(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
+        let mut run = leasehold(f, "run", &["--key", "tty", "--"]);
+        run.args([
+            "sh",
+            "-c",
+            &format!(
+                "echo > \"{}\"; read line < /dev/tty; echo \"got $line\" > \"{}\"",
+                ready.display(),
+                got.display()
+            ),
+        ]);
+        let mut script = on_a_terminal(&format!("exec {} < /dev/null", shell_words(&run)));
+        let _reaper = Reaper(vec![script.id()]);
+        let mut typed = script.stdin.take().unwrap();
+        wait_for_file(&ready);
+        std::io::Write::write_all(&mut typed, b"secret\n").unwrap();
+        wait_for_text(&got, "got secret\n");
+        let status = wait_with_deadline(&mut script);
+        drop(typed);
+        assert!(status.success(), "{status:?}");
+    }
+
     /// Ctrl-Z stops the command's group (it has the terminal); leasehold follows as a job does
     /// and continues the command when continued — here at once, as leasehold's group under
     /// script(1) is orphaned and ignores the stop. The command must not stay stopped.
@@ -1287,6 +1313,7 @@ macro_rules! cli {
             as_init_of_a_container_leasehold_reaps_what_its_command_left,
             the_command_reads_the_terminal_and_the_shell_gets_it_back,
             ctrl_z_in_a_terminal_does_not_leave_the_command_stopped,
+            the_command_reads_the_terminal_when_leaseholds_input_is_redirected,
             two_leads_never_run_their_commands_at_once,
             losing_leadership_stops_the_command_and_the_lead_competes_again,
             a_standby_lead_exits_on_a_signal_without_running_the_command,

@@ -14,8 +14,8 @@
 //!   of the group is left. When the command ends by itself, leasehold waits likewise for what
 //!   it left running in its group (as flock(1) holds its lock while a child started in the
 //!   background keeps the descriptor) and only then releases.
-//! - **The terminal** ([`terminal`]): when leasehold's standard input is a terminal and
-//!   leasehold is in its foreground process group, the command's group becomes the
+//! - **The terminal** ([`terminal`]): when leasehold has a controlling terminal and is in
+//!   its foreground process group (whatever its standard input), the command's group becomes the
 //!   foreground group (`tcsetpgrp`, SIGTTOU blocked around it) before the command starts, and
 //!   leasehold takes the terminal back when the group is gone. The command reads the terminal
 //!   as if run directly; Ctrl-C reaches its group once (leasehold, now in the background, does

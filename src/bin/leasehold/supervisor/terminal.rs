@@ -1,35 +1,44 @@
 //! The terminal: handing its foreground to the command's process group and taking it back.
 #![allow(unsafe_code)]
 
-use std::os::unix::io::RawFd;
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::{AsRawFd, RawFd};
 
-/// leasehold's standard input, a terminal whose foreground process group is leasehold's.
+/// leasehold's controlling terminal, whose foreground process group is leasehold's.
 pub struct Terminal {
-    fd: RawFd,
+    /// `/dev/tty`, open (close-on-exec) for as long as the command runs.
+    tty: File,
     /// leasehold's own process group, which gets the terminal back.
     own_group: libc::pid_t,
 }
 
 impl Terminal {
-    /// The terminal on standard input, if leasehold is in its foreground process group (an
-    /// interactive shell started it in the foreground); `None` under cron, systemd, a pipe,
-    /// or in the background.
+    /// The controlling terminal, if leasehold is in its foreground process group (an
+    /// interactive shell started it in the foreground); `None` under cron, systemd or
+    /// `setsid`, and in the background.
+    ///
+    /// The controlling terminal rather than standard input: with input redirected
+    /// (`< file`, `echo | leasehold …`), the command may still read the terminal (a password
+    /// prompt reads `/dev/tty`), and Ctrl-Z must stop the command before leasehold: a
+    /// leasehold stopped alone would stop renewing while its command runs on.
     pub fn foreground() -> Option<Terminal> {
-        let fd = libc::STDIN_FILENO;
-        // SAFETY: isatty, tcgetpgrp and getpgrp only read the state of a descriptor and of
+        let tty = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open("/dev/tty")
+            .ok()?;
+        // SAFETY: tcgetpgrp and getpgrp only read the state of a descriptor we own and of
         // this process.
-        unsafe {
-            if libc::isatty(fd) != 1 {
-                return None;
-            }
-            let own_group = libc::getpgrp();
-            (libc::tcgetpgrp(fd) == own_group).then_some(Terminal { fd, own_group })
-        }
+        let (foreground, own_group) =
+            unsafe { (libc::tcgetpgrp(tty.as_raw_fd()), libc::getpgrp()) };
+        (foreground == own_group).then_some(Terminal { tty, own_group })
     }
 
     /// The terminal's descriptor, for the command's child to take the foreground itself.
     pub fn fd(&self) -> RawFd {
-        self.fd
+        self.tty.as_raw_fd()
     }
 
     /// Makes `group` the terminal's foreground process group. leasehold may be in the
@@ -44,7 +53,7 @@ impl Terminal {
             libc::sigemptyset(&mut blocked);
             libc::sigaddset(&mut blocked, libc::SIGTTOU);
             libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, &mut before);
-            libc::tcsetpgrp(self.fd, group);
+            libc::tcsetpgrp(self.tty.as_raw_fd(), group);
             libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
         }
     }
