@@ -502,6 +502,70 @@ mod suite {
         assert!(status.success(), "{status:?}");
     }
 
+    /// The state letter of process `pid` (`R`, `S`, `T` for stopped…), from `/proc`.
+    fn state_of(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 2..].chars().next()
+    }
+
+    /// The parent of process `pid`, from `/proc`.
+    fn parent_of(pid: u32) -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        after_comm.split(' ').nth(1).unwrap().parse().unwrap()
+    }
+
+    /// In an interactive shell with job control, Ctrl-Z stops the job — the command and
+    /// leasehold — and gives the shell its terminal back; `fg` continues both, and the command
+    /// reads the terminal again.
+    pub fn ctrl_z_and_fg_in_an_interactive_shell(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got, stopped) = (
+            dir.path().join("ready"),
+            dir.path().join("got"),
+            dir.path().join("stopped"),
+        );
+        let mut run = leasehold(f, "run", &["--key", "job", "--"]);
+        run.args([
+            "sh",
+            "-c",
+            &format!(
+                "echo $$ > \"{}\"; read line; echo \"got $line\" > \"{}\"",
+                ready.display(),
+                got.display()
+            ),
+        ]);
+        let mut script = Command::new("script")
+            .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+            .env("SHELL", "/bin/sh")
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("script(1) from util-linux, and bash");
+        let _reaper = Reaper(vec![script.id()]);
+        let mut typed = script.stdin.take().unwrap();
+        let mut type_in =
+            |text: &str| std::io::Write::write_all(&mut typed, text.as_bytes()).unwrap();
+        type_in(&format!("{}\n", shell_words(&run)));
+        let command = read_pid(&ready);
+        let leasehold = parent_of(command);
+        type_in("\x1a");
+        let deadline = Instant::now() + GENEROUS;
+        while state_of(command) != Some('T') || state_of(leasehold) != Some('T') {
+            assert!(Instant::now() < deadline, "the job did not stop");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // The shell has the terminal again: it reads this line, and reports the stop (148).
+        type_in(&format!("echo $? > '{}'\nfg\n", stopped.display()));
+        wait_for_text(&stopped, "148\n");
+        type_in("hello\n");
+        wait_for_text(&got, "got hello\n");
+        type_in("exit\n");
+        assert!(wait_with_deadline(&mut script).success());
+    }
+
     /// With its input redirected, leasehold still gives the command the terminal: a password
     /// prompt reads `/dev/tty`, and must not be stopped in the background.
     pub fn the_command_reads_the_terminal_when_leaseholds_input_is_redirected(f: &Fixture) {
@@ -1313,6 +1377,7 @@ macro_rules! cli {
             as_init_of_a_container_leasehold_reaps_what_its_command_left,
             the_command_reads_the_terminal_and_the_shell_gets_it_back,
             ctrl_z_in_a_terminal_does_not_leave_the_command_stopped,
+            ctrl_z_and_fg_in_an_interactive_shell,
             the_command_reads_the_terminal_when_leaseholds_input_is_redirected,
             two_leads_never_run_their_commands_at_once,
             losing_leadership_stops_the_command_and_the_lead_competes_again,

@@ -120,8 +120,9 @@ pub fn spawn<'w>(
             finished: false,
         }),
         Err(e) => {
+            // The child may have taken the terminal before exec failed; leasehold had it.
             if let Some(terminal) = &terminal {
-                terminal.take_back();
+                terminal.give_to(terminal.own_group());
             }
             watchdog.disarm();
             let code = match e.kind() {
@@ -195,21 +196,25 @@ impl Group<'_> {
         }
     }
 
-    /// The command was stopped. If it had the terminal (Ctrl-Z), leasehold takes the terminal
-    /// back and stops its own process group, as a shell expects of a job; when continued
-    /// (`fg`), it gives the terminal back and continues the command. A group that is orphaned
-    /// ignores that stop, and the command is continued at once. A command stopped otherwise
-    /// (`kill -STOP`) is left to whoever stopped it.
+    /// The command was stopped. If leasehold has a terminal (Ctrl-Z, or the command read the
+    /// terminal from the background after `bg`), leasehold takes the terminal back and stops
+    /// its own process group, as a shell expects of a job; when continued, it gives the
+    /// terminal to the command again if the job is in the foreground (`fg`; after `bg` the
+    /// shell keeps it) and continues the command. A group that is orphaned ignores that stop,
+    /// and the command is continued at once. A command stopped otherwise (`kill -STOP`,
+    /// without a terminal) is left to whoever stopped it.
     pub fn stopped(&self) {
         let Some(terminal) = &self.terminal else {
             return;
         };
-        terminal.take_back();
+        terminal.take_back_from(self.pid);
         // SAFETY: kill(2) on our own process group with a stop signal we do not catch.
         unsafe {
             libc::kill(0, libc::SIGTSTP);
         }
-        terminal.give_to(self.pid);
+        if terminal.ours() {
+            terminal.give_to(self.pid);
+        }
         self.signal(libc::SIGCONT);
     }
 
@@ -218,7 +223,7 @@ impl Group<'_> {
         if !self.finished {
             self.finished = true;
             if let Some(terminal) = &self.terminal {
-                terminal.take_back();
+                terminal.take_back_from(self.pid);
             }
             self.watchdog.disarm();
         }
@@ -231,7 +236,7 @@ impl Drop for Group<'_> {
     fn drop(&mut self) {
         if !self.finished {
             if let Some(terminal) = &self.terminal {
-                terminal.take_back();
+                terminal.take_back_from(self.pid);
             }
         }
     }

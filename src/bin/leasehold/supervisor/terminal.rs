@@ -58,8 +58,27 @@ impl Terminal {
         }
     }
 
-    /// Gives the terminal back to leasehold's own process group.
-    pub fn take_back(&self) {
-        self.give_to(self.own_group);
+    /// The terminal's foreground process group now.
+    fn foreground_group(&self) -> libc::pid_t {
+        // SAFETY: tcgetpgrp only reads the state of a descriptor we own.
+        unsafe { libc::tcgetpgrp(self.tty.as_raw_fd()) }
+    }
+
+    /// leasehold's own process group.
+    pub fn own_group(&self) -> libc::pid_t {
+        self.own_group
+    }
+
+    /// Whether leasehold's own process group is in the foreground (after `fg`, not `bg`).
+    pub fn ours(&self) -> bool {
+        self.foreground_group() == self.own_group
+    }
+
+    /// Gives the terminal back to leasehold's own process group, if `group` (the command's,
+    /// alive or gone) still has it: after `bg` the shell has it, and keeps it.
+    pub fn take_back_from(&self, group: libc::pid_t) {
+        if self.foreground_group() == group {
+            self.give_to(self.own_group);
+        }
     }
 }
