@@ -824,6 +824,57 @@ mod suite {
         wait_until_gone(pid, "the grandchild that ignores SIGTERM");
     }
 
+    /// The processes whose parent is `pid` and whose command line contains `word`.
+    fn children_of(pid: u32, word: &str) -> Vec<u32> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(word)
+                && std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok()
+                && parent_of(child) == pid
+            {
+                found.push(child);
+            }
+        }
+        found
+    }
+
+    /// Without its watchdog, leasehold could not stop the command if it died: it refuses to
+    /// start the command.
+    pub fn without_its_watchdog_leasehold_does_not_start_the_command(f: &Fixture) {
+        let registry = f.registry();
+        let held = registry.obtain("guarded").unwrap().lock().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let mut run = leasehold(f, "run", &["--key", "guarded", "--wait", "60s", "--"])
+            .args(["sh", "-c", &format!("touch '{}'", marker.display())])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + GENEROUS;
+        let watchdog = loop {
+            if let [watchdog] = children_of(run.id(), "__watchdog")[..] {
+                break watchdog;
+            }
+            assert!(Instant::now() < deadline, "no watchdog");
+            thread::sleep(Duration::from_millis(10));
+        };
+        send("KILL", watchdog);
+        wait_until_gone(watchdog, "the watchdog");
+        held.unlock().unwrap();
+        let status = wait_with_deadline(&mut run);
+        let stderr = stderr_of(&mut run);
+        assert_eq!(status.code(), Some(70), "{stderr}");
+        assert!(stderr.contains("watchdog ended"), "{stderr}");
+        assert!(!marker.exists(), "the command ran");
+        let status = output(leasehold(f, "status", &["--key", "guarded"]));
+        assert_eq!(code(&status), 1, "released: {status:?}");
+    }
+
     /// As PID 1 of a container (here: of a new PID namespace, through unshare(1)), leasehold
     /// adopts the processes its command leaves behind, and must reap them: a zombie stays a
     /// member of its process group, and would keep leasehold waiting for the group for ever.
@@ -1375,6 +1426,7 @@ macro_rules! cli {
             a_sigkilled_leasehold_takes_its_commands_grandchildren_with_it,
             a_grandchild_that_ignores_sigterm_is_killed_after_the_grace_when_leasehold_dies,
             as_init_of_a_container_leasehold_reaps_what_its_command_left,
+            without_its_watchdog_leasehold_does_not_start_the_command,
             the_command_reads_the_terminal_and_the_shell_gets_it_back,
             ctrl_z_in_a_terminal_does_not_leave_the_command_stopped,
             ctrl_z_and_fg_in_an_interactive_shell,

@@ -13,7 +13,7 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
         .lease_duration(args.ttl)
         .lock_acquire_sleep_interval(args.poll)
         .build()?;
-    let watchdog = Watchdog::start(args.grace)?;
+    let mut watchdog = Watchdog::start(args.grace)?;
     // Caught from the start: while standing by, a signal ends leasehold (128 + its number);
     // while the command runs, it goes to the command.
     let signals = forward_signals()?;
@@ -41,6 +41,10 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
             ("LEASEHOLD_TERM", term.to_string()),
             ("LEASEHOLD_FENCING_TOKEN", term.to_string()),
         ];
+        if let Err(failure) = watchdog.check() {
+            leadership.resign()?;
+            return Err(failure);
+        }
         let command = match spawn(&args.command, &env, &watchdog) {
             Ok(command) => command,
             Err((code, message)) => {

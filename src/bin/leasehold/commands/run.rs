@@ -13,7 +13,7 @@ use std::time::Duration;
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     let registry = registry(&args.database, Some(args.ttl), Tables::Create)?;
     // Before the lock: without a watchdog the command would not be stopped if leasehold died.
-    let watchdog = Watchdog::start(args.grace)?;
+    let mut watchdog = Watchdog::start(args.grace)?;
     let lock = registry.obtain(&args.key)?;
     reporter.say(format_args!("waiting for {:?}", args.key));
     let guard = if args.no_wait {
@@ -44,6 +44,10 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         ("LEASEHOLD_KEY", args.key.clone()),
         ("LEASEHOLD_FENCING_TOKEN", token.to_string()),
     ];
+    if let Err(failure) = watchdog.check() {
+        guard.unlock()?;
+        return Err(failure);
+    }
     let group = match spawn(&args.command, &env, &watchdog) {
         Ok(group) => group,
         Err((code, message)) => {

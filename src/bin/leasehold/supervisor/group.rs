@@ -103,10 +103,8 @@ pub fn spawn<'w>(
             let written = libc::write(watch, record.as_ptr().cast(), record.len());
             libc::signal(libc::SIGPIPE, before);
             if written != record.len() as isize {
-                return Err(std::io::Error::other(
-                    "leasehold's watchdog is gone, so the command could not be stopped if \
-                     leasehold died",
-                ));
+                // std carries only an errno back from here; EPIPE is ours (exec never fails so).
+                return Err(std::io::Error::from_raw_os_error(libc::EPIPE));
             }
             Ok(())
         });
@@ -125,6 +123,14 @@ pub fn spawn<'w>(
                 terminal.give_to(terminal.own_group());
             }
             watchdog.disarm();
+            if e.raw_os_error() == Some(libc::EPIPE) {
+                return Err((
+                    exit::ERROR,
+                    "leasehold's watchdog ended, so the command could not be stopped if \
+                     leasehold died; not starting it"
+                        .to_string(),
+                ));
+            }
             let code = match e.kind() {
                 std::io::ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::CANNOT_RUN,

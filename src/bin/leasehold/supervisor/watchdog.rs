@@ -84,6 +84,25 @@ impl Watchdog {
         })
     }
 
+    /// Fails if the watchdog has ended (someone killed it): a command started now could not
+    /// be stopped if leasehold died.
+    pub fn check(&mut self) -> Result<(), Failure> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(Failure::new(
+                exit::ERROR,
+                format!(
+                    "leasehold's watchdog ended ({status}), so the command could not be stopped \
+                     if leasehold died; not starting it"
+                ),
+            )),
+            Err(e) => Err(Failure::new(
+                exit::ERROR,
+                format!("checking leasehold's watchdog: {e}"),
+            )),
+        }
+    }
+
     /// The write end, for the command's child to announce its group.
     pub fn fd(&self) -> RawFd {
         self.pipe.as_ref().map_or(-1, |pipe| pipe.as_raw_fd())
