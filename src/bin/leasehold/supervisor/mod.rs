@@ -15,15 +15,16 @@
 //!   it left running in its group (as flock(1) holds its lock while a child started in the
 //!   background keeps the descriptor) and only then releases.
 //! - **The terminal** ([`terminal`]): when leasehold has a controlling terminal and is in
-//!   its foreground process group (whatever its standard input), the command's group becomes the
-//!   foreground group (`tcsetpgrp`, SIGTTOU blocked around it) before the command starts, and
-//!   leasehold takes the terminal back when the group is gone. The command reads the terminal
-//!   as if run directly; Ctrl-C reaches its group once (leasehold, now in the background, does
-//!   not see it). Ctrl-Z stops the command's group; leasehold then takes the terminal back and
-//!   stops its own group too, so the shell sees the job stopped; `fg` continues leasehold,
-//!   which gives the terminal back and continues the command. While stopped, leasehold does
-//!   not renew: a stop longer than the time-to-live loses the lease, and the command is
-//!   stopped as after any loss once it is continued.
+//!   its foreground process group (whatever its standard input), the command's group becomes
+//!   the foreground group (`tcsetpgrp`, SIGTTOU blocked around it) before the command starts,
+//!   and leasehold takes the terminal back when the group is gone. The command reads the
+//!   terminal as if run directly; Ctrl-C reaches its group once (leasehold, now in the
+//!   background, does not see it). Ctrl-Z stops the command's group; leasehold then takes the
+//!   terminal back and stops its own group too, so the shell sees the job stopped; `fg`
+//!   continues leasehold, which gives the terminal back and continues the command (`bg`
+//!   continues it without the terminal). While stopped, leasehold does not renew: a stop
+//!   longer than the time-to-live loses the lease, and the command is stopped as after any
+//!   loss once it is continued.
 //! - **leasehold's death** ([`watchdog`]): a small process, leasehold run again as the hidden
 //!   subcommand `__watchdog`, in its own process group, holds the read end of a pipe whose
 //!   write end only leasehold holds. The command's child writes its group id into the pipe
