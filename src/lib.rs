@@ -230,6 +230,6 @@ struct ReadmeSnippets;
 /// `leasehold::crossbeam_channel::select! { recv(guard.loss_channel()) -> lost => …, … }`.
 pub use crossbeam_channel;
 pub use registry::{
-    default_client_id, LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES, MAX_PREFIX_CHARS,
-    MAX_REGION_CHARS, MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
+    client_id_for_host, default_client_id, LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES,
+    MAX_PREFIX_CHARS, MAX_REGION_CHARS, MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
 };

@@ -845,6 +845,12 @@ pub fn default_client_id() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .or_else(|| std::env::var("COMPUTERNAME").ok())
         .unwrap_or_default();
+    client_id_for_host(&host)
+}
+
+/// [`default_client_id`] for a host name the caller found itself (the `leasehold` command asks
+/// `gethostname`): `HOST/PID/RANDOM`, the host cut to 18 printable characters other than `/`.
+pub fn client_id_for_host(host: &str) -> String {
     let mut host: String = host
         .trim()
         .chars()
