@@ -83,7 +83,7 @@
 //!  A listener thread per registry turns other instances' releases into wake-ups, subscribed
 //!  only while a thread of the registry waits (see `wakeups`): PostgreSQL `LISTEN`/`NOTIFY`,
 //!  SQLite's release board (`backend::sqlite_board`), MySQL's named locks
-//!  (`backend::mysql_wakeups`).
+//!  (`backend::mysql::wakeups`).
 //! ```
 //!
 //! Threads and what they do:
@@ -178,7 +178,7 @@
 //! `JdbcLockRegistry` on one table and region exclude each other. Differences: leasehold marks
 //! rows free instead of deleting them, and two registries must not share a `CLIENT_ID`.
 
-// The only unsafe code is SQLite's release board (`backend/sqlite_board.rs`: a shared file
+// The only unsafe code is SQLite's release board (`backend/sqlite/board.rs`: a shared file
 // mapping and the futex on it), which allows it for itself.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

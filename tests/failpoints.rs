@@ -1,6 +1,6 @@
 //! Races forced with fail points (feature `failpoints`, part of `--all-features`): each test
 //! pins one interleaving that an outside audit found to break a guarantee (issue 11), instead of
-//! hoping a loop hits the window. The fail point names are listed in `src/lease.rs`.
+//! hoping a loop hits the window. The fail point names are listed in `src/lease/mod.rs`.
 //!
 //! Fail points are process-wide, so every test holds a [`fail::FailScenario`], which runs the
 //! tests of this binary one at a time and clears every fail point when it ends. Waits are

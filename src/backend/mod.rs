@@ -45,6 +45,9 @@
 //!
 //! # Files
 //!
+//! The shared machinery, then one folder per database, each holding that database's SQL (its
+//! [`Backend`] impl), its connections and error mapping, and its wake-ups:
+//!
 //! | file | job |
 //! |------|-----|
 //! | `mod.rs` | the [`Backend`] contract |
@@ -54,27 +57,26 @@
 //! | `admin.rs` | the administration statements: holder, listing, forced release, cleanup, keep-for release |
 //! | `retry.rs` | the retry loop: deadlines, pauses, discarding broken connections |
 //! | `pools.rs` | connection pools and the first connection |
-//! | `statement_threads.rs` | threads that run MySQL statements for callers with deadlines |
-//! | `schema.rs` | the DDL and the table and floor checks of `build()` |
+//! | `statement_threads.rs` | threads that run statements for callers with deadlines (drivers without per-call timeouts: MySQL) |
+//! | `schema.rs` | the DDL and the table, name-column and floor checks of `build()` |
 //! | `statistics.rs` | statement counters ([`Statistics`]) |
 //! | `listener.rs` | what a release listener and its registry tell each other |
-//! | `sqlite.rs`, `postgres.rs`, `mysql.rs` | one backend each |
-//! | `mysql_wakeups.rs` | MySQL's release wake-ups through named locks |
-//! | `sqlite_board.rs` | SQLite's release wake-ups between processes of one host |
 //! | `tls.rs` | TLS settings and handshake errors (PostgreSQL, MySQL) |
+//! | `sqlite/mod.rs`, `sqlite/board.rs` | SQLite; its release board (wake-ups between processes of one host) |
+//! | `postgres/mod.rs`, `postgres/listener.rs` | PostgreSQL; its `LISTEN` thread and connection |
+//! | `mysql/mod.rs`, `mysql/wakeups.rs` | MySQL/MariaDB; its wake-ups through named locks |
+//!
+//! A database's files import the shared ones (`crate::backend::…`), never the other way round,
+//! and never another database's.
 
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
-#[cfg(feature = "mysql")]
-pub(crate) mod mysql_wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
-#[cfg(all(feature = "sqlite", target_os = "linux"))]
-pub(crate) mod sqlite_board;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod tls;
 

@@ -72,7 +72,7 @@
 //! mapping the file and the futex calls.
 #![allow(unsafe_code)]
 
-use super::{ListenerEvent, ListenerHandler, ListenerReply};
+use crate::backend::{ListenerEvent, ListenerHandler, ListenerReply};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -452,7 +452,7 @@ impl Board {
 }
 
 /// Starts the listener thread of a registry on `board` (see the module docs and
-/// [`Backend::listen_for_releases`](super::Backend::listen_for_releases)).
+/// [`Backend::listen_for_releases`](crate::backend::Backend::listen_for_releases)).
 pub(crate) fn listen(
     board: Arc<Board>,
     table: String,
@@ -467,7 +467,7 @@ pub(crate) fn listen(
         handler,
         requests,
     };
-    super::listener::spawn_listener("SQLite", move || listener.run())
+    crate::backend::listener::spawn_listener("SQLite", move || listener.run())
 }
 
 struct BoardListener {

@@ -116,8 +116,9 @@
 //! a statement thread on a silent server, and of a connection attempt that was accepted but is
 //! never answered.
 
-use super::pools::Finding;
-use super::{
+pub(crate) mod wakeups;
+use crate::backend::pools::Finding;
+use crate::backend::{
     AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
     ListedRow, Params, PerStatement, Statements,
 };
@@ -154,9 +155,9 @@ pub(crate) struct MysqlManager {
     opts: Vec<Opts>,
     /// `ssl-mode=PREFERRED`: a server that does not offer TLS is connected to without it.
     prefer_tls: bool,
-    /// The registry's named-lock thread (see [`super::mysql_wakeups`]), started at its first
+    /// The registry's named-lock thread (see [`wakeups`]), started at its first
     /// grant.
-    named_locks: std::sync::Arc<std::sync::OnceLock<super::mysql_wakeups::NamedLocks>>,
+    named_locks: std::sync::Arc<std::sync::OnceLock<wakeups::NamedLocks>>,
     /// Shared by the registry's connections.
     ids: Arc<InsertIds>,
 }
@@ -258,7 +259,7 @@ impl InsertIds {
                  CAST(COALESCE(SUM(EVENT_MANIPULATION <> 'DELETE'), 0) AS SIGNED) \
                  FROM information_schema.TRIGGERS \
                  WHERE EVENT_OBJECT_SCHEMA = COALESCE(?, DATABASE()) AND EVENT_OBJECT_TABLE = ?",
-                (super::floor_trigger(table), schema, name),
+                (crate::backend::floor_trigger(table), schema, name),
             )
             .map_err(classify)?
             .unwrap_or((0, 0));
@@ -433,9 +434,9 @@ impl Backend for Mysql {
 
     const NAME: &'static str = "MySQL";
     const DDL_FILE: &'static str = "sql/mysql.sql";
-    const DDL: &'static str = include_str!("../../sql/mysql.sql");
+    const DDL: &'static str = include_str!("../../../sql/mysql.sql");
     const FLOOR_DDL_FILE: &'static str = "sql/mysql_floor.sql";
-    const FLOOR_DDL: &'static str = include_str!("../../sql/mysql_floor.sql");
+    const FLOOR_DDL: &'static str = include_str!("../../../sql/mysql_floor.sql");
     const TIMESTAMP_TYPE: &'static str = "DATETIME(6)";
     /// utf8mb4 whatever the table's own character set: any name fits.
     const NAME_TYPE: &'static str = "VARCHAR(1024) CHARACTER SET utf8mb4";
@@ -449,7 +450,7 @@ impl Backend for Mysql {
             let bounds = format!(
                 "{CLOCK_MICROS}, IFNULL((SELECT FENCING_TOKEN FROM {floor_table} \
                  WHERE REGION = :region AND KEY_PREFIX = LEFT(:lock_key, 2)), 0) + 1",
-                floor_table = super::floor_table(table)
+                floor_table = crate::backend::floor_table(table)
             );
             let first_token = format!("GREATEST({bounds})");
             (bounds, first_token)
@@ -513,7 +514,7 @@ impl Backend for Mysql {
                  ORDER BY BINARY LOCK_KEY LIMIT :token",
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
-                state = super::state_sql(NOW),
+                state = crate::backend::state_sql(NOW),
             ),
             force_release: format!(
                 "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
@@ -673,7 +674,7 @@ impl Backend for Mysql {
         // or no SELECT privilege (1142, 1143) means not.
         let probe = format!(
             "SELECT FENCING_TOKEN FROM {} WHERE 1 = 0",
-            super::floor_table(table)
+            crate::backend::floor_table(table)
         );
         let readable = match conn.conn.query_drop(probe) {
             Ok(()) => true,
@@ -729,26 +730,22 @@ impl Backend for Mysql {
 
     fn granted(
         manager: &MysqlManager,
-        table: &super::TableSettings,
+        table: &crate::backend::TableSettings,
         lock_key: &str,
         idle_timeout: Duration,
     ) {
         if !table.notifications {
             return;
         }
-        let named_locks = manager.named_locks.get_or_init(|| {
-            super::mysql_wakeups::NamedLocks::start(manager.detached(), idle_timeout)
-        });
-        named_locks.take(super::mysql_wakeups::lock_name(
-            &table.table,
-            &table.region,
-            lock_key,
-        ));
+        let named_locks = manager
+            .named_locks
+            .get_or_init(|| wakeups::NamedLocks::start(manager.detached(), idle_timeout));
+        named_locks.take(wakeups::lock_name(&table.table, &table.region, lock_key));
     }
 
     fn release_done(
         manager: &MysqlManager,
-        table: &super::TableSettings,
+        table: &crate::backend::TableSettings,
         lock_key: &str,
         _released: Option<bool>,
         turn_age: Option<Duration>,
@@ -756,21 +753,21 @@ impl Backend for Mysql {
         if let Some(named_locks) = manager.named_locks.get() {
             let delay = match turn_age {
                 Some(_) => Duration::ZERO,
-                None => super::mysql_wakeups::QUIET_HOLD,
+                None => wakeups::QUIET_HOLD,
             };
-            let name = super::mysql_wakeups::lock_name(&table.table, &table.region, lock_key);
+            let name = wakeups::lock_name(&table.table, &table.region, lock_key);
             named_locks.drop_after(name, delay);
         }
     }
 
     fn listen_for_releases(
         manager: &MysqlManager,
-        table: &super::TableSettings,
+        table: &crate::backend::TableSettings,
         _idle_timeout: Duration,
-        handler: super::ListenerHandler,
+        handler: crate::backend::ListenerHandler,
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
-        super::mysql_wakeups::listen(
+        wakeups::listen(
             manager.detached(),
             table.table.clone(),
             table.region.clone(),
@@ -820,8 +817,9 @@ impl Backend for Mysql {
             let (lock, values) = conn.bind(&sql[0], params)?;
             let rows: Vec<(String, i64)> = conn.conn.exec(&lock, values).map_err(classify)?;
             if !rows.is_empty() {
-                let pairs =
-                    super::pairs_json(rows.iter().map(|(key, token)| (key.as_str(), *token)));
+                let pairs = crate::backend::pairs_json(
+                    rows.iter().map(|(key, token)| (key.as_str(), *token)),
+                );
                 let locked = Params {
                     lock_key: &pairs,
                     ..*params
@@ -1039,16 +1037,16 @@ fn host_urls(url: &str) -> Vec<String> {
 /// One direct connection, retried while the server is unreachable, so that a wrong password or
 /// database comes back as what it is rather than as a pool timeout. A failure caused by TLS is
 /// reported as [`Error::Tls`] at once, and so are the permanent ones: a host name that does not
-/// resolve, and a server that is not MySQL (found by [`super::pools::look_at`] when an
+/// resolve, and a server that is not MySQL (found by [`crate::backend::pools::look_at`] when an
 /// attempt reached a server that sent no MySQL greeting).
 fn check_connect(
     hosts: &[Opts],
     prefer_tls: bool,
-    settings: &super::tls::MysqlTls,
+    settings: &crate::backend::tls::MysqlTls,
     timeout: Duration,
 ) -> crate::Result<()> {
     let server = hosts.iter().map(address).collect::<Vec<_>>().join(", ");
-    super::first_connection(Mysql::NAME, &server, timeout, |limit, deadline| {
+    crate::backend::first_connection(Mysql::NAME, &server, timeout, |limit, deadline| {
         let mut failed: Option<(Failure, String)> = None;
         let from_server = |(failure, _): &(Failure, String)| {
             failure
@@ -1071,7 +1069,7 @@ fn check_connect(
         }
         Err(failed.expect("a URL names at least one host"))
     })
-    .map_err(|e| super::tls::surface(e, &server))
+    .map_err(|e| crate::backend::tls::surface(e, &server))
 }
 
 /// One attempt of [`check_connect`] on one host (checked for writes when `several`), with
@@ -1080,7 +1078,7 @@ fn check_host(
     several: bool,
     opts: &Opts,
     prefer_tls: bool,
-    settings: &super::tls::MysqlTls,
+    settings: &crate::backend::tls::MysqlTls,
     limit: Duration,
     deadline: std::time::Instant,
 ) -> Result<(), (Failure, String)> {
@@ -1101,7 +1099,7 @@ fn check_host(
         };
         opened.map_err(|error| {
             if let Some((problem, hint)) = tls_problem(&error, opts, settings) {
-                let failure = super::tls::TlsFailure::new(problem, hint.clone(), error);
+                let failure = crate::backend::tls::TlsFailure::new(problem, hint.clone(), error);
                 return (
                     Failure::new(FailureKind::Fatal, hint.clone(), failure),
                     hint,
@@ -1124,12 +1122,12 @@ fn check_host(
             if opts.get_socket().is_none() {
                 let (host, port) = (opts.get_ip_or_hostname(), opts.get_tcp_port());
                 let unknown = (failure.kind != FailureKind::Fatal)
-                    .then(|| super::pools::unknown_host(&host, port))
+                    .then(|| crate::backend::pools::unknown_host(&host, port))
                     .flatten();
                 let finding = match unknown {
                     Some(hint) => Finding::Permanent(hint),
                     None if odd => {
-                        super::pools::look_at(&host, port, &server, Mysql::NAME, deadline)
+                        crate::backend::pools::look_at(&host, port, &server, Mysql::NAME, deadline)
                     }
                     None => Finding::Nothing,
                 };
@@ -1152,7 +1150,7 @@ fn check_host(
 fn tls_problem(
     error: &mysql::Error,
     opts: &Opts,
-    settings: &super::tls::MysqlTls,
+    settings: &crate::backend::tls::MysqlTls,
 ) -> Option<(crate::TlsProblem, String)> {
     use crate::TlsProblem;
     if let mysql::Error::DriverError(mysql::DriverError::TlsNotSupported) = error {
@@ -1166,17 +1164,17 @@ fn tls_problem(
     #[cfg(feature = "mysql-tls")]
     {
         let cause = match error {
-            mysql::Error::IoError(io) => super::tls::find_rustls(io),
-            mysql::Error::CodecError(codec) => super::tls::find_rustls(codec),
-            mysql::Error::TlsError(tls) => super::tls::find_rustls(tls),
+            mysql::Error::IoError(io) => crate::backend::tls::find_rustls(io),
+            mysql::Error::CodecError(codec) => crate::backend::tls::find_rustls(codec),
+            mysql::Error::TlsError(tls) => crate::backend::tls::find_rustls(tls),
             _ => None,
         };
         if let Some(cause) = cause {
-            return Some(super::tls::explain(
+            return Some(crate::backend::tls::explain(
                 cause,
                 &opts.get_ip_or_hostname(),
                 &settings.trust(),
-                &super::tls::MYSQL_WORDS,
+                &crate::backend::tls::MYSQL_WORDS,
             ));
         }
         // MySQL answers an account that requires TLS, met without it, as it answers a wrong
@@ -1208,10 +1206,10 @@ fn tls_problem(
     None
 }
 
-/// `opts` with the URL's TLS settings applied (see [`super::tls`]), and whether a server that
+/// `opts` with the URL's TLS settings applied (see [`crate::backend::tls`]), and whether a server that
 /// does not offer TLS may be connected to without it.
-fn with_tls(opts: Opts, settings: &super::tls::MysqlTls) -> crate::Result<(Opts, bool)> {
-    use super::tls::Mode;
+fn with_tls(opts: Opts, settings: &crate::backend::tls::MysqlTls) -> crate::Result<(Opts, bool)> {
+    use crate::backend::tls::Mode;
     // Without a mode of ours, the driver's own TLS parameters (root_cert_path, …) decide.
     if settings.mode.is_none() && settings.ca.is_none() && opts.get_ssl_opts().is_some() {
         return Ok((opts, false));
@@ -1226,14 +1224,18 @@ fn with_tls(opts: Opts, settings: &super::tls::MysqlTls) -> crate::Result<(Opts,
                 Mode::VerifyCa => "VERIFY_CA",
                 _ => "VERIFY_IDENTITY",
             };
-            return Err(super::tls::feature_missing("ssl-mode", name, "mysql-tls"));
+            return Err(crate::backend::tls::feature_missing(
+                "ssl-mode",
+                name,
+                "mysql-tls",
+            ));
         }
         // PREFERRED in a build without TLS: without.
         Ok((builder.ssl_opts(None::<SslOpts>).into(), false))
     }
     #[cfg(feature = "mysql-tls")]
     {
-        use super::tls::load_certificates;
+        use crate::backend::tls::load_certificates;
         use std::path::PathBuf;
         if mode == Mode::Disable {
             return Ok((builder.ssl_opts(None::<SslOpts>).into(), false));
@@ -1275,8 +1277,8 @@ fn with_tls(opts: Opts, settings: &super::tls::MysqlTls) -> crate::Result<(Opts,
 /// whether `ssl-mode=PREFERRED` (see [`open`]).
 fn host_opts(
     url: &str,
-    settings: &super::tls::MysqlTls,
-    pool: &super::PoolSettings,
+    settings: &crate::backend::tls::MysqlTls,
+    pool: &crate::backend::PoolSettings,
 ) -> crate::Result<(Opts, Opts, bool)> {
     let opts = Opts::from_url(url).map_err(|e| Error::Database {
         operation: "connect",
@@ -1319,10 +1321,10 @@ fn host_opts(
 /// module docs).
 pub(crate) fn open(
     url: &str,
-    pool: &super::PoolSettings,
-    table: &super::TableSettings,
-) -> crate::Result<Arc<dyn super::Store>> {
-    let (url, settings) = super::tls::split_mysql(url)?;
+    pool: &crate::backend::PoolSettings,
+    table: &crate::backend::TableSettings,
+) -> crate::Result<Arc<dyn crate::backend::Store>> {
+    let (url, settings) = crate::backend::tls::split_mysql(url)?;
     let mut checked = Vec::new();
     let mut pooled = Vec::new();
     let mut prefer_tls = false;
@@ -1340,7 +1342,7 @@ pub(crate) fn open(
         named_locks: Default::default(),
         ids: Default::default(),
     };
-    let store = super::SqlStore::<Mysql>::open(manager, pool, table)?;
+    let store = crate::backend::SqlStore::<Mysql>::open(manager, pool, table)?;
     Ok(Arc::new(store))
 }
 

@@ -14,7 +14,9 @@
 //! max(old + 1, excluded.FENCING_TOKEN) … WHERE expired RETURNING FENCING_TOKEN`. Writers take
 //! the file's one write lock, so an acquire always sees the deletions committed before it.
 
-use super::{
+#[cfg(target_os = "linux")]
+pub(crate) mod board;
+use crate::backend::{
     AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
     ListedRow, Params, Statements,
 };
@@ -33,10 +35,10 @@ const CLOCK_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteManager {
     path: PathBuf,
-    /// The file's release board (see [`super::sqlite_board`]), opened on first use; `None`
+    /// The file's release board (see [`board`]), opened on first use; `None`
     /// when it could not be (waiters then poll).
     #[cfg(target_os = "linux")]
-    board: std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<super::sqlite_board::Board>>>>,
+    board: std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<board::Board>>>>,
 }
 
 impl SqliteManager {
@@ -50,16 +52,16 @@ impl SqliteManager {
 
     /// The release board of this file, opening it the first time.
     #[cfg(target_os = "linux")]
-    fn board(&self) -> Option<&std::sync::Arc<super::sqlite_board::Board>> {
+    fn board(&self) -> Option<&std::sync::Arc<board::Board>> {
         self.board
-            .get_or_init(|| match super::sqlite_board::Board::open(&self.path) {
+            .get_or_init(|| match board::Board::open(&self.path) {
                 Ok(board) => Some(std::sync::Arc::new(board)),
                 Err(e) => {
                     log::warn!(
                         "SQLite release wake-ups are off for {} (waiters poll every \
                          idle_between_tries): cannot open {}: {e}",
                         self.path.display(),
-                        super::sqlite_board::board_path(&self.path).display()
+                        board::board_path(&self.path).display()
                     );
                     None
                 }
@@ -112,9 +114,9 @@ impl Backend for Sqlite {
         true
     }
     const DDL_FILE: &'static str = "sql/sqlite.sql";
-    const DDL: &'static str = include_str!("../../sql/sqlite.sql");
+    const DDL: &'static str = include_str!("../../../sql/sqlite.sql");
     const FLOOR_DDL_FILE: &'static str = "sql/sqlite_floor.sql";
-    const FLOOR_DDL: &'static str = include_str!("../../sql/sqlite_floor.sql");
+    const FLOOR_DDL: &'static str = include_str!("../../../sql/sqlite_floor.sql");
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
     const NAME_TYPE: &'static str = "TEXT";
     const RELEASED_TIMESTAMP: &'static str = "'1970-01-01 00:00:00.000'";
@@ -133,7 +135,7 @@ impl Backend for Sqlite {
             format!(
                 "max({CLOCK_MICROS}, coalesce((SELECT FENCING_TOKEN FROM {floor_table} \
                  WHERE REGION = ?2 AND KEY_PREFIX = substr(?1, 1, 2)), 0) + 1)",
-                floor_table = super::floor_table(table)
+                floor_table = crate::backend::floor_table(table)
             )
         } else {
             CLOCK_MICROS.to_string()
@@ -184,7 +186,7 @@ impl Backend for Sqlite {
                  FROM {table} WHERE REGION = ?2 AND LOCK_KEY > ?1 ORDER BY LOCK_KEY LIMIT ?5",
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
-                state = super::state_sql(NOW),
+                state = crate::backend::state_sql(NOW),
             ),
             force_release: format!(
                 "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000' \
@@ -290,8 +292,8 @@ impl Backend for Sqlite {
                  WHERE type = 'trigger' AND name = ?2 COLLATE NOCASE \
                  AND tbl_name = ?3 COLLATE NOCASE)",
                 [
-                    super::floor_table(table),
-                    super::floor_trigger(table),
+                    crate::backend::floor_table(table),
+                    crate::backend::floor_trigger(table),
                     table.to_string(),
                 ],
                 |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
@@ -332,15 +334,15 @@ impl Backend for Sqlite {
     #[cfg(target_os = "linux")]
     fn listen_for_releases(
         manager: &SqliteManager,
-        table: &super::TableSettings,
+        table: &crate::backend::TableSettings,
         _idle_timeout: Duration,
-        handler: super::ListenerHandler,
+        handler: crate::backend::ListenerHandler,
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
         let Some(board) = manager.board() else {
             return false;
         };
-        super::sqlite_board::listen(
+        board::listen(
             std::sync::Arc::clone(board),
             table.table.clone(),
             table.region.clone(),
@@ -352,7 +354,7 @@ impl Backend for Sqlite {
     #[cfg(target_os = "linux")]
     fn release_done(
         manager: &SqliteManager,
-        table: &super::TableSettings,
+        table: &crate::backend::TableSettings,
         lock_key: &str,
         released: Option<bool>,
         turn_age: Option<Duration>,
@@ -361,7 +363,7 @@ impl Backend for Sqlite {
             return;
         };
         if let Some(board) = manager.board() {
-            let slot = super::sqlite_board::slot_of(&table.table, &table.region, lock_key);
+            let slot = board::slot_of(&table.table, &table.region, lock_key);
             board.announce(slot, turn_age);
         }
     }
@@ -457,12 +459,12 @@ fn classify(error: rusqlite::Error) -> Failure {
 /// Opens a store on the SQLite file at `path`.
 pub(crate) fn open(
     path: PathBuf,
-    pool: &super::PoolSettings,
-    table: &super::TableSettings,
-) -> crate::Result<std::sync::Arc<dyn super::Store>> {
+    pool: &crate::backend::PoolSettings,
+    table: &crate::backend::TableSettings,
+) -> crate::Result<std::sync::Arc<dyn crate::backend::Store>> {
     let manager = SqliteManager::new(path);
     first_open(&manager, pool.connect_timeout)?;
-    let store = super::SqlStore::<Sqlite>::open(manager, pool, table)?;
+    let store = crate::backend::SqlStore::<Sqlite>::open(manager, pool, table)?;
     Ok(std::sync::Arc::new(store))
 }
 
