@@ -183,6 +183,19 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+// Without a database the crate has nothing to do: say which features to enable, and only that
+// (the rest of the crate, written for at least one backend, would only add noise).
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(unused, unreachable_code)
+)]
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+compile_error!(
+    "leasehold needs at least one database: enable the feature `sqlite` (the default), \
+     `postgres` or `mysql` (e.g. `leasehold = { version = \"0.1\", default-features = false, \
+     features = [\"postgres\"] }`, or `cargo build --no-default-features --features postgres`)"
+);
+
 /// A named fail point: with the test-only `failpoints` feature, tests configure it through the
 /// `fail` crate (pause, panic, sleep) to force a race deterministically; without the feature it
 /// compiles to nothing. Names are `module::place`, listed where each is used.
