@@ -182,7 +182,6 @@
 // mapping and the futex on it), which allows it for itself.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
-
 // Without a database the crate has nothing to do: say which features to enable, and only that
 // (the rest of the crate, written for at least one backend, would only add noise).
 #![cfg_attr(
