@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod mariadb;
+
 use leasehold::{LockRegistry, RegistryBuilder};
 use std::sync::atomic::{AtomicU32, Ordering};
 
