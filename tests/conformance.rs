@@ -522,7 +522,7 @@ mod suite {
 
     pub fn a_previous_holders_loss_channel_ends_at_the_handoff(f: &Fixture) {
         // Not renewed: the lease must last until the next thread has queued and been handed
-        // it, then expire in its hands.
+        // it (3 s), then expire in its hands (it shortens it to 100 ms).
         let registry = f
             .builder()
             .time_to_live(Duration::from_secs(3))
@@ -537,6 +537,7 @@ mod suite {
             thread::spawn(move || {
                 let guard = lock.lock().unwrap();
                 let losses = guard.loss_channel();
+                guard.renew_with_ttl(Duration::from_millis(100)).unwrap();
                 let lost = losses.recv_timeout(GENEROUS).is_ok();
                 drop(guard);
                 lost
