@@ -6,6 +6,9 @@
 //! - `select_1`: a prepared `SELECT 1` round trip on a raw driver connection (baseline);
 //! - `durable_commit`: a prepared one-row `UPDATE` committed durably (baseline);
 //! - `lock_unlock`: an uncontended `lock()` + `unlock()` through a registry;
+//! - `lock_unlock_prepared` (PostgreSQL): the same with `prepared_statements(true)`, named
+//!   statements prepared once per connection instead of unnamed ones parsed and planned on
+//!   every call (the default, which works through transaction-mode poolers);
 //! - `lease_statements` (PostgreSQL): the registry's own acquire and release statements
 //!   ([`LockRegistry::statements`]) run back to back on the raw connection — the floor under
 //!   `lock_unlock`, so the difference is what the registry itself costs;
@@ -275,6 +278,17 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
         group.bench_function("spring_statements", |b| b.iter(|| raw.spring_cycle()));
     }
     if name == "postgres" {
+        // What unnamed statements (the default, which work through transaction-mode poolers)
+        // cost: the same lock and unlock with named statements prepared once per connection.
+        let prepared = target
+            .builder(true)
+            .prepared_statements(true)
+            .build()
+            .expect("registry with prepared statements");
+        let lock = prepared.obtain("bench-uncontended-prepared").unwrap();
+        group.bench_function("lock_unlock_prepared", |b| {
+            b.iter(|| lock.lock().unwrap().unlock().unwrap())
+        });
         // What skipping the disk sync on release buys: the same release, committed durably.
         let durable = target
             .builder(true)

@@ -28,8 +28,24 @@
 //! `--ttl-ms` (10000), `--idle-ms` (5), `--handoff-ms` (local handoff limit, 20; 0 = none),
 //! `--work-us` (busy work inside each critical section, 0), `--prefix` (table prefix, default
 //! `t<pid>_stress_`), `--dir` (directory for the record files; default a temporary one),
-//! `--sabotage 1` (self-check of the detector: each process gets a table of its own, so the
-//! processes do not exclude each other and the run must FAIL with violations).
+//! `--listener-url` (PostgreSQL: a direct URL for the release listener when `--url` is a
+//! transaction-mode pooler), `--sabotage 1` (self-check of the detector: each process gets a
+//! table of its own, so the processes do not exclude each other and the run must FAIL with
+//! violations), `--probe N` (8; 0 = off) and `--mix 1` (see below).
+//!
+//! **The deadline probe.** In about one critical section in N, the holder compares its own view
+//! with the row as the database has it (one statement, [`LockRegistry::holder`]): the row must
+//! name this registry and the guard's token, and the time the guard still counts on
+//! (`remaining()`, read before and after the statement) must not exceed the time the row has
+//! left on the database clock. A probe that fails is a violation: it means a holder believed
+//! it held a lock that another instance could already take.
+//!
+//! **The mix** (`--mix 1`) adds what has broken that invariant before (issue 21): every acquire
+//! asks for one of three time-to-lives (so local handoffs change it), one section in eight
+//! renews by hand with another one, a second registry per process keeps losing short leases
+//! (renewal off) to a loss callback that sleeps half a second, and on the servers a thread per
+//! process locks a random key's row from another session (`SELECT … FOR UPDATE`) for up to
+//! 30 ms every 100–300 ms.
 //!
 //! The last line printed is the summary, e.g.
 //! `stress: PASS backend=SQLite processes=3 threads=4 keys=4 … critical_sections=… violations=0`.
@@ -77,6 +93,13 @@ pub struct Config {
     /// Detector self-check: every process uses a table of its own, so processes do *not*
     /// exclude each other and the run must report violations.
     pub sabotage: bool,
+    /// Probe the holder's deadline against the row in about one section in this many (0: off).
+    pub probe_every: u64,
+    /// Other time-to-lives, manual renewals, slow loss callbacks and row locks (module docs).
+    pub mix: bool,
+    /// PostgreSQL: where the release listener connects (`RegistryBuilder::listener_url`),
+    /// when `target` is a transaction-mode pooler.
+    pub listener_url: Option<String>,
 }
 
 impl Config {
@@ -97,6 +120,9 @@ impl Config {
             dir: dir.to_path_buf(),
             start_at_ms: 0,
             sabotage: false,
+            probe_every: 8,
+            mix: false,
+            listener_url: None,
         }
     }
 
@@ -114,6 +140,10 @@ impl Config {
                     "database {other:?} is not compiled in (features: sqlite, postgres, mysql)"
                 ))
             }
+        };
+        let builder = match &self.listener_url {
+            Some(url) => builder.listener_url(url.clone()),
+            None => builder,
         };
         Ok(builder
             .prefix(self.prefix.clone())
@@ -141,6 +171,12 @@ impl Config {
             ("DIR", self.dir.display().to_string()),
             ("START_AT_MS", self.start_at_ms.to_string()),
             ("SABOTAGE", u8::from(self.sabotage).to_string()),
+            ("PROBE", self.probe_every.to_string()),
+            ("MIX", u8::from(self.mix).to_string()),
+            (
+                "LISTENER_URL",
+                self.listener_url.clone().unwrap_or_default(),
+            ),
         ];
         for (name, value) in vars {
             command.env(format!("{ENV}{name}"), value);
@@ -200,6 +236,9 @@ impl Config {
         config.work = Duration::from_micros(number("WORK_US", 0)?);
         config.start_at_ms = number("START_AT_MS", 0)?;
         config.sabotage = number("SABOTAGE", 0)? != 0;
+        config.probe_every = number("PROBE", 8)?;
+        config.mix = number("MIX", 0)? != 0;
+        config.listener_url = text("LISTENER_URL").filter(|url| !url.is_empty());
         if config.processes == 0 || config.threads == 0 || config.keys == 0 {
             return Err("processes, threads and keys must be at least 1".into());
         }
@@ -279,6 +318,8 @@ pub struct ChildReport {
     pub process_switches: u64,
     pub grants: u64,
     pub acquires: u64,
+    /// Deadline probes that compared the holder with its row (violations count separately).
+    pub probes: u64,
     pub per_key: Vec<u64>,
 }
 
@@ -287,7 +328,7 @@ impl ChildReport {
         let per_key: Vec<String> = self.per_key.iter().map(u64::to_string).collect();
         format!(
             "{RESULT_MARK} index={index} sections={} violations={} lost={} errors={} timeouts={} \
-             new_tokens={} process_switches={} grants={} acquires={} per_key={}",
+             new_tokens={} process_switches={} grants={} acquires={} probes={} per_key={}",
             self.sections,
             self.violations,
             self.lost,
@@ -297,6 +338,7 @@ impl ChildReport {
             self.process_switches,
             self.grants,
             self.acquires,
+            self.probes,
             per_key.join(",")
         )
     }
@@ -319,6 +361,7 @@ impl ChildReport {
             process_switches: number("process_switches")?,
             grants: number("grants")?,
             acquires: number("acquires")?,
+            probes: number("probes")?,
             per_key: fields
                 .get("per_key")?
                 .split(',')
@@ -338,6 +381,7 @@ struct Tally {
     timeouts: AtomicU64,
     new_tokens: AtomicU64,
     process_switches: AtomicU64,
+    probes: AtomicU64,
     details: Mutex<Vec<String>>,
 }
 
@@ -386,6 +430,10 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
     thread::sleep(Duration::from_millis(wait));
     let end = Instant::now() + config.duration;
     let tally = Arc::new(Tally::default());
+    let disturbances = match config.mix {
+        true => start_disturbances(index, config, end)?,
+        false => Vec::new(),
+    };
     let per_key: Arc<Vec<AtomicU64>> = Arc::new((0..config.keys).map(|_| 0.into()).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
@@ -407,9 +455,14 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                 .map(|key| registry.obtain(&format!("stress-{key}")))
                 .collect::<Result<_, _>>()
                 .expect("valid keys");
+            let ttls = [config.ttl, config.ttl * 2 / 3, config.ttl / 2];
             while Instant::now() < end && !stop.load(Ordering::Relaxed) {
                 let key = (random.next() % config.keys as u64) as usize;
-                let guard = match locks[key].try_lock_for(ACQUIRE_TIMEOUT) {
+                let ttl = match config.mix {
+                    true => ttls[(random.next() % 3) as usize],
+                    false => config.ttl,
+                };
+                let guard = match locks[key].try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl) {
                     Ok(Some(guard)) => guard,
                     Ok(None) => {
                         tally.problem(
@@ -424,6 +477,25 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         continue;
                     }
                 };
+                if config.mix && random.next().trailing_zeros() >= 3 {
+                    let ttl = ttls[(random.next() % 3) as usize];
+                    if let Err(e) = guard.renew_with_ttl(ttl) {
+                        let counter = match e.is_lease_lost() {
+                            true => &tally.lost,
+                            false => &tally.errors,
+                        };
+                        tally.problem(counter, format!("{me}: renew key {key}: {e}"));
+                    }
+                }
+                if config.probe_every > 0 && random.next() % config.probe_every < 1 {
+                    match probe(&registry, &guard) {
+                        Ok(true) => {
+                            tally.probes.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(false) => {}
+                        Err(e) => tally.problem(&tally.violations, format!("{me} key {key}: {e}")),
+                    }
+                }
                 critical_section(&config, &tally, key, &me, &process, guard.fencing_token());
                 per_key[key].fetch_add(1, Ordering::SeqCst);
                 tally.sections.fetch_add(1, Ordering::SeqCst);
@@ -439,6 +511,11 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
         }));
     }
     let mut panicked = 0;
+    for worker in disturbances {
+        if worker.join().is_err() {
+            panicked += 1;
+        }
+    }
     for worker in workers {
         if worker.join().is_err() {
             panicked += 1;
@@ -459,10 +536,156 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
         process_switches: load(&tally.process_switches),
         grants: stats.grants,
         acquires: stats.acquires,
+        probes: load(&tally.probes),
         per_key: per_key.iter().map(load).collect(),
     };
     println!("{}", report.line(index));
     Ok(report)
+}
+
+/// The deadline probe (see the module docs): `Ok(true)` when it compared, `Ok(false)` when the
+/// guard was no longer held (a loss, counted where it is reported), `Err` on a violation.
+fn probe(registry: &LockRegistry, guard: &leasehold::LockGuard) -> Result<bool, String> {
+    let started = Instant::now();
+    let before = guard.remaining();
+    let row = registry
+        .holder(guard.key())
+        .map_err(|e| format!("probe: {e}"))?;
+    let elapsed = started.elapsed();
+    let after = guard.remaining();
+    if before.is_zero() || after.is_zero() {
+        return Ok(false);
+    }
+    // The statement read the row at some instant between the two reads of `remaining()`: the
+    // deadline then was at most `before` away, or `after` plus the statement's time.
+    let counted = before.min(after + elapsed);
+    let Some(row) = row else {
+        return Err(format!(
+            "probe: the holder counts on {counted:?} more, but the row is not held"
+        ));
+    };
+    if row.client_id != registry.client_id() || row.fencing_token != guard.fencing_token() {
+        return Err(format!(
+            "probe: the row names {} with token {}, not this holder ({} with token {})",
+            row.client_id,
+            row.fencing_token,
+            registry.client_id(),
+            guard.fencing_token()
+        ));
+    }
+    // SQLite keeps milliseconds: the row's expiry may be up to 1 ms short of what was sent.
+    if counted > row.expires_in + Duration::from_millis(1) {
+        return Err(format!(
+            "probe: the holder counts on {counted:?} more, but the row expires in {:?} on the \
+             database clock",
+            row.expires_in
+        ));
+    }
+    Ok(true)
+}
+
+/// The mix's disturbances for one child (see the module docs), running until `end`.
+fn start_disturbances(
+    index: usize,
+    config: &Config,
+    end: Instant,
+) -> Result<Vec<thread::JoinHandle<()>>, String> {
+    let mut threads = Vec::new();
+    // Short leases, renewal off, lost one after another to a callback that sleeps.
+    let losing = config
+        .builder()?
+        .renewal(false)
+        .on_lease_lost(|_| thread::sleep(Duration::from_millis(500)))
+        .build()
+        .map_err(|e| format!("child {index}: losing registry: {e}"))?;
+    threads.push(thread::spawn(move || {
+        let lock = losing
+            .obtain(&format!("stress-losing-{index}"))
+            .expect("valid key");
+        while Instant::now() < end {
+            if let Ok(guard) = lock.lock_with_ttl(Duration::from_millis(200)) {
+                let losses = guard.loss_channel();
+                let _ = losses.recv_timeout(Duration::from_secs(5));
+                drop(guard);
+            }
+        }
+    }));
+    if config.db != "sqlite" {
+        let config = config.clone();
+        threads.push(thread::spawn(move || row_locks(index, &config, end)));
+    }
+    Ok(threads)
+}
+
+/// Another session's row locks on the stress keys' rows, until `end` (servers only).
+fn row_locks(index: usize, config: &Config, end: Instant) {
+    let table = format!("{}LOCK", config.prefix);
+    let mut random = XorShift(0x5DEE_CE66 ^ now_ms() ^ (index as u64 + 7));
+    let mut session = RowLocker::connect(config);
+    while Instant::now() < end {
+        thread::sleep(Duration::from_millis(100 + random.next() % 200));
+        let key =
+            leasehold::lock_key_for(&format!("stress-{}", random.next() % config.keys as u64));
+        let sql = format!("SELECT LOCK_KEY FROM {table} WHERE LOCK_KEY = '{key}' FOR UPDATE");
+        let hold = Duration::from_millis(random.next() % 30);
+        if let Some(session) = session.as_mut() {
+            session.lock_for(&sql, hold);
+        }
+    }
+}
+
+/// A plain session of the server's own driver, outside leasehold.
+enum RowLocker {
+    #[cfg(feature = "postgres")]
+    Postgres(Box<postgres::Client>),
+    #[cfg(feature = "mysql")]
+    Mysql(mysql::Conn),
+}
+
+impl RowLocker {
+    fn connect(config: &Config) -> Option<RowLocker> {
+        let connected = match config.db.as_str() {
+            #[cfg(feature = "postgres")]
+            "postgres" => postgres::Client::connect(&config.target, postgres::NoTls)
+                .map(|client| RowLocker::Postgres(Box::new(client)))
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "mysql")]
+            "mysql" => mysql::Opts::from_url(&config.target)
+                .map_err(|e| e.to_string())
+                .and_then(|opts| mysql::Conn::new(opts).map_err(|e| e.to_string()))
+                .map(RowLocker::Mysql),
+            other => Err(format!("no row locks on {other}")),
+        };
+        connected
+            .map_err(|e| eprintln!("stress: row locker: {e}"))
+            .ok()
+    }
+
+    /// Locks the row `sql` selects `FOR UPDATE` in a transaction held for `hold`.
+    #[allow(unused_variables)]
+    fn lock_for(&mut self, sql: &str, hold: Duration) {
+        match self {
+            #[cfg(feature = "postgres")]
+            RowLocker::Postgres(client) => {
+                if let Ok(mut transaction) = client.transaction() {
+                    let _ = transaction.query(sql, &[]);
+                    thread::sleep(hold);
+                    let _ = transaction.rollback();
+                }
+            }
+            #[cfg(feature = "mysql")]
+            RowLocker::Mysql(conn) => {
+                use mysql::prelude::Queryable;
+                if conn.query_drop("START TRANSACTION").is_ok() {
+                    let _ = conn.query_drop(sql);
+                    thread::sleep(hold);
+                    let _ = conn.query_drop("ROLLBACK");
+                }
+            }
+            #[allow(unreachable_patterns)]
+            _ => {}
+        }
+    }
 }
 
 /// The checked, non-atomic read-modify-write of one key's record (see the module docs).
@@ -574,7 +797,8 @@ impl Summary {
         format!(
             "stress: {} backend={} processes={} threads={} keys={} duration={:.2}s \
              critical_sections={sections} rate={rate:.0}/s violations={} lost={} errors={} \
-             timeouts={} failures={} grants={} new_tokens={} process_switches={} acquires={}",
+             timeouts={} failures={} grants={} new_tokens={} process_switches={} acquires={} \
+             probes={}",
             if self.passed() { "PASS" } else { "FAIL" },
             self.backend,
             config.processes,
@@ -590,6 +814,7 @@ impl Summary {
             self.total(|c| c.new_tokens),
             self.total(|c| c.process_switches),
             self.total(|c| c.acquires),
+            self.total(|c| c.probes),
         )
     }
 }

@@ -1,7 +1,8 @@
 -- leasehold lock table for SQLite. The registry runs this file itself when built with
 -- `create_table(true)`; INT_ is replaced by the configured prefix.
 -- Columns up to EXPIRED_AFTER are Spring Integration's INT_LOCK layout; FENCING_TOKEN is
--- leasehold's addition (its default lets Spring's own INSERT work unchanged).
+-- leasehold's addition (and LOCK_NAME, the lock's name, which leasehold's grant fills
+-- and Spring leaves NULL) (its default lets Spring's own INSERT work unchanged).
 -- Timestamps are UTC text 'YYYY-MM-DD HH:MM:SS.SSS', written from the database's clock.
 CREATE TABLE IF NOT EXISTS INT_LOCK (
     LOCK_KEY CHAR(36) NOT NULL,
@@ -10,5 +11,6 @@ CREATE TABLE IF NOT EXISTS INT_LOCK (
     CREATED_DATE TIMESTAMP NOT NULL,
     EXPIRED_AFTER TIMESTAMP NOT NULL,
     FENCING_TOKEN BIGINT NOT NULL DEFAULT 0,
+    LOCK_NAME TEXT,
     CONSTRAINT INT_LOCK_PK PRIMARY KEY (LOCK_KEY, REGION)
 );

@@ -29,6 +29,10 @@ pub struct Holder {
     pub expires_at: SystemTime,
     /// The grant's fencing token (0 for a row written by Spring Integration itself).
     pub fencing_token: u64,
+    /// How long the lease has left on the database clock, as the statement that read the row
+    /// saw it (`EXPIRED_AFTER` minus the database's now, in one statement: no clock skew and no
+    /// second round trip in it).
+    pub expires_in: Duration,
 }
 
 /// What a row of the lock table says, judged on the database clock.
@@ -94,11 +98,13 @@ impl LockRow {
 /// The rows of a registry's table and region, in `LOCK_KEY` order (see
 /// [`LockRegistry::listing`]).
 ///
-/// The table stores only a hash of each lock's name (`LOCK_KEY`, as Spring Integration
-/// does), so a listing can name only the locks whose names it is given: pass the names you
-/// know to [`resolving`](Self::resolving), and every other row shows its lock key. Leasehold
-/// does not add a name column, because Spring Integration clients sharing the table insert
-/// rows without one and its layout must stay theirs.
+/// A row's key is a hash of the lock's name (`LOCK_KEY`, as Spring Integration keys it). Where
+/// the table has the optional `LOCK_NAME` column (tables made by `create_table(true)` or
+/// `leasehold init` have it; `create_table(true)` adds it to older ones), leasehold's grant
+/// stores the name there, in the same statement, and every row leasehold wrote shows its name.
+/// Spring Integration's statements name their columns and leave it NULL, so its rows — and
+/// every row of a table without the column — show a name only when it is given to
+/// [`resolving`](Self::resolving); the others show their lock key.
 #[derive(Debug, Clone)]
 pub struct Listing<'r> {
     registry: &'r LockRegistry,
@@ -161,7 +167,7 @@ impl<'r> Listing<'r> {
             _ => LockState::Released,
         };
         LockRow {
-            name: self.names.get(&row.lock_key).cloned(),
+            name: self.names.get(&row.lock_key).cloned().or(row.name),
             lock_key: row.lock_key,
             state,
             client_id: row.client_id,
@@ -250,12 +256,17 @@ impl LockRegistry {
             acquired: system_time(row.acquired_micros),
             expires_at: system_time(row.expires_micros),
             fencing_token: row.token.max(0) as u64,
+            expires_in: Duration::from_micros(
+                row.expires_micros.saturating_sub(row.now_micros).max(0) as u64,
+            ),
         }))
     }
 
     /// The rows of this registry's table and region — held, expired and released — for
-    /// operators (Spring Integration's `getAllLocks`, with the states). Only names given to
-    /// [`Listing::resolving`] show; other rows carry their lock key alone (see [`Listing`]).
+    /// operators (Spring Integration's `getAllLocks`, with the states). Rows leasehold wrote
+    /// carry their names where the table has the `LOCK_NAME` column; other rows (Spring's, or
+    /// a table without the column) show a name only when it is given to
+    /// [`Listing::resolving`], and their lock key otherwise (see [`Listing`]).
     ///
     /// ```
     /// # fn main() -> leasehold::Result<()> {
@@ -264,19 +275,18 @@ impl LockRegistry {
     /// use leasehold::LockState;
     /// let held = registry.obtain("nightly-export")?.lock()?;
     /// registry.obtain("hourly-sync")?.lock()?.unlock()?;
-    /// registry.obtain("unnamed")?.lock()?.unlock()?;
+    /// registry.obtain("weekly")?.lock()?.unlock()?;
     ///
-    /// let listing = registry.listing().resolving(["nightly-export", "hourly-sync"])?;
+    /// let listing = registry.listing();
     /// let mut rows = listing.rows().collect::<leasehold::Result<Vec<_>>>()?;
     /// rows.sort_by(|a, b| a.label().cmp(b.label()));
     /// let shown: Vec<(&str, LockState)> = rows.iter().map(|r| (r.label(), r.state)).collect();
-    /// let unnamed = leasehold::lock_key_for("unnamed");
     /// assert_eq!(shown, [
-    ///     (unnamed.as_str(), LockState::Released),   // not resolved: its lock key
     ///     ("hourly-sync", LockState::Released),
     ///     ("nightly-export", LockState::Held),
+    ///     ("weekly", LockState::Released),
     /// ]);
-    /// assert_eq!(rows[2].fencing_token, held.fencing_token());
+    /// assert_eq!(rows[1].fencing_token, held.fencing_token());
     ///
     /// // The same rows a page at a time, after the last lock key of the page before.
     /// let first = listing.page(None, 2)?;
@@ -289,6 +299,39 @@ impl LockRegistry {
             registry: self,
             names: HashMap::new(),
         }
+    }
+
+    /// The rows this registry holds now, as the database records them: held on the database
+    /// clock and carrying this registry's [`client_id`](LockRegistry::client_id) — "what does
+    /// this node hold". Rows of keys this registry has handles for carry their names. One
+    /// listing of the region's rows (a page of up to 500 rows per query).
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("l.db");
+    /// let node = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+    /// let other = leasehold::LockRegistry::sqlite(&path).build()?;
+    /// let mine = node.obtain("nightly-export")?.lock()?;
+    /// let theirs = other.obtain("hourly-sync")?.lock()?;
+    /// let held = node.held_by_this_registry()?;
+    /// assert_eq!(held.len(), 1);
+    /// assert_eq!(held[0].name.as_deref(), Some("nightly-export"));
+    /// assert_eq!(held[0].fencing_token, mine.fencing_token());
+    /// # drop((mine, theirs));
+    /// # Ok(()) }
+    /// ```
+    pub fn held_by_this_registry(&self) -> Result<Vec<LockRow>> {
+        let names = self.cache.lock().names();
+        let listing = self.listing().resolving(names)?;
+        let mut held = Vec::new();
+        for row in listing.rows() {
+            let row = row?;
+            if row.state == LockState::Held && row.client_id.as_deref() == Some(self.client_id()) {
+                held.push(row);
+            }
+        }
+        Ok(held)
     }
 
     /// Frees `key` whatever holds it, as a release by the holder would (the row stays, marked

@@ -37,6 +37,11 @@ impl HandleCache {
         self.entries.len()
     }
 
+    /// The names of the keys whose handles the cache holds.
+    pub fn names(&self) -> Vec<String> {
+        self.entries.keys().map(|name| name.to_string()).collect()
+    }
+
     /// The entry for `key`, created with `make` if absent; marks it most recently used.
     pub fn get_or_insert(&mut self, key: &str, make: impl FnOnce() -> LockInner) -> Arc<LockInner> {
         let stamp = self.next_stamp;

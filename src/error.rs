@@ -150,10 +150,11 @@ pub enum Error {
     /// without a deadline, before `RegistryBuilder::operation_timeout`). Transient failures are
     /// retried until then; the last one is kept as the source. The message names the pool
     /// setting that bounds the operation's connections.
+    /// When the server refused connections because it has no slot left ("too many clients",
+    /// PostgreSQL's SQLSTATE 53300), the message says so and what to do.
     #[error(
-        "{operation} did not complete within {waited:?}: the database is unreachable, overloaded \
-         or every connection is busy (check the server and RegistryBuilder::{})",
-        pool_setting(operation)
+        "{operation} did not complete within {waited:?}: {}",
+        timeout_cause(operation, source.as_deref())
     )]
     Timeout {
         /// What was being done: `acquire`, `renew` (a manual renewal), `background renewal`,
@@ -229,6 +230,33 @@ impl fmt::Display for TlsProblem {
             TlsProblem::NotOffered => "the server does not offer TLS",
         })
     }
+}
+
+/// What a message about a server without a free connection slot (PostgreSQL's SQLSTATE
+/// 53300) says, wherever it comes from, so that a pool's error text can be recognized.
+pub(crate) const TOO_MANY_CLIENTS: &str =
+    "the server has no connection slot left (too many clients, SQLSTATE 53300)";
+
+/// What to do about [`TOO_MANY_CLIENTS`].
+pub(crate) const TOO_MANY_CLIENTS_FIX: &str =
+    "put a pooler such as PgBouncer (transaction mode) in front of the server, raise its \
+     max_connections (or the role's CONNECTION LIMIT), or open fewer connections: fewer \
+     processes or registries, a smaller pool_size";
+
+/// Why an operation timed out, for [`Error::Timeout`]'s message: a full server by name, else
+/// the usual suspects.
+fn timeout_cause(
+    operation: &str,
+    source: Option<&(dyn std::error::Error + Send + Sync)>,
+) -> String {
+    if source.is_some_and(|e| e.to_string().contains(TOO_MANY_CLIENTS)) {
+        return format!("{TOO_MANY_CLIENTS}: {TOO_MANY_CLIENTS_FIX}");
+    }
+    format!(
+        "the database is unreachable, overloaded or every connection is busy (check the server \
+         and RegistryBuilder::{})",
+        pool_setting(operation)
+    )
 }
 
 /// The builder setting that bounds the connections `operation` draws from: background

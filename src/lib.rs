@@ -181,7 +181,7 @@
 //!  A listener thread per registry turns other instances' releases into wake-ups, subscribed
 //!  only while a thread of the registry waits (see `wakeups`): PostgreSQL `LISTEN`/`NOTIFY`,
 //!  SQLite's release board (`backend::sqlite_board`), MySQL's named locks
-//!  (`backend::mysql_wakeups`).
+//!  (`backend::mysql::wakeups`).
 //! ```
 //!
 //! Threads and what they do:
@@ -272,7 +272,7 @@
 //! created) `build()` logs a warning and a token after a deletion is only as high as the
 //! clock. A local handoff keeps the token (see [`LockGuard::fencing_token`]).
 
-// The only unsafe code is SQLite's release board (`backend/sqlite_board.rs`: a shared file
+// The only unsafe code is SQLite's release board (`backend/sqlite/board.rs`: a shared file
 // mapping and the futex on it), which allows it for itself.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -313,6 +313,7 @@ mod key;
 mod leader;
 mod lease;
 mod lock;
+mod meter;
 mod registry;
 mod wakeups;
 
@@ -337,6 +338,6 @@ struct ReadmeSnippets;
 /// `leasehold::crossbeam_channel::select! { recv(guard.loss_channel()) -> lost => …, … }`.
 pub use crossbeam_channel;
 pub use registry::{
-    LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES, MAX_PREFIX_CHARS, MAX_REGION_CHARS,
-    MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
+    client_id_for_host, default_client_id, LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES,
+    MAX_PREFIX_CHARS, MAX_REGION_CHARS, MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
 };

@@ -53,7 +53,7 @@
 //! key's database user, and a grant it had is handed on or released.
 
 use crate::error::{Error, LossReason, Result};
-use crate::lease::{Lease, LeaseLost, Renewal};
+use crate::lease::{Lease, LeaseLost, Owner, Renewal};
 use crate::registry::Core;
 use crate::wakeups::Nudge;
 use crossbeam_channel::Receiver;
@@ -152,6 +152,7 @@ impl LockInner {
 
     fn acquire(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
         self.core.settings.check_ttl("time_to_live", ttl)?;
+        let called = Instant::now();
         let me = std::thread::current().id();
         let mut state = self.state.lock();
         if state.owner == Some(me) {
@@ -195,20 +196,26 @@ impl LockInner {
             }
         };
         drop(state);
-        let (lease, retune) = match outcome? {
+        let (lease, retune, handed_over) = match outcome? {
             Some(taken) => taken,
             None => return Ok(None),
         };
+        self.core
+            .meter
+            .granted(&self.key, handed_over, called.elapsed());
         if retune {
             // Handed over from a holder with another time-to-live: the renewal thread renews with this
             // one at once; the call itself runs no statement and cannot fail.
             lease.request_ttl(ttl);
         }
-        Ok(Some(self.guard(lease)))
+        let mut guard = self.guard(lease);
+        guard.held_since = Some(Instant::now());
+        Ok(Some(guard))
     }
 
-    /// The waiting loop; returns the lease taken, and whether it must be renewed with the
-    /// requested time-to-live (a handed-over lease runs with its granter's).
+    /// The waiting loop; returns the lease taken, whether it must be renewed with the
+    /// requested time-to-live (a handed-over lease runs with its granter's), and whether it was
+    /// handed over locally (rather than granted by this thread's statement).
     fn acquire_locked(
         self: &Arc<Self>,
         state: &mut MutexGuard<'_, LocalState>,
@@ -216,7 +223,7 @@ impl LockInner {
         wait: Wait,
         ttl: Duration,
         registered: &mut bool,
-    ) -> Result<Option<(Arc<Lease>, bool)>> {
+    ) -> Result<Option<(Arc<Lease>, bool, bool)>> {
         let settings = &self.core.settings;
         let waiting_since = Instant::now();
         loop {
@@ -224,7 +231,7 @@ impl LockInner {
             if state.owner == Some(me) {
                 let lease = state.lease.clone().expect("an owner always has a lease");
                 let retune = lease.ttl() != ttl;
-                return Ok(Some((lease, retune)));
+                return Ok(Some((lease, retune, true)));
             }
             if state.owner.is_none() {
                 debug_assert!(state.lease.is_none(), "a lease always has an owner");
@@ -245,7 +252,7 @@ impl LockInner {
                         fail_point!("lock::acquire_before_statement");
                         self.core
                             .store
-                            .acquire(&self.lock_key, ttl, attempt_deadline)
+                            .acquire(&self.lock_key, &self.key, ttl, attempt_deadline)
                     });
                     state.db_user = None;
                     // An attempt of this wait (this thread's, or that of the poller it took over
@@ -283,9 +290,12 @@ impl LockInner {
                                 Arc::clone(&self.lock_key),
                                 grant,
                                 ttl,
-                                Some(&self.core.renewer),
-                                settings.keeper,
-                                self.core.on_lost.clone(),
+                                Owner {
+                                    renewer: &self.core.renewer,
+                                    settings: settings.keeper,
+                                    on_lost: self.core.on_lost.as_ref(),
+                                    meter: &self.core.meter,
+                                },
                             );
                             state.lease = Some(Arc::clone(&lease));
                             state.owner = Some(me);
@@ -322,10 +332,11 @@ impl LockInner {
                                 state.holds_in_turn += 1;
                             }
                             state.yield_until = None;
-                            return Ok(Some((lease, false)));
+                            return Ok(Some((lease, false, false)));
                         }
                         None => {
                             state.refused_at = Some(Instant::now());
+                            self.core.meter.contended(&self.key);
                             let next_poll = Instant::now() + settings.idle_between_tries;
                             let wake_at = match wait {
                                 Wait::No => return Ok(None),
@@ -476,6 +487,7 @@ impl LockInner {
             lock: Arc::clone(self),
             lease,
             released: false,
+            held_since: None,
             _not_send: PhantomData,
         }
     }
@@ -705,6 +717,8 @@ pub struct LockGuard {
     lock: Arc<LockInner>,
     lease: Arc<Lease>,
     released: bool,
+    /// When this (outermost) guard was granted; `None` for a nested one.
+    held_since: Option<Instant>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -792,7 +806,18 @@ impl LockGuard {
     /// existed. For a nested (reentrant) guard this only lowers the hold count.
     pub fn unlock(mut self) -> Result<()> {
         self.released = true;
+        self.measure_release();
         self.lock.release(&self.lease)
+    }
+
+    /// Records how long this guard held the lock (an outermost guard only).
+    fn measure_release(&mut self) {
+        if let Some(since) = self.held_since.take() {
+            self.lock
+                .core
+                .meter
+                .released(&self.lock.key, since.elapsed());
+        }
     }
 
     /// Releases the lock but leaves the row held by this registry until `keep` after the grant
@@ -834,6 +859,7 @@ impl LockGuard {
             ));
         }
         self.released = true;
+        self.measure_release();
         self.lock.release_keeping(&self.lease, Some(keep))
     }
 }
@@ -841,6 +867,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.released {
+            self.measure_release();
             if let Err(e) = self.lock.release(&self.lease) {
                 log::warn!("releasing lock {:?} on drop: {e}", self.lock.key);
             }

@@ -5,8 +5,9 @@ use crate::backend::{
 };
 use crate::cache::HandleCache;
 use crate::error::{Error, Result};
-use crate::lease::{KeeperSettings, LeaseLost, LostCallback, Renewer};
+use crate::lease::{callback_thread, KeeperSettings, LeaseLost, LossSink, LostCallback, Renewer};
 use crate::lock::{Lock, LockInner};
+use crate::meter::Meter;
 use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -81,7 +82,8 @@ impl Settings {
 pub(crate) struct Core {
     pub store: Arc<dyn Store>,
     pub settings: Settings,
-    pub on_lost: Option<LostCallback>,
+    /// The registry's loss callback, on its own thread (see [`callback_thread`]).
+    pub on_lost: Option<LossSink>,
     pub client_id: String,
     pub region: String,
     pub table: String,
@@ -89,6 +91,8 @@ pub(crate) struct Core {
     pub wakeups: Wakeups,
     /// Background renewals of this registry's leases.
     pub renewer: Arc<Renewer>,
+    /// What the registry measures (see [`crate::meter`]).
+    pub meter: Arc<Meter>,
 }
 
 /// Where the lock table lives.
@@ -110,7 +114,7 @@ pub(crate) enum Database {
 #[derive(Clone)]
 pub struct LockRegistry {
     pub(crate) core: Arc<Core>,
-    cache: Arc<Mutex<HandleCache>>,
+    pub(crate) cache: Arc<Mutex<HandleCache>>,
 }
 
 impl LockRegistry {
@@ -242,7 +246,10 @@ impl LockRegistry {
 
     /// How many lease statements this registry has sent so far.
     pub fn statistics(&self) -> crate::Statistics {
-        self.core.store.statistics()
+        self.core
+            .store
+            .statistics()
+            .with_measures(self.core.meter.read())
     }
 
     /// The database's clock (UTC), read now, and how long the round trip took. Expiry is always
@@ -313,8 +320,11 @@ pub struct RegistryBuilder {
     idle_connection_timeout: Duration,
     create_table: bool,
     notifications: bool,
+    prepared_statements: bool,
+    listener_url: Option<String>,
     custom: CustomQueries,
     on_lost: Option<LostCallback>,
+    metrics_key_labels: bool,
 }
 
 impl RegistryBuilder {
@@ -339,8 +349,11 @@ impl RegistryBuilder {
             idle_connection_timeout: Duration::from_secs(60),
             create_table: false,
             notifications: true,
+            prepared_statements: false,
+            listener_url: None,
             custom: CustomQueries::default(),
             on_lost: None,
+            metrics_key_labels: false,
         }
     }
 
@@ -368,9 +381,10 @@ impl RegistryBuilder {
         self
     }
 
-    /// This registry's `CLIENT_ID`: 1 to 36 printable ASCII characters. Defaults to a random
-    /// UUID per registry. Two registries must never share one: the table tells holders apart by
-    /// it.
+    /// This registry's `CLIENT_ID`: 1 to 36 printable ASCII characters. Defaults to
+    /// [`default_client_id`]: `HOST/PID/RANDOM`, so that the table tells operators which host
+    /// and process hold a lock, with a fresh random part per registry. Two registries must never
+    /// share one: the table tells holders apart by it.
     pub fn client_id(mut self, client_id: impl Into<String>) -> Self {
         self.client_id = Some(client_id.into());
         self
@@ -534,7 +548,38 @@ impl RegistryBuilder {
         self
     }
 
-    /// Replaces the acquire statement. It gets parameters 1–4 (see [`Statements`]) and must
+    /// PostgreSQL: whether pooled connections prepare each statement once, as a named
+    /// statement, and reuse it. Defaults to `false`: every statement is sent unnamed, parsed
+    /// and planned by the server on each call, in the same single round trip, which works
+    /// through a transaction-mode pooler (PgBouncer `pool_mode = transaction`, RDS Proxy,
+    /// Supavisor, pgcat) that hands each statement to whichever server connection is free,
+    /// where a named statement is missing or is another client's. `true` saves the server
+    /// that planning (measured in the README's *Fleets and poolers*) and is only for
+    /// connections straight to the server or through a session-mode pooler: through a
+    /// transaction-mode pooler, statements fail (`26000`, `42P05`, named in the error) or, worse,
+    /// a statement name another client prepared on that server connection runs that client's
+    /// statement with this one's parameters. Ignored by the other databases.
+    pub fn prepared_statements(mut self, enabled: bool) -> Self {
+        self.prepared_statements = enabled;
+        self
+    }
+
+    /// PostgreSQL: where the release listener connects, when the registry's URL goes through a
+    /// transaction-mode pooler. `LISTEN` needs a session of its own: through such a pooler it
+    /// succeeds, but the server connection goes back to the pool and its notifications are
+    /// dropped. Give the server's own address here (or a session-mode pool's); it is checked
+    /// by `build()` like the registry's URL (unless `notifications(false)`), and costs one
+    /// connection per registry while a thread of it waits (see
+    /// [`notifications`](Self::notifications)). Without it, the
+    /// listener uses the registry's URL and checks once that its own `LISTEN` hears a
+    /// notification sent from another connection; if it does not, it says so in the log and
+    /// waiters only poll. Ignored by the other databases.
+    pub fn listener_url(mut self, url: impl Into<String>) -> Self {
+        self.listener_url = Some(url.into());
+        self
+    }
+
+    /// Replaces the acquire statement. It gets parameters 1–4 and 6 (see [`Statements`]) and must
     /// return one row with the fencing token when granted, none otherwise. Checked against the
     /// table by `build()`; [`LockRegistry::statements`] shows the default to start from.
     pub fn acquire_sql(mut self, sql: impl Into<String>) -> Self {
@@ -554,10 +599,28 @@ impl RegistryBuilder {
         self
     }
 
-    /// Called once for every lease of this registry that is lost, on the thread that noticed.
-    /// Defaults to none (losses are logged at `warn`). Keep it short; it must not block.
+    /// Called once for every lease of this registry that is lost. Defaults to none (losses
+    /// are logged at `warn`).
+    ///
+    /// It runs on a thread of this registry's own, one loss after another, never on a thread
+    /// that renews or watches leases: a slow callback (a webhook, a log flush) cannot delay the
+    /// renewal or the loss report of any lease, of this registry or another. By the time it
+    /// runs, the lease is already marked lost (`is_held()` is false) and its loss channels have
+    /// fired; a holder that must stop at once should watch its guard's
+    /// [`loss_channel`](crate::LockGuard::loss_channel), not wait for the callback. Keep it
+    /// quick anyway: a callback that blocks delays the later callbacks of this registry. A
+    /// panic in it is caught and logged.
     pub fn on_lease_lost(mut self, callback: impl Fn(&LeaseLost) + Send + Sync + 'static) -> Self {
         self.on_lost = Some(Arc::new(callback));
+        self
+    }
+
+    /// Whether the per-key metrics (grants, contended tries, losses, wait and hold times) carry
+    /// a `key` label with the lock's name (feature `metrics`; see the README's "Metrics").
+    /// Off by default: a series per lock name can be more than a metrics backend wants.
+    /// Without the `metrics` feature this changes nothing.
+    pub fn metrics_key_labels(mut self, enabled: bool) -> Self {
+        self.metrics_key_labels = enabled;
         self
     }
 
@@ -576,7 +639,7 @@ impl RegistryBuilder {
         validate_region(&self.region)?;
         let client_id = match self.client_id {
             Some(id) => validate_client_id(id)?,
-            None => uuid::Uuid::new_v4().hyphenated().to_string(),
+            None => default_client_id(),
         };
         if self.cache_capacity == 0 {
             return Err(Error::setting("cache_capacity", "must be at least 1"));
@@ -609,6 +672,8 @@ impl RegistryBuilder {
             idle_timeout: self.idle_connection_timeout,
             connect_timeout: self.connect_timeout,
             operation_timeout: self.operation_timeout,
+            prepared_statements: self.prepared_statements,
+            listener_url: self.listener_url,
         };
         let table_settings = TableSettings {
             table: table.clone(),
@@ -629,12 +694,23 @@ impl RegistryBuilder {
             Database::Mysql(url) => crate::backend::mysql::open(&url, &pool, &table_settings)?,
         };
         let (wakeups, subscription_requests) = Wakeups::new();
-        let renewer = Renewer::new(Arc::downgrade(&store));
+        let renewer = Renewer::new(Arc::downgrade(&store), self.renewal_pool_size as usize);
+        let on_lost = match self.on_lost {
+            Some(callback) => Some(callback_thread(callback).map_err(|e| {
+                Error::setting(
+                    "on_lease_lost",
+                    format!("could not start the thread that runs the callback: {e}"),
+                )
+            })?),
+            None => None,
+        };
+        let meter = Arc::new(Meter::new(&table, &self.region, self.metrics_key_labels));
         let core = Arc::new(Core {
+            meter,
             renewer,
             store,
             settings,
-            on_lost: self.on_lost,
+            on_lost,
             client_id,
             region: self.region,
             table,
@@ -757,6 +833,41 @@ fn validate_region(region: &str) -> Result<()> {
     Ok(())
 }
 
+/// A `CLIENT_ID` that names this process: `HOST/PID/RANDOM` — the host name (up to 18
+/// characters, printable ASCII other than `/`), the process id and 8 random hexadecimal digits
+/// (a new value on every call, so registries of one process differ, and a reused pid does not
+/// repeat an id) — at most 36 characters, the width of Spring Integration's `CLIENT_ID` column.
+/// The default of every registry and of the `leasehold` command; `leasehold list --holder` and
+/// [`LockRegistry::held_by_this_registry`] find a node's locks by it.
+///
+/// The host name comes from `/proc/sys/kernel/hostname` (Linux), else the `HOSTNAME` or
+/// `COMPUTERNAME` environment variable, else `host`.
+pub fn default_client_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .unwrap_or_default();
+    client_id_for_host(&host)
+}
+
+/// [`default_client_id`] for a host name the caller found itself (the `leasehold` command asks
+/// `gethostname`): `HOST/PID/RANDOM`, the host cut to 18 printable characters other than `/`.
+pub fn client_id_for_host(host: &str) -> String {
+    let mut host: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_graphic() && *c != '/')
+        .take(18)
+        .collect();
+    if host.is_empty() {
+        host = "host".into();
+    }
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    let id = format!("{host}/{}/{}", std::process::id(), &random[..8]);
+    id.chars().take(36).collect()
+}
+
 fn validate_client_id(id: String) -> Result<String> {
     if id.is_empty() || id.len() > 36 || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(Error::setting(
@@ -797,5 +908,12 @@ mod tests {
         assert!(validate_client_id("x".repeat(37)).is_err());
         assert!(validate_client_id("node 1".into()).is_err());
         assert!(validate_client_id("node-1".into()).is_ok());
+        let (first, second) = (default_client_id(), default_client_id());
+        assert_ne!(first, second, "each registry gets its own");
+        assert_eq!(validate_client_id(first.clone()).ok(), Some(first.clone()));
+        let parts: Vec<&str> = first.split('/').collect();
+        assert_eq!(parts.len(), 3, "{first}");
+        assert_eq!(parts[1], std::process::id().to_string());
+        assert_eq!(parts[2].len(), 8);
     }
 }

@@ -5,7 +5,7 @@
 //! PostgreSQL's listener `LISTEN`s on a connection of its own (see `backend::postgres`);
 //! SQLite's waits on a release board shared by the processes of the host (see
 //! `backend::sqlite_board`); MySQL's starts a watcher per waited-for key, each blocked in
-//! `GET_LOCK` on its own connection (see `backend::mysql_wakeups`; it learns the keys through
+//! `GET_LOCK` on its own connection (see `backend::mysql::wakeups`; it learns the keys through
 //! [`ListenerEvent::Watched`], and a newly waited-for key sends a request while subscribed). A
 //! subscription is not free: while a connection `LISTEN`s, every release in the database wakes
 //! that connection's server process and the listener thread, on every instance that listens

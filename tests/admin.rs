@@ -164,10 +164,18 @@ mod suite {
             (LockState::Released, None)
         );
         assert!(row.fencing_token > 0);
-        let unnamed: Vec<_> = rows.iter().filter(|r| r.name.is_none()).collect();
-        assert_eq!(unnamed.len(), 5);
-        for row in unnamed {
-            assert_eq!(row.label(), row.lock_key);
+        // Names not given to `resolving` come from the table's LOCK_NAME column.
+        let others: Vec<_> = rows
+            .iter()
+            .filter(|r| r.name.as_deref().is_some_and(|n| n.starts_with("unnamed-")))
+            .collect();
+        assert_eq!(others.len(), 5);
+        for row in others {
+            assert_eq!(row.label(), row.name.as_deref().unwrap());
+            assert_eq!(
+                row.lock_key,
+                leasehold::lock_key_for(row.name.as_deref().unwrap())
+            );
             assert_eq!(row.state, LockState::Released);
         }
 
@@ -354,7 +362,8 @@ mod suite {
         guard.unlock_keeping_for(keep).unwrap();
         let kept = host_b.holder("daily").unwrap().expect("still held");
         assert_eq!(kept.client_id, host_a.client_id());
-        assert_eq!(kept.fencing_token, token);
+        // One above the grant's: no renewal of the finished lease matches the kept row.
+        assert_eq!(kept.fencing_token, token + 1);
         let until = span(kept.acquired, kept.expires_at);
         assert!(
             until >= keep - Duration::from_millis(1) && until <= keep + Duration::from_millis(1),
@@ -433,6 +442,38 @@ mod suite {
         ));
         assert_eq!(registry.holder("weekly").unwrap(), None);
     }
+
+    /// Issue 27: a node finds what it holds by its client id, which names its host and
+    /// process by default; rows of keys it has handles for carry their names.
+    pub fn a_registry_lists_what_it_holds_by_its_default_client_id(f: &Fixture) {
+        let (node, other) = (f.registry(), f.registry());
+        let pid = std::process::id().to_string();
+        assert_eq!(node.client_id().split('/').nth(1), Some(pid.as_str()));
+        assert_ne!(node.client_id(), other.client_id());
+        let mine = node.obtain("nightly-export").unwrap().lock().unwrap();
+        let kept = node.obtain("weekly").unwrap().lock().unwrap();
+        let theirs = other.obtain("hourly-sync").unwrap().lock().unwrap();
+        node.obtain("released")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        let mut held = node.held_by_this_registry().unwrap();
+        held.sort_by(|a, b| a.name.cmp(&b.name));
+        let names: Vec<Option<&str>> = held.iter().map(|row| row.name.as_deref()).collect();
+        assert_eq!(names, [Some("nightly-export"), Some("weekly")]);
+        assert!(held
+            .iter()
+            .all(|row| row.client_id.as_deref() == Some(node.client_id())));
+        let tokens: Vec<u64> = held.iter().map(|row| row.fencing_token).collect();
+        assert_eq!(tokens, [mine.fencing_token(), kept.fencing_token()]);
+        assert_eq!(other.held_by_this_registry().unwrap().len(), 1);
+        mine.unlock().unwrap();
+        kept.unlock().unwrap();
+        assert!(node.held_by_this_registry().unwrap().is_empty());
+        theirs.unlock().unwrap();
+    }
 }
 
 macro_rules! admin {
@@ -445,6 +486,7 @@ macro_rules! admin {
             delete_released_and_expired_keeps_held_rows_and_tokens_keep_increasing,
             unlock_keeping_for_keeps_the_row_held_until_the_period_ends,
             unlock_keeping_for_skips_the_local_handoff_and_reports_a_lost_lease,
+            a_registry_lists_what_it_holds_by_its_default_client_id,
         );
     };
 }

@@ -1,7 +1,9 @@
 //! The `leasehold` command, run as a real process against every database (issue 13): `run`
 //! never overlaps, passes the command's exit code through, and exits with its own codes when
 //! the lock is busy or the lease is lost; `status`, `list`, `init`, `release --force` and
-//! `cleanup`.
+//! `cleanup`. Issue 21: every process of the command is stopped on a loss and when leasehold
+//! dies, and the terminal keeps working (through script(1)); durations are checked before
+//! the lock. Issue 22: flock's options, `status --json`, no table from read-only commands.
 
 #![cfg(feature = "cli")]
 
@@ -167,6 +169,86 @@ mod suite {
         assert!(marker.exists());
     }
 
+    /// flock(1)'s habits: `-n`, `-w SECS` with plain and fractional seconds, `-E N`.
+    pub fn flock_style_no_wait_wait_seconds_and_conflict_exit_code(f: &Fixture) {
+        let registry = f.registry();
+        let held = registry.obtain("flock").unwrap().lock().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let touch = format!("touch '{}'", marker.display());
+        let try_run = |options: &[&str]| {
+            output({
+                let mut c = leasehold(f, "run", &[&["--key", "flock"], options, &["--"]].concat());
+                c.args(["sh", "-c", &touch]);
+                c
+            })
+        };
+        for (options, expected) in [
+            (&["-n"][..], BUSY),
+            (&["-w", "0.3"][..], BUSY),
+            (&["-w", "1"][..], BUSY),
+            (&["--wait", ".2"][..], BUSY),
+            (&["-w", "200ms"][..], BUSY),
+            (&["-n", "-E", "3"][..], 3),
+            (&["-w", "0.1", "--conflict-exit-code", "0"][..], 0),
+            (&["-n", "-E", "256"][..], 64),
+            (&["-w", "1.5s.2"][..], 64),
+        ] {
+            let busy = try_run(options);
+            assert_eq!(code(&busy), expected, "{options:?}: {busy:?}");
+            assert!(!marker.exists(), "{options:?}: the command ran");
+        }
+        held.unlock().unwrap();
+        let free = try_run(&["-w", "1.5", "-E", "3"]);
+        assert_eq!(code(&free), 0, "{free:?}");
+        assert!(marker.exists());
+    }
+
+    /// `status` shows when the lease runs out, in time left and as a UTC timestamp, and
+    /// `status --json` says the same as one object.
+    pub fn status_shows_the_absolute_expiry_and_speaks_json(f: &Fixture) {
+        let kept = output({
+            let mut c = leasehold(f, "run", &["--key", "kept", "--keep-for", "1h", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&kept), 0, "{kept:?}");
+        // Kept, not renewed: the row stays as it is for the hour.
+        let holder = f.registry().holder("kept").unwrap().expect("held");
+        let expires_at = humantime::format_rfc3339_millis(holder.expires_at).to_string();
+        let status = output(leasehold(f, "status", &["--key", "kept"]));
+        assert_eq!(code(&status), 0, "{status:?}");
+        let line = stdout(&status);
+        assert!(line.contains("expires in "), "{line}");
+        assert!(
+            line.contains(&format!("(at {expires_at})")),
+            "{expires_at} in {line}"
+        );
+
+        let json = output(leasehold(f, "status", &["--key", "kept", "--json"]));
+        assert_eq!(code(&json), 0, "{json:?}");
+        let object: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+        assert_eq!(object["key"], "kept");
+        assert_eq!(object["lock_key"], leasehold::lock_key_for("kept"));
+        assert_eq!(object["state"], "held");
+        assert_eq!(object["client_id"], holder.client_id.as_str());
+        assert_eq!(object["expires_at"], expires_at.as_str());
+        assert_eq!(
+            object["acquired"],
+            humantime::format_rfc3339_millis(holder.acquired).to_string()
+        );
+        assert_eq!(object["fencing_token"], holder.fencing_token);
+        let left = object["expires_in_ms"].as_i64().unwrap();
+        assert!(left > 0 && left <= 3_600_000, "{object}");
+
+        let free = output(leasehold(f, "status", &["--key", "never", "--json"]));
+        assert_eq!(code(&free), 1, "{free:?}");
+        let object: serde_json::Value = serde_json::from_str(&stdout(&free)).unwrap();
+        assert_eq!(object["state"], "free");
+        assert_eq!(object["lock_key"], leasehold::lock_key_for("never"));
+        assert!(object["client_id"].is_null() && object["fencing_token"].is_null());
+    }
+
     pub fn the_commands_exit_code_passes_through(f: &Fixture) {
         let failed = output({
             let mut c = leasehold(f, "run", &["--key", "code", "--"]);
@@ -229,6 +311,57 @@ mod suite {
             c
         });
         assert_eq!(code(&third), 0, "{third:?}");
+    }
+
+    /// `run --keep-for 8d` used to take the lock, run the job, fail to keep the row (the
+    /// library refuses more than 7 days) and exit 70 with the lock free. Every duration is
+    /// checked before anything runs.
+    pub fn out_of_range_durations_exit_usage_before_the_lock_is_taken(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let touch = format!("touch '{}'", marker.display());
+        for (subcommand, option, value, range) in [
+            ("run", "--keep-for", "8d", "0s to 7days"),
+            ("run", "--grace", "8d", "0s to 7days"),
+            ("run", "--ttl", "5ms", "10ms to 7days"),
+            ("run", "--ttl", "8d", "10ms to 7days"),
+            ("lead", "--ttl", "8d", "10ms to 7days"),
+            ("lead", "--poll", "0s", "1ms to 1h"),
+            ("lead", "--grace", "1year", "0s to 7days"),
+        ] {
+            let key = if subcommand == "run" {
+                "--key"
+            } else {
+                "--group"
+            };
+            let refused = output({
+                let mut c = leasehold(f, subcommand, &[key, "ranges", option, value, "--"]);
+                c.args(["sh", "-c", &touch]);
+                c
+            });
+            assert_eq!(
+                code(&refused),
+                64,
+                "{subcommand} {option} {value}: {refused:?}"
+            );
+            let stderr = String::from_utf8_lossy(&refused.stderr);
+            assert!(
+                stderr.contains(&format!("allowed range {range}")),
+                "{subcommand} {option} {value}: {stderr}"
+            );
+            assert!(
+                !marker.exists(),
+                "{subcommand} {option} {value}: the command ran"
+            );
+        }
+        let status = output(leasehold(f, "status", &["--key", "ranges"]));
+        assert_eq!(code(&status), 1, "nothing took the lock: {status:?}");
+        let longest = output({
+            let mut c = leasehold(f, "run", &["--key", "ranges", "--keep-for", "7d", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&longest), 0, "7 days is allowed: {longest:?}");
     }
 
     pub fn a_lost_lease_stops_the_command_with_the_lost_code(f: &Fixture) {
@@ -306,9 +439,10 @@ mod suite {
         }
     }
 
-    /// Ctrl-C typed in a terminal goes to the whole foreground process group, the command
-    /// included; leasehold must not send it a second time. Runs `leasehold run` on a
-    /// pseudo-terminal through `script(1)` (util-linux) and types Ctrl-C into it.
+    /// Ctrl-C typed in a terminal goes to the foreground process group — the command's, which
+    /// leasehold gave the terminal — and must reach the command once, not a second time from
+    /// leasehold. Runs `leasehold run` on a pseudo-terminal through `script(1)` (util-linux)
+    /// and types Ctrl-C into it.
     pub fn ctrl_c_in_a_terminal_reaches_the_command_once(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let (ready, got, child) = (
@@ -368,6 +502,125 @@ mod suite {
         assert!(status.success(), "{status:?}");
     }
 
+    /// The state letter of process `pid` (`R`, `S`, `T` for stopped…), from `/proc`.
+    fn state_of(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 2..].chars().next()
+    }
+
+    /// The parent of process `pid`, from `/proc`.
+    fn parent_of(pid: u32) -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        after_comm.split(' ').nth(1).unwrap().parse().unwrap()
+    }
+
+    /// In an interactive shell with job control, Ctrl-Z stops the job — the command and
+    /// leasehold — and gives the shell its terminal back; `fg` continues both, and the command
+    /// reads the terminal again.
+    pub fn ctrl_z_and_fg_in_an_interactive_shell(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got, stopped) = (
+            dir.path().join("ready"),
+            dir.path().join("got"),
+            dir.path().join("stopped"),
+        );
+        let mut run = leasehold(f, "run", &["--key", "job", "--"]);
+        run.args([
+            "sh",
+            "-c",
+            &format!(
+                "echo $$ > \"{}\"; read line; echo \"got $line\" > \"{}\"",
+                ready.display(),
+                got.display()
+            ),
+        ]);
+        let mut script = Command::new("script")
+            .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+            .env("SHELL", "/bin/sh")
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("script(1) from util-linux, and bash");
+        let _reaper = Reaper(vec![script.id()]);
+        let mut typed = script.stdin.take().unwrap();
+        let mut type_in =
+            |text: &str| std::io::Write::write_all(&mut typed, text.as_bytes()).unwrap();
+        type_in(&format!("{}\n", shell_words(&run)));
+        let command = read_pid(&ready);
+        let leasehold = parent_of(command);
+        type_in("\x1a");
+        let deadline = Instant::now() + GENEROUS;
+        while state_of(command) != Some('T') || state_of(leasehold) != Some('T') {
+            assert!(Instant::now() < deadline, "the job did not stop");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // The shell has the terminal again: it reads this line, and reports the stop (148).
+        type_in(&format!("echo $? > '{}'\nfg\n", stopped.display()));
+        wait_for_text(&stopped, "148\n");
+        type_in("hello\n");
+        wait_for_text(&got, "got hello\n");
+        type_in("exit\n");
+        assert!(wait_with_deadline(&mut script).success());
+    }
+
+    /// With its input redirected, leasehold still gives the command the terminal: a password
+    /// prompt reads `/dev/tty`, and must not be stopped in the background.
+    pub fn the_command_reads_the_terminal_when_leaseholds_input_is_redirected(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
+        let mut run = leasehold(f, "run", &["--key", "tty", "--"]);
+        run.args([
+            "sh",
+            "-c",
+            &format!(
+                "echo > \"{}\"; read line < /dev/tty; echo \"got $line\" > \"{}\"",
+                ready.display(),
+                got.display()
+            ),
+        ]);
+        let mut script = on_a_terminal(&format!("exec {} < /dev/null", shell_words(&run)));
+        let _reaper = Reaper(vec![script.id()]);
+        let mut typed = script.stdin.take().unwrap();
+        wait_for_file(&ready);
+        std::io::Write::write_all(&mut typed, b"secret\n").unwrap();
+        wait_for_text(&got, "got secret\n");
+        let status = wait_with_deadline(&mut script);
+        drop(typed);
+        assert!(status.success(), "{status:?}");
+    }
+
+    /// Ctrl-Z stops the command's group (it has the terminal); leasehold follows as a job does
+    /// and continues the command when continued — here at once, as leasehold's group under
+    /// script(1) is orphaned and ignores the stop. The command must not stay stopped.
+    pub fn ctrl_z_in_a_terminal_does_not_leave_the_command_stopped(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, done) = (dir.path().join("ready"), dir.path().join("done"));
+        let mut run = leasehold(f, "run", &["--key", "tty", "--"]);
+        run.args([
+            "sh",
+            "-c",
+            &format!(
+                "echo > \"{}\"; read line; echo \"done $line\" > \"{}\"",
+                ready.display(),
+                done.display()
+            ),
+        ]);
+        let mut script = on_a_terminal(&format!("exec {}", shell_words(&run)));
+        let _reaper = Reaper(vec![script.id()]);
+        let mut typed = script.stdin.take().unwrap();
+        wait_for_file(&ready);
+        std::io::Write::write_all(&mut typed, b"\x1a").unwrap();
+        thread::sleep(Duration::from_millis(300));
+        std::io::Write::write_all(&mut typed, b"go\n").unwrap();
+        wait_for_text(&done, "done go\n");
+        let status = wait_with_deadline(&mut script);
+        drop(typed);
+        assert!(status.success(), "{status:?}");
+    }
+
     pub fn a_sigkilled_holders_lock_is_taken_after_its_ttl_and_its_command_stopped(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
@@ -380,7 +633,7 @@ mod suite {
         wait_for_file(&ready);
         holder.kill().unwrap(); // SIGKILL: no release, no forwarding
         holder.wait().unwrap();
-        // The command learns through the parent-death signal (Linux).
+        // The command learns through leasehold's watchdog.
         wait_for_file(&got);
         assert_eq!(std::fs::read_to_string(&got).unwrap(), "TERM\n");
         let busy = output({
@@ -396,6 +649,329 @@ mod suite {
         });
         assert_eq!(code(&taken), 0, "{taken:?}");
         assert_eq!(stdout(&taken), "taken\n");
+    }
+
+    /// Whether process `pid` runs: a zombie (which only waits to be reaped) counts as gone.
+    fn alive(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => !matches!(
+                stat[stat.rfind(')').unwrap() + 2..].chars().next(),
+                Some('Z' | 'X')
+            ),
+            Err(_) => false,
+        }
+    }
+
+    /// The pid a script wrote to `path` (waiting until it is there in full).
+    fn read_pid(path: &Path) -> u32 {
+        let deadline = Instant::now() + GENEROUS;
+        loop {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if let Some(pid) = text.strip_suffix('\n').and_then(|t| t.parse().ok()) {
+                return pid;
+            }
+            assert!(Instant::now() < deadline, "no pid in {}", path.display());
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILLs the processes it names when dropped, so that a failing test leaves no `sleep`
+    /// behind.
+    struct Reaper(Vec<u32>);
+
+    impl Drop for Reaper {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                if alive(*pid) {
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status();
+                }
+            }
+        }
+    }
+
+    fn wait_until_gone(pid: u32, what: &str) {
+        let deadline = Instant::now() + GENEROUS;
+        while alive(pid) {
+            assert!(Instant::now() < deadline, "{what} (pid {pid}) still runs");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A `sh -c` script that starts, in the background, a `sleep` (its pid in `normal`) and a
+    /// shell that ignores SIGTERM and becomes a `sleep` (its pid in `stubborn`), then waits.
+    fn grandchildren_script(normal: Option<&Path>, stubborn: Option<&Path>) -> String {
+        let mut script = String::new();
+        if let Some(normal) = normal {
+            script.push_str(&format!("sleep 300 & echo $! > '{}'; ", normal.display()));
+        }
+        if let Some(stubborn) = stubborn {
+            script.push_str(&format!(
+                "sh -c 'trap \"\" TERM; echo $$ > \"{}\"; exec sleep 300' & ",
+                stubborn.display()
+            ));
+        }
+        script.push_str("wait");
+        script
+    }
+
+    pub fn a_lost_lease_stops_every_process_of_the_command_before_exiting_lost(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (normal, stubborn) = (dir.path().join("normal"), dir.path().join("stubborn"));
+        let script = grandchildren_script(Some(&normal), Some(&stubborn));
+        let mut run = leasehold(f, "run", &["--key", "tree", "--grace", "1s", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pids = [read_pid(&normal), read_pid(&stubborn)];
+        let _reaper = Reaper(pids.to_vec());
+        let released = output(leasehold(f, "release", &["--key", "tree", "--force"]));
+        assert_eq!(code(&released), 0, "{released:?}");
+        let status = wait_with_deadline(&mut run);
+        // "Stopped" only once every process of the command is gone.
+        let running: Vec<u32> = pids.into_iter().filter(|pid| alive(*pid)).collect();
+        assert_eq!(status.code(), Some(LOST));
+        assert!(
+            running.is_empty(),
+            "grandchildren {running:?} outlived the loss"
+        );
+        let stderr = stderr_of(&mut run);
+        assert!(
+            stderr.contains("SIGKILL"),
+            "the stubborn one was killed: {stderr}"
+        );
+    }
+
+    /// A signal sent to leasehold reaches every process of the command, once.
+    pub fn a_forwarded_signal_reaches_the_commands_grandchildren(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got) = (dir.path().join("ready"), dir.path().join("got"));
+        let inner = trapping_script(&ready, &got, &["TERM"]);
+        let script = format!("sh -c '{}' & wait", inner.replace('\'', "'\\''"));
+        let mut run = leasehold(f, "run", &["--key", "forward", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = read_pid(&ready);
+        let _reaper = Reaper(vec![pid]);
+        send("TERM", run.id());
+        // The outer shell dies of it (128 + 15); the grandchild traps it.
+        assert_eq!(wait_with_deadline(&mut run).code(), Some(128 + 15));
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "TERM\n");
+        assert!(!alive(pid));
+    }
+
+    /// What the command leaves running in its group keeps the lock until it ends, as a
+    /// background child keeps a flock(1) lock through the inherited descriptor.
+    pub fn the_lock_is_kept_until_what_the_command_left_running_ends(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let done = dir.path().join("done");
+        // Its output goes elsewhere, so that only leasehold's end ends `output()`.
+        let script = format!(
+            "(sleep 0.5; echo done > '{}') > /dev/null 2>&1 & exit 4",
+            done.display()
+        );
+        let run = output({
+            let mut c = leasehold(f, "run", &["--key", "leftovers", "--"]);
+            c.args(["sh", "-c", &script]);
+            c
+        });
+        assert_eq!(code(&run), 4, "the command's own code: {run:?}");
+        assert_eq!(
+            std::fs::read_to_string(&done).unwrap_or_default(),
+            "done\n",
+            "leasehold ended before the background job: {run:?}"
+        );
+        let status = output(leasehold(f, "status", &["--key", "leftovers"]));
+        assert_eq!(code(&status), 1, "released after it: {status:?}");
+    }
+
+    pub fn a_sigkilled_leasehold_takes_its_commands_grandchildren_with_it(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let normal = dir.path().join("normal");
+        let script = grandchildren_script(Some(&normal), None);
+        let mut holder = leasehold(f, "run", &["--key", "orphans", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = read_pid(&normal);
+        let _reaper = Reaper(vec![pid]);
+        holder.kill().unwrap(); // SIGKILL: leasehold can do nothing more itself
+        holder.wait().unwrap();
+        wait_until_gone(pid, "the grandchild");
+    }
+
+    pub fn a_grandchild_that_ignores_sigterm_is_killed_after_the_grace_when_leasehold_dies(
+        f: &Fixture,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let stubborn = dir.path().join("stubborn");
+        let script = grandchildren_script(None, Some(&stubborn));
+        let mut holder = leasehold(f, "run", &["--key", "stubborn", "--grace", "1s", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = read_pid(&stubborn);
+        let _reaper = Reaper(vec![pid]);
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        wait_until_gone(pid, "the grandchild that ignores SIGTERM");
+    }
+
+    /// The processes whose parent is `pid` and whose command line contains `word`.
+    fn children_of(pid: u32, word: &str) -> Vec<u32> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(word)
+                && std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok()
+                && parent_of(child) == pid
+            {
+                found.push(child);
+            }
+        }
+        found
+    }
+
+    /// Without its watchdog, leasehold could not stop the command if it died: it refuses to
+    /// start the command.
+    pub fn without_its_watchdog_leasehold_does_not_start_the_command(f: &Fixture) {
+        let registry = f.registry();
+        let held = registry.obtain("guarded").unwrap().lock().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let mut run = leasehold(f, "run", &["--key", "guarded", "--wait", "60s", "--"])
+            .args(["sh", "-c", &format!("touch '{}'", marker.display())])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + GENEROUS;
+        let watchdog = loop {
+            if let [watchdog] = children_of(run.id(), "__watchdog")[..] {
+                break watchdog;
+            }
+            assert!(Instant::now() < deadline, "no watchdog");
+            thread::sleep(Duration::from_millis(10));
+        };
+        send("KILL", watchdog);
+        wait_until_gone(watchdog, "the watchdog");
+        held.unlock().unwrap();
+        let status = wait_with_deadline(&mut run);
+        let stderr = stderr_of(&mut run);
+        assert_eq!(status.code(), Some(70), "{stderr}");
+        assert!(stderr.contains("watchdog ended"), "{stderr}");
+        assert!(!marker.exists(), "the command ran");
+        let status = output(leasehold(f, "status", &["--key", "guarded"]));
+        assert_eq!(code(&status), 1, "released: {status:?}");
+    }
+
+    /// As PID 1 of a container (here: of a new PID namespace, through unshare(1)), leasehold
+    /// adopts the processes its command leaves behind, and must reap them: a zombie stays a
+    /// member of its process group, and would keep leasehold waiting for the group for ever.
+    pub fn as_init_of_a_container_leasehold_reaps_what_its_command_left(f: &Fixture) {
+        let namespaces = Command::new("unshare")
+            .args(["--pid", "--fork", "true"])
+            .status();
+        if !namespaces.is_ok_and(|s| s.success()) {
+            crate::common::skipped("unshare --pid (root) is not available here");
+            return;
+        }
+        let run = leasehold(f, "run", &["--key", "init", "--"]);
+        // --kill-child: a leasehold that hangs dies with unshare when the deadline kills it.
+        let mut init = Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(run.get_program())
+            .args(run.get_args())
+            .args(["sh", "-c", "sleep 0.2 & exit 5"])
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert_eq!(wait_with_deadline(&mut init).code(), Some(5));
+    }
+
+    /// Runs `shell_command` (a `sh -c` string) on a pseudo-terminal through `script(1)`
+    /// (util-linux); its standard input is what the test types.
+    fn on_a_terminal(shell_command: &str) -> Child {
+        Command::new("script")
+            .args(["-qec", shell_command, "/dev/null"])
+            .env("SHELL", "/bin/sh")
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("script(1) from util-linux runs the test on a pseudo-terminal")
+    }
+
+    /// `command` as words quoted for `sh`.
+    fn shell_words(command: &Command) -> String {
+        let words: Vec<String> = std::iter::once(command.get_program())
+            .chain(command.get_args())
+            .map(|word| format!("'{}'", word.to_str().unwrap()))
+            .collect();
+        words.join(" ")
+    }
+
+    fn wait_for_text(path: &Path, text: &str) {
+        let deadline = Instant::now() + GENEROUS;
+        loop {
+            let seen = std::fs::read_to_string(path).unwrap_or_default();
+            if seen == text {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} holds {seen:?}, not {text:?}",
+                path.display()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The command reads the terminal while it runs, and the shell that started leasehold reads
+    /// it again afterwards (leasehold gave the terminal back).
+    pub fn the_command_reads_the_terminal_and_the_shell_gets_it_back(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got, after) = (
+            dir.path().join("ready"),
+            dir.path().join("got"),
+            dir.path().join("after"),
+        );
+        let mut run = leasehold(f, "run", &["--key", "tty", "--"]);
+        run.args([
+            "sh",
+            "-c",
+            &format!(
+                "echo > \"{}\"; read line; echo \"got $line\" > \"{}\"",
+                ready.display(),
+                got.display()
+            ),
+        ]);
+        let mut script = on_a_terminal(&format!(
+            "{}; read again; echo \"after $again\" > '{}'",
+            shell_words(&run),
+            after.display()
+        ));
+        let _reaper = Reaper(vec![script.id()]);
+        let mut typed = script.stdin.take().unwrap();
+        wait_for_file(&ready);
+        std::io::Write::write_all(&mut typed, b"hello\n").unwrap();
+        wait_for_text(&got, "got hello\n");
+        std::io::Write::write_all(&mut typed, b"again\n").unwrap();
+        wait_for_text(&after, "after again\n");
+        let status = wait_with_deadline(&mut script);
+        drop(typed);
+        assert!(status.success(), "{status:?}");
     }
 
     /// `leasehold lead` on group `group` running `sh -c script`, with short timings.
@@ -509,6 +1085,35 @@ mod suite {
         assert!(seen[5].starts_with("stopped "), "{seen:?}");
     }
 
+    pub fn a_lost_leadership_stops_every_process_of_the_command(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let (normal, stubborn) = (dir.path().join("normal"), dir.path().join("stubborn"));
+        let script = grandchildren_script(Some(&normal), Some(&stubborn));
+        let mut leader = leasehold(
+            f,
+            "lead",
+            &[
+                "--group", "tree", "--ttl", "3s", "--grace", "1s", "--once", "--", "sh", "-c",
+                &script,
+            ],
+        )
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let pids = [read_pid(&normal), read_pid(&stubborn)];
+        let _reaper = Reaper(pids.to_vec());
+        let released = output(leasehold(f, "release", &["--key", "tree", "--force"]));
+        assert_eq!(code(&released), 0, "{released:?}");
+        let status = wait_with_deadline(&mut leader);
+        let running: Vec<u32> = pids.into_iter().filter(|pid| alive(*pid)).collect();
+        assert_eq!(status.code(), Some(LOST), "{}", stderr_of(&mut leader));
+        assert!(
+            running.is_empty(),
+            "grandchildren {running:?} outlived the loss"
+        );
+    }
+
     pub fn a_standby_lead_exits_on_a_signal_without_running_the_command(f: &Fixture) {
         let registry = f.registry();
         let held = registry.obtain("taken").unwrap().lock().unwrap();
@@ -582,8 +1187,9 @@ mod suite {
         assert!(row.contains(holder.client_id()), "{row}");
         assert!(row.ends_with(&held.fencing_token().to_string()), "{row}");
         assert!(line("named ").contains(" released "), "{shown}");
+        // Not given with --key, but named by the table's LOCK_NAME column.
         let unnamed = leasehold::lock_key_for("unnamed");
-        assert!(line(&unnamed).contains(" released "), "{shown}");
+        assert!(line("unnamed ").contains(" released "), "{shown}");
 
         let json = output(leasehold(f, "list", &[&["--json"], &names[..]].concat()));
         assert_eq!(code(&json), 0, "{json:?}");
@@ -603,7 +1209,7 @@ mod suite {
         );
         assert!(
             json.contains(&format!(
-                "{{\"key\":null,\"lock_key\":\"{unnamed}\",\"state\":\"released\",\
+                "{{\"key\":\"unnamed\",\"lock_key\":\"{unnamed}\",\"state\":\"released\",\
                  \"client_id\":null,"
             )),
             "{json}"
@@ -663,6 +1269,124 @@ mod suite {
         assert_eq!(code(&twice), 0, "init on an existing table: {twice:?}");
     }
 
+    /// The tables, triggers and functions on the fixture's database whose names start with
+    /// `prefix` (case-insensitive; `_` matches any character, which only widens the net).
+    fn objects_named(f: &Fixture, prefix: &str) -> Vec<String> {
+        let pattern = format!("{}%", prefix.to_lowercase());
+        match f.db {
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite => {
+                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+                let mut query = conn
+                    .prepare("SELECT type || ' ' || name FROM sqlite_master WHERE name LIKE ?1")
+                    .unwrap();
+                let rows = query.query_map([&pattern], |row| row.get(0)).unwrap();
+                rows.map(Result::unwrap).collect()
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                let mut client =
+                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
+                        .unwrap();
+                let rows = client
+                    .query(
+                        "SELECT 'table ' || table_name::text FROM information_schema.tables \
+                           WHERE lower(table_name) LIKE $1 \
+                         UNION ALL SELECT 'trigger ' || tgname::text FROM pg_trigger \
+                           WHERE lower(tgname::text) LIKE $1 \
+                         UNION ALL SELECT 'function ' || proname::text FROM pg_proc \
+                           WHERE lower(proname::text) LIKE $1",
+                        &[&pattern],
+                    )
+                    .unwrap();
+                rows.iter().map(|row| row.get(0)).collect()
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
+                let mut conn = mysql::Conn::new(opts).unwrap();
+                conn.exec(
+                    "SELECT CONCAT('table ', table_name) FROM information_schema.tables \
+                       WHERE table_schema = DATABASE() AND lower(table_name) LIKE ? \
+                     UNION ALL SELECT CONCAT('trigger ', trigger_name) \
+                       FROM information_schema.triggers \
+                       WHERE trigger_schema = DATABASE() AND lower(trigger_name) LIKE ?",
+                    (&pattern, &pattern),
+                )
+                .unwrap()
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("{other:?} support is not compiled in"),
+        }
+    }
+
+    /// Drops the tables of a prefix when dropped, even when the test fails.
+    struct DropTables<'a>(&'a Fixture, String);
+
+    impl Drop for DropTables<'_> {
+        fn drop(&mut self) {
+            self.0.drop_tables(&self.1);
+        }
+    }
+
+    /// A typo'd `--prefix` used to create a table, its floor table and a trigger from `list`
+    /// or `status`, and the message named a DDL file an installed binary's user does not have.
+    pub fn read_only_commands_create_no_table_and_point_at_init(f: &Fixture) {
+        let typo = format!("{}TYPO_", f.prefix);
+        let _dropper = DropTables(f, typo.clone());
+        for (subcommand, args) in [
+            ("list", &[][..]),
+            ("list", &["--json"][..]),
+            ("status", &["--key", "k"][..]),
+            ("status", &["--key", "k", "--json"][..]),
+            ("release", &["--key", "k", "--force"][..]),
+            ("cleanup", &["--older-than", "1d"][..]),
+            (
+                "run",
+                &["--no-create-table", "--key", "k", "--", "true"][..],
+            ),
+        ] {
+            let missing = output(leasehold_on(f, &typo, subcommand, args));
+            assert_eq!(code(&missing), 70, "{subcommand} {args:?}: {missing:?}");
+            let stderr = String::from_utf8_lossy(&missing.stderr);
+            assert!(
+                stderr.contains(&format!("{typo}LOCK does not exist"))
+                    && stderr.contains("`leasehold init`")
+                    && stderr.contains("--prefix"),
+                "{subcommand} {args:?}: {stderr}"
+            );
+        }
+        let made = objects_named(f, &typo);
+        f.drop_tables(&typo);
+        assert!(made.is_empty(), "read-only commands made {made:?}");
+        assert!(
+            !objects_named(f, &f.prefix).is_empty(),
+            "the query sees the fixture's table"
+        );
+
+        if f.db == Db::Sqlite {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("typo.db");
+            let url = format!("sqlite:{}", file.display());
+            for (subcommand, args) in [("status", &["--key", "k"][..]), ("list", &[][..])] {
+                let missing = output({
+                    let mut c = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+                    c.args([subcommand, "--database", &url]).args(args);
+                    c
+                });
+                assert_eq!(code(&missing), 70, "{missing:?}");
+                let stderr = String::from_utf8_lossy(&missing.stderr);
+                assert!(
+                    stderr.contains("leasehold init --database sqlite:"),
+                    "{stderr}"
+                );
+                let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+                assert!(left.is_empty(), "{subcommand} made files: {left:?}");
+            }
+        }
+    }
+
     pub fn cleanup_deletes_old_rows(f: &Fixture) {
         let registry = f.registry();
         registry
@@ -689,15 +1413,31 @@ macro_rules! cli {
             concurrent_runs_never_overlap,
             no_wait_and_an_expired_wait_exit_busy_without_running,
             the_commands_exit_code_passes_through,
+            flock_style_no_wait_wait_seconds_and_conflict_exit_code,
+            status_shows_the_absolute_expiry_and_speaks_json,
             keep_for_makes_a_second_run_inside_the_period_exit_busy,
+            out_of_range_durations_exit_usage_before_the_lock_is_taken,
             a_lost_lease_stops_the_command_with_the_lost_code,
             int_term_and_hup_are_forwarded_to_the_command,
             ctrl_c_in_a_terminal_reaches_the_command_once,
             a_sigkilled_holders_lock_is_taken_after_its_ttl_and_its_command_stopped,
+            a_lost_lease_stops_every_process_of_the_command_before_exiting_lost,
+            a_forwarded_signal_reaches_the_commands_grandchildren,
+            the_lock_is_kept_until_what_the_command_left_running_ends,
+            a_sigkilled_leasehold_takes_its_commands_grandchildren_with_it,
+            a_grandchild_that_ignores_sigterm_is_killed_after_the_grace_when_leasehold_dies,
+            as_init_of_a_container_leasehold_reaps_what_its_command_left,
+            without_its_watchdog_leasehold_does_not_start_the_command,
+            the_command_reads_the_terminal_and_the_shell_gets_it_back,
+            ctrl_z_in_a_terminal_does_not_leave_the_command_stopped,
+            ctrl_z_and_fg_in_an_interactive_shell,
+            the_command_reads_the_terminal_when_leaseholds_input_is_redirected,
             two_leads_never_run_their_commands_at_once,
             losing_leadership_stops_the_command_and_the_lead_competes_again,
             a_standby_lead_exits_on_a_signal_without_running_the_command,
+            a_lost_leadership_stops_every_process_of_the_command,
             cleanup_deletes_old_rows,
+            read_only_commands_create_no_table_and_point_at_init,
             list_shows_the_rows_as_a_table_and_as_json,
             init_creates_the_table_or_prints_its_ddl,
         );

@@ -7,6 +7,8 @@
 //! a lease that has to *survive* lives seconds; a short lease is only ever waited out (its
 //! expiry cannot come too late), and a check that it is still held right after it was granted
 //! is made only while its holder still counts it as held (see [`refused_while_held`]).
+//! `postgres_through_pgbouncer` runs the suite again through a PgBouncer in transaction mode
+//! (`common::pgbouncer`), the listeners connecting straight to the server.
 
 mod common;
 
@@ -125,6 +127,12 @@ mod suite {
             Err(Error::LeaseLost { key, .. }) => assert_eq!(key, "takeover"),
             other => panic!("unlock after expiry must report the loss, got {other:?}"),
         }
+        // The callback runs on the registry's callback thread, after the loss channel fired.
+        let until = Instant::now() + GENEROUS;
+        while lost_events.load(Ordering::SeqCst) == 0 && Instant::now() < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+        thread::sleep(Duration::from_millis(100));
         assert_eq!(lost_events.load(Ordering::SeqCst), 1);
         assert!(fresh.is_held());
         fresh.unlock().unwrap();
@@ -793,4 +801,9 @@ mod postgres {
 #[cfg(feature = "mysql")]
 mod mysql {
     conformance!(crate::common::Db::Mysql);
+}
+
+#[cfg(all(feature = "postgres", unix))]
+mod postgres_through_pgbouncer {
+    conformance!(crate::common::pgbouncer::through_pgbouncer());
 }

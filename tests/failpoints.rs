@@ -1,6 +1,6 @@
 //! Races forced with fail points (feature `failpoints`, part of `--all-features`): each test
 //! pins one interleaving that an outside audit found to break a guarantee (issue 11), instead of
-//! hoping a loop hits the window. The fail point names are listed in `src/lease.rs`.
+//! hoping a loop hits the window. The fail point names are listed in `src/lease/mod.rs`.
 //!
 //! Fail points are process-wide, so every test holds a [`fail::FailScenario`], which runs the
 //! tests of this binary one at a time and clears every fail point when it ends. Waits are
@@ -442,6 +442,8 @@ fn a_loss_found_by_unlock_is_reported_once() {
         ),
         "{event:?}"
     );
+    // The callback runs on the registry's callback thread, after the loss channel fired.
+    wait_until("the callback ran", || reports.load(Ordering::SeqCst) > 0);
     thread::sleep(Duration::from_millis(200));
     assert_eq!(reports.load(Ordering::SeqCst), 1, "reported once");
     scenario.teardown();
@@ -474,5 +476,116 @@ fn a_handoff_with_another_ttl_succeeds_even_when_renewals_fail() {
     fail::cfg("backend::renew_sent", "return").unwrap();
     first.unlock().unwrap();
     assert_eq!(next.join().unwrap(), Ok(true));
+    scenario.teardown();
+}
+
+/// Issue 21, finding 3: one renewal statement that does not come back (here held at the fail
+/// point before it is sent) held up every other lease of the registry behind the single
+/// renewal thread; another lease, due later, was never renewed and ran out.
+#[test]
+fn a_stuck_renewal_does_not_hold_up_the_registrys_other_leases() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("stuck_renewal");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let stuck_renewal = Gate::first_at("lease::renew_batch_before_statement");
+    let stuck = registry
+        .obtain("stuck")
+        .unwrap()
+        .lock_with_ttl(Duration::from_secs(3))
+        .unwrap();
+    stuck_renewal.wait_entered();
+    let before = registry.statistics().renewals;
+    let other = registry.obtain("other").unwrap().lock().unwrap();
+    wait_until("the other lease is renewed twice", || {
+        assert!(
+            other.is_held(),
+            "the other lease ran out behind the stuck renewal"
+        );
+        registry.statistics().renewals >= before + 2
+    });
+    assert!(other.is_held());
+    stuck_renewal.open();
+    drop(stuck);
+    other.unlock().unwrap();
+    scenario.teardown();
+}
+
+/// Issue 21, finding 4: after a local handoff to a thread that asked for a shorter
+/// time-to-live, the renewal carrying it is sent while the holder still counted the old,
+/// longer deadline: the row could run out seconds before the holder gave up. From the moment
+/// that renewal may run, the deadline is at most its send instant + the new time-to-live.
+#[test]
+fn a_handoff_to_a_shorter_ttl_bounds_the_deadline_once_its_renewal_is_sent() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("shorter_ttl_deadline");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = registry.obtain("shorter").unwrap();
+    let first = lock.lock().unwrap();
+    let (measure, measure_rx) = crossbeam_channel::bounded::<()>(1);
+    let next = {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let guard = lock.lock_with_ttl(Duration::from_secs(3)).unwrap();
+            measure_rx.recv_timeout(GENEROUS).unwrap();
+            let remaining = guard.remaining();
+            drop(guard);
+            remaining
+        })
+    };
+    let sent = Gate::first_at("backend::renew_sent");
+    wait_until("the next thread queues", || lock.queued_threads() == 1);
+    first.unlock().unwrap();
+    sent.wait_entered();
+    measure.send(()).unwrap();
+    let remaining = next.join().unwrap();
+    sent.open();
+    assert!(
+        remaining <= Duration::from_secs(3),
+        "the holder counted {remaining:?} more while a renewal setting the row to 3 s was sent"
+    );
+    scenario.teardown();
+}
+
+/// Issue 21, finding 5: a renewal whose turn began before `unlock_keeping_for` ran after it,
+/// matched the kept row and set it to now + TTL: a 60 s keep became 3 s.
+#[test]
+fn a_renewal_in_flight_does_not_cut_a_kept_row_short() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("renewal_during_keep");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let renewal = Gate::first_at("lease::renew_batch_before_statement");
+    let guard = registry.obtain("kept").unwrap().lock().unwrap();
+    renewal.wait_entered();
+    guard.unlock_keeping_for(Duration::from_secs(60)).unwrap();
+    let before = registry.statistics().renewals;
+    renewal.open();
+    wait_until("the renewal in flight was sent", || {
+        registry.statistics().renewals > before
+    });
+    // The statement has been sent; give it time to run (its outcome is what is checked).
+    thread::sleep(Duration::from_millis(500));
+    let holder = f
+        .registry()
+        .holder("kept")
+        .unwrap()
+        .expect("the row is kept");
+    let (now, _) = registry.database_time().unwrap();
+    let left = holder.expires_at.duration_since(now).unwrap_or_default();
+    assert!(
+        left > Duration::from_secs(30),
+        "the kept row runs out in {left:?} instead of about 60 s"
+    );
     scenario.teardown();
 }

@@ -533,7 +533,7 @@ mod mysql_resources {
     use super::*;
     use mysql::prelude::Queryable;
 
-    /// The named lock of `key` in `f`'s table (see `backend::mysql_wakeups`).
+    /// The named lock of `key` in `f`'s table (see `backend::mysql::wakeups`).
     fn lock_name(f: &Fixture, key: &str) -> String {
         use md5::{Digest, Md5};
         let mut hasher = Md5::new();

@@ -467,6 +467,65 @@ mod suite {
         ))
     }
 
+    /// Issue 27: a table made before the `LOCK_NAME` column (or by Spring's DDL) works as it
+    /// did, its rows without names; `create_table(true)` adds the column, and from then on
+    /// leasehold's grants name their rows, while a registry built before goes on working.
+    pub fn a_table_without_the_name_column_works_and_create_table_adds_it(f: &Fixture) {
+        let prefix = format!("{}n_", f.prefix);
+        let ddl: String = shipped_ddl(f.db)
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("LOCK_NAME"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert!(!ddl.contains("LOCK_NAME ") && ddl.contains("FENCING_TOKEN"));
+        execute(f, &ddl.replace("INT_", &prefix));
+        let name_of = |registry: &LockRegistry, key: &str| {
+            let lock_key = leasehold::lock_key_for(key);
+            let rows: Vec<_> = registry.listing().rows().collect::<Result<_, _>>().unwrap();
+            rows.into_iter()
+                .find(|row| row.lock_key == lock_key)
+                .expect("the row")
+                .name
+        };
+        let before = f.builder().prefix(prefix.clone()).build().unwrap();
+        before
+            .obtain("plain")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        assert_eq!(name_of(&before, "plain"), None);
+        let after = f
+            .builder()
+            .prefix(prefix.clone())
+            .create_table(true)
+            .build()
+            .unwrap();
+        after
+            .obtain("named")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        assert_eq!(name_of(&after, "named").as_deref(), Some("named"));
+        // A registry built before the column came keeps working (its statements ignore it).
+        let guard = before.obtain("plain").unwrap().lock().unwrap();
+        assert!(after.obtain("plain").unwrap().try_lock().unwrap().is_none());
+        guard.unlock().unwrap();
+        // A takeover by a naming registry names the row.
+        after
+            .obtain("plain")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        assert_eq!(name_of(&after, "plain").as_deref(), Some("plain"));
+        f.drop_tables(&prefix);
+    }
+
     pub fn a_table_with_wrong_column_types_is_refused_or_still_excludes(f: &Fixture) {
         let mut double_grants = Vec::new();
         for (n, (what, from, to)) in variants(f.db).into_iter().enumerate() {
@@ -485,38 +544,48 @@ mod suite {
 
 #[cfg(feature = "sqlite")]
 mod sqlite_tables {
-    crate::suite_for!(crate::common::Db::Sqlite; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+    crate::suite_for!(crate::common::Db::Sqlite;
+        a_table_with_wrong_column_types_is_refused_or_still_excludes,
+        a_table_without_the_name_column_works_and_create_table_adds_it);
 }
 
 #[cfg(feature = "postgres")]
 mod postgres_tables {
-    crate::suite_for!(crate::common::Db::Postgres; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+    crate::suite_for!(crate::common::Db::Postgres;
+        a_table_with_wrong_column_types_is_refused_or_still_excludes,
+        a_table_without_the_name_column_works_and_create_table_adds_it);
 }
 
 #[cfg(feature = "mysql")]
 mod mysql_tables {
-    crate::suite_for!(crate::common::Db::Mysql; a_table_with_wrong_column_types_is_refused_or_still_excludes);
+    crate::suite_for!(crate::common::Db::Mysql;
+        a_table_with_wrong_column_types_is_refused_or_still_excludes,
+        a_table_without_the_name_column_works_and_create_table_adds_it);
 }
 
 /// Sequences of operations by two instances on one key — lock with a time-to-live, renew with
-/// another, pause, unlock — checked against a model of what the guarantees allow: never two
-/// holders that both count themselves as holding, a holder's deadline never past what its last
-/// renewal gives, strictly increasing tokens across grants, and every loss reported exactly
-/// once (by the callback) for a lease whose unlock said it was lost. Time-to-lives are short
-/// so that expiries, takeovers and renewals that come too late all happen within a case.
+/// another, hand over locally to another thread that asks for another, pause, unlock — checked
+/// against a model of what the guarantees allow: never two holders that both count themselves
+/// as holding, a holder's deadline never past what its last statement or handoff gives, a local
+/// handoff keeping the grant's token, strictly increasing tokens across grants, and every loss
+/// reported exactly once (by the callback) for a lease whose unlock said it was lost.
+/// Time-to-lives are short so that expiries, takeovers and renewals that come too late all
+/// happen within a case. Every guard lives on a thread of its own (a local handoff moves the
+/// lock to another thread), driven by the test through a channel.
 #[cfg(feature = "sqlite")]
 mod sequences {
-    use leasehold::{LockGuard, LockRegistry};
+    use leasehold::{Lock, LockGuard, LockRegistry};
     use parking_lot::Mutex;
     use proptest::prelude::*;
     use std::collections::HashMap;
     use std::sync::Arc;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     #[derive(Debug, Clone)]
     enum Op {
         Lock { instance: usize, ttl_ms: u64 },
         Renew { instance: usize, ttl_ms: u64 },
+        Handoff { instance: usize, ttl_ms: u64 },
         Pause { ms: u64 },
         Unlock { instance: usize },
     }
@@ -525,6 +594,7 @@ mod sequences {
         prop_oneof![
             (0..2usize, 20..200u64).prop_map(|(instance, ttl_ms)| Op::Lock { instance, ttl_ms }),
             (0..2usize, 20..200u64).prop_map(|(instance, ttl_ms)| Op::Renew { instance, ttl_ms }),
+            (0..2usize, 20..200u64).prop_map(|(instance, ttl_ms)| Op::Handoff { instance, ttl_ms }),
             (0..60u64).prop_map(|ms| Op::Pause { ms }),
             (0..2usize).prop_map(|instance| Op::Unlock { instance }),
         ]
@@ -545,6 +615,78 @@ mod sequences {
             .unwrap()
     }
 
+    type Command = Box<dyn FnOnce(&mut Option<LockGuard>) + Send>;
+
+    /// A thread that takes the lock (`ttl`, waiting or not) and then runs what it is sent on its
+    /// guard; it ends when dropped.
+    struct Holder {
+        commands: crossbeam_channel::Sender<Command>,
+        /// The time-to-live the holder last asked for (lock, renewal or handoff).
+        ttl: Duration,
+    }
+
+    impl Holder {
+        /// Starts the thread; `granted` receives the token once the lock call returned.
+        fn start(
+            lock: Lock,
+            ttl: Duration,
+            wait: bool,
+        ) -> (Holder, crossbeam_channel::Receiver<Option<u64>>) {
+            let (commands, inbox) = crossbeam_channel::unbounded::<Command>();
+            let (granted_tx, granted) = crossbeam_channel::bounded(1);
+            std::thread::spawn(move || {
+                // A waiter gives up after a while: the other instance may hold the lock, and
+                // the test thread waits for this one.
+                let mut guard = match wait {
+                    true => lock.try_lock_for_with_ttl(Duration::from_secs(2), ttl),
+                    false => lock.try_lock_with_ttl(ttl),
+                }
+                .unwrap();
+                let _ = granted_tx.send(guard.as_ref().map(LockGuard::fencing_token));
+                for command in inbox {
+                    command(&mut guard);
+                }
+            });
+            (Holder { commands, ttl }, granted)
+        }
+
+        fn call<T: Send + 'static>(
+            &self,
+            work: impl FnOnce(&mut Option<LockGuard>) -> T + Send + 'static,
+        ) -> T {
+            let (answer_tx, answer) = crossbeam_channel::bounded(1);
+            self.commands
+                .send(Box::new(move |guard: &mut Option<LockGuard>| {
+                    let _ = answer_tx.send(work(guard));
+                }))
+                .unwrap();
+            answer.recv().unwrap()
+        }
+
+        /// (`is_held`, `remaining`) of the guard.
+        fn view(&self) -> (bool, Duration) {
+            self.call(|guard| {
+                let guard = guard.as_ref().expect("a holder holds");
+                (guard.is_held(), guard.remaining())
+            })
+        }
+
+        fn token(&self) -> u64 {
+            self.call(|guard| guard.as_ref().expect("a holder holds").fencing_token())
+        }
+
+        /// Unlocks; `Err(true)` when the unlock reported the lease lost.
+        fn unlock(&self) -> Result<(), bool> {
+            self.call(|guard| {
+                let guard = guard.take().expect("a holder holds");
+                guard.unlock().map_err(|e| {
+                    assert!(e.is_lease_lost(), "{e}");
+                    true
+                })
+            })
+        }
+    }
+
     fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         let dir = tempfile::tempdir().unwrap();
         let reports = Reports::default();
@@ -552,61 +694,96 @@ mod sequences {
             registry(&dir, true, &reports),
             registry(&dir, false, &reports),
         ];
-        let mut held: [Option<LockGuard>; 2] = [None, None];
+        let lock = |instance: usize| instances[instance].obtain("key").unwrap();
+        let mut held: [Option<Holder>; 2] = [None, None];
         let mut last_token = 0u64;
         let mut lost_on_unlock = Vec::new();
         for op in ops {
             match *op {
                 Op::Lock { instance, ttl_ms } if held[instance].is_none() => {
-                    let lock = instances[instance].obtain("key").unwrap();
                     let ttl = Duration::from_millis(ttl_ms);
-                    if let Some(guard) = lock.try_lock_with_ttl(ttl).unwrap() {
-                        prop_assert!(guard.is_held());
-                        prop_assert!(
-                            guard.remaining() < ttl,
-                            "{:?} of {ttl:?}",
-                            guard.remaining()
-                        );
-                        prop_assert!(guard.fencing_token() > last_token);
-                        last_token = guard.fencing_token();
-                        held[instance] = Some(guard);
+                    let (holder, granted) = Holder::start(lock(instance), ttl, false);
+                    if let Some(token) = granted.recv().unwrap() {
+                        let (is_held, remaining) = holder.view();
+                        prop_assert!(is_held);
+                        prop_assert!(remaining < ttl, "{remaining:?} of {ttl:?}");
+                        prop_assert!(token > last_token);
+                        last_token = token;
+                        held[instance] = Some(holder);
                     }
                 }
                 Op::Lock { .. } => {}
                 Op::Renew { instance, ttl_ms } => {
-                    if let Some(guard) = &held[instance] {
+                    if let Some(holder) = &mut held[instance] {
                         let ttl = Duration::from_millis(ttl_ms);
-                        if guard.renew_with_ttl(ttl).is_ok() {
-                            prop_assert!(
-                                guard.remaining() < ttl,
-                                "{:?} of {ttl:?}",
-                                guard.remaining()
-                            );
+                        let renewed = holder.call(move |guard| {
+                            let guard = guard.as_ref().expect("a holder holds");
+                            guard.renew_with_ttl(ttl).ok().map(|()| guard.remaining())
+                        });
+                        if let Some(remaining) = renewed {
+                            prop_assert!(remaining < ttl, "{remaining:?} of {ttl:?}");
+                        }
+                        holder.ttl = ttl;
+                    }
+                }
+                Op::Handoff { instance, ttl_ms } => {
+                    let Some(previous) = held[instance].take() else {
+                        continue;
+                    };
+                    let ttl = Duration::from_millis(ttl_ms);
+                    let token = previous.token();
+                    let handle = lock(instance);
+                    let (next, granted) = Holder::start(handle.clone(), ttl, true);
+                    let until = Instant::now() + Duration::from_secs(10);
+                    while handle.queued_threads() == 0 && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    let handed = previous.unlock();
+                    match granted.recv().unwrap() {
+                        // Handed over: the same grant, bounded by what the database has —
+                        // the longer of the two time-to-lives until a renewal carries the new.
+                        Some(next_token) if handed.is_ok() && next_token == token => {
+                            let (_, remaining) = next.view();
+                            let bound = previous.ttl.max(ttl);
+                            prop_assert!(remaining < bound, "{remaining:?} of {bound:?}");
+                            held[instance] = Some(next);
+                        }
+                        // The lease was lost meanwhile: the waiter got a new grant (or none).
+                        Some(next_token) => {
+                            if handed.is_err() {
+                                lost_on_unlock.push(token);
+                            }
+                            prop_assert!(next_token > last_token, "{next_token} <= {last_token}");
+                            last_token = next_token;
+                            held[instance] = Some(next);
+                        }
+                        None => {
+                            if handed.is_err() {
+                                lost_on_unlock.push(token);
+                            }
                         }
                     }
                 }
                 Op::Pause { ms } => std::thread::sleep(Duration::from_millis(ms)),
                 Op::Unlock { instance } => {
-                    if let Some(guard) = held[instance].take() {
-                        let token = guard.fencing_token();
-                        if let Err(e) = guard.unlock() {
-                            prop_assert!(e.is_lease_lost(), "{e}");
+                    if let Some(holder) = held[instance].take() {
+                        let token = holder.token();
+                        if holder.unlock().is_err() {
                             lost_on_unlock.push(token);
                         }
                     }
                 }
             }
             let holding: Vec<usize> = (0..2)
-                .filter(|&i| held[i].as_ref().is_some_and(|guard| guard.is_held()))
+                .filter(|&i| held[i].as_ref().is_some_and(|holder| holder.view().0))
                 .collect();
             prop_assert!(holding.len() < 2, "two holders after {op:?}");
             // The model: whoever counts itself as holding excludes the other instance.
             if let [holder] = holding[..] {
                 let other = 1 - holder;
                 if held[other].is_none() {
-                    let lock = instances[other].obtain("key").unwrap();
-                    let taken = lock.try_lock().unwrap();
-                    let still = held[holder].as_ref().is_some_and(|guard| guard.is_held());
+                    let taken = lock(other).try_lock().unwrap();
+                    let still = held[holder].as_ref().is_some_and(|h| h.view().0);
                     prop_assert!(
                         !(still && taken.is_some()),
                         "granted while held, after {op:?}"
@@ -614,15 +791,24 @@ mod sequences {
                 }
             }
         }
-        for guard in held.iter_mut() {
-            if let Some(guard) = guard.take() {
-                let token = guard.fencing_token();
-                if guard.unlock().is_err() {
+        for holder in held.iter_mut() {
+            if let Some(holder) = holder.take() {
+                let token = holder.token();
+                if holder.unlock().is_err() {
                     lost_on_unlock.push(token);
                 }
             }
         }
-        // Reports are made on the thread that noticed; the last ones may still be in flight.
+        // Callbacks run on each registry's callback thread: the last ones may still be on their
+        // way. Wait (generously, for a loaded machine) until every loss unlock saw is reported.
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until
+            && !lost_on_unlock
+                .iter()
+                .all(|token| reports.lock().contains_key(token))
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         std::thread::sleep(Duration::from_millis(50));
         let reports = reports.lock();
         for token in lost_on_unlock {

@@ -363,7 +363,7 @@ fn racing_for_each_key(builder: impl Fn() -> RegistryBuilder + Sync) {
     }
 }
 
-/// A statement naming a sixth parameter, or an unknown name, is refused when building.
+/// A statement naming a seventh parameter, or an unknown name, is refused when building.
 fn assert_rejected(result: leasehold::Result<LockRegistry>, statement: &str) {
     match result {
         Err(Error::InvalidStatement { statement: s, .. }) if s == statement => {}
@@ -547,12 +547,13 @@ mod postgres_interop {
                 Type::BPCHAR,
                 Type::INT8,
                 Type::INT8,
+                Type::TEXT,
             ];
             let mut transaction = self.client.transaction().unwrap();
             let statement = transaction.prepare_typed(sql, &types).unwrap();
             let (lock_key, ttl_micros, token) = (lock_key_for(key), 10_000_000_i64, 0_i64);
-            let params: [&(dyn ToSql + Sync); 5] =
-                [&lock_key, &"DEFAULT", &client_id, &ttl_micros, &token];
+            let params: [&(dyn ToSql + Sync); 6] =
+                [&lock_key, &"DEFAULT", &client_id, &ttl_micros, &token, &key];
             let granted = transaction.query(&statement, &params).unwrap().len() == 1;
             let xid: Option<String> = transaction
                 .query_one("SELECT pg_current_xact_id_if_assigned()::text", &[])
@@ -617,7 +618,7 @@ mod postgres_interop {
             assert_rejected(
                 builder()
                     .release_sql(format!(
-                        "UPDATE {table} SET CLIENT_ID = NULL WHERE LOCK_KEY = $6"
+                        "UPDATE {table} SET CLIENT_ID = NULL WHERE LOCK_KEY = $7"
                     ))
                     .build(),
                 "release",
@@ -901,6 +902,7 @@ mod mysql_interop {
                 "client_id" => client_id,
                 "ttl_micros" => 10_000_000_i64,
                 "token" => 0_i64,
+                "lock_name" => key,
             };
             self.conn.exec_drop(sql, params).unwrap();
             // The default statement reports a grant's token through LAST_INSERT_ID().

@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub(crate) struct AdminStatements {
     /// Parameters 1–2. One row — `CLIENT_ID`, `CREATED_DATE` and `EXPIRED_AFTER` in µs since
-    /// the Unix epoch (UTC), `FENCING_TOKEN` — when the row is held on the database clock
+    /// the Unix epoch (UTC), `FENCING_TOKEN`, the database clock in µs — when the row is held on the database clock
     /// (`CLIENT_ID` set, not expired); no row otherwise.
     pub holder: String,
     /// Parameters 1, 2 and 5. The region's rows whose `LOCK_KEY` sorts after parameter 1
     /// (byte order), in that order, at most parameter 5 of them: `LOCK_KEY`, `CLIENT_ID`
     /// (NULL when released), `CREATED_DATE` and `EXPIRED_AFTER` in µs since the Unix epoch,
-    /// `FENCING_TOKEN`, and the state on the database clock (see [`ListedRow::state`]).
+    /// `FENCING_TOKEN`, the state on the database clock (see [`ListedRow::state`]), and
+    /// `LOCK_NAME` (NULL where the table has no such column).
     pub list: String,
     /// Parameters 1–2. Frees a held row whatever its holder, as release does (`CLIENT_ID`
     /// NULL, `EXPIRED_AFTER` in 1970, the token kept); one affected row means a holder was
@@ -34,7 +35,10 @@ pub(crate) struct AdminStatements {
     pub delete_released_and_expired: String,
     /// Parameters 1–5, as release. Keeps the row held by this client until `CREATED_DATE` +
     /// parameter 4 µs when that is later than the database clock, releases it as release
-    /// does otherwise; zero affected rows means the lease had already been lost.
+    /// does otherwise; zero affected rows means the lease had already been lost. Either way
+    /// it raises `FENCING_TOKEN` by one, so that a renewal of the lease still in flight, or one
+    /// that timed out and runs late, no longer matches the row (renewals match client *and*
+    /// token) and cannot cut the kept time short; the next grant's token exceeds it as usual.
     pub release_keeping: String,
 }
 
@@ -45,6 +49,8 @@ pub(crate) struct HolderRow {
     pub acquired_micros: i64,
     pub expires_micros: i64,
     pub token: i64,
+    /// The database clock when the statement ran, in µs since the Unix epoch.
+    pub now_micros: i64,
 }
 
 /// A row as [`AdminStatements::list`] returns it.
@@ -57,6 +63,9 @@ pub(crate) struct ListedRow {
     pub token: i64,
     /// [`STATE_RELEASED`], [`STATE_HELD`] or [`STATE_EXPIRED`].
     pub state: i64,
+    /// `LOCK_NAME`: the name leasehold's grant stored; `None` for Spring's rows, and on a
+    /// table without the column.
+    pub name: Option<String>,
 }
 
 /// `CLIENT_ID` is NULL: released (or never taken by leasehold).
@@ -77,7 +86,7 @@ pub(crate) fn state_sql(now: &str) -> String {
 
 impl<B: Backend> SqlStore<B> {
     fn admin(&self) -> Arc<AdminStatements> {
-        Arc::new(B::admin_statements(&self.table.table))
+        Arc::new(B::admin_statements(&self.table.table, self.named))
     }
 
     pub(super) fn admin_holder(

@@ -11,9 +11,11 @@
 //! replacement written by a user (`RegistryBuilder::acquire_sql` and friends) binds the same
 //! way on every database:
 //!
-//! - **acquire** (1–4): one statement that takes the row when it is absent or expired on the
+//! - **acquire** (1–4, 6): one statement that takes the row when it is absent or expired on the
 //!   database's clock, sets `FENCING_TOKEN` to `max(old + 1, database clock in µs, floor + 1)`
-//!   (see below) and returns it; it returns no row — and writes nothing — when the lock is held.
+//!   (see below) and `LOCK_NAME` to the lock's name (parameter 6) where the table has that
+//!   column, and returns the token; it returns no row — and writes nothing — when the lock is
+//!   held.
 //! - **renew** (1–5): moves `EXPIRED_AFTER` to database-now + TTL where the row still carries
 //!   this client and token and has not expired; one affected row means renewed.
 //! - **release** (1–3, 5): marks the row released (`CLIENT_ID` NULL, `EXPIRED_AFTER` in 1970)
@@ -43,6 +45,9 @@
 //!
 //! # Files
 //!
+//! The shared machinery, then one folder per database, each holding that database's SQL (its
+//! [`Backend`] impl), its connections and error mapping, and its wake-ups:
+//!
 //! | file | job |
 //! |------|-----|
 //! | `mod.rs` | the [`Backend`] contract |
@@ -52,27 +57,26 @@
 //! | `admin.rs` | the administration statements: holder, listing, forced release, cleanup, keep-for release |
 //! | `retry.rs` | the retry loop: deadlines, pauses, discarding broken connections |
 //! | `pools.rs` | connection pools and the first connection |
-//! | `statement_threads.rs` | threads that run MySQL statements for callers with deadlines |
-//! | `schema.rs` | the DDL and the table and floor checks of `build()` |
+//! | `statement_threads.rs` | threads that run statements for callers with deadlines (drivers without per-call timeouts: MySQL) |
+//! | `schema.rs` | the DDL and the table, name-column and floor checks of `build()` |
 //! | `statistics.rs` | statement counters ([`Statistics`]) |
 //! | `listener.rs` | what a release listener and its registry tell each other |
-//! | `sqlite.rs`, `postgres.rs`, `mysql.rs` | one backend each |
-//! | `mysql_wakeups.rs` | MySQL's release wake-ups through named locks |
-//! | `sqlite_board.rs` | SQLite's release wake-ups between processes of one host |
 //! | `tls.rs` | TLS settings and handshake errors (PostgreSQL, MySQL) |
+//! | `sqlite/mod.rs`, `sqlite/board.rs` | SQLite; its release board (wake-ups between processes of one host) |
+//! | `postgres/mod.rs`, `postgres/listener.rs` | PostgreSQL; its `LISTEN` thread and connection |
+//! | `mysql/mod.rs`, `mysql/wakeups.rs` | MySQL/MariaDB; its wake-ups through named locks |
+//!
+//! A database's files import the shared ones (`crate::backend::…`), never the other way round,
+//! and never another database's.
 
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
-#[cfg(feature = "mysql")]
-pub(crate) mod mysql_wakeups;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
-#[cfg(all(feature = "sqlite", target_os = "linux"))]
-pub(crate) mod sqlite_board;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod tls;
 
@@ -105,7 +109,7 @@ pub(crate) use statements::PerStatement;
 pub use statements::Statements;
 pub(crate) use statements::{pairs_json, CustomQueries, OwnedParams, Params};
 pub use statistics::Statistics;
-pub(crate) use store::{Grant, Path, SqlStore, Store};
+pub(crate) use store::{Batched, Grant, Path, SqlStore, Store};
 
 /// A connection of a backend, as its pool hands it out.
 pub(crate) type Conn<B> = <<B as Backend>::Manager as r2d2::ManageConnection>::Connection;
@@ -138,17 +142,21 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Whether a trigger's name belongs to its table (PostgreSQL), so it never carries the
     /// table's schema; elsewhere it is a schema's object, named like the table.
     const TRIGGER_NAMES_PER_TABLE: bool = false;
+    /// The column type of the optional `LOCK_NAME` (room for [`crate::MAX_KEY_BYTES`]).
+    const NAME_TYPE: &'static str;
     /// The column type of `CREATED_DATE` and `EXPIRED_AFTER` in `DDL`.
     const TIMESTAMP_TYPE: &'static str;
     /// The literal a released row's `EXPIRED_AFTER` holds (1970-01-01).
     const RELEASED_TIMESTAMP: &'static str;
 
     /// The default statements for `table`; with `floor`, acquire reads the deletion floor
-    /// `{table}_FLOOR` (see [`floor_table`]).
-    fn default_queries(table: &str, floor: bool) -> Statements;
+    /// `{table}_FLOOR` (see [`floor_table`]); with `named`, acquire stores parameter 6 in
+    /// `LOCK_NAME` (whenever it writes the row).
+    fn default_queries(table: &str, floor: bool, named: bool) -> Statements;
 
-    /// The administration statements for `table` (see [`AdminStatements`]).
-    fn admin_statements(table: &str) -> AdminStatements;
+    /// The administration statements for `table` (see [`AdminStatements`]); with `named`,
+    /// the listing reads `LOCK_NAME`.
+    fn admin_statements(table: &str, named: bool) -> AdminStatements;
 
     /// Runs [`AdminStatements::holder`]: the held row, if any.
     fn holder(
@@ -245,12 +253,27 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn renew_batch_sql(table: &str) -> Vec<String>;
 
     /// Renews many leases of one time-to-live in one transaction with `sql` (from
-    /// [`Backend::renew_batch_sql`]): parameter 1 is a JSON array of `[LOCK_KEY, token]`
-    /// pairs, 2–4 as for renew; each pair's row is renewed under renew's conditions (client,
-    /// token, not expired). Returns the pairs renewed.
+    /// [`Backend::renew_batch_sql`]): parameter 1 is a JSON array of `pairs` `[LOCK_KEY,
+    /// token]` pairs, 2–4 as for renew; each pair's row is renewed under renew's conditions
+    /// (client, token, not expired). A row another session holds locked must be skipped, never
+    /// waited for, and returned in [`BatchRows::busy`] when it still matches those conditions.
     fn renew_batch(
         conn: &mut Conn<Self>,
         sql: &[String],
         params: &Params,
-    ) -> Result<Vec<(String, i64)>, Failure>;
+        pairs: usize,
+    ) -> Result<BatchRows, Failure>;
+
+    /// Whether another session can hold one row of the table locked (a transaction that
+    /// updated it, `SELECT … FOR UPDATE`), so that a statement could wait on it. Then even a
+    /// single background renewal runs through [`Backend::renew_batch`], which skips such rows.
+    const ROW_LOCKS: bool = true;
+}
+
+/// What a batch renewal found: the pairs renewed, and the pairs still this client's whose rows
+/// another session held locked (skipped).
+#[derive(Debug, Default)]
+pub(crate) struct BatchRows {
+    pub renewed: Vec<(String, i64)>,
+    pub busy: Vec<(String, i64)>,
 }

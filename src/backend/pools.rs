@@ -10,7 +10,23 @@
 //! the timeout and 30 s after it. A process holding one lock therefore keeps one renewal
 //! connection (used every renewal period) and, until it times out, the main connection that
 //! acquired it. On SQLite a connection is an open file (and its page cache), closed the same
-//! way.
+//! way. No connection is replaced for its age alone.
+//!
+//! # A full server
+//!
+//! A server that has no connection slot left (PostgreSQL's `max_connections`, or a role's
+//! `CONNECTION LIMIT`: SQLSTATE 53300, "too many clients") refuses new connections, not
+//! statements on open ones. So a grant secures the lease's renewals
+//! ([`SqlStore::secure_renewal`]): when the renewal pool has no connection, the grant opens
+//! one before it is handed out; if the server refuses it, the grant is released at once and the
+//! caller gets an error naming the full server — a lease whose renewals could not run is never
+//! handed out to expire later. The renewal connection then stays while renewals use it (every
+//! renewal period, which must stay below `idle_connection_timeout`, as it does by default). A
+//! connection that breaks is replaced by a new one, which a full server can still refuse; no
+//! client can do better there. Wherever the refusal surfaces — `build()`'s first connection,
+//! an acquire or a renewal that needed a new connection and timed out — the message names
+//! "too many clients" and the fix ([`crate::error`]'s `TOO_MANY_CLIENTS_FIX`: a pooler,
+//! `max_connections`, fewer connections), never "start the server".
 //!
 //! `build()` still fails fast on a wrong URL or an absent server: each backend opens one
 //! direct connection first ([`first_connection`]; SQLite opens the file), and the table check
@@ -19,13 +35,11 @@
 //! it at once; a server that refuses connections (it may be starting) is tried again until
 //! `connect_timeout`.
 
+use super::{Backend, Grant, SqlStore, Store};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::{Failure, FailureKind};
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::error::{Error, Result};
-use std::time::Duration;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use std::time::Instant;
+use crate::error::{Error, Result, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
+use std::time::{Duration, Instant};
 
 /// Pool settings shared by every backend.
 #[derive(Debug, Clone)]
@@ -40,10 +54,20 @@ pub(crate) struct PoolSettings {
     /// The registry's `operation_timeout`: the usual deadline of one statement.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub operation_timeout: Duration,
+    /// PostgreSQL: whether connections prepare named statements and keep them
+    /// (`RegistryBuilder::prepared_statements`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub prepared_statements: bool,
+    /// PostgreSQL: where the release listener connects instead of the registry's URL
+    /// (`RegistryBuilder::listener_url`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub listener_url: Option<String>,
 }
 
 /// A pool of at most `size` connections from `manager`, opened on demand (see the module docs):
-/// it opens none now.
+/// it opens none now. A connection lives until it breaks or stays idle too long, never
+/// replaced for its age alone (r2d2's default `max_lifetime` would do that every 30 minutes,
+/// and a renewal that must open a new connection can be refused by a full server).
 pub(super) fn build_pool<M: r2d2::ManageConnection>(
     manager: M,
     size: u32,
@@ -53,10 +77,81 @@ pub(super) fn build_pool<M: r2d2::ManageConnection>(
         .max_size(size)
         .min_idle(Some(0))
         .idle_timeout(Some(pool.idle_timeout))
+        .max_lifetime(None)
         .test_on_check_out(false)
         .connection_timeout(pool.connect_timeout)
         .error_handler(Box::new(r2d2::NopErrorHandler))
         .build_unchecked(manager)
+}
+
+/// The least time a grant gets to secure its renewal connection, however little is left of
+/// the acquire's deadline.
+const SECURING_AT_LEAST: Duration = Duration::from_secs(1);
+
+impl<B: Backend> SqlStore<B> {
+    /// After a grant of `lock_key`: makes sure the renewal pool has a connection, so that
+    /// renewing the lease does not depend on opening one later — a full server would refuse
+    /// it ("too many clients") and the lease would run out. Opened here (by `deadline`, at
+    /// least [`SECURING_AT_LEAST`]) when the pool has none; the pool keeps it while renewals
+    /// use it. If it cannot be opened, the grant is released at once and the caller gets an
+    /// error saying why: a lease whose renewals cannot run is not handed out.
+    pub(super) fn secure_renewal(
+        &self,
+        lock_key: &str,
+        grant: &Grant,
+        deadline: Instant,
+    ) -> Result<()> {
+        if self.renewal_pool.state().connections > 0 {
+            return Ok(());
+        }
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(SECURING_AT_LEAST);
+        let failure = match self.renewal_pool.get_timeout(wait) {
+            Ok(_connection) => return Ok(()),
+            Err(e) => e,
+        };
+        let released = Store::release(self, lock_key, grant.token, Instant::now() + wait, None);
+        let given_back = match released {
+            Ok(_) => "the lock was granted and given back at once",
+            Err(_) => "the lock was granted and is left to expire (giving it back failed too)",
+        };
+        let mut text = failure.to_string();
+        if !text.contains(TOO_MANY_CLIENTS) {
+            // The pool's error may not say why (another waiter took its last error): ask once,
+            // on a thread of its own, as the pool's own attempts run (the caller may be on a
+            // thread of an asynchronous runtime, where a driver cannot block).
+            let manager = &self.manager;
+            let asked = std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        r2d2::ManageConnection::connect(manager)
+                            .err()
+                            .map(|e| e.to_string())
+                    })
+                    .join()
+            });
+            if let Ok(Some(why)) = asked {
+                text = format!("{text}: {why}");
+            }
+        }
+        let hint = if text.contains(TOO_MANY_CLIENTS) {
+            format!(
+                "{given_back}: its renewal connection could not be opened, \
+                 {TOO_MANY_CLIENTS}: {TOO_MANY_CLIENTS_FIX}"
+            )
+        } else {
+            format!(
+                "{given_back}: its renewal connection could not be opened ({text}): check the \
+                 server and RegistryBuilder::renewal_pool_size"
+            )
+        };
+        Err(Error::Database {
+            operation: "acquire",
+            hint,
+            source: Box::new(failure),
+        })
+    }
 }
 
 /// How long the first attempt of [`first_connection`] may take before it is given up and
@@ -83,13 +178,27 @@ pub(crate) fn first_connection(
     let deadline = Instant::now() + timeout;
     let pause = Duration::from_millis(50);
     let mut limit = timeout.min(FIRST_ATTEMPT);
+    // A refusal for want of a slot, kept over later failures that say less (an attempt cut
+    // short by the deadline).
+    let mut full: Option<Failure> = None;
     loop {
-        let Err((failure, detail)) = connect(limit, deadline) else {
+        let Err((mut failure, detail)) = connect(limit, deadline) else {
             return Ok(());
         };
         let retry = failure.kind != FailureKind::Fatal;
+        if retry && !failure.hint.contains(TOO_MANY_CLIENTS) {
+            if let Some(kept) = full.take() {
+                failure = kept;
+            }
+        }
         if !retry || Instant::now() + pause >= deadline {
-            let hint = if retry {
+            let hint = if retry && failure.hint.contains(TOO_MANY_CLIENTS) {
+                // The server answered, so "start the server" would mislead.
+                format!(
+                    "{database} at {address} refused every attempt for {timeout:?}: {}",
+                    failure.hint
+                )
+            } else if retry {
                 format!(
                     "cannot reach {database} at {address} within {timeout:?} ({detail}): start \
                      the server or fix the URL"
@@ -104,6 +213,9 @@ pub(crate) fn first_connection(
                 hint,
                 source: failure.source,
             });
+        }
+        if failure.hint.contains(TOO_MANY_CLIENTS) {
+            full = Some(failure);
         }
         std::thread::sleep(pause);
         limit = deadline

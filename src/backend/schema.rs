@@ -137,7 +137,62 @@ fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The optional column that names a row's lock (issue 27): leasehold's grant fills it,
+/// Spring's rows leave it NULL.
+pub(crate) const NAME_COLUMN: &str = "LOCK_NAME";
+
+/// The statement that adds [`NAME_COLUMN`] to `table`.
+pub(crate) fn add_name_column_sql<B: Backend>(table: &str) -> String {
+    format!(
+        "ALTER TABLE {table} ADD COLUMN {NAME_COLUMN} {}",
+        B::NAME_TYPE
+    )
+}
+
 impl<B: Backend> SqlStore<B> {
+    /// Whether the table has the name column; adds it when missing and the registry may
+    /// create tables. A table without it works as before (rows carry no names), and `build()`
+    /// says how to add it.
+    pub(super) fn check_name_column(
+        &self,
+        table: &TableSettings,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let has_it = |store: &Self| -> Result<bool> {
+            let name = table.table.clone();
+            let columns = store.run(Path::Main, "check table", deadline, move |conn| {
+                B::columns(conn, &name)
+            })?;
+            Ok(columns.iter().any(|c| c.eq_ignore_ascii_case(NAME_COLUMN)))
+        };
+        if has_it(self)? {
+            return Ok(true);
+        }
+        let add = add_name_column_sql::<B>(&table.table);
+        if table.create_table {
+            let sql = add.clone();
+            let added = self.run(Path::Main, "add the name column", deadline, move |conn| {
+                B::execute_batch(conn, &sql)
+            });
+            // Another registry may have added it meanwhile: look again either way.
+            if has_it(self)? {
+                return Ok(true);
+            }
+            if let Err(e) = added {
+                log::warn!(
+                    "could not add the {NAME_COLUMN} column to {}: {e}",
+                    table.table
+                );
+            }
+        }
+        log::info!(
+            "table {} has no {NAME_COLUMN} column, so its rows carry no lock names (listings and \
+             `leasehold list` show lock keys); to add it: {add}",
+            table.table
+        );
+        Ok(false)
+    }
+
     /// Creates the table when the registry may (`create_table`), checks its columns and key,
     /// and looks for the deletion floor ([`Self::check_floor`]); returns whether acquire can
     /// read the floor.

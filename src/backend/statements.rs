@@ -23,6 +23,7 @@ use std::time::Instant;
 /// | 3 | `CLIENT_ID` of this registry | text |
 /// | 4 | time-to-live in microseconds (release: how long the key has been busy without a break, or -1 for a release that ends a turn; see [`RegistryBuilder::turn_window`](crate::RegistryBuilder::turn_window)) | integer |
 /// | 5 | fencing token of the lease | integer |
+/// | 6 | the lock's name (acquire only; stored in `LOCK_NAME` where the table has it) | text |
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Statements {
@@ -50,6 +51,8 @@ pub(crate) struct Params<'a> {
     pub client_id: &'a str,
     pub ttl_micros: i64,
     pub token: i64,
+    /// The lock's name (the user's key), parameter 6; empty for all but acquire.
+    pub name: &'a str,
 }
 
 /// [`Params`] owned, so that an attempt can run on a statement thread.
@@ -60,6 +63,7 @@ pub(crate) struct OwnedParams {
     pub(super) client_id: Arc<str>,
     pub(super) ttl_micros: i64,
     pub(super) token: i64,
+    pub(super) name: Arc<str>,
 }
 
 impl OwnedParams {
@@ -70,6 +74,7 @@ impl OwnedParams {
             client_id: &self.client_id,
             ttl_micros: self.ttl_micros,
             token: self.token,
+            name: &self.name,
         }
     }
 }
@@ -156,12 +161,12 @@ impl<B: Backend> SqlStore<B> {
                 statement,
                 reason: f.source.to_string(),
             })?;
-            if params > 5 || result_columns.is_some_and(|expected| columns != expected) {
+            if params > 6 || result_columns.is_some_and(|expected| columns != expected) {
                 return Err(Error::InvalidStatement {
                     statement,
                     reason: format!(
                         "it takes {params} parameters and returns {columns} columns; use \
-                         parameters 1-5 as documented{}",
+                         parameters 1-6 as documented{}",
                         if statement == "acquire" {
                             " and return the fencing token as the only column"
                         } else {

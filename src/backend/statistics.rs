@@ -1,10 +1,13 @@
 //! Counts of the lease statements a registry has sent.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-/// How many lease statements a registry has sent to its database (every attempt counts,
-/// including retries). Useful for metrics, and to see that local handoffs and waiting threads
-/// cost no statements.
+/// What a registry has done: the lease statements it sent to its database (every attempt
+/// counts, including retries), and what became of its locks and leases — grants by local
+/// handoff, contended tries, losses by reason, renewals, wait, hold and renewal times. For
+/// dashboards without a metrics stack; with the `metrics` feature the same events also go to
+/// the `metrics` facade (see the README's "Metrics").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Statistics {
@@ -16,6 +19,47 @@ pub struct Statistics {
     pub renewals: u64,
     /// Release statements.
     pub releases: u64,
+    /// Locks passed to another thread of the registry without a statement.
+    pub local_handoffs: u64,
+    /// Acquire statements that found the lock held elsewhere.
+    pub contended_tries: u64,
+    /// Leases lost because their deadline passed (renewal failed, or was off).
+    pub leases_lost_expired: u64,
+    /// Leases lost because the database named another holder, or none.
+    pub leases_lost_not_owner: u64,
+    /// Leases renewed (a batch statement renews several).
+    pub leases_renewed: u64,
+    /// Renewals whose outcome is unknown: no answer in time, an error, or a row another
+    /// session held locked. Each is retried until the lease's deadline.
+    pub renewals_failed: u64,
+    /// Leases the registry holds now.
+    pub held_leases: u64,
+    /// Time callers spent waiting for locks they were granted, summed.
+    pub wait_time: Duration,
+    /// Time holders held their locks, summed over released guards.
+    pub hold_time: Duration,
+    /// Time renew statements took, summed.
+    pub renewal_time: Duration,
+    /// The longest a renew statement took.
+    pub longest_renewal: Duration,
+}
+
+impl Statistics {
+    /// Adds a registry's measures to its statement counts.
+    pub(crate) fn with_measures(mut self, measured: crate::meter::Measured) -> Statistics {
+        self.local_handoffs = measured.local_handoffs;
+        self.contended_tries = measured.contended_tries;
+        self.leases_lost_expired = measured.leases_lost_expired;
+        self.leases_lost_not_owner = measured.leases_lost_not_owner;
+        self.leases_renewed = measured.leases_renewed;
+        self.renewals_failed = measured.renewals_failed;
+        self.held_leases = measured.held_leases;
+        self.wait_time = measured.wait_time;
+        self.hold_time = measured.hold_time;
+        self.renewal_time = measured.renewal_time;
+        self.longest_renewal = measured.longest_renewal;
+        self
+    }
 }
 
 #[derive(Default)]
@@ -35,6 +79,7 @@ impl Counters {
             grants: read(&self.grants),
             renewals: read(&self.renewals),
             releases: read(&self.releases),
+            ..Statistics::default()
         }
     }
 }

@@ -6,8 +6,8 @@ use super::injected_failure;
 use super::pools::build_pool;
 use super::statistics::Counters;
 use super::{
-    pairs_json, Backend, HolderRow, ListedRow, ListenerHandler, OwnedParams, PoolSettings,
-    Statements, Statistics, TableSettings,
+    pairs_json, Backend, BatchRows, HolderRow, ListedRow, ListenerHandler, OwnedParams,
+    PoolSettings, Statements, Statistics, TableSettings,
 };
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -21,6 +21,17 @@ pub(crate) struct Grant {
     pub sent_at: Instant,
 }
 
+/// What a batch renewal found for one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Batched {
+    /// Renewed.
+    Renewed,
+    /// The row no longer carries this client and token (as `renew`'s `None`).
+    NotHolder,
+    /// The row is this client's, but another session held it locked: skipped, not renewed.
+    RowBusy,
+}
+
 /// Which pool an operation draws from. Renewals have their own, so that waiters and user code
 /// holding every main connection cannot make a held lease expire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +42,15 @@ pub(crate) enum Path {
 
 /// The registry's view of a database: the three lease operations with deadlines.
 pub(crate) trait Store: Send + Sync {
-    /// One acquire attempt (retrying transient failures until `deadline`).
-    fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>>;
+    /// One acquire attempt (retrying transient failures until `deadline`); `name` is the
+    /// lock's name, stored where the table has a `LOCK_NAME` column.
+    fn acquire(
+        &self,
+        lock_key: &str,
+        name: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Grant>>;
     /// Renews; `Ok(Some(sent_at))` when renewed, `Ok(None)` when this client is not the holder.
     fn renew(
         &self,
@@ -43,15 +61,16 @@ pub(crate) trait Store: Send + Sync {
         path: Path,
     ) -> Result<Option<Instant>>;
     /// Renews many leases of one time-to-live together, on the renewal path: `leases` are
-    /// (`LOCK_KEY`, fencing token) pairs. `Ok((sent_at, renewed))` with `renewed[i]` telling
-    /// whether lease `i` is still this client's (`false`: not the holder, as `renew`'s `None`);
-    /// `Err` when the outcome is unknown for all of them.
+    /// (`LOCK_KEY`, fencing token) pairs. `Ok((sent_at, found))` with `found[i]` telling what
+    /// became of lease `i`; `Err` when the outcome is unknown for all of them. A row another
+    /// session holds locked is skipped, not waited for ([`Batched::RowBusy`]), where the
+    /// database has row locks and the default statements run.
     fn renew_batch(
         &self,
         leases: &[(&str, i64)],
         ttl: Duration,
         deadline: Instant,
-    ) -> Result<(Instant, Vec<bool>)>;
+    ) -> Result<(Instant, Vec<Batched>)>;
     /// Releases; `Ok(false)` when the lease had already been lost. `turn_age`: how long the key
     /// has been busy without a break, which notified waiters continue; `None` for a release
     /// that ends a turn, which wakes nobody (parameter 4: the age in µs, or -1).
@@ -117,6 +136,10 @@ pub(crate) struct SqlStore<B: Backend> {
     pub(super) table: TableSettings,
     /// How long an idle connection stays open (see [`PoolSettings`]).
     pub(super) idle_timeout: Duration,
+    /// Whether the table has the `LOCK_NAME` column (the statements fill and list it).
+    pub(super) named: bool,
+    /// The empty name of every statement but acquire.
+    pub(super) no_name: Arc<str>,
 }
 
 impl<B: Backend> SqlStore<B> {
@@ -144,10 +167,13 @@ impl<B: Backend> SqlStore<B> {
             manager,
             table: table.clone(),
             idle_timeout: pool.idle_timeout,
+            named: false,
+            no_name: Arc::from(""),
         };
         let deadline = Instant::now() + pool.connect_timeout;
         let floor = store.check_table(table, deadline)?;
-        let defaults = B::default_queries(&table.table, floor);
+        store.named = store.check_name_column(table, deadline)?;
+        let defaults = B::default_queries(&table.table, floor, store.named);
         store.queries = Arc::new(Statements {
             acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
             renew: table.custom.renew.clone().unwrap_or(defaults.renew),
@@ -164,13 +190,24 @@ impl<B: Backend> SqlStore<B> {
             client_id: Arc::clone(&self.client_id),
             ttl_micros: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),
             token,
+            name: Arc::clone(&self.no_name),
         }
     }
 }
 
 impl<B: Backend> Store for SqlStore<B> {
-    fn acquire(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<Option<Grant>> {
-        let params = self.params(lock_key, ttl, 0);
+    fn acquire(
+        &self,
+        lock_key: &str,
+        name: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Grant>> {
+        let mut params = self.params(lock_key, ttl, 0);
+        // A name the column cannot hold (PostgreSQL text has no NUL) is stored as none.
+        if !name.contains('\0') {
+            params.name = name.into();
+        }
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         self.run(Path::Main, "acquire", deadline, move |conn| {
             let sent_at = Instant::now();
@@ -182,10 +219,12 @@ impl<B: Backend> Store for SqlStore<B> {
             }
             Ok(token.map(|token| Grant { token, sent_at }))
         })
-        .inspect(|grant| {
-            if grant.is_some() {
+        .and_then(|grant| {
+            if let Some(grant) = &grant {
+                self.secure_renewal(lock_key, grant, deadline)?;
                 B::granted(&self.manager, &self.table, lock_key, self.idle_timeout);
             }
+            Ok(grant)
         })
     }
 
@@ -217,20 +256,27 @@ impl<B: Backend> Store for SqlStore<B> {
         leases: &[(&str, i64)],
         ttl: Duration,
         deadline: Instant,
-    ) -> Result<(Instant, Vec<bool>)> {
-        // One lease: the plain renew statement is one round trip (MySQL's batch takes four).
+    ) -> Result<(Instant, Vec<Batched>)> {
+        // One lease: the plain renew statement is one round trip (MySQL's batch takes four),
+        // but it would wait for a row another session holds locked; where that can happen the
+        // batch runs even for one lease, since it skips such a row.
+        let one_is_enough = leases.len() == 1 && !B::ROW_LOCKS;
         let batch = match &self.batch_renew {
-            Some(batch) if leases.len() > 1 && !self.batch_refused.load(Ordering::Relaxed) => batch,
+            Some(batch) if !one_is_enough && !self.batch_refused.load(Ordering::Relaxed) => batch,
             _ => return renew_each(self, leases, ttl, deadline),
         };
         let pairs = pairs_json(leases.iter().map(|(key, token)| (*key, *token)));
         let params = self.params(&pairs, ttl, 0);
         let (batch, counters) = (Arc::clone(batch), Arc::clone(&self.counters));
+        let count = leases.len();
         let outcome = self.run(Path::Renewal, "background renewal", deadline, move |conn| {
             let sent_at = Instant::now();
             fail_point!("backend::renew_sent", |_| Err(injected_failure()));
             counters.renewals.fetch_add(1, Ordering::Relaxed);
-            Ok((sent_at, B::renew_batch(conn, &batch, &params.borrowed())?))
+            Ok((
+                sent_at,
+                B::renew_batch(conn, &batch, &params.borrowed(), count)?,
+            ))
         });
         let (sent_at, renewed) = match outcome {
             Err(Error::Database { hint, .. }) => {
@@ -244,10 +290,21 @@ impl<B: Backend> Store for SqlStore<B> {
             }
             other => other?,
         };
+        let BatchRows { renewed, busy } = renewed;
         let renewed: std::collections::HashSet<(String, i64)> = renewed.into_iter().collect();
+        let busy: std::collections::HashSet<(String, i64)> = busy.into_iter().collect();
         let found = leases
             .iter()
-            .map(|(key, token)| renewed.contains(&((*key).to_string(), *token)))
+            .map(|(key, token)| {
+                let pair = ((*key).to_string(), *token);
+                if renewed.contains(&pair) {
+                    Batched::Renewed
+                } else if busy.contains(&pair) {
+                    Batched::RowBusy
+                } else {
+                    Batched::NotHolder
+                }
+            })
             .collect();
         Ok((sent_at, found))
     }
@@ -352,12 +409,15 @@ fn renew_each(
     leases: &[(&str, i64)],
     ttl: Duration,
     deadline: Instant,
-) -> Result<(Instant, Vec<bool>)> {
+) -> Result<(Instant, Vec<Batched>)> {
     let started = Instant::now();
     let mut renewed = Vec::with_capacity(leases.len());
     for (lock_key, token) in leases {
         let outcome = store.renew(lock_key, *token, ttl, deadline, Path::Renewal)?;
-        renewed.push(outcome.is_some());
+        renewed.push(match outcome {
+            Some(_) => Batched::Renewed,
+            None => Batched::NotHolder,
+        });
     }
     Ok((started, renewed))
 }

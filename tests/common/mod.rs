@@ -12,6 +12,9 @@ pub mod mariadb;
 use leasehold::{LockRegistry, RegistryBuilder};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+#[cfg(all(feature = "postgres", unix))]
+pub mod pgbouncer;
+
 /// The databases the suites run against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Db {
@@ -36,6 +39,23 @@ pub struct Fixture {
     pub db: Db,
     pub prefix: String,
     dir: tempfile::TempDir,
+    /// Where its PostgreSQL registries connect instead of [`postgres_url`], if elsewhere.
+    pub route: Option<Route>,
+}
+
+/// A way to the PostgreSQL server other than [`postgres_url`] (`tests/pgbouncer.rs` sends the
+/// conformance suite through PgBouncer): the registries' URL, the release listener's, and
+/// what keeps the way open while a fixture uses it.
+#[derive(Clone)]
+pub struct Route {
+    pub url: String,
+    pub listener_url: String,
+    pub keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+}
+
+thread_local! {
+    /// The [`Route`] of the next fixture this thread makes, which takes it (none: direct).
+    pub static ROUTE: std::cell::RefCell<Option<Route>> = const { std::cell::RefCell::new(None) };
 }
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -55,6 +75,7 @@ impl Fixture {
             db,
             prefix,
             dir: tempfile::tempdir().expect("temporary directory"),
+            route: ROUTE.with(|route| route.borrow_mut().take()),
         };
         match fixture.builder().create_table(true).build() {
             Ok(_) => Some(fixture),
@@ -77,7 +98,11 @@ impl Fixture {
             #[cfg(feature = "sqlite")]
             Db::Sqlite => LockRegistry::sqlite(self.dir.path().join("locks.db")),
             #[cfg(feature = "postgres")]
-            Db::Postgres => LockRegistry::postgres(postgres_url()),
+            Db::Postgres => match &self.route {
+                Some(route) => LockRegistry::postgres(route.url.clone())
+                    .listener_url(route.listener_url.clone()),
+                None => LockRegistry::postgres(postgres_url()),
+            },
             #[cfg(feature = "mysql")]
             Db::Mysql => LockRegistry::mysql(mysql_url()),
             #[allow(unreachable_patterns)]

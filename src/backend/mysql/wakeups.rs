@@ -28,8 +28,8 @@
 //! MySQL's limit of 64. Names are server-wide; keys of two databases on one server sharing a
 //! name cost an extra attempt, nothing more.
 
-use super::mysql::MysqlManager;
-use super::{ListenerEvent, ListenerHandler, ListenerReply};
+use super::MysqlManager;
+use crate::backend::{ListenerEvent, ListenerHandler, ListenerReply};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mysql::prelude::Queryable;
 use std::collections::HashMap;
@@ -257,7 +257,7 @@ pub(crate) fn listen(
         requests,
         watchers: HashMap::new(),
     };
-    super::listener::spawn_listener("MySQL", move || listener.run())
+    crate::backend::listener::spawn_listener("MySQL", move || listener.run())
 }
 
 struct Listener {

@@ -41,30 +41,56 @@
 //!
 //! # Threads
 //!
-//! **The lease clock** (one thread per process, [`clock`]) keeps a list of live leases and
+//! **The lease clock** (one thread per process, [`clock`]; it runs no user code and waits for no
+//! database) keeps a list of live leases and
 //! wakes at the earliest moment one of them needs attention: its renewal is nearly due, or its
 //! deadline has passed. A lease whose deadline passes is marked lost right there — even when its
 //! renewal is stuck in a database call that does not return (a frozen connection), so a loss is
 //! never reported later than the moment another instance could take the lock. A lease whose
 //! deadline or renewal moves earlier (a shorter time-to-live) wakes the clock.
 //!
-//! **A renewal thread per registry** ([`Renewer`]) does the renewing. The clock hands it the
+//! **Renewal workers, per registry** ([`Renewer`]) do the renewing. The clock hands them the
 //! leases whose renewal is due within the next eighth of their renewal period (a third of the
 //! time-to-live after the last renewal was sent, unless configured otherwise), so leases due
-//! together are renewed together: one statement per time-to-live and [`MAX_BATCH`] leases, on the
+//! together are renewed together: one statement per time-to-live and [`MAX_BATCH`](renewer::MAX_BATCH) leases, on the
 //! registry's renewal pool. A lease released before its first renewal (most short critical
-//! sections) never reaches it. Each lease keeps its own responsibility: its turn, its deadline,
+//! sections) never reaches them. Each lease keeps its own responsibility: its turn, its deadline,
 //! its loss report; a batch whose answer never comes only bounds the deadlines of its leases
 //! (see above), which are retried and, if their deadlines pass, reported one by one by the
-//! clock. One attempt gets half a renewal period at most, not the leases' whole remaining life,
-//! so that a statement stuck on a hung server or a frozen connection is retried on a new
-//! connection — to the new primary after a failover — before the deadline. With renewal
-//! turned off no renewal runs; the clock reports the loss at the deadline.
+//! clock. One attempt gets half a renewal period at most, and never runs past the earliest
+//! deadline among its leases, so that a statement stuck on a hung server or a frozen connection
+//! is retried on a new connection — to the new primary after a failover — before the deadline.
+//! With renewal turned off no renewal runs; the clock reports the loss at the deadline.
+//!
+//! # Isolation
+//!
+//! Nothing one lease, callback or row does can break another lease's guarantee:
+//!
+//! - **No user code on shared threads.** The loss callback runs on its registry's callback
+//!   thread ([`callback_thread`]), after the lease is marked lost and its loss channels have
+//!   fired. The clock marks every expired lease lost and sends its channels without waiting for
+//!   anything; a blocking callback delays only later callbacks of its own registry.
+//! - **A slow statement delays only its leases.** A chunk submitted while every worker is busy
+//!   starts another worker (up to one per renewal connection), so a statement that hangs holds up
+//!   only the leases it carries.
+//! - **A locked row costs only its own lease.** The batch renewal skips rows another session
+//!   holds locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB) and never waits for
+//!   them; such a lease is retried alone a quarter period later, and if its row stays locked past
+//!   its deadline it is reported lost as *expired* with the reason (the row was never found to have
+//!   another holder). Even a single lease renews through the batch statement on those databases.
+//!   A custom renew statement (`renew_sql`) runs one plain statement per lease and may wait.
+//! - **A shorter time-to-live bounds the deadline from the moment it may run.** When a renewal
+//!   carrying a shorter time-to-live than the lease's last takes its turn (a local handoff to a
+//!   thread that asked for it, `renew_with_ttl`), the deadline drops at once to its send instant
+//!   plus that time-to-live, before the statement is sent.
+//! - **A finished lease cannot touch its row.** Release clears `CLIENT_ID`, and
+//!   `unlock_keeping_for` raises `FENCING_TOKEN` by one, so a renewal still in flight, or one that
+//!   timed out and runs late on the server, matches neither and cannot extend or cut short what the
+//!   release left.
 //!
 //! A local handoff to a thread that asked for another time-to-live does not run a statement on
 //! the caller's thread: it records the new time-to-live and asks for a renewal now (the
-//! deadline stays bounded by what the database has). The callback is user code: a panic in it
-//! is caught and logged, so it cannot take the clock or the renewal thread down.
+//! deadline stays bounded by what the database has).
 //!
 //! # Fail points (feature `failpoints`, tests only)
 //!
@@ -72,7 +98,7 @@
 //! |------|-------|
 //! | `lease::renew_waits_for_turn` | a renewal finds another of the same lease in flight |
 //! | `lease::renew_before_statement`, `lease::renew_before_record` | around a renew statement |
-//! | `lease::renew_batch_before_statement` | the renewal thread about to send a batch |
+//! | `lease::renew_batch_before_statement`, `lease::renew_batch_before_record` | a renewal worker about to send a batch, and about to record its outcome |
 //! | `lease::loss_channel` | a holder asks for a loss channel |
 //! | `lease::clock_before_expiry` | the clock about to report leases whose deadline passed |
 //! | `lock::acquire_before_statement`, `lock::release_before_statement` | the poller's acquire, the last holder's release |
@@ -81,6 +107,7 @@
 
 use crate::backend::{Grant, Path, Store};
 use crate::error::{Error, LossReason};
+use crate::meter::Meter;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, Weak};
@@ -97,9 +124,36 @@ pub struct LeaseLost {
     pub reason: LossReason,
 }
 
-/// Called once per lost lease, on the thread that noticed the loss (the renewal thread, the lease clock,
-/// or a caller). A panic in it is caught and logged.
+/// Called once per lost lease, on a thread of the registry's own (see
+/// `RegistryBuilder::on_lease_lost`). A panic in it is caught and logged.
 pub type LostCallback = Arc<dyn Fn(&LeaseLost) + Send + Sync>;
+
+/// Where a lease sends its loss event for the registry's callback (see [`callback_thread`]).
+pub(crate) type LossSink = Sender<LeaseLost>;
+
+/// Starts the thread that runs a registry's loss callback, one event after another, and returns
+/// the sender its leases report to. User code never runs on the lease clock, a renewal worker or
+/// a thread of another registry: a slow or blocking callback delays only later callbacks of its
+/// own registry. The thread ends when the registry and all its leases are gone (every sender
+/// dropped).
+pub(crate) fn callback_thread(callback: LostCallback) -> std::io::Result<LossSink> {
+    let (sink, events) = crossbeam_channel::unbounded::<LeaseLost>();
+    std::thread::Builder::new()
+        .name("leasehold-callback".into())
+        .spawn(move || {
+            for event in events {
+                let called =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
+                if called.is_err() {
+                    log::error!(
+                        "the on_lease_lost callback panicked for {:?}; the panic was caught",
+                        event.key
+                    );
+                }
+            }
+        })?;
+    Ok(sink)
+}
 
 /// How background renewal behaves; copied from the registry settings.
 #[derive(Clone, Copy, Debug)]
@@ -148,6 +202,13 @@ impl Bounds {
         let shortest = self.unknown_min_ttl.map_or(ttl, |unknown| unknown.min(ttl));
         self.confirmed_sent = sent_at;
         self.deadline = sent_at + holder_span(shortest);
+    }
+
+    /// A renewal with `ttl` is about to be sent, no earlier than `now`: from the moment it may
+    /// run, the row may expire at its send instant + `ttl`, which a shorter time-to-live than
+    /// the last one makes earlier than the deadline.
+    fn sending(&mut self, now: Instant, ttl: Duration) {
+        self.deadline = self.deadline.min(now + holder_span(ttl));
     }
 
     /// A renewal sent (at the latest) at `sent_at` with `ttl` got no answer: it may run at any
@@ -209,7 +270,9 @@ pub(crate) struct Lease {
     /// Renews this lease in the background; `None` with renewal turned off.
     renewer: Option<Weak<Renewer>>,
     settings: KeeperSettings,
-    on_lost: Option<LostCallback>,
+    on_lost: Option<LossSink>,
+    /// The registry's measures: losses, renewals, the held-leases gauge.
+    pub(crate) meter: Arc<Meter>,
 }
 
 /// What one renewal found, as recorded.
@@ -227,18 +290,32 @@ struct Turn {
     sent_no_earlier_than: Instant,
 }
 
+/// What a lease takes from its registry.
+pub(crate) struct Owner<'a> {
+    /// Renews the lease in the background (unless `settings` turn renewal off).
+    pub renewer: &'a Arc<Renewer>,
+    pub settings: KeeperSettings,
+    /// The registry's callback thread, if it has a callback.
+    pub on_lost: Option<&'a LossSink>,
+    pub meter: &'a Arc<Meter>,
+}
+
 impl Lease {
-    /// The lease of `grant`, watched by the lease clock (which hands it to `renewer` when its
-    /// renewal falls due).
+    /// The lease of `grant`, watched by the lease clock (which hands it to its owner's renewer
+    /// when its renewal falls due).
     pub fn start(
         key: Arc<str>,
         lock_key: Arc<str>,
         grant: Grant,
         ttl: Duration,
-        renewer: Option<&Arc<Renewer>>,
-        settings: KeeperSettings,
-        on_lost: Option<LostCallback>,
+        owner: Owner<'_>,
     ) -> Arc<Lease> {
+        let Owner {
+            renewer,
+            settings,
+            on_lost,
+            meter,
+        } = owner;
         let Grant { token, sent_at } = grant;
         let lease = Arc::new(Lease {
             key,
@@ -258,10 +335,12 @@ impl Lease {
                 listeners: Vec::new(),
             }),
             changed: Condvar::new(),
-            renewer: renewer.filter(|_| settings.renew).map(Arc::downgrade),
+            renewer: settings.renew.then(|| Arc::downgrade(renewer)),
             settings,
-            on_lost,
+            on_lost: on_lost.cloned(),
+            meter: Arc::clone(meter),
         });
+        lease.meter.held(1);
         clock::watch(&lease);
         lease
     }
@@ -400,11 +479,19 @@ impl Lease {
             state.ttl_version += 1;
         }
         state.renewing = true;
-        Some(Turn {
+        let turn = Turn {
             ttl: state.ttl,
             version: state.ttl_version,
             sent_no_earlier_than: Instant::now(),
-        })
+        };
+        let before = state.bounds.deadline;
+        state.bounds.sending(turn.sent_no_earlier_than, turn.ttl);
+        let deadline = state.bounds.deadline;
+        drop(state);
+        if deadline < before {
+            clock::hurry(deadline);
+        }
+        Some(turn)
     }
 
     /// Records what a renewal of `turn` found, ends the turn, and reports a loss it found.
@@ -461,7 +548,11 @@ impl Lease {
             });
         };
         fail_point!("lease::renew_before_statement");
+        let sent = Instant::now();
         let outcome = store.renew(&self.lock_key, self.token, turn.ttl, deadline, Path::Main);
+        let renewed = u64::from(matches!(outcome, Ok(Some(_))));
+        let failed = u64::from(outcome.is_err());
+        self.meter.renewal(sent.elapsed(), renewed, failed);
         fail_point!("lease::renew_before_record");
         match outcome {
             Ok(renewed) => match self.end_turn(&turn, Ok(renewed)) {
@@ -487,6 +578,8 @@ impl Lease {
             std::mem::take(&mut state.listeners)
         };
         self.changed.notify_all();
+        self.meter.lost(&self.key, &reason);
+        self.meter.held(-1);
         let event = self.event(reason);
         log::warn!(
             "lease on {:?} (token {}) lost: {}",
@@ -497,15 +590,10 @@ impl Lease {
         for listener in listeners {
             let _ = listener.try_send(event.clone());
         }
-        if let Some(callback) = &self.on_lost {
-            let called =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&event)));
-            if called.is_err() {
-                log::error!(
-                    "the on_lease_lost callback panicked for {:?}; the panic was caught",
-                    event.key
-                );
-            }
+        // The callback runs on the registry's callback thread: never here, where the lease
+        // clock or a renewal worker may be reporting other leases' losses.
+        if let Some(sink) = &self.on_lost {
+            let _ = sink.send(event);
         }
     }
 
@@ -546,6 +634,9 @@ impl Lease {
     /// reported; the current holder's loss channels disconnect otherwise.
     pub fn end(&self) -> Option<LossReason> {
         let mut state = self.state.lock();
+        if state.phase != Phase::Released && state.lost.is_none() {
+            self.meter.held(-1);
+        }
         state.phase = Phase::Released;
         state.listeners.clear();
         let lost = state.lost.clone();
@@ -563,268 +654,7 @@ impl Lease {
     }
 }
 
-/// The most leases one renew statement carries.
-pub(crate) const MAX_BATCH: usize = 500;
+mod clock;
+mod renewer;
 
-/// A registry's background renewals: the lease clock hands it the leases whose renewal falls
-/// due, and its thread renews those of one time-to-live together, with one statement per
-/// [`MAX_BATCH`] leases on the renewal pool ([`Store::renew_batch`]). Each lease keeps its own
-/// state, deadline and loss report: a lease the database no longer records as this client's is
-/// reported by itself, and a batch that fails or hangs only bounds the deadlines of its leases,
-/// which the clock reports one by one when they pass.
-///
-/// The thread starts with the first due lease, holds only a `Weak` to the renewer (which the
-/// registry owns) and ends within [`Renewer::IDLE_TICK`] of the registry's drop.
-pub(crate) struct Renewer {
-    store: Weak<dyn Store>,
-    due: Mutex<RenewerState>,
-    wake: Condvar,
-}
-
-struct RenewerState {
-    leases: Vec<Arc<Lease>>,
-    running: bool,
-}
-
-impl Renewer {
-    /// How long the renewal thread waits for work before checking that its registry lives.
-    pub const IDLE_TICK: Duration = Duration::from_secs(1);
-
-    pub fn new(store: Weak<dyn Store>) -> Arc<Renewer> {
-        Arc::new(Renewer {
-            store,
-            due: Mutex::new(RenewerState {
-                leases: Vec::new(),
-                running: false,
-            }),
-            wake: Condvar::new(),
-        })
-    }
-
-    /// Hands over leases whose renewal falls due.
-    fn submit(self: &Arc<Self>, leases: impl IntoIterator<Item = Arc<Lease>>) {
-        let mut due = self.due.lock();
-        due.leases.extend(leases);
-        if due.running {
-            self.wake.notify_one();
-            return;
-        }
-        due.running = true;
-        let renewer = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("leasehold-renew".into())
-            .spawn(move || Renewer::run(renewer));
-        if let Err(e) = spawned {
-            due.running = false;
-            log::error!("could not start the renewal thread: {e}");
-        }
-    }
-
-    fn run(renewer: Weak<Renewer>) {
-        loop {
-            let Some(this) = renewer.upgrade() else {
-                return;
-            };
-            let leases = {
-                let mut due = this.due.lock();
-                if due.leases.is_empty() {
-                    this.wake.wait_for(&mut due, Self::IDLE_TICK);
-                }
-                std::mem::take(&mut due.leases)
-            };
-            if leases.is_empty() {
-                continue;
-            }
-            let Some(store) = this.store.upgrade() else {
-                this.due.lock().running = false;
-                return;
-            };
-            drop(this);
-            renew_together(&*store, leases);
-        }
-    }
-}
-
-/// A lease whose turn the renewal thread holds.
-type Taken = (Arc<Lease>, Turn);
-
-/// Renews `leases` in batches of one time-to-live (see [`Renewer`]).
-fn renew_together(store: &dyn Store, leases: Vec<Arc<Lease>>) {
-    let mut by_ttl: Vec<(Duration, Vec<Taken>)> = Vec::new();
-    for lease in leases {
-        if lease.is_over() {
-            continue;
-        }
-        // A manual renewal in flight has the turn: this lease is due again after it.
-        let Some(turn) = lease.take_turn(None, None) else {
-            lease.state.lock().queued = false;
-            continue;
-        };
-        match by_ttl.iter_mut().find(|(ttl, _)| *ttl == turn.ttl) {
-            Some((_, group)) => group.push((lease, turn)),
-            None => by_ttl.push((turn.ttl, vec![(lease, turn)])),
-        }
-    }
-    for (ttl, group) in by_ttl {
-        let mut group = group.into_iter().peekable();
-        while group.peek().is_some() {
-            let chunk: Vec<Taken> = group.by_ref().take(MAX_BATCH).collect();
-            // One attempt may take half a renewal period, never the leases' whole remaining
-            // life: a statement that hangs (a hung server, a frozen connection) is given up and
-            // retried on another connection a quarter period later (see `end_turn`), several
-            // times before the deadline — what lets a lease outlive a primary that hangs.
-            let period = chunk
-                .iter()
-                .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
-                .min()
-                .expect("a chunk is never empty");
-            let deadline = chunk
-                .iter()
-                .map(|(lease, _)| lease.deadline())
-                .min()
-                .expect("a chunk is never empty")
-                .min(Instant::now() + period / 2);
-            let keys: Vec<(&str, i64)> = chunk
-                .iter()
-                .map(|(lease, _)| (&*lease.lock_key, lease.token))
-                .collect();
-            fail_point!("lease::renew_batch_before_statement");
-            let outcome = store.renew_batch(&keys, ttl, deadline);
-            if let Err(e) = &outcome {
-                log::warn!("renewing {} leases failed: {e}", chunk.len());
-            }
-            for (index, (lease, turn)) in chunk.iter().enumerate() {
-                let mine = match &outcome {
-                    Ok((sent_at, renewed)) => Ok(renewed[index].then_some(*sent_at)),
-                    Err(e) => Err(e.to_string()),
-                };
-                lease.end_turn(turn, mine);
-            }
-        }
-    }
-}
-
-/// The lease clock: one process-wide thread that hands leases to their registry's [`Renewer`]
-/// when their renewal falls due, and reports leases whose deadline passed (see the module
-/// docs).
-///
-/// It holds `Weak` references only. It sleeps until the earliest moment a lease needs it, and
-/// at most [`clock::IDLE_TICK`] at a time; registering a lease, or a lease whose next moment
-/// moves earlier ([`clock::hurry`]), wakes it only when that moment is sooner than its wake-up.
-/// It wakes a sixteenth of a renewal period before a lease is due and then hands over every
-/// lease due within the next eighth, so leases due in the same window travel in one batch.
-/// Ended leases are dropped from its list on each scan, and by `watch` when the list doubles.
-pub(crate) mod clock {
-    use super::{Lease, Renewer};
-    use crate::error::LossReason;
-    use parking_lot::{Condvar, Mutex};
-    use std::sync::{Arc, OnceLock, Weak};
-    use std::time::{Duration, Instant};
-
-    /// The longest the clock sleeps without looking at its list.
-    pub const IDLE_TICK: Duration = Duration::from_secs(1);
-
-    struct Watched {
-        leases: Vec<Weak<Lease>>,
-        next_wake: Option<Instant>,
-        running: bool,
-        prune_at: usize,
-    }
-
-    fn state() -> &'static (Mutex<Watched>, Condvar) {
-        static STATE: OnceLock<(Mutex<Watched>, Condvar)> = OnceLock::new();
-        STATE.get_or_init(|| {
-            let watched = Watched {
-                leases: Vec::new(),
-                next_wake: None,
-                running: false,
-                prune_at: 64,
-            };
-            (Mutex::new(watched), Condvar::new())
-        })
-    }
-
-    /// Watches `lease` until it is released or lost.
-    pub(crate) fn watch(lease: &Arc<Lease>) {
-        let (watched, wake) = state();
-        let due = lease.clock_due();
-        let mut list = watched.lock();
-        if list.leases.len() >= list.prune_at {
-            list.leases
-                .retain(|lease| lease.upgrade().is_some_and(|lease| !lease.is_over()));
-            list.prune_at = (2 * list.leases.len()).max(64);
-        }
-        list.leases.push(Arc::downgrade(lease));
-        if !list.running {
-            list.running = true;
-            let started = std::thread::Builder::new()
-                .name("leasehold-clock".into())
-                .spawn(run);
-            if let Err(e) = started {
-                list.running = false;
-                log::error!("could not start the lease clock thread: {e}");
-            }
-        } else if list.next_wake.is_none_or(|next| due < next) {
-            wake.notify_one();
-        }
-    }
-
-    /// A watched lease needs the clock at `due`, maybe sooner than it planned.
-    pub(crate) fn hurry(due: Instant) {
-        let (watched, wake) = state();
-        let list = watched.lock();
-        if list.running && list.next_wake.is_none_or(|next| due < next) {
-            wake.notify_one();
-        }
-    }
-
-    fn run() {
-        let (watched, wake) = state();
-        let mut list = watched.lock();
-        loop {
-            let now = Instant::now();
-            let mut next_wake = now + IDLE_TICK;
-            let mut expired = Vec::new();
-            let mut due: Vec<(Arc<Renewer>, Vec<Arc<Lease>>)> = Vec::new();
-            list.leases.retain(|weak| {
-                let Some(lease) = weak.upgrade() else {
-                    return false;
-                };
-                if lease.is_over() {
-                    return false;
-                }
-                if lease.deadline() <= now {
-                    expired.push(lease);
-                    return false;
-                }
-                if lease.renewal_in_window(now) {
-                    if let Some(renewer) = lease.take_for_renewal() {
-                        match due.iter_mut().find(|(r, _)| Arc::ptr_eq(r, &renewer)) {
-                            Some((_, leases)) => leases.push(Arc::clone(&lease)),
-                            None => due.push((renewer, vec![Arc::clone(&lease)])),
-                        }
-                    }
-                }
-                next_wake = next_wake.min(lease.clock_due());
-                true
-            });
-            list.next_wake = Some(next_wake);
-            if !expired.is_empty() || !due.is_empty() {
-                drop(list);
-                if !expired.is_empty() {
-                    fail_point!("lease::clock_before_expiry");
-                }
-                for lease in expired {
-                    let reason = lease.loss().unwrap_or(LossReason::Expired(None));
-                    lease.mark_lost(reason);
-                }
-                for (renewer, leases) in due {
-                    renewer.submit(leases);
-                }
-                list = watched.lock();
-                continue;
-            }
-            wake.wait_until(&mut list, next_wake);
-        }
-    }
-}
+pub(crate) use renewer::Renewer;

@@ -14,9 +14,11 @@
 //! max(old + 1, excluded.FENCING_TOKEN) … WHERE expired RETURNING FENCING_TOKEN`. Writers take
 //! the file's one write lock, so an acquire always sees the deletions committed before it.
 
-use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow, Params,
-    Statements,
+#[cfg(target_os = "linux")]
+pub(crate) mod board;
+use crate::backend::{
+    AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
+    ListedRow, Params, Statements,
 };
 use rusqlite::{ffi::ErrorCode, types::ToSql, Connection};
 use std::path::PathBuf;
@@ -33,10 +35,10 @@ const CLOCK_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteManager {
     path: PathBuf,
-    /// The file's release board (see [`super::sqlite_board`]), opened on first use; `None`
+    /// The file's release board (see [`board`]), opened on first use; `None`
     /// when it could not be (waiters then poll).
     #[cfg(target_os = "linux")]
-    board: std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<super::sqlite_board::Board>>>>,
+    board: std::sync::Arc<std::sync::OnceLock<Option<std::sync::Arc<board::Board>>>>,
 }
 
 impl SqliteManager {
@@ -50,16 +52,16 @@ impl SqliteManager {
 
     /// The release board of this file, opening it the first time.
     #[cfg(target_os = "linux")]
-    fn board(&self) -> Option<&std::sync::Arc<super::sqlite_board::Board>> {
+    fn board(&self) -> Option<&std::sync::Arc<board::Board>> {
         self.board
-            .get_or_init(|| match super::sqlite_board::Board::open(&self.path) {
+            .get_or_init(|| match board::Board::open(&self.path) {
                 Ok(board) => Some(std::sync::Arc::new(board)),
                 Err(e) => {
                     log::warn!(
                         "SQLite release wake-ups are off for {} (waiters poll every \
                          idle_between_tries): cannot open {}: {e}",
                         self.path.display(),
-                        super::sqlite_board::board_path(&self.path).display()
+                        board::board_path(&self.path).display()
                     );
                     None
                 }
@@ -112,19 +114,28 @@ impl Backend for Sqlite {
         true
     }
     const DDL_FILE: &'static str = "sql/sqlite.sql";
-    const DDL: &'static str = include_str!("../../sql/sqlite.sql");
+    const DDL: &'static str = include_str!("../../../sql/sqlite.sql");
     const FLOOR_DDL_FILE: &'static str = "sql/sqlite_floor.sql";
-    const FLOOR_DDL: &'static str = include_str!("../../sql/sqlite_floor.sql");
+    const FLOOR_DDL: &'static str = include_str!("../../../sql/sqlite_floor.sql");
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
+    const NAME_TYPE: &'static str = "TEXT";
     const RELEASED_TIMESTAMP: &'static str = "'1970-01-01 00:00:00.000'";
 
-    fn default_queries(table: &str, floor: bool) -> Statements {
+    fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
+        let (name_column, name_value, name_update) = match named {
+            true => (
+                ", LOCK_NAME",
+                ", NULLIF(?6, '')",
+                " LOCK_NAME = excluded.LOCK_NAME,",
+            ),
+            false => ("", "", ""),
+        };
         // A new row's token: the clock, and above the floor (the conflict branch adds old + 1).
         let first_token = if floor {
             format!(
                 "max({CLOCK_MICROS}, coalesce((SELECT FENCING_TOKEN FROM {floor_table} \
                  WHERE REGION = ?2 AND KEY_PREFIX = substr(?1, 1, 2)), 0) + 1)",
-                floor_table = super::floor_table(table)
+                floor_table = crate::backend::floor_table(table)
             )
         } else {
             CLOCK_MICROS.to_string()
@@ -132,9 +143,10 @@ impl Backend for Sqlite {
         Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
-                 FENCING_TOKEN) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, {first_token}) \
-                 ON CONFLICT (LOCK_KEY, REGION) DO UPDATE SET CLIENT_ID = excluded.CLIENT_ID, \
-                 CREATED_DATE = excluded.CREATED_DATE, EXPIRED_AFTER = excluded.EXPIRED_AFTER, \
+                 FENCING_TOKEN{name_column}) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, \
+                 {first_token}{name_value}) \
+                 ON CONFLICT (LOCK_KEY, REGION) DO UPDATE SET CLIENT_ID = excluded.CLIENT_ID,\
+                 {name_update} CREATED_DATE = excluded.CREATED_DATE, EXPIRED_AFTER = excluded.EXPIRED_AFTER, \
                  FENCING_TOKEN = max({table}.FENCING_TOKEN + 1, excluded.FENCING_TOKEN) \
                  WHERE {table}.EXPIRED_AFTER < excluded.CREATED_DATE \
                  RETURNING FENCING_TOKEN"
@@ -152,7 +164,8 @@ impl Backend for Sqlite {
         }
     }
 
-    fn admin_statements(table: &str) -> AdminStatements {
+    fn admin_statements(table: &str, named: bool) -> AdminStatements {
+        let name = if named { "LOCK_NAME" } else { "NULL" };
         // Stored text with milliseconds, as µs since the Unix epoch.
         let micros = |column: &str| {
             format!("CAST(round((julianday({column}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000")
@@ -162,18 +175,18 @@ impl Backend for Sqlite {
             "strftime('%Y-%m-%d %H:%M:%f', julianday(CREATED_DATE) + ?4 / 86400000000.0)";
         AdminStatements {
             holder: format!(
-                "SELECT CLIENT_ID, {created}, {expires}, FENCING_TOKEN FROM {table} \
+                "SELECT CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {CLOCK_MICROS} FROM {table} \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID IS NOT NULL \
                  AND EXPIRED_AFTER >= {NOW}",
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
             ),
             list: format!(
-                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state} \
+                "SELECT LOCK_KEY, CLIENT_ID, {created}, {expires}, FENCING_TOKEN, {state}, {name} \
                  FROM {table} WHERE REGION = ?2 AND LOCK_KEY > ?1 ORDER BY LOCK_KEY LIMIT ?5",
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
-                state = super::state_sql(NOW),
+                state = crate::backend::state_sql(NOW),
             ),
             force_release: format!(
                 "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000' \
@@ -187,6 +200,7 @@ impl Backend for Sqlite {
             release_keeping: format!(
                 "UPDATE {table} SET \
                  CLIENT_ID = CASE WHEN {keep_until} > {NOW} THEN CLIENT_ID END, \
+                 FENCING_TOKEN = FENCING_TOKEN + 1, \
                  EXPIRED_AFTER = CASE WHEN {keep_until} > {NOW} THEN {keep_until} \
                  ELSE '1970-01-01 00:00:00.000' END \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 \
@@ -212,6 +226,7 @@ impl Backend for Sqlite {
                 acquired_micros: row.get(1)?,
                 expires_micros: row.get(2)?,
                 token: row.get(3)?,
+                now_micros: row.get(4)?,
             })
         };
         read().map(Some).map_err(classify)
@@ -230,6 +245,7 @@ impl Backend for Sqlite {
                 expires_micros: row.get(3).map_err(classify)?,
                 token: row.get(4).map_err(classify)?,
                 state: row.get(5).map_err(classify)?,
+                name: row.get(6).map_err(classify)?,
             });
         }
         Ok(listed)
@@ -276,8 +292,8 @@ impl Backend for Sqlite {
                  WHERE type = 'trigger' AND name = ?2 COLLATE NOCASE \
                  AND tbl_name = ?3 COLLATE NOCASE)",
                 [
-                    super::floor_table(table),
-                    super::floor_trigger(table),
+                    crate::backend::floor_table(table),
+                    crate::backend::floor_trigger(table),
                     table.to_string(),
                 ],
                 |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
@@ -318,15 +334,15 @@ impl Backend for Sqlite {
     #[cfg(target_os = "linux")]
     fn listen_for_releases(
         manager: &SqliteManager,
-        table: &super::TableSettings,
+        table: &crate::backend::TableSettings,
         _idle_timeout: Duration,
-        handler: super::ListenerHandler,
+        handler: crate::backend::ListenerHandler,
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
         let Some(board) = manager.board() else {
             return false;
         };
-        super::sqlite_board::listen(
+        board::listen(
             std::sync::Arc::clone(board),
             table.table.clone(),
             table.region.clone(),
@@ -338,7 +354,7 @@ impl Backend for Sqlite {
     #[cfg(target_os = "linux")]
     fn release_done(
         manager: &SqliteManager,
-        table: &super::TableSettings,
+        table: &crate::backend::TableSettings,
         lock_key: &str,
         released: Option<bool>,
         turn_age: Option<Duration>,
@@ -347,7 +363,7 @@ impl Backend for Sqlite {
             return;
         };
         if let Some(board) = manager.board() {
-            let slot = super::sqlite_board::slot_of(&table.table, &table.region, lock_key);
+            let slot = board::slot_of(&table.table, &table.region, lock_key);
             board.announce(slot, turn_age);
         }
     }
@@ -370,7 +386,8 @@ impl Backend for Sqlite {
         conn: &mut Conn<Self>,
         sql: &[String],
         params: &Params,
-    ) -> Result<Vec<(String, i64)>, Failure> {
+        _pairs: usize,
+    ) -> Result<BatchRows, Failure> {
         let mut statement = conn.conn.prepare_cached(&sql[0]).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         let mut rows = statement.raw_query();
@@ -378,19 +395,26 @@ impl Backend for Sqlite {
         while let Some(row) = rows.next().map_err(classify)? {
             renewed.push((row.get(0).map_err(classify)?, row.get(1).map_err(classify)?));
         }
-        Ok(renewed)
+        // SQLite locks the whole database, never one row: nothing is ever skipped.
+        Ok(BatchRows {
+            renewed,
+            busy: Vec::new(),
+        })
     }
+
+    const ROW_LOCKS: bool = false;
 }
 
 /// Binds parameters 1 to the statement's highest parameter number, so a statement may use any
 /// prefix of the documented parameters.
 fn bind(statement: &mut rusqlite::CachedStatement<'_>, params: &Params) -> rusqlite::Result<()> {
-    let values: [&dyn ToSql; 5] = [
+    let values: [&dyn ToSql; 6] = [
         &params.lock_key,
         &params.region,
         &params.client_id,
         &params.ttl_micros,
         &params.token,
+        &params.name,
     ];
     for (index, value) in values.iter().enumerate().take(statement.parameter_count()) {
         statement.raw_bind_parameter(index + 1, value)?;
@@ -435,12 +459,12 @@ fn classify(error: rusqlite::Error) -> Failure {
 /// Opens a store on the SQLite file at `path`.
 pub(crate) fn open(
     path: PathBuf,
-    pool: &super::PoolSettings,
-    table: &super::TableSettings,
-) -> crate::Result<std::sync::Arc<dyn super::Store>> {
+    pool: &crate::backend::PoolSettings,
+    table: &crate::backend::TableSettings,
+) -> crate::Result<std::sync::Arc<dyn crate::backend::Store>> {
     let manager = SqliteManager::new(path);
     first_open(&manager, pool.connect_timeout)?;
-    let store = super::SqlStore::<Sqlite>::open(manager, pool, table)?;
+    let store = crate::backend::SqlStore::<Sqlite>::open(manager, pool, table)?;
     Ok(std::sync::Arc::new(store))
 }
 

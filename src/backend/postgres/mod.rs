@@ -13,9 +13,19 @@
 //! types — `CHAR`, `VARCHAR`, `CHAR`, `BIGINT`, `BIGINT`, the types of Spring's columns — so
 //! that `LOCK_KEY = $1` compares `CHAR` to `CHAR` and uses the primary key (a `TEXT` parameter
 //! would turn it into a text comparison and a sequential scan), and so that a statement may
-//! leave parameters out (release has no `$4`; the clock query has none). Each connection keeps
-//! its prepared statements: the driver has no cache, and an unprepared statement is planned
-//! again on every call.
+//! leave parameters out (the holder query has no `$3`; the clock query has none).
+//!
+//! By default every statement goes *unnamed* (`query_typed`: parse, bind, describe, execute
+//! and sync in one message, one round trip): the server parses and plans it on every call and
+//! keeps nothing. That is what a transaction-mode pooler (PgBouncer `pool_mode = transaction`
+//! without `max_prepared_statements`, and its kind) needs: it hands each statement to
+//! whichever server connection is free, where a named statement prepared earlier is missing
+//! (`26000`) or is another client's (`42P05`). With `prepared_statements(true)` each
+//! connection prepares a named statement per text on first use and keeps it (the driver has
+//! no cache of its own), which saves the server the planning; the difference is measured by
+//! `benches/databases.rs` (`lock_unlock` vs `lock_unlock_prepared`). Catalog queries run
+//! unnamed either way, and checking a replacement statement prepares it inside a transaction,
+//! which a pooler keeps on one server connection, and closes it before the commit.
 //!
 //! - **acquire** is one statement, one round trip:
 //!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now RETURNING FENCING_TOKEN),
@@ -68,6 +78,17 @@
 //! Unsubscribed for `idle_connection_timeout`, the listener closes its connection; the next
 //! subscription opens a new one.
 //!
+//! The listener connects to `listener_url` when the registry has one, else to the registry's
+//! URL. `LISTEN` needs a session that stays on one server connection: through a
+//! transaction-mode pooler it succeeds, but the server connection goes back to the pool and
+//! its notifications are dropped. So the first time it subscribes, the listener probes
+//! ([`Listener::probe`]): it listens on a channel of its own, sends a notification there from a
+//! short-lived connection to the registry's URL and waits one call's bound for it. Heard, the
+//! probe is not made again. Not heard on a connection that works, the listener logs one
+//! warning naming `listener_url`, closes its connection and ends: the registry's waiters poll
+//! from then on. A probe that fails (the sending connection was refused, say) decides
+//! nothing, and the next connection probes again.
+//!
 //! No listener call waits without a bound:
 //!
 //! - **connect** (TCP and the whole startup handshake) is bounded by the connect timeout (the
@@ -106,17 +127,19 @@
 //! (`search_path`, an optional `schema.` and case folding of unquoted names).
 //!
 //! Connections are TCP or Unix-socket connections, encrypted as the URL's `sslmode` says (feature
-//! `postgres-tls`; see [`super::tls`]): every connection, the listener's included, goes through
+//! `postgres-tls`; see [`crate::backend::tls`]): every connection, the listener's included, goes through
 //! [`connect_on`] with the registry's one TLS connector. They are checked once when
 //! the registry is built, so a wrong password or database name is reported as such instead of
 //! as a pool timeout.
 
-use super::pools::Finding;
-use super::{
-    AdminStatements, Backend, Conn, Failure, FailureKind, FloorFound, HolderRow, ListedRow,
-    ListenerEvent, ListenerHandler, ListenerReply, Params, PerStatement, Statements, TableSettings,
+mod listener;
+use crate::backend::pools::Finding;
+use crate::backend::{
+    AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
+    ListedRow, ListenerEvent, ListenerHandler, ListenerReply, Params, PerStatement, Statements,
+    TableSettings,
 };
-use crate::error::Error;
+use crate::error::{Error, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -129,7 +152,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::config::{Host, LoadBalanceHosts};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Config, Notification, Socket, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Notification, Row, Socket, Statement};
 
 /// What encrypts connections: one rustls configuration per registry with feature
 /// `postgres-tls`, nothing without.
@@ -147,12 +170,13 @@ const CLOCK_MICROS: &str = "CAST(extract(epoch FROM now()) * 1000000 AS BIGINT)"
 /// How `EXPIRED_AFTER` marks a released row.
 const RELEASED: &str = "TIMESTAMP '1970-01-01 00:00:00'";
 /// Parameter types declared with every prepare: those of the columns they are compared with.
-const PARAM_TYPES: [Type; 5] = [
+const PARAM_TYPES: [Type; 6] = [
     Type::BPCHAR,
     Type::VARCHAR,
     Type::BPCHAR,
     Type::INT8,
     Type::INT8,
+    Type::TEXT,
 ];
 /// The deadline of calls made before any was set (checks run by r2d2 itself), and the connect
 /// limit when the configuration has none.
@@ -163,6 +187,12 @@ const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(5);
 pub(crate) struct PgManager {
     config: Config,
     tls: Tls,
+    /// Whether connections prepare named statements and keep them
+    /// (`RegistryBuilder::prepared_statements`), or send every statement unnamed.
+    prepared: bool,
+    /// Where the release listener connects (`RegistryBuilder::listener_url`), with its TLS;
+    /// `None`: where the pools connect.
+    listener: Option<(Config, Tls)>,
 }
 
 /// The half of a connection that reads the socket and dispatches the server's messages to the
@@ -180,7 +210,9 @@ type Driver = Option<Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Erro
 pub(crate) struct PgConn {
     client: Client,
     driver: Driver,
-    statements: PerStatement<Statement>,
+    /// The named statements prepared so far; `None` when statements go unnamed (see
+    /// [`PgManager::prepared`]).
+    statements: Option<PerStatement<Statement>>,
     deadline: Instant,
     broken: bool,
     /// Declared last, so dropped after the socket it drives.
@@ -211,14 +243,14 @@ impl Drop for ConnRuntime {
 impl PgConn {
     /// Connects; the configuration's connect timeout bounds the whole wait, the startup
     /// handshake included (a server that accepts connections but never answers).
-    fn open(config: &Config, tls: &Tls) -> Result<PgConn, PgConnError> {
+    fn open(config: &Config, tls: &Tls, prepared: bool) -> Result<PgConn, PgConnError> {
         let runtime = connection_runtime()?;
         let (client, connection) = connect_on(&runtime, config, tls)?;
         Ok(PgConn {
             runtime,
             client,
             driver: Some(Box::pin(connection)),
-            statements: PerStatement::new(),
+            statements: prepared.then(PerStatement::new),
             deadline: Instant::now() + DEFAULT_CALL_LIMIT,
             broken: false,
         })
@@ -362,7 +394,7 @@ fn falls_back(config: &Config, error: &tokio_postgres::Error) -> bool {
     #[cfg(feature = "postgres-tls")]
     {
         config.get_ssl_mode() == SslMode::Prefer
-            && (error.as_db_error().is_some() || super::tls::find_rustls(error).is_some())
+            && (error.as_db_error().is_some() || crate::backend::tls::find_rustls(error).is_some())
     }
     #[cfg(not(feature = "postgres-tls"))]
     {
@@ -439,20 +471,54 @@ fn no_answer() -> Failure {
 }
 
 impl PgConn {
-    /// The prepared statement for `sql`, prepared on first use.
-    fn statement(&mut self, sql: &str) -> Result<Statement, Failure> {
-        if let Some(statement) = self.statements.get(sql) {
-            return Ok(statement.clone());
+    /// Runs `sql` with the five parameters and returns its rows: as a named statement,
+    /// prepared on first use and kept, or as an unnamed one (parsed, planned and run in one
+    /// round trip, nothing left on the server), which a transaction-mode pooler can send to any
+    /// server connection.
+    fn rows(&mut self, sql: &str, params: &Params) -> Result<Vec<Row>, Failure> {
+        let values = values(params);
+        match self.prepared(sql)? {
+            Some(statement) => call!(self, |client| client.query(&statement, &values)),
+            None => {
+                let typed = typed(&values);
+                call!(self, |client| client.query_typed(sql, &typed))
+            }
+        }
+    }
+
+    /// Runs `sql` like [`PgConn::rows`] and returns the number of rows it affected.
+    fn affected(&mut self, sql: &str, params: &Params) -> Result<u64, Failure> {
+        let values = values(params);
+        match self.prepared(sql)? {
+            Some(statement) => call!(self, |client| client.execute(&statement, &values)),
+            None => {
+                let typed = typed(&values);
+                call!(self, |client| client.execute_typed(sql, &typed))
+            }
+        }
+    }
+
+    /// The named statement for `sql`, prepared on first use; `None` when statements go
+    /// unnamed.
+    fn prepared(&mut self, sql: &str) -> Result<Option<Statement>, Failure> {
+        let Some(statements) = &self.statements else {
+            return Ok(None);
+        };
+        if let Some(statement) = statements.get(sql) {
+            return Ok(Some(statement.clone()));
         }
         let statement = call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
-        Ok(self.statements.insert(sql, statement).clone())
+        let statements = self.statements.as_mut().expect("checked above");
+        Ok(Some(statements.insert(sql, statement).clone()))
     }
 }
 
-/// Why a pooled connection could not be opened or checked.
+/// Why a pooled connection could not be opened or checked. A server without a free
+/// connection slot is named as such ([`TOO_MANY_CLIENTS`]): the pool keeps only this text, and
+/// the registry's errors recognize it there.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PgConnError {
-    #[error(transparent)]
+    #[error("{}", connect_failure(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("could not start the connection's runtime: {0}")]
     Runtime(std::io::Error),
@@ -460,12 +526,21 @@ pub(crate) enum PgConnError {
     NoAnswer(Duration),
 }
 
+/// The text of a failed connection attempt: the driver's, after [`TOO_MANY_CLIENTS`] when
+/// the server said it has no slot left.
+fn connect_failure(error: &tokio_postgres::Error) -> String {
+    match error.code() {
+        Some(code) if code.code() == "53300" => format!("{TOO_MANY_CLIENTS}: {error}"),
+        _ => error.to_string(),
+    }
+}
+
 impl r2d2::ManageConnection for PgManager {
     type Connection = PgConn;
     type Error = PgConnError;
 
     fn connect(&self) -> Result<PgConn, PgConnError> {
-        PgConn::open(&self.config, &self.tls)
+        PgConn::open(&self.config, &self.tls, self.prepared)
     }
 
     fn is_valid(&self, conn: &mut PgConn) -> Result<(), PgConnError> {
@@ -494,14 +569,23 @@ impl Backend for Postgres {
         !on_async_thread()
     }
     const DDL_FILE: &'static str = "sql/postgres.sql";
-    const DDL: &'static str = include_str!("../../sql/postgres.sql");
+    const DDL: &'static str = include_str!("../../../sql/postgres.sql");
     const FLOOR_DDL_FILE: &'static str = "sql/postgres_floor.sql";
-    const FLOOR_DDL: &'static str = include_str!("../../sql/postgres_floor.sql");
+    const FLOOR_DDL: &'static str = include_str!("../../../sql/postgres_floor.sql");
     const TRIGGER_NAMES_PER_TABLE: bool = true;
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
+    const NAME_TYPE: &'static str = "VARCHAR(1024)";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str, floor: bool) -> Statements {
+    fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
+        let (name_set, name_column, name_value) = match named {
+            true => (
+                " LOCK_NAME = NULLIF($6, ''),",
+                ", LOCK_NAME",
+                ", NULLIF($6, '')",
+            ),
+            false => ("", "", ""),
+        };
         // With the deletion floor: tokens also exceed it, and a row only inserts where the
         // statement's snapshot has no row. (Otherwise the row was deleted while the statement
         // ran, by a deletion the snapshot's floor does not show: report "held", the next try
@@ -511,7 +595,7 @@ impl Backend for Postgres {
                 format!(
                     "{CLOCK_MICROS}, COALESCE((SELECT FENCING_TOKEN FROM {floor_table} \
                      WHERE REGION = $2 AND KEY_PREFIX = substr($1, 1, 2)), 0) + 1",
-                    floor_table = super::floor_table(table)
+                    floor_table = crate::backend::floor_table(table)
                 ),
                 format!(
                     " AND NOT EXISTS (SELECT 1 FROM {table} WHERE LOCK_KEY = $1 AND REGION = $2)"
@@ -522,14 +606,14 @@ impl Backend for Postgres {
         };
         Statements {
             acquire: format!(
-                "WITH expired AS (UPDATE {table} SET CLIENT_ID = $3, CREATED_DATE = {NOW}, \
-                 EXPIRED_AFTER = {NOW_PLUS_TTL}, \
+                "WITH expired AS (UPDATE {table} SET CLIENT_ID = $3,{name_set} \
+                 CREATED_DATE = {NOW}, EXPIRED_AFTER = {NOW_PLUS_TTL}, \
                  FENCING_TOKEN = GREATEST(FENCING_TOKEN + 1, {bounds}) \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
                  RETURNING FENCING_TOKEN), \
                  absent AS (INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, \
-                 EXPIRED_AFTER, FENCING_TOKEN) \
-                 SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}) \
+                 EXPIRED_AFTER, FENCING_TOKEN{name_column}) \
+                 SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}){name_value} \
                  WHERE NOT EXISTS (SELECT 1 FROM expired){absent_in_snapshot} \
                  ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN) \
                  SELECT FENCING_TOKEN FROM expired UNION ALL SELECT FENCING_TOKEN FROM absent"
@@ -552,14 +636,19 @@ impl Backend for Postgres {
         }
     }
 
-    fn admin_statements(table: &str) -> AdminStatements {
+    fn admin_statements(table: &str, named: bool) -> AdminStatements {
+        let name = if named {
+            "CAST(LOCK_NAME AS TEXT)"
+        } else {
+            "CAST(NULL AS TEXT)"
+        };
         let micros =
             |column: &str| format!("CAST(round(extract(epoch FROM {column}) * 1000000) AS BIGINT)");
         let keep_until = "CREATED_DATE + $4 * INTERVAL '1 microsecond'";
         let cutoff = format!("({NOW} - $4 * INTERVAL '1 microsecond')");
         AdminStatements {
             holder: format!(
-                "SELECT CAST(CLIENT_ID AS TEXT), {created}, {expires}, FENCING_TOKEN FROM {table} \
+                "SELECT CAST(CLIENT_ID AS TEXT), {created}, {expires}, FENCING_TOKEN, {CLOCK_MICROS} FROM {table} \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID IS NOT NULL \
                  AND EXPIRED_AFTER >= {NOW}",
                 created = micros("CREATED_DATE"),
@@ -568,12 +657,12 @@ impl Backend for Postgres {
             // Byte order (COLLATE "C"), whatever the database's collation.
             list: format!(
                 "SELECT CAST(LOCK_KEY AS TEXT), CAST(CLIENT_ID AS TEXT), {created}, {expires}, \
-                 FENCING_TOKEN, {state} FROM {table} \
+                 FENCING_TOKEN, {state}, {name} FROM {table} \
                  WHERE REGION = $2 AND CAST(LOCK_KEY AS TEXT) COLLATE \"C\" > $1 \
                  ORDER BY CAST(LOCK_KEY AS TEXT) COLLATE \"C\" LIMIT $5",
                 created = micros("CREATED_DATE"),
                 expires = micros("EXPIRED_AFTER"),
-                state = super::state_sql(NOW),
+                state = crate::backend::state_sql(NOW),
             ),
             // Notifies as release does (turn age 0), so waiters elsewhere poll at once.
             force_release: format!(
@@ -590,6 +679,7 @@ impl Backend for Postgres {
             release_keeping: format!(
                 "UPDATE {table} SET \
                  CLIENT_ID = CASE WHEN {keep_until} > {NOW} THEN CLIENT_ID END, \
+                 FENCING_TOKEN = FENCING_TOKEN + 1, \
                  EXPIRED_AFTER = CASE WHEN {keep_until} > {NOW} THEN {keep_until} \
                  ELSE {RELEASED} END \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
@@ -603,9 +693,7 @@ impl Backend for Postgres {
         sql: &str,
         params: &Params,
     ) -> Result<Option<HolderRow>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let Some(row) = call!(conn, |client| client.query_opt(&statement, &values))? else {
+        let Some(row) = conn.rows(sql, params)?.into_iter().next() else {
             return Ok(None);
         };
         Ok(Some(HolderRow {
@@ -618,13 +706,12 @@ impl Backend for Postgres {
             acquired_micros: row.try_get(1).map_err(classify)?,
             expires_micros: row.try_get(2).map_err(classify)?,
             token: row.try_get(3).map_err(classify)?,
+            now_micros: row.try_get(4).map_err(classify)?,
         }))
     }
 
     fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let rows = call!(conn, |client| client.query(&statement, &values))?;
+        let rows = conn.rows(sql, params)?;
         let read = |row: &tokio_postgres::Row| -> Result<ListedRow, tokio_postgres::Error> {
             Ok(ListedRow {
                 lock_key: row.try_get::<_, String>(0)?.trim_end().to_string(),
@@ -636,25 +723,21 @@ impl Backend for Postgres {
                 expires_micros: row.try_get(3)?,
                 token: row.try_get(4)?,
                 state: row.try_get::<_, i32>(5)?.into(),
+                name: row.try_get(6)?,
             })
         };
         rows.iter().map(|row| read(row).map_err(classify)).collect()
     }
 
     fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        let row = call!(conn, |client| client.query_opt(&statement, &values))?;
-        match row {
+        match conn.rows(sql, params)?.first() {
             Some(row) => Ok(Some(row.try_get::<_, i64>(0).map_err(classify)?)),
             None => Ok(None),
         }
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
-        let statement = conn.statement(sql)?;
-        let values = bind(&statement, params);
-        call!(conn, |client| client.execute(&statement, &values))
+        conn.affected(sql, params)
     }
 
     fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
@@ -675,7 +758,8 @@ impl Backend for Postgres {
         let sql = "SELECT upper(attname::text) FROM pg_catalog.pg_attribute \
                    WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped \
                    ORDER BY attnum";
-        let rows = call!(conn, |client| client.query(sql, &[&table]))?;
+        let rows = call!(conn, |client| client
+            .query_typed(sql, &[(&table, Type::TEXT)]))?;
         rows.iter()
             .map(|row| row.try_get::<_, String>(0).map_err(classify))
             .collect()
@@ -688,9 +772,16 @@ impl Backend for Postgres {
                    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger \
                    WHERE tgrelid = to_regclass($2::text) AND tgname = lower($3::text) \
                    AND tgenabled <> 'D')";
-        let (floor, trigger) = (super::floor_table(table), super::floor_trigger(table));
-        let params: [&(dyn ToSql + Sync); 3] = [&floor, &table, &trigger];
-        let row = call!(conn, |client| client.query_one(sql, &params))?;
+        let (floor, trigger) = (
+            crate::backend::floor_table(table),
+            crate::backend::floor_trigger(table),
+        );
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&floor, Type::TEXT),
+            (&table, Type::TEXT),
+            (&trigger, Type::TEXT),
+        ];
+        let row = call!(conn, |client| client.query_typed_one(sql, &params))?;
         Ok(FloorFound {
             readable: row.try_get(0).map_err(classify)?,
             trigger: row.try_get(1).map_err(classify)?,
@@ -705,7 +796,8 @@ impl Backend for Postgres {
                    FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a \
                    ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
                    WHERE i.indrelid = to_regclass($1::text) AND i.indisunique";
-        let rows = call!(conn, |client| client.query(sql, &[&table]))?;
+        let rows = call!(conn, |client| client
+            .query_typed(sql, &[(&table, Type::TEXT)]))?;
         rows.iter()
             .map(|row| {
                 Ok((
@@ -717,8 +809,18 @@ impl Backend for Postgres {
     }
 
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
-        let statement = call!(conn, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
-        Ok((statement.params().len(), statement.columns().len()))
+        // Prepared, described and closed inside one transaction, which a transaction-mode
+        // pooler keeps on one server connection: nothing named outlives it there. (A failed
+        // prepare aborts the transaction, and COMMIT then rolls it back.)
+        call!(conn, |client| async move {
+            client.batch_execute("BEGIN").await?;
+            let described = client
+                .prepare_typed(sql, &PARAM_TYPES)
+                .await
+                .map(|statement| (statement.params().len(), statement.columns().len()));
+            client.batch_execute("COMMIT").await?;
+            described
+        })
     }
 
     fn mark_broken(conn: &mut Conn<Self>) {
@@ -733,14 +835,25 @@ impl Backend for Postgres {
         "SELECT CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS BIGINT)"
     }
 
+    /// `mine`: the pairs whose rows are this client's (a snapshot read: it waits for nothing);
+    /// `locked`: those of them whose row locks can be taken at once (`SKIP LOCKED` passes over a
+    /// row another session holds, rather than wait for it); `renewed`: the update of those.
+    /// Every row of `mine` comes back, with whether it was renewed.
     fn renew_batch_sql(table: &str) -> Vec<String> {
         vec![format!(
-            "UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} \
-             FROM (SELECT CAST(e ->> 0 AS CHAR(36)) AS k, CAST(e ->> 1 AS BIGINT) AS t \
-             FROM jsonb_array_elements(CAST(CAST($1 AS TEXT) AS JSONB)) AS e) AS j \
-             WHERE l.LOCK_KEY = j.k AND l.REGION = $2 AND l.CLIENT_ID = $3 \
-             AND l.FENCING_TOKEN = j.t AND l.EXPIRED_AFTER >= {NOW} \
-             RETURNING CAST(l.LOCK_KEY AS TEXT), l.FENCING_TOKEN"
+            "WITH j AS (SELECT CAST(e ->> 0 AS CHAR(36)) AS k, CAST(e ->> 1 AS BIGINT) AS t \
+             FROM jsonb_array_elements(CAST(CAST($1 AS TEXT) AS JSONB)) AS e), \
+             mine AS (SELECT l.LOCK_KEY AS k, l.FENCING_TOKEN AS t FROM {table} AS l JOIN j \
+             ON l.LOCK_KEY = j.k AND l.FENCING_TOKEN = j.t WHERE l.REGION = $2 \
+             AND l.CLIENT_ID = $3 AND l.EXPIRED_AFTER >= {NOW}), \
+             locked AS (SELECT l.LOCK_KEY AS k FROM {table} AS l JOIN mine \
+             ON l.LOCK_KEY = mine.k AND l.FENCING_TOKEN = mine.t WHERE l.REGION = $2 \
+             AND l.CLIENT_ID = $3 AND l.EXPIRED_AFTER >= {NOW} FOR UPDATE OF l SKIP LOCKED), \
+             renewed AS (UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} FROM locked \
+             WHERE l.LOCK_KEY = locked.k AND l.REGION = $2 AND l.CLIENT_ID = $3 \
+             RETURNING l.LOCK_KEY AS k) \
+             SELECT CAST(mine.k AS TEXT), mine.t, renewed.k IS NOT NULL FROM mine \
+             LEFT JOIN renewed ON renewed.k = mine.k"
         )]
     }
 
@@ -748,18 +861,22 @@ impl Backend for Postgres {
         conn: &mut Conn<Self>,
         sql: &[String],
         params: &Params,
-    ) -> Result<Vec<(String, i64)>, Failure> {
-        let statement = conn.statement(&sql[0])?;
-        let values = bind(&statement, params);
-        let rows = call!(conn, |client| client.query(&statement, &values))?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get(0).map_err(classify)?,
-                    row.try_get(1).map_err(classify)?,
-                ))
-            })
-            .collect()
+        _pairs: usize,
+    ) -> Result<BatchRows, Failure> {
+        let rows = conn.rows(&sql[0], params)?;
+        let mut found = BatchRows::default();
+        for row in &rows {
+            let pair = (
+                row.try_get(0).map_err(classify)?,
+                row.try_get(1).map_err(classify)?,
+            );
+            if row.try_get(2).map_err(classify)? {
+                found.renewed.push(pair);
+            } else {
+                found.busy.push(pair);
+            }
+        }
+        Ok(found)
     }
 
     #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
@@ -770,328 +887,35 @@ impl Backend for Postgres {
         handler: ListenerHandler,
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
-        let listener = Listener {
-            idle_timeout,
-            config: manager.config.clone(),
-            tls: manager.tls.clone(),
-            limit: connect_limit(&manager.config),
-            channel: channel(&table.table),
-            region: table.region.clone(),
-            handler,
-            requests,
-            requested: Cell::new(false),
-        };
-        // No connection yet: the listener opens one when a thread of the registry first waits
-        // (polling covers waiters meanwhile), so a registry that never waits never has one.
-        let spawned = std::thread::Builder::new()
-            .name("leasehold-listen".into())
-            .spawn(move || listener.run(None));
-        match spawned {
-            Ok(_) => true,
-            Err(e) => {
-                log::warn!("PostgreSQL release notifications are off (waiters poll): {e}");
-                false
-            }
-        }
+        listener::start(manager, table, idle_timeout, handler, requests)
     }
 }
 
 /// The notification channel of `table`: its name as PostgreSQL folds it (validated
 /// identifiers only, so it is safe in a literal; at most 63 characters).
-fn channel(table: &str) -> String {
+pub(super) fn channel(table: &str) -> String {
     table.to_ascii_lowercase()
 }
 
-/// The thread that turns release notifications into wake-ups of this registry's pollers,
-/// subscribed only while the registry asks for it (see [`crate::wakeups`]).
-///
-/// Every call it makes on the database — connect, `LISTEN`, `UNLISTEN`, the liveness check —
-/// gives up after `limit`, and a call that fails or gives up drops the connection (the next
-/// subscription opens a new one). After each such call the thread checks whether the registry
-/// is gone, so it outlives its registry by one bounded call at most.
-struct Listener {
-    config: Config,
-    tls: Tls,
-    /// The bound of each call: the connect timeout.
-    limit: Duration,
-    /// Unsubscribed this long, the listener closes its connection.
-    idle_timeout: Duration,
-    channel: String,
-    region: String,
-    handler: ListenerHandler,
-    /// Subscription requests; disconnected once the registry is gone.
-    requests: crossbeam_channel::Receiver<()>,
-    /// A request [`Listener::gone`] took off the channel, still to be served.
-    requested: Cell<bool>,
-}
-
-impl Listener {
-    /// How often a subscribed listener reports a tick (and learns whether to go on).
-    const TICK: Duration = Duration::from_secs(1);
-    /// How often a subscribed listener without traffic checks its connection.
-    const CHECK: Duration = Duration::from_secs(30);
-
-    /// Waits for subscription requests and serves each until the registry lets it go; ends
-    /// with the registry. `conn` is an open connection to start with, if any; an unsubscribed
-    /// connection is closed after `idle_timeout`, so a registry none of whose threads waits
-    /// keeps no listener connection open.
-    fn run(self, mut conn: Option<ListenerConn>) {
-        loop {
-            let requested = self.requested.take()
-                || match conn {
-                    Some(_) => match self.requests.recv_timeout(self.idle_timeout) {
-                        Ok(()) => true,
-                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                            conn = None;
-                            continue;
-                        }
-                        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => false,
-                    },
-                    None => self.requests.recv().is_ok(),
-                };
-            if !requested {
-                return;
-            }
-            while self.requests.try_recv().is_ok() {}
-            if !self.subscribe(&mut conn) || !self.while_subscribed(&mut conn) {
-                return;
-            }
-        }
-    }
-
-    /// Whether the registry is gone (it held the sending end of `requests`). Never blocks; a
-    /// request found meanwhile is kept for [`Listener::run`].
-    fn gone(&self) -> bool {
-        match self.requests.try_recv() {
-            Ok(()) => {
-                self.requested.set(true);
-                false
-            }
-            Err(crossbeam_channel::TryRecvError::Empty) => false,
-            Err(crossbeam_channel::TryRecvError::Disconnected) => true,
-        }
-    }
-
-    /// `LISTEN`s, (re)connecting first when there is no open connection, and tries again every
-    /// `TICK` until it works; `false` once the registry is gone.
-    fn subscribe(&self, conn: &mut Option<ListenerConn>) -> bool {
-        loop {
-            if conn.as_ref().is_none_or(ListenerConn::is_closed) {
-                *conn = None;
-                fail_point!("postgres::listener_before_connect");
-                match ListenerConn::open(&self.config, &self.tls) {
-                    Ok(fresh) => *conn = Some(fresh),
-                    Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
-                }
-                if self.gone() {
-                    return false;
-                }
-            }
-            if let Some(open) = conn {
-                fail_point!("postgres::listener_before_listen");
-                match open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit) {
-                    Ok(()) => {
-                        return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop
-                    }
-                    Err(e) => {
-                        log::debug!("PostgreSQL release listener could not subscribe: {e}");
-                        *conn = None;
-                    }
-                }
-                if self.gone() {
-                    return false;
-                }
-            }
-            std::thread::sleep(Self::TICK);
-            if (self.handler)(ListenerEvent::Tick) == ListenerReply::Stop {
-                return false;
-            }
-        }
-    }
-
-    /// Delivers notifications and ticks until the registry says to unsubscribe (`true`) or
-    /// is gone (`false`); subscribes again after losing the connection.
-    fn while_subscribed(&self, conn: &mut Option<ListenerConn>) -> bool {
-        let mut checked = Instant::now();
-        loop {
-            let Some(open) = conn.as_mut() else {
-                if !self.subscribe(conn) {
-                    return false;
-                }
-                continue;
-            };
-            if !self.deliver(open) {
-                return false;
-            }
-            match (self.handler)(ListenerEvent::Tick) {
-                ListenerReply::Stop => return false,
-                ListenerReply::Unsubscribe => {
-                    fail_point!("postgres::listener_before_unlisten");
-                    match open.execute("UNLISTEN *", self.limit) {
-                        // Releases seen before UNLISTEN would only cause stale wake-ups later.
-                        Ok(()) => open.pending.clear(),
-                        Err(e) => {
-                            // A closed connection listens no more either.
-                            log::debug!("PostgreSQL release listener could not unsubscribe: {e}");
-                            *conn = None;
-                        }
-                    }
-                    return !self.gone();
-                }
-                ListenerReply::Keep => {}
-            }
-            let mut lost = open.is_closed();
-            if !lost && checked.elapsed() >= Self::CHECK {
-                checked = Instant::now();
-                if let Err(e) = open.execute("", self.limit) {
-                    log::debug!("PostgreSQL release listener lost its connection: {e}");
-                    lost = true;
-                }
-                if self.gone() {
-                    return false;
-                }
-            }
-            if lost {
-                *conn = None;
-                if !self.subscribe(conn) {
-                    return false;
-                }
-            }
-        }
-    }
-
-    /// Hands the registry the releases that arrive during one `TICK` (less if the connection
-    /// closes); `false` once the registry is gone.
-    fn deliver(&self, conn: &mut ListenerConn) -> bool {
-        let until = Instant::now() + Self::TICK;
-        while let Some(notification) = conn.next_notification(until) {
-            if let Some((lock_key, turn_age, region)) = parse_release(notification.payload()) {
-                if region == self.region
-                    && (self.handler)(ListenerEvent::Released { lock_key, turn_age })
-                        == ListenerReply::Stop
-                {
-                    return false;
-                }
-            }
-        }
-        true
-    }
-}
-
-/// The listener's connection: the asynchronous client on a current-thread runtime of its own,
-/// opened like a pooled connection ([`connect_on`]: the connect timeout bounds the handshake),
-/// whose socket the listener reads itself so that notifications are kept. Every wait on it
-/// has a deadline.
-struct ListenerConn {
-    client: Client,
-    /// `None` once the connection has closed.
-    connection: Option<PgConnection>,
-    /// Notifications read while a statement ran, not handed over yet.
-    pending: VecDeque<Notification>,
-    /// Declared last, so dropped after the socket it drives.
-    runtime: ConnRuntime,
-}
-
-impl ListenerConn {
-    fn open(config: &Config, tls: &Tls) -> Result<ListenerConn, PgConnError> {
-        let runtime = connection_runtime()?;
-        let (client, connection) = connect_on(&runtime, config, tls)?;
-        Ok(ListenerConn {
-            client,
-            connection: Some(connection),
-            pending: VecDeque::new(),
-            runtime,
-        })
-    }
-
-    fn is_closed(&self) -> bool {
-        self.connection.is_none() || self.client.is_closed()
-    }
-
-    /// Runs `sql` (simple query protocol), giving up after `limit`.
-    fn execute(&mut self, sql: &str, limit: Duration) -> Result<(), String> {
-        let mut call = pin!(self.client.batch_execute(sql));
-        let outcome = read_messages(
-            &self.runtime,
-            &mut self.connection,
-            &mut self.pending,
-            Instant::now() + limit,
-            |cx, _, _| call.as_mut().poll(cx),
-        );
-        match outcome {
-            Some(Ok(())) => Ok(()),
-            Some(Err(e)) => Err(e.to_string()),
-            None => Err(format!("no answer within {limit:?}")),
-        }
-    }
-
-    /// The next notification, waiting until `deadline` at most; `None` at the deadline or once
-    /// the connection has closed.
-    fn next_notification(&mut self, deadline: Instant) -> Option<Notification> {
-        if let Some(notification) = self.pending.pop_front() {
-            return Some(notification);
-        }
-        read_messages(
-            &self.runtime,
-            &mut self.connection,
-            &mut self.pending,
-            deadline,
-            |_, pending, closed| match pending.pop_front() {
-                Some(notification) => Poll::Ready(Some(notification)),
-                None if closed => Poll::Ready(None),
-                None => Poll::Pending,
-            },
-        )
-        .flatten()
-    }
-}
-
-/// Reads the messages of a listener's connection on `runtime` — notifications go to `pending`;
-/// the connection is dropped once it fails or closes — until `ready` (given the pending
-/// notifications and whether the connection has closed) has a result; `None` when `deadline`
-/// passes first.
-fn read_messages<T>(
-    runtime: &Runtime,
-    connection: &mut Option<PgConnection>,
-    pending: &mut VecDeque<Notification>,
-    deadline: Instant,
-    mut ready: impl FnMut(&mut Context<'_>, &mut VecDeque<Notification>, bool) -> Poll<T>,
-) -> Option<T> {
-    let reading = poll_fn(|cx| {
-        while let Some(open) = connection.as_mut() {
-            match open.poll_message(cx) {
-                Poll::Ready(Some(Ok(AsyncMessage::Notification(notification)))) => {
-                    pending.push_back(notification);
-                }
-                Poll::Ready(Some(Ok(AsyncMessage::Notice(notice)))) => {
-                    log::info!("{}: {}", notice.severity(), notice.message());
-                }
-                Poll::Ready(Some(Ok(_))) => {}
-                Poll::Ready(Some(Err(e))) => {
-                    log::debug!("PostgreSQL release listener connection closed: {e}");
-                    *connection = None;
-                }
-                Poll::Ready(None) => *connection = None,
-                Poll::Pending => break,
-            }
-        }
-        ready(cx, pending, connection.is_none())
-    });
-    // The timer must be made inside the runtime, which owns the clock it registers with.
-    runtime.block_on(async { tokio::time::timeout_at(deadline.into(), reading).await.ok() })
-}
-
-/// The values of the statement's parameters: all five (see `PARAM_TYPES`; a statement naming
-/// `$6` or more was rejected when it was checked).
-fn bind<'a>(statement: &Statement, params: &'a Params) -> Vec<&'a (dyn ToSql + Sync)> {
-    let values: [&'a (dyn ToSql + Sync); 5] = [
+/// The values of the six parameters, in order (every statement is prepared with all six
+/// types, `PARAM_TYPES`, whether it uses them or not; one naming `$7` or more was rejected when
+/// it was checked).
+fn values<'a>(params: &'a Params) -> [&'a (dyn ToSql + Sync); 6] {
+    [
         &params.lock_key,
         &params.region,
         &params.client_id,
         &params.ttl_micros,
         &params.token,
-    ];
-    values[..statement.params().len().min(5)].to_vec()
+        &params.name,
+    ]
+}
+
+/// The parameters of an unnamed statement: each value with its declared type.
+fn typed<'a>(values: &[&'a (dyn ToSql + Sync); 6]) -> [(&'a (dyn ToSql + Sync), Type); 6] {
+    let [a, b, c, d, e, f] = *values;
+    let [ta, tb, tc, td, te, tf] = PARAM_TYPES;
+    [(a, ta), (b, tb), (c, tc), (d, td), (e, te), (f, tf)]
 }
 
 /// The SQLSTATE of a failure from the server, if it is one.
@@ -1112,7 +936,11 @@ fn classify(error: tokio_postgres::Error) -> Failure {
                 FailureKind::Transient,
                 format!("the lock row is busy or the statement timed out: {message}"),
             ),
-            "53300" | "57P03" => (
+            "53300" => (
+                FailureKind::Transient,
+                format!("{TOO_MANY_CLIENTS} ({message}): {TOO_MANY_CLIENTS_FIX}"),
+            ),
+            "57P03" => (
                 FailureKind::Transient,
                 format!("PostgreSQL does not accept connections right now: {message}"),
             ),
@@ -1125,6 +953,15 @@ fn classify(error: tokio_postgres::Error) -> Failure {
             code if code.starts_with("08") || code.starts_with("57P") => (
                 FailureKind::Broken,
                 format!("the PostgreSQL connection failed: {message}"),
+            ),
+            "26000" | "42P05" => (
+                FailureKind::Fatal,
+                format!(
+                    "{message}: named prepared statements do not survive a transaction-mode \
+                     pooler (PgBouncer pool_mode = transaction), which runs each statement on \
+                     whichever server connection is free: leave \
+                     RegistryBuilder::prepared_statements off"
+                ),
             ),
             "42P01" => (
                 FailureKind::Fatal,
@@ -1199,19 +1036,19 @@ fn address(config: &Config) -> String {
 /// password or database comes back as what it is rather than as a pool timeout.
 /// A failure caused by TLS is reported as [`Error::Tls`] at once, and so are the permanent
 /// ones: a host name that does not resolve, and a server that is not PostgreSQL (found by
-/// [`super::pools::look_at`] when an attempt reached a server that did not answer as
+/// [`crate::backend::pools::look_at`] when an attempt reached a server that did not answer as
 /// PostgreSQL does).
 fn check_connect(
     config: &Config,
     tls: &Tls,
-    settings: &super::tls::PgTls,
+    settings: &crate::backend::tls::PgTls,
     timeout: Duration,
 ) -> crate::Result<()> {
     let server = address(config);
-    super::first_connection(Postgres::NAME, &server, timeout, |limit, deadline| {
+    crate::backend::first_connection(Postgres::NAME, &server, timeout, |limit, deadline| {
         let mut attempt = config.clone();
         attempt.connect_timeout(connect_limit(config).min(limit));
-        let Err(error) = outside_async(|| PgConn::open(&attempt, tls)) else {
+        let Err(error) = outside_async(|| PgConn::open(&attempt, tls, false)) else {
             return Ok(());
         };
         // Reached a server (not refused, not unresolved) that did not answer as PostgreSQL.
@@ -1228,7 +1065,8 @@ fn check_connect(
                 let detail =
                     io_cause(&error).map_or_else(|| error.to_string(), ToString::to_string);
                 if let Some((problem, hint)) = tls_problem(&error, config, settings) {
-                    let failure = super::tls::TlsFailure::new(problem, hint.clone(), error);
+                    let failure =
+                        crate::backend::tls::TlsFailure::new(problem, hint.clone(), error);
                     return Err((Failure::new(FailureKind::Fatal, hint, failure), detail));
                 }
                 (classify(error), detail)
@@ -1253,7 +1091,7 @@ fn check_connect(
         }
         Err((failure, detail))
     })
-    .map_err(|e| super::tls::surface(e, &server))
+    .map_err(|e| crate::backend::tls::surface(e, &server))
 }
 
 /// Why connecting to `config`'s servers cannot succeed, if it is for good: a host name that
@@ -1280,13 +1118,13 @@ fn permanent_cause(config: &Config, resolve: bool, probe: Option<Instant>) -> Fi
             .get(i)
             .map_or_else(|| name.clone(), ToString::to_string);
         if resolve {
-            if let Some(hint) = super::pools::unknown_host(&host, port(i)) {
+            if let Some(hint) = crate::backend::pools::unknown_host(&host, port(i)) {
                 return Finding::Permanent(hint);
             }
         }
         if let Some(deadline) = probe {
             let at = format!("{host}:{}", port(i));
-            match super::pools::look_at(&host, port(i), &at, Postgres::NAME, deadline) {
+            match crate::backend::pools::look_at(&host, port(i), &at, Postgres::NAME, deadline) {
                 Finding::Nothing => {}
                 Finding::Speechless(text) => note = Finding::Speechless(text),
                 permanent => return permanent,
@@ -1301,11 +1139,11 @@ fn permanent_cause(config: &Config, resolve: bool, probe: Option<Instant>) -> Fi
 fn tls_problem(
     error: &tokio_postgres::Error,
     config: &Config,
-    settings: &super::tls::PgTls,
+    settings: &crate::backend::tls::PgTls,
 ) -> Option<(crate::TlsProblem, String)> {
     use crate::TlsProblem;
     #[cfg(feature = "postgres-tls")]
-    if let Some(cause) = super::tls::find_rustls(error) {
+    if let Some(cause) = crate::backend::tls::find_rustls(error) {
         let host = config
             .get_hosts()
             .iter()
@@ -1315,11 +1153,11 @@ fn tls_problem(
                 Host::Unix(_) => None,
             })
             .unwrap_or("");
-        return Some(super::tls::explain(
+        return Some(crate::backend::tls::explain(
             cause,
             host,
             &settings.trust(),
-            &super::tls::PG_WORDS,
+            &crate::backend::tls::PG_WORDS,
         ));
     }
     let _ = (config, settings);
@@ -1370,15 +1208,44 @@ fn tls_problem(
 /// Opens a store on the PostgreSQL database at `url` (a URL or a `key=value` string).
 pub(crate) fn open(
     url: &str,
-    pool: &super::PoolSettings,
-    table: &super::TableSettings,
-) -> crate::Result<Arc<dyn super::Store>> {
-    let (url, settings) = super::tls::split_postgres(url)?;
+    pool: &crate::backend::PoolSettings,
+    table: &crate::backend::TableSettings,
+) -> crate::Result<Arc<dyn crate::backend::Store>> {
+    let (config, tls, settings) = parse_url(url, pool, "the PostgreSQL URL")?;
+    check_connect(&config, &tls, &settings, pool.connect_timeout)?;
+    // Without notifications there is no listener to connect.
+    let listener = match pool.listener_url.as_ref().filter(|_| table.notifications) {
+        Some(url) => {
+            let (config, tls, settings) = parse_url(url, pool, "the listener URL")?;
+            check_connect(&config, &tls, &settings, pool.connect_timeout)?;
+            Some((config, tls))
+        }
+        None => None,
+    };
+    let manager = PgManager {
+        config,
+        tls,
+        prepared: pool.prepared_statements,
+        listener,
+    };
+    let store = crate::backend::SqlStore::<Postgres>::open(manager, pool, table)?;
+    Ok(Arc::new(store))
+}
+
+/// The connection settings of a URL or `key=value` string (`what`, in messages), with the
+/// registry's connect timeout and application name unless it sets its own, and its TLS.
+fn parse_url(
+    url: &str,
+    pool: &crate::backend::PoolSettings,
+    what: &str,
+) -> crate::Result<(Config, Tls, crate::backend::tls::PgTls)> {
+    let (url, settings) = crate::backend::tls::split_postgres(url)?;
     let mut config: Config = url.parse().map_err(|e| Error::Database {
         operation: "connect",
-        hint: "the PostgreSQL URL does not parse: use postgres://user:password@host:port/database \
-               or key=value pairs"
-            .to_string(),
+        hint: format!(
+            "{what} does not parse: use postgres://user:password@host:port/database or \
+             key=value pairs"
+        ),
         source: Box::new(e),
     })?;
     if config.get_connect_timeout().is_none() {
@@ -1389,8 +1256,8 @@ pub(crate) fn open(
     }
     // The mode as tokio-postgres knows it; the connector does the verification.
     config.ssl_mode(match settings.mode {
-        super::tls::Mode::Disable => SslMode::Disable,
-        super::tls::Mode::Prefer => SslMode::Prefer,
+        crate::backend::tls::Mode::Disable => SslMode::Disable,
+        crate::backend::tls::Mode::Prefer => SslMode::Prefer,
         _ => SslMode::Require,
     });
     // Unix sockets never use TLS (libpq ignores sslmode for them).
@@ -1405,33 +1272,22 @@ pub(crate) fn open(
         config.ssl_mode(SslMode::Disable);
     }
     #[cfg(feature = "postgres-tls")]
-    let tls = super::tls::connector(&settings)?;
+    let tls = crate::backend::tls::connector(&settings)?;
     #[cfg(not(feature = "postgres-tls"))]
     let tls = match settings.mode {
         mode if mode.requires_tls() && config.get_ssl_mode() != SslMode::Disable => {
             let name = match mode {
-                super::tls::Mode::Require => "require",
-                super::tls::Mode::VerifyCa => "verify-ca",
+                crate::backend::tls::Mode::Require => "require",
+                crate::backend::tls::Mode::VerifyCa => "verify-ca",
                 _ => "verify-full",
             };
-            return Err(super::tls::feature_missing("sslmode", name, "postgres-tls"));
+            return Err(crate::backend::tls::feature_missing(
+                "sslmode",
+                name,
+                "postgres-tls",
+            ));
         }
         _ => tokio_postgres::NoTls,
     };
-    check_connect(&config, &tls, &settings, pool.connect_timeout)?;
-    let store = super::SqlStore::<Postgres>::open(PgManager { config, tls }, pool, table)?;
-    Ok(Arc::new(store))
-}
-
-/// Splits a release notification's payload, `<LOCK_KEY> <TURN_AGE_µs> <REGION>`; a payload
-/// without the age (`<LOCK_KEY> <REGION>`, from an older release statement) has age zero.
-fn parse_release(payload: &str) -> Option<(&str, Duration, &str)> {
-    let (lock_key, rest) = payload.split_once(' ')?;
-    match rest.split_once(' ') {
-        Some((age, region)) if !age.is_empty() && age.bytes().all(|b| b.is_ascii_digit()) => {
-            let micros = age.parse().unwrap_or(u64::MAX);
-            Some((lock_key, Duration::from_micros(micros), region))
-        }
-        _ => Some((lock_key, Duration::ZERO, rest)),
-    }
+    Ok((config, tls, settings))
 }

@@ -1,0 +1,447 @@
+//! PostgreSQL's release wake-ups: the listener thread, its own connection (`LISTEN` on the
+//! table's channel, read by the listener itself so that notifications are kept), the probe
+//! that finds a transaction pooler dropping notifications, and the payload of a release's
+//! `NOTIFY` (see [`crate::wakeups`] and the parent module).
+
+use super::*;
+
+/// Starts the listener of a registry (see [`Backend::listen_for_releases`]).
+#[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
+pub(super) fn start(
+    manager: &PgManager,
+    table: &TableSettings,
+    idle_timeout: Duration,
+    handler: ListenerHandler,
+    requests: crossbeam_channel::Receiver<()>,
+) -> bool {
+    let (config, tls) = manager
+        .listener
+        .clone()
+        .unwrap_or_else(|| (manager.config.clone(), manager.tls.clone()));
+    let listener = Listener {
+        idle_timeout,
+        limit: connect_limit(&config),
+        config,
+        tls,
+        sender: (manager.config.clone(), manager.tls.clone()),
+        heard: Cell::new(false),
+        channel: channel(&table.table),
+        region: table.region.clone(),
+        handler,
+        requests,
+        requested: Cell::new(false),
+    };
+    // No connection yet: the listener opens one when a thread of the registry first waits
+    // (polling covers waiters meanwhile), so a registry that never waits never has one.
+    let spawned = std::thread::Builder::new()
+        .name("leasehold-listen".into())
+        .spawn(move || listener.run(None));
+    match spawned {
+        Ok(_) => true,
+        Err(e) => {
+            log::warn!("PostgreSQL release notifications are off (waiters poll): {e}");
+            false
+        }
+    }
+}
+
+/// The thread that turns release notifications into wake-ups of this registry's pollers,
+/// subscribed only while the registry asks for it (see [`crate::wakeups`]).
+///
+/// Every call it makes on the database — connect, `LISTEN`, `UNLISTEN`, the liveness check —
+/// gives up after `limit`, and a call that fails or gives up drops the connection (the next
+/// subscription opens a new one). After each such call the thread checks whether the registry
+/// is gone, so it outlives its registry by one bounded call at most.
+struct Listener {
+    config: Config,
+    tls: Tls,
+    /// Where the probe notification is sent from (see [`Listener::probe`]): the pools' server.
+    sender: (Config, Tls),
+    /// Whether a probe was heard: `LISTEN` here hears other sessions' notifications.
+    heard: Cell<bool>,
+    /// The bound of each call: the connect timeout.
+    limit: Duration,
+    /// Unsubscribed this long, the listener closes its connection.
+    idle_timeout: Duration,
+    channel: String,
+    region: String,
+    handler: ListenerHandler,
+    /// Subscription requests; disconnected once the registry is gone.
+    requests: crossbeam_channel::Receiver<()>,
+    /// A request [`Listener::gone`] took off the channel, still to be served.
+    requested: Cell<bool>,
+}
+
+impl Listener {
+    /// How often a subscribed listener reports a tick (and learns whether to go on).
+    const TICK: Duration = Duration::from_secs(1);
+    /// How often a subscribed listener without traffic checks its connection.
+    const CHECK: Duration = Duration::from_secs(30);
+
+    /// Waits for subscription requests and serves each until the registry lets it go; ends
+    /// with the registry. `conn` is an open connection to start with, if any; an unsubscribed
+    /// connection is closed after `idle_timeout`, so a registry none of whose threads waits
+    /// keeps no listener connection open.
+    fn run(self, mut conn: Option<ListenerConn>) {
+        loop {
+            let requested = self.requested.take()
+                || match conn {
+                    Some(_) => match self.requests.recv_timeout(self.idle_timeout) {
+                        Ok(()) => true,
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                            conn = None;
+                            continue;
+                        }
+                        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => false,
+                    },
+                    None => self.requests.recv().is_ok(),
+                };
+            if !requested {
+                return;
+            }
+            while self.requests.try_recv().is_ok() {}
+            if !self.subscribe(&mut conn) || !self.while_subscribed(&mut conn) {
+                return;
+            }
+        }
+    }
+
+    /// Whether the registry is gone (it held the sending end of `requests`). Never blocks; a
+    /// request found meanwhile is kept for [`Listener::run`].
+    fn gone(&self) -> bool {
+        match self.requests.try_recv() {
+            Ok(()) => {
+                self.requested.set(true);
+                false
+            }
+            Err(crossbeam_channel::TryRecvError::Empty) => false,
+            Err(crossbeam_channel::TryRecvError::Disconnected) => true,
+        }
+    }
+
+    /// `LISTEN`s, (re)connecting first when there is no open connection, and tries again every
+    /// `TICK` until it works; `false` once the registry is gone.
+    fn subscribe(&self, conn: &mut Option<ListenerConn>) -> bool {
+        loop {
+            if conn.as_ref().is_none_or(ListenerConn::is_closed) {
+                *conn = None;
+                fail_point!("postgres::listener_before_connect");
+                match ListenerConn::open(&self.config, &self.tls) {
+                    Ok(fresh) => *conn = Some(fresh),
+                    Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
+                }
+                if self.gone() {
+                    return false;
+                }
+            }
+            if let Some(open) = conn {
+                fail_point!("postgres::listener_before_listen");
+                // Probed before the channel's own LISTEN, which stays the connection's last
+                // statement (what pg_stat_activity shows).
+                let probed = if self.heard.get() {
+                    Ok(())
+                } else {
+                    match self.probe(open) {
+                        Probe::Heard => {
+                            self.heard.set(true);
+                            Ok(())
+                        }
+                        // Nothing learned; the next connection probes again.
+                        Probe::Unknown(e) => {
+                            log::debug!("PostgreSQL release listener could not probe: {e}");
+                            Ok(())
+                        }
+                        Probe::Failed(e) => Err(e),
+                        Probe::Gone => return false,
+                        Probe::Deaf => {
+                            log::warn!(
+                                "PostgreSQL release notifications do not reach this registry: \
+                                 LISTEN at {} did not hear a notification sent from another \
+                                 connection within {:?}, as happens through a transaction-mode \
+                                 pooler (PgBouncer pool_mode = transaction); waiters only poll \
+                                 now (every idle_between_tries). Give the listener a direct \
+                                 connection: RegistryBuilder::listener_url",
+                                address(&self.config),
+                                self.limit
+                            );
+                            *conn = None;
+                            return false;
+                        }
+                    }
+                };
+                let listened = probed.and_then(|()| {
+                    open.execute(&format!("LISTEN \"{}\"", self.channel), self.limit)
+                });
+                match listened {
+                    Ok(()) => {
+                        return (self.handler)(ListenerEvent::Subscribed) != ListenerReply::Stop
+                    }
+                    Err(e) => {
+                        log::debug!("PostgreSQL release listener could not subscribe: {e}");
+                        *conn = None;
+                    }
+                }
+                if self.gone() {
+                    return false;
+                }
+            }
+            std::thread::sleep(Self::TICK);
+            if (self.handler)(ListenerEvent::Tick) == ListenerReply::Stop {
+                return false;
+            }
+        }
+    }
+
+    /// Whether `LISTEN` on `conn` hears other sessions: it listens on a channel of its own,
+    /// sends a notification there from a new connection to the pools' server, and waits for it
+    /// for one call's bound. A session-mode pooler or a direct connection hears it within
+    /// milliseconds. Through a transaction-mode pooler the `LISTEN` ran on a server connection
+    /// that went back to the pool, so the notification never comes ([`Probe::Deaf`]).
+    /// Releases heard meanwhile are kept for delivery.
+    fn probe(&self, conn: &mut ListenerConn) -> Probe {
+        // Each step is one bounded call; the registry may be gone after any of them.
+        let channel = format!("leasehold_probe_{}", uuid::Uuid::new_v4().simple());
+        if let Err(e) = conn.execute(&format!("LISTEN \"{channel}\""), self.limit) {
+            return Probe::Failed(e);
+        }
+        if self.gone() {
+            return Probe::Gone;
+        }
+        let sender = ListenerConn::open(&self.sender.0, &self.sender.1);
+        if self.gone() {
+            return Probe::Gone;
+        }
+        let sent = sender.map_err(|e| e.to_string()).and_then(|mut sender| {
+            sender.execute(&format!("SELECT pg_notify('{channel}', '')"), self.limit)
+        });
+        if self.gone() {
+            return Probe::Gone;
+        }
+        let heard = sent.map(|()| {
+            let until = Instant::now() + self.limit;
+            let mut releases = Vec::new();
+            let mut heard = false;
+            while let Some(notification) = conn.next_notification(until) {
+                if notification.channel() == channel {
+                    heard = true;
+                    break;
+                }
+                releases.push(notification);
+            }
+            for release in releases.into_iter().rev() {
+                conn.pending.push_front(release);
+            }
+            heard
+        });
+        if self.gone() {
+            return Probe::Gone;
+        }
+        if let Err(e) = conn.execute(&format!("UNLISTEN \"{channel}\""), self.limit) {
+            return Probe::Failed(e);
+        }
+        match heard {
+            Ok(true) => Probe::Heard,
+            Ok(false) if conn.is_closed() => Probe::Failed("the connection closed".to_string()),
+            Ok(false) => Probe::Deaf,
+            Err(e) => Probe::Unknown(e),
+        }
+    }
+
+    /// Delivers notifications and ticks until the registry says to unsubscribe (`true`) or
+    /// is gone (`false`); subscribes again after losing the connection.
+    fn while_subscribed(&self, conn: &mut Option<ListenerConn>) -> bool {
+        let mut checked = Instant::now();
+        loop {
+            let Some(open) = conn.as_mut() else {
+                if !self.subscribe(conn) {
+                    return false;
+                }
+                continue;
+            };
+            if !self.deliver(open) {
+                return false;
+            }
+            match (self.handler)(ListenerEvent::Tick) {
+                ListenerReply::Stop => return false,
+                ListenerReply::Unsubscribe => {
+                    fail_point!("postgres::listener_before_unlisten");
+                    match open.execute("UNLISTEN *", self.limit) {
+                        // Releases seen before UNLISTEN would only cause stale wake-ups later.
+                        Ok(()) => open.pending.clear(),
+                        Err(e) => {
+                            // A closed connection listens no more either.
+                            log::debug!("PostgreSQL release listener could not unsubscribe: {e}");
+                            *conn = None;
+                        }
+                    }
+                    return !self.gone();
+                }
+                ListenerReply::Keep => {}
+            }
+            let mut lost = open.is_closed();
+            if !lost && checked.elapsed() >= Self::CHECK {
+                checked = Instant::now();
+                if let Err(e) = open.execute("", self.limit) {
+                    log::debug!("PostgreSQL release listener lost its connection: {e}");
+                    lost = true;
+                }
+                if self.gone() {
+                    return false;
+                }
+            }
+            if lost {
+                *conn = None;
+                if !self.subscribe(conn) {
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Hands the registry the releases that arrive during one `TICK` (less if the connection
+    /// closes); `false` once the registry is gone.
+    fn deliver(&self, conn: &mut ListenerConn) -> bool {
+        let until = Instant::now() + Self::TICK;
+        while let Some(notification) = conn.next_notification(until) {
+            if let Some((lock_key, turn_age, region)) = parse_release(notification.payload()) {
+                if region == self.region
+                    && (self.handler)(ListenerEvent::Released { lock_key, turn_age })
+                        == ListenerReply::Stop
+                {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// What [`Listener::probe`] found.
+enum Probe {
+    /// The notification arrived: `LISTEN` works here.
+    Heard,
+    /// It did not, on a connection that works: notifications do not reach this session.
+    Deaf,
+    /// Sending the notification failed (why): nothing learned.
+    Unknown(String),
+    /// The listener's own connection failed (why): it is dropped, as when `LISTEN` fails.
+    Failed(String),
+    /// The registry went away meanwhile.
+    Gone,
+}
+
+/// The listener's connection: the asynchronous client on a current-thread runtime of its own,
+/// opened like a pooled connection ([`connect_on`]: the connect timeout bounds the handshake),
+/// whose socket the listener reads itself so that notifications are kept. Every wait on it
+/// has a deadline.
+struct ListenerConn {
+    client: Client,
+    /// `None` once the connection has closed.
+    connection: Option<PgConnection>,
+    /// Notifications read while a statement ran, not handed over yet.
+    pending: VecDeque<Notification>,
+    /// Declared last, so dropped after the socket it drives.
+    runtime: ConnRuntime,
+}
+
+impl ListenerConn {
+    fn open(config: &Config, tls: &Tls) -> Result<ListenerConn, PgConnError> {
+        let runtime = connection_runtime()?;
+        let (client, connection) = connect_on(&runtime, config, tls)?;
+        Ok(ListenerConn {
+            client,
+            connection: Some(connection),
+            pending: VecDeque::new(),
+            runtime,
+        })
+    }
+
+    fn is_closed(&self) -> bool {
+        self.connection.is_none() || self.client.is_closed()
+    }
+
+    /// Runs `sql` (simple query protocol), giving up after `limit`.
+    fn execute(&mut self, sql: &str, limit: Duration) -> Result<(), String> {
+        let mut call = pin!(self.client.batch_execute(sql));
+        let outcome = read_messages(
+            &self.runtime,
+            &mut self.connection,
+            &mut self.pending,
+            Instant::now() + limit,
+            |cx, _, _| call.as_mut().poll(cx),
+        );
+        match outcome {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err(format!("no answer within {limit:?}")),
+        }
+    }
+
+    /// The next notification, waiting until `deadline` at most; `None` at the deadline or once
+    /// the connection has closed.
+    fn next_notification(&mut self, deadline: Instant) -> Option<Notification> {
+        if let Some(notification) = self.pending.pop_front() {
+            return Some(notification);
+        }
+        read_messages(
+            &self.runtime,
+            &mut self.connection,
+            &mut self.pending,
+            deadline,
+            |_, pending, closed| match pending.pop_front() {
+                Some(notification) => Poll::Ready(Some(notification)),
+                None if closed => Poll::Ready(None),
+                None => Poll::Pending,
+            },
+        )
+        .flatten()
+    }
+}
+
+/// Reads the messages of a listener's connection on `runtime` — notifications go to `pending`;
+/// the connection is dropped once it fails or closes — until `ready` (given the pending
+/// notifications and whether the connection has closed) has a result; `None` when `deadline`
+/// passes first.
+fn read_messages<T>(
+    runtime: &Runtime,
+    connection: &mut Option<PgConnection>,
+    pending: &mut VecDeque<Notification>,
+    deadline: Instant,
+    mut ready: impl FnMut(&mut Context<'_>, &mut VecDeque<Notification>, bool) -> Poll<T>,
+) -> Option<T> {
+    let reading = poll_fn(|cx| {
+        while let Some(open) = connection.as_mut() {
+            match open.poll_message(cx) {
+                Poll::Ready(Some(Ok(AsyncMessage::Notification(notification)))) => {
+                    pending.push_back(notification);
+                }
+                Poll::Ready(Some(Ok(AsyncMessage::Notice(notice)))) => {
+                    log::info!("{}: {}", notice.severity(), notice.message());
+                }
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => {
+                    log::debug!("PostgreSQL release listener connection closed: {e}");
+                    *connection = None;
+                }
+                Poll::Ready(None) => *connection = None,
+                Poll::Pending => break,
+            }
+        }
+        ready(cx, pending, connection.is_none())
+    });
+    // The timer must be made inside the runtime, which owns the clock it registers with.
+    runtime.block_on(async { tokio::time::timeout_at(deadline.into(), reading).await.ok() })
+}
+
+/// Splits a release notification's payload, `<LOCK_KEY> <TURN_AGE_µs> <REGION>`; a payload
+/// without the age (`<LOCK_KEY> <REGION>`, from an older release statement) has age zero.
+fn parse_release(payload: &str) -> Option<(&str, Duration, &str)> {
+    let (lock_key, rest) = payload.split_once(' ')?;
+    match rest.split_once(' ') {
+        Some((age, region)) if !age.is_empty() && age.bytes().all(|b| b.is_ascii_digit()) => {
+            let micros = age.parse().unwrap_or(u64::MAX);
+            Some((lock_key, Duration::from_micros(micros), region))
+        }
+        _ => Some((lock_key, Duration::ZERO, rest)),
+    }
+}

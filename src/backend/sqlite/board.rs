@@ -1,0 +1,751 @@
+//! SQLite release wake-ups across the processes of one host: a *release board*, a small file
+//! beside the database that every process maps into memory, and a futex on it.
+//!
+//! SQLite has no notifications, but every process that shares an SQLite file shares a host,
+//! so they can share memory. The board (`<database>-leasehold`, 32 KiB) holds one sequence
+//! word and [`SLOTS`] slots of two words each:
+//!
+//! ```text
+//!   word 0            the release sequence: +1 on every announced release (the futex word)
+//!   slot s, word 0    the slot's release count: +1 on every release of a key hashed to s
+//!   slot s, word 1    the turn age (µs, saturated) of the slot's latest release
+//! ```
+//!
+//! - **Release** (`SqlStore::release` after the row was released, and forced releases): write
+//!   the turn age, add one to the slot's count, add one to the sequence, wake every thread
+//!   waiting on the sequence. Releases that end a turn quietly (see
+//!   `RegistryBuilder::turn_window`) announce nothing, as on PostgreSQL.
+//! - **Listener** (one thread per registry, only while one of its threads waits, as on
+//!   PostgreSQL; see [`crate::wakeups`]): keeps a copy of the slot counts; reads the sequence,
+//!   compares the counts, reports every slot that moved, then `FUTEX_WAIT`s on the sequence
+//!   with the value it read and a one-second timeout (the tick). A release between the read
+//!   and the wait changes the sequence, so the wait returns at once: nothing is missed.
+//!
+//! A slot is a hash of (table, region, `LOCK_KEY`) modulo [`SLOTS`]: two keys that share one
+//! cost an extra attempt, nothing more. The board only hurries pollers: the row decides who
+//! holds the lock, so a process that crashed (its lease still runs until it expires), a Spring
+//! Integration client (which announces nothing) or a board that cannot be opened (a read-only
+//! directory; a warning says so) leave waiters polling every `idle_between_tries`, as before.
+//!
+//! # Never touched from user space
+//!
+//! The file is mapped (a futex shared between processes must live in a shared mapping), but
+//! this process never loads or stores through the mapping: a page of a file mapping that lies
+//! past the file's end raises `SIGBUS` on access, and any process that may write the file may
+//! shrink it. Instead, words are read with `pread`, the turn age is written with `pwrite`, the
+//! counts and the sequence are incremented inside the kernel with `FUTEX_WAKE_OP` (an atomic
+//! add on one word, then a wake-up of the sequence's waiters), and waits are `FUTEX_WAIT`. The
+//! kernel's own accesses to a page past the end fail with `EFAULT` instead of a signal (the
+//! unit tests check it). When an access fails or a read comes back short, the process grows
+//! the file back to its size (the lost words read as zero) and logs a warning once; if that
+//! fails too, its waiters poll until the board works again.
+//!
+//! # What may be done to the file
+//!
+//! Nothing another process or an operator does to the board can crash a process or grant a
+//! lock; the worst is wake-ups that come late (one `idle_between_tries`) or spurious attempts.
+//! - **Truncate or shrink it** (a temporary-directory cleaner, a backup tool restoring an
+//!   empty file): the next process to touch it grows it back and carries on, and releases
+//!   wake waiters as before. Waiters of keys whose counts were cut away make one extra
+//!   attempt; a release whose count was cut away before a listener read it wakes nobody (its
+//!   waiters poll).
+//! - **Delete it or replace it** (`rm`, a rename over it): each process follows the file the
+//!   path names — a release checks it (one `stat`) and a listener does every second, making a
+//!   new file when there is none — so for about a second wake-ups between processes that
+//!   have the old file and those that have the new one are missed (their waiters poll), and a
+//!   listener that moves to the new file makes every waiter of its registry try once.
+//! - **Make it unwritable** for some users: their processes warn and poll.
+//! - **Put a symbolic link or anything but a regular file there**: refused (opened with
+//!   `O_NOFOLLOW`, checked to be a regular file), so nobody can aim a process's writes at
+//!   another file; processes keep the board they had, and those that have none warn and poll.
+//! - **Write into it**: at worst spurious attempts (the row decides), or wake-ups missed.
+//!
+//! # Which file: the database's identity
+//!
+//! The board lies beside the file the database path *resolves to* (symbolic links, `.` and
+//! `..` followed, as SQLite does for its `-wal` and `-shm` files): a database opened through
+//! a link, a relative path or another mount of its directory shares one board. Not covered,
+//! and unsafe for SQLite itself (its `-wal` and `-shm` split too): hard links under other
+//! names, and mounts of the database file alone (rather than its directory) at another path.
+//!
+//! Linux only (the futex); elsewhere SQLite waiters poll. This is the crate's only unsafe code:
+//! mapping the file and the futex calls.
+#![allow(unsafe_code)]
+
+use crate::backend::{ListenerEvent, ListenerHandler, ListenerReply};
+use parking_lot::Mutex;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Slots on the board (a power of two).
+pub(crate) const SLOTS: usize = 4096;
+/// Words on the board: the sequence, padding to keep slots aligned in pairs, the slots.
+const WORDS: usize = 2 + 2 * SLOTS;
+/// The board's size in bytes.
+const SIZE: usize = WORDS * 4;
+/// The first word of the slots.
+const FIRST_SLOT_WORD: usize = 2;
+
+/// The board's file for the database at `database`: beside the file `database` resolves to
+/// (see the module docs); beside `database` as given when it cannot be resolved.
+pub(crate) fn board_path(database: &Path) -> PathBuf {
+    let resolved = std::fs::canonicalize(database).unwrap_or_else(|_| database.to_path_buf());
+    let mut name = resolved.into_os_string();
+    name.push("-leasehold");
+    PathBuf::from(name)
+}
+
+/// The slot of a `LOCK_KEY` of `table` in `region`: FNV-1a, stable across processes and
+/// builds.
+pub(crate) fn slot_of(table: &str, region: &str, lock_key: &str) -> usize {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in table
+        .bytes()
+        .chain([0])
+        .chain(region.bytes())
+        .chain([0])
+        .chain(lock_key.bytes())
+    {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash as usize) & (SLOTS - 1)
+}
+
+fn count_index(slot: usize) -> usize {
+    FIRST_SLOT_WORD + 2 * slot
+}
+
+fn age_index(slot: usize) -> usize {
+    FIRST_SLOT_WORD + 2 * slot + 1
+}
+
+/// `FUTEX_WAKE_OP`'s operation "add `oparg`" (the comparison is unused: no second wake-up).
+const fn futex_op_add(oparg: u32) -> u32 {
+    ((libc::FUTEX_OP_ADD as u32) << 28) | ((oparg & 0xfff) << 12)
+}
+
+/// A snapshot of the slot words, read with `pread`.
+struct Slots(Vec<u8>);
+
+impl Slots {
+    fn new() -> Slots {
+        Slots(vec![0; SIZE - FIRST_SLOT_WORD * 4])
+    }
+
+    fn word(&self, index: usize) -> u32 {
+        let at = (index - FIRST_SLOT_WORD) * 4;
+        u32::from_ne_bytes(self.0[at..at + 4].try_into().expect("four bytes"))
+    }
+
+    fn count(&self, slot: usize) -> u32 {
+        self.word(count_index(slot))
+    }
+
+    fn age(&self, slot: usize) -> u32 {
+        self.word(age_index(slot))
+    }
+}
+
+/// One mapping of a board file. Its address is only ever handed to the kernel (see the module
+/// docs); unmapped when the last user lets go.
+struct Mapped {
+    map: *mut u32,
+    file: File,
+    /// The file's device and inode, to notice that the path names another file.
+    identity: (u64, u64),
+}
+
+// SAFETY: the mapping is never accessed from user space (only its address is passed to the
+// kernel), and it stays mapped until `Drop`.
+unsafe impl Send for Mapped {}
+// SAFETY: as above; the file is used only through positioned reads and writes.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    /// Opens (creating it when missing), grows and maps the board file at `path`.
+    fn open(path: &Path) -> io::Result<Mapped> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a symbolic link: someone who may write the directory could otherwise
+        // aim this process's writes at any file it may write.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a symbolic link, which leasehold does not follow there: delete it",
+                ),
+                _ => e,
+            })?;
+        let metadata = file.metadata()?;
+        if !metadata.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file: delete it, leasehold makes a new one",
+            ));
+        }
+        // Growing keeps what is there and fills the rest with zeros; two processes growing it
+        // at once both set the same length.
+        if metadata.len() < SIZE as u64 {
+            file.set_len(SIZE as u64)?;
+        }
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: a fresh shared mapping of `SIZE` bytes of an open file; a mapping may reach
+        // past the file's end (the kernel then refuses its accesses, see `Board::grow_back`).
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapped {
+            map: map.cast(),
+            file,
+            identity: (metadata.dev(), metadata.ino()),
+        })
+    }
+
+    /// The address of word `index` in the mapping, for the kernel only.
+    fn address(&self, index: usize) -> *mut u32 {
+        assert!(index < WORDS);
+        self.map.wrapping_add(index)
+    }
+
+    /// Reads the words from `index` on into `into`; a short read is an error.
+    fn pread(&self, index: usize, into: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(into, (index * 4) as u64)
+    }
+
+    /// Adds one to word `index` in the kernel and wakes up to `wake` waiters of the sequence.
+    fn add_one(&self, index: usize, wake: i32) -> io::Result<()> {
+        // SAFETY: FUTEX_WAKE_OP on two word addresses of the live mapping (not FUTEX_PRIVATE:
+        // other processes wait on the same file page). The kernel checks the pages; a page
+        // past the file's end makes the call fail with EFAULT.
+        let woken = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.address(0),
+                libc::FUTEX_WAKE_OP,
+                wake,
+                0usize, // the second wake-up's count, passed where the timeout goes
+                self.address(index),
+                futex_op_add(1),
+            )
+        };
+        if woken < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// `FUTEX_WAIT` on the sequence while it is `seen`, at most `timeout`: only EFAULT (the
+    /// word is past the file's end) is an error.
+    fn wait(&self, seen: u32, timeout: Duration) -> io::Result<()> {
+        let timespec = libc::timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on a word address of the live mapping with a relative timeout;
+        // the kernel reads the word (EFAULT past the file's end).
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.address(0),
+                libc::FUTEX_WAIT,
+                seen,
+                &timespec as *const libc::timespec,
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+        match result {
+            0 => Ok(()),
+            _ => match io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::EFAULT) => Err(e),
+                // EAGAIN (the sequence moved), ETIMEDOUT, EINTR.
+                _ => Ok(()),
+            },
+        }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `open`; the kernel keeps no pointer to it
+        // (a futex wait still in progress elsewhere holds its own reference to the file).
+        unsafe {
+            libc::munmap(self.map.cast(), SIZE);
+        }
+    }
+}
+
+/// One process's view of a release board: the mapping of the file its path names, replaced
+/// when the path comes to name another file (see the module docs).
+pub(crate) struct Board {
+    path: PathBuf,
+    mapped: Mutex<Arc<Mapped>>,
+    /// A warning said that the file was found short (said once per board).
+    warned_short: AtomicBool,
+    /// A warning said that the board failed even after growing it (said once per board).
+    warned_failing: AtomicBool,
+    /// A warning said that the path named another file (said once per board).
+    warned_replaced: AtomicBool,
+}
+
+impl std::fmt::Debug for Board {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Board").field("path", &self.path).finish()
+    }
+}
+
+impl Board {
+    /// Opens (creating it when missing) and maps the board of the database at `database`.
+    pub fn open(database: &Path) -> io::Result<Board> {
+        let path = board_path(database);
+        let mapped = Mapped::open(&path)?;
+        Ok(Board {
+            path,
+            mapped: Mutex::new(Arc::new(mapped)),
+            warned_short: AtomicBool::new(false),
+            warned_failing: AtomicBool::new(false),
+            warned_replaced: AtomicBool::new(false),
+        })
+    }
+
+    /// The mapping in use, without looking at the path.
+    fn current(&self) -> Arc<Mapped> {
+        Arc::clone(&self.mapped.lock())
+    }
+
+    /// The mapping of the file the path names now: when the file was deleted or replaced,
+    /// opens (or creates) the one there and uses it from now on. Costs a `stat`.
+    fn mapping(&self) -> Arc<Mapped> {
+        let current = self.current();
+        let named = std::fs::metadata(&self.path).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        });
+        if named.is_ok_and(|identity| identity == current.identity) {
+            return current;
+        }
+        match Mapped::open(&self.path) {
+            Ok(mapped) => {
+                if !self.warned_replaced.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "the SQLite release board {} was deleted or replaced by another process; \
+                         using the file there now (wake-ups announced meanwhile may be missed: \
+                         their waiters poll)",
+                        self.path.display()
+                    );
+                }
+                let mapped = Arc::new(mapped);
+                *self.mapped.lock() = Arc::clone(&mapped);
+                mapped
+            }
+            // Keep the old one: it still works among the processes that have it.
+            Err(_) => current,
+        }
+    }
+
+    /// Runs `attempt` on `mapped`; when it fails, grows the file back and runs it once more.
+    /// `false` when it still fails (after a warning, once).
+    fn with_repair(
+        &self,
+        mapped: &Mapped,
+        what: &str,
+        mut attempt: impl FnMut() -> io::Result<()>,
+    ) -> bool {
+        let error = match attempt() {
+            Ok(()) => return true,
+            Err(error) => error,
+        };
+        let error = match self.grow_back(mapped) {
+            Ok(true) => match attempt() {
+                Ok(()) => return true,
+                Err(error) => error,
+            },
+            Ok(false) => error,
+            Err(error) => error,
+        };
+        if !self.warned_failing.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "SQLite release wake-ups through {} fail ({what}: {error}); waiters poll every \
+                 idle_between_tries until it works again",
+                self.path.display()
+            );
+        }
+        false
+    }
+
+    /// Grows `mapped`'s file back to its size when someone shrank it: whether it had to.
+    fn grow_back(&self, mapped: &Mapped) -> io::Result<bool> {
+        let len = mapped.file.metadata()?.len();
+        if len >= SIZE as u64 {
+            return Ok(false);
+        }
+        mapped.file.set_len(SIZE as u64)?;
+        if !self.warned_short.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "the SQLite release board {} was shrunk to {len} bytes by another process; \
+                 grew it back to {SIZE} (wake-ups announced meanwhile may be missed: their \
+                 waiters poll)",
+                self.path.display()
+            );
+        }
+        Ok(true)
+    }
+
+    /// A key of `slot` was released after a turn of `turn_age`: wakes every listener of the
+    /// file the path names. `false` when the board fails (after a warning): waiters poll.
+    pub fn announce(&self, slot: usize, turn_age: Duration) -> bool {
+        let age = u32::try_from(turn_age.as_micros()).unwrap_or(u32::MAX);
+        let mapped = self.mapping();
+        self.with_repair(&mapped, "announce a release", || {
+            mapped
+                .file
+                .write_all_at(&age.to_ne_bytes(), (age_index(slot) * 4) as u64)?;
+            mapped.add_one(count_index(slot), 0)?;
+            mapped.add_one(0, i32::MAX)
+        })
+    }
+
+    /// The release sequence of `mapped` now, `None` when the board fails.
+    fn sequence(&self, mapped: &Mapped) -> Option<u32> {
+        let mut word = [0; 4];
+        self.with_repair(mapped, "read the sequence", || mapped.pread(0, &mut word))
+            .then(|| u32::from_ne_bytes(word))
+    }
+
+    /// Copies the slot words of `mapped` into `slots`: `false` when the board fails.
+    fn read_slots(&self, mapped: &Mapped, slots: &mut Slots) -> bool {
+        self.with_repair(mapped, "read the slots", || {
+            mapped.pread(FIRST_SLOT_WORD, &mut slots.0)
+        })
+    }
+
+    /// Waits until the sequence of `mapped` is no longer `seen`, or `timeout` passes
+    /// (spurious returns are possible: callers read again). When the board fails, sleeps
+    /// `timeout`.
+    fn wait(&self, mapped: &Mapped, seen: u32, timeout: Duration) {
+        if !self.with_repair(mapped, "wait for releases", || mapped.wait(seen, timeout)) {
+            std::thread::sleep(timeout);
+        }
+    }
+}
+
+/// Starts the listener thread of a registry on `board` (see the module docs and
+/// [`Backend::listen_for_releases`](crate::backend::Backend::listen_for_releases)).
+pub(crate) fn listen(
+    board: Arc<Board>,
+    table: String,
+    region: String,
+    handler: ListenerHandler,
+    requests: crossbeam_channel::Receiver<()>,
+) -> bool {
+    let listener = BoardListener {
+        board,
+        table,
+        region,
+        handler,
+        requests,
+    };
+    crate::backend::listener::spawn_listener("SQLite", move || listener.run())
+}
+
+struct BoardListener {
+    board: Arc<Board>,
+    table: String,
+    region: String,
+    handler: ListenerHandler,
+    /// Subscription requests; disconnected once the registry is gone.
+    requests: crossbeam_channel::Receiver<()>,
+}
+
+impl BoardListener {
+    /// How often a subscribed listener reports a tick (and learns whether to go on).
+    const TICK: Duration = Duration::from_secs(1);
+
+    /// Waits for a subscription request, serves it until the registry lets go; ends with the
+    /// registry.
+    fn run(self) {
+        let mut seen = Slots::new();
+        let mut now = Slots::new();
+        while self.requests.recv().is_ok() {
+            while self.requests.try_recv().is_ok() {}
+            let mut mapped = self.board.mapping();
+            self.board.read_slots(&mapped, &mut seen);
+            if (self.handler)(ListenerEvent::Subscribed) == ListenerReply::Stop {
+                return;
+            }
+            let mut next_tick = Instant::now() + Self::TICK;
+            loop {
+                // The sequence before the counts: a release after this read changes it, so
+                // the wait below returns at once.
+                let sequence = self.board.sequence(&mapped);
+                if sequence.is_some() && self.board.read_slots(&mapped, &mut now) {
+                    let moved: Vec<usize> = (0..SLOTS)
+                        .filter(|&s| seen.count(s) != now.count(s))
+                        .collect();
+                    std::mem::swap(&mut seen, &mut now);
+                    if !moved.is_empty() {
+                        let released = |lock_key: &str| {
+                            let slot = slot_of(&self.table, &self.region, lock_key);
+                            moved
+                                .binary_search(&slot)
+                                .ok()
+                                .map(|_| Duration::from_micros(u64::from(seen.age(slot))))
+                        };
+                        let event = ListenerEvent::ReleasedAmong {
+                            released: &released,
+                        };
+                        if (self.handler)(event) == ListenerReply::Stop {
+                            return;
+                        }
+                    }
+                }
+                let at = Instant::now();
+                if at >= next_tick {
+                    next_tick = at + Self::TICK;
+                    match (self.handler)(ListenerEvent::Tick) {
+                        ListenerReply::Keep => {}
+                        ListenerReply::Unsubscribe => break,
+                        ListenerReply::Stop => return,
+                    }
+                    if matches!(
+                        self.requests.try_recv(),
+                        Err(crossbeam_channel::TryRecvError::Disconnected)
+                    ) {
+                        return;
+                    }
+                    let named = self.board.mapping();
+                    if !Arc::ptr_eq(&named, &mapped) {
+                        // The file was deleted or replaced: follow the one the path names.
+                        // Releases announced there before now are unknown, so every waiter
+                        // tries once.
+                        mapped = named;
+                        self.board.read_slots(&mapped, &mut seen);
+                        let anything = |_: &str| Some(Duration::ZERO);
+                        let event = ListenerEvent::ReleasedAmong {
+                            released: &anything,
+                        };
+                        if (self.handler)(event) == ListenerReply::Stop {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+                let timeout = next_tick.saturating_duration_since(at);
+                match sequence {
+                    Some(sequence) => self.board.wait(&mapped, sequence, timeout),
+                    // The board fails: its waiters poll; try it again at the tick.
+                    None => std::thread::sleep(timeout),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_stable_and_spread() {
+        assert_eq!(
+            slot_of("INT_LOCK", "DEFAULT", "a"),
+            slot_of("INT_LOCK", "DEFAULT", "a")
+        );
+        let slots: std::collections::HashSet<usize> = (0..1000)
+            .map(|i| slot_of("INT_LOCK", "DEFAULT", &format!("key-{i}")))
+            .collect();
+        assert!(slots.len() > 850, "1,000 keys took {} slots", slots.len());
+        assert_ne!(
+            slot_of("INT_LOCK", "A", "k"),
+            slot_of("INT_LOCK", "B", "k"),
+            "regions differ"
+        );
+    }
+
+    #[test]
+    fn an_announcement_on_one_mapping_wakes_a_waiter_on_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        let (a, b) = (
+            Board::open(&database).unwrap(),
+            Board::open(&database).unwrap(),
+        );
+        let seen = b.sequence(&b.current()).unwrap();
+        let slot = slot_of("T", "R", "k");
+        let waiter = std::thread::spawn(move || {
+            let started = Instant::now();
+            b.wait(&b.current(), seen, Duration::from_secs(30));
+            let mut slots = Slots::new();
+            assert!(b.read_slots(&b.current(), &mut slots));
+            (started.elapsed(), slots.count(slot), slots.age(slot))
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(a.announce(slot, Duration::from_micros(1234)));
+        let (waited, count, age) = waiter.join().unwrap();
+        assert!(waited < Duration::from_secs(30), "woken, not timed out");
+        assert_eq!((count, age), (1, 1234));
+        assert_eq!(a.sequence(&a.current()), Some(1));
+    }
+
+    /// The premise of the design: the kernel's accesses to a mapped page past the file's end
+    /// fail with EFAULT (a load or store from user space would raise SIGBUS and kill the test
+    /// binary), and `pread` comes back short.
+    #[test]
+    fn past_the_files_end_the_kernel_says_efault_and_no_signal_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let board = Mapped::open(&dir.path().join("l.db-leasehold")).unwrap();
+        let slot = SLOTS - 1;
+        board.file.set_len(0).unwrap();
+        let efault = |result: io::Result<()>| {
+            assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::EFAULT));
+        };
+        efault(board.add_one(0, i32::MAX));
+        efault(board.add_one(count_index(slot), 0));
+        // SAFETY: as in `Board::wait`, with no timeout needed: the call fails at once.
+        let waited = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                board.address(0),
+                libc::FUTEX_WAIT,
+                0u32,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+        assert_eq!(waited, -1);
+        efault(Err(io::Error::last_os_error()));
+        let mut word = [0; 4];
+        assert_eq!(
+            board.pread(0, &mut word).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        // Half a board: the sequence works, the last slot fails.
+        board.file.set_len(4096).unwrap();
+        board.add_one(0, i32::MAX).unwrap();
+        efault(board.add_one(count_index(slot), 0));
+    }
+
+    #[test]
+    fn a_shrunk_board_is_grown_back_and_keeps_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        let (a, b) = (
+            Board::open(&database).unwrap(),
+            Board::open(&database).unwrap(),
+        );
+        let slot = SLOTS - 1;
+        let len = || std::fs::metadata(board_path(&database)).unwrap().len();
+        let cut = |to: u64| a.current().file.set_len(to).unwrap();
+        assert!(a.announce(slot, Duration::from_micros(7)));
+        cut(100);
+        assert!(b.announce(slot, Duration::from_micros(9)), "grown back");
+        assert_eq!(len(), SIZE as u64);
+        let mut slots = Slots::new();
+        assert!(a.read_slots(&a.current(), &mut slots));
+        // The count was lost with the truncation; the release after it counts.
+        assert_eq!((slots.count(slot), slots.age(slot)), (1, 9));
+        cut(0);
+        assert_eq!(
+            a.sequence(&a.current()),
+            Some(0),
+            "read after growing it back"
+        );
+        // A wait on a shrunk board grows it back and waits on the word as it then is (zero):
+        // a waiter that saw another value returns at once.
+        cut(0);
+        let started = Instant::now();
+        a.wait(&a.current(), 1, Duration::from_secs(30));
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "waited on the grown board"
+        );
+        assert_eq!(len(), SIZE as u64);
+    }
+
+    #[test]
+    fn a_database_reached_through_a_link_has_the_same_board() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        std::fs::write(&database, b"").unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink(&database, dir.path().join("link.db")).unwrap();
+        let board = board_path(&database);
+        assert_eq!(board_path(&dir.path().join("link.db")), board);
+        assert_eq!(board_path(&dir.path().join("sub/../l.db")), board);
+        assert_eq!(
+            board.file_name().unwrap(),
+            "l.db-leasehold",
+            "beside the file it resolves to"
+        );
+    }
+
+    #[test]
+    fn a_deleted_board_is_followed_to_the_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        let old = Board::open(&database).unwrap();
+        std::fs::remove_file(board_path(&database)).unwrap();
+        let new = Board::open(&database).unwrap();
+        let before = old.current();
+        assert!(
+            !Arc::ptr_eq(&before, &old.mapping()),
+            "followed the new file"
+        );
+        let seen = new.sequence(&new.current()).unwrap();
+        assert!(old.announce(0, Duration::ZERO));
+        assert_eq!(
+            new.sequence(&new.current()),
+            Some(seen + 1),
+            "announced on the new file"
+        );
+    }
+
+    #[test]
+    fn a_link_or_a_directory_at_the_boards_path_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (database, victim) = (dir.path().join("l.db"), dir.path().join("victim"));
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, board_path(&database)).unwrap();
+        assert!(Board::open(&database).is_err(), "a link is refused");
+        std::fs::remove_file(board_path(&database)).unwrap();
+        let board = Board::open(&database).unwrap();
+        std::fs::remove_file(board_path(&database)).unwrap();
+        std::os::unix::fs::symlink(&victim, board_path(&database)).unwrap();
+        assert!(
+            board.announce(0, Duration::ZERO),
+            "the board it had still works"
+        );
+        std::fs::remove_file(board_path(&database)).unwrap();
+        std::fs::create_dir(board_path(&database)).unwrap();
+        assert!(board.announce(0, Duration::ZERO));
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            b"keep",
+            "the link's target is untouched"
+        );
+        assert!(Board::open(&database).is_err(), "a directory is refused");
+    }
+}

@@ -1,0 +1,309 @@
+//! The command line: every subcommand and its options (clap's derive).
+
+use clap::{Args, Parser, Subcommand};
+use leasehold::{MAX_IDLE_BETWEEN_TRIES, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE};
+use std::ffi::OsString;
+use std::time::Duration;
+
+const AFTER_HELP: &str = "\
+Exit codes of `run`: the command's own (128 + N when signal N ended it); 75 the lock was held \
+elsewhere (--no-wait, or --wait ran out); 74 the lease was lost (the command was stopped, or \
+ended after the loss); 70 leasehold failed (database, table); 64 bad arguments, keys or settings; \
+126/127 the command could not be started / was not found. `lead` exits likewise: the command's \
+own when it ended while leading; 74 when leadership was lost and --once (or a signal) ended \
+the loop; 128 + N when signal N arrived while standing by.
+
+The command runs in a process group of its own, which gets the terminal when leasehold has \
+it: Ctrl-C reaches the command once. SIGINT, SIGTERM and SIGHUP sent to leasehold go to the \
+whole group. On a loss, and when leasehold dies (even by SIGKILL, through a watchdog process), \
+the group gets SIGTERM, then SIGKILL after --grace; processes that leave the group (setsid) \
+are not tracked.";
+
+/// Distributed locks in a SQL database for shell scripts and cron jobs.
+#[derive(Parser, Debug)]
+#[command(name = "leasehold", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Commands {
+    /// Run COMMAND while holding the lock KEY; renew it while COMMAND runs, release it after.
+    Run(RunArgs),
+    /// Run COMMAND while this instance leads GROUP; stop it when leadership is lost, then
+    /// compete again (or exit, with --once).
+    Lead(LeadArgs),
+    /// Show who holds KEY (exit 0) or that it is free (exit 1).
+    Status(StatusArgs),
+    /// List the rows of the table and region: held, expired and released locks.
+    List(ListArgs),
+    /// Create the lock table and its deletion floor (or print their DDL with --print).
+    Init(InitArgs),
+    /// Free KEY whatever holds it; the holder learns at its next renewal.
+    Release(ReleaseArgs),
+    /// Delete rows released or expired longer ago than --older-than.
+    Cleanup(CleanupArgs),
+    /// (Internal) the watchdog `run` and `lead` start: stops the command's process group
+    /// when leasehold dies.
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog(WatchdogArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct Database {
+    /// The lock table's database: sqlite:PATH, postgres://USER@HOST:PORT/DB or
+    /// mysql://USER@HOST:PORT/DB.
+    #[arg(long, env = "LEASEHOLD_DATABASE_URL", value_name = "URL")]
+    pub database: String,
+    /// The table name prefix: the table is PREFIX + LOCK.
+    #[arg(long, default_value = "INT_")]
+    pub prefix: String,
+    /// The region the locks live in.
+    #[arg(long, default_value = "DEFAULT")]
+    pub region: String,
+    /// `run` and `lead`: only check the table; do not create it (and its deletion floor) when
+    /// missing. `status`, `list`, `release` and `cleanup` never create it; `init` does.
+    #[arg(long)]
+    pub no_create_table: bool,
+    /// Report waiting, acquired, renewed, lost and released on stderr, with timestamps.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct KeyArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The lock's name.
+    #[arg(long)]
+    pub key: String,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The lock's name.
+    #[arg(long)]
+    pub key: String,
+    /// How long the lock outlives a crash of this process (it is renewed every third of it);
+    /// 10ms to 7 days.
+    #[arg(long, default_value = "30s", value_parser = time_to_live)]
+    pub ttl: Duration,
+    /// Give up after waiting this long for the lock (exit 75, or --conflict-exit-code):
+    /// seconds as flock(1) takes them (10, 1.5) or with units (500ms, 10m). Default: wait
+    /// until granted.
+    #[arg(
+        long,
+        short = 'w',
+        value_name = "SECS",
+        value_parser = any_duration,
+        conflicts_with = "no_wait"
+    )]
+    pub wait: Option<Duration>,
+    /// Give up at once if the lock is held elsewhere (exit 75, or --conflict-exit-code).
+    #[arg(long, short = 'n')]
+    pub no_wait: bool,
+    /// The exit code when the lock was held elsewhere (--no-wait, or --wait ran out), as
+    /// flock(1)'s -E.
+    #[arg(long, short = 'E', value_name = "N", default_value_t = crate::exit::BUSY)]
+    pub conflict_exit_code: u8,
+    /// Keep the lock held until this long after it was granted, even when COMMAND ends
+    /// sooner, so that another run of the job within the period finds it held (ShedLock's
+    /// lockAtLeastFor); at most 7 days.
+    #[arg(long, value_parser = keep_for)]
+    pub keep_for: Option<Duration>,
+    /// How long COMMAND's process group has to end after SIGTERM, once the lease is lost (or
+    /// leasehold died), before SIGKILL; at most 7 days.
+    #[arg(long, default_value = "10s", value_parser = grace)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct LeadArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The group's name: every instance that may lead names the same group (it is the key of
+    /// the lock the leader holds).
+    #[arg(long)]
+    pub group: String,
+    /// How long leadership outlives a crash of this process (it is renewed every third of it;
+    /// a leader that cannot renew stops the command with a tenth of it left); 10ms to 7 days.
+    #[arg(long, default_value = "30s", value_parser = time_to_live)]
+    pub ttl: Duration,
+    /// How often a standby tries to become leader; 1ms to 1h.
+    #[arg(long, default_value = "1s", value_parser = poll)]
+    pub poll: Duration,
+    /// How long COMMAND's process group has to end after SIGTERM, once leadership is lost (or
+    /// leasehold died), before SIGKILL; at most 7 days.
+    #[arg(long, default_value = "10s", value_parser = grace)]
+    pub grace: Duration,
+    /// Exit (code 74) once leadership is lost and COMMAND has stopped, instead of standing by
+    /// to lead again.
+    #[arg(long)]
+    pub once: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// One JSON object instead of a line: `key`, `lock_key`, `state` ("held" or "free"),
+    /// `client_id`, `acquired`, `expires_at`, `expires_in_ms` and `fencing_token` (null when
+    /// free).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Required: the lock is freed whoever holds it.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// A lock name to show instead of its lock key (the table keeps only a hash of each
+    /// name); repeat for several. Rows of other names show their lock key.
+    #[arg(long = "key", value_name = "NAME")]
+    pub keys: Vec<String>,
+    /// One JSON array of objects instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// Print the DDL for the database instead of running it (nothing is connected to).
+    #[arg(long)]
+    pub print: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// Delete rows released or expired longer ago than this (released rows count from their
+    /// last grant).
+    #[arg(long, value_parser = any_duration)]
+    pub older_than: Duration,
+}
+
+impl Commands {
+    /// The database options of the subcommand (none for the watchdog).
+    pub fn database(&self) -> Option<&Database> {
+        match self {
+            Commands::Run(a) => Some(&a.database),
+            Commands::Lead(a) => Some(&a.database),
+            Commands::Status(a) => Some(&a.key.database),
+            Commands::List(a) => Some(&a.database),
+            Commands::Init(a) => Some(&a.database),
+            Commands::Release(a) => Some(&a.key.database),
+            Commands::Cleanup(a) => Some(&a.database),
+            Commands::Watchdog(_) => None,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct WatchdogArgs {
+    /// How long the command's group has after SIGTERM before SIGKILL, in milliseconds.
+    #[arg(long)]
+    pub grace_ms: u64,
+}
+
+/// A duration on the command line: plain seconds as flock(1) takes them (`10`, `1.5`), or
+/// with units (`500ms`, `10m`, `1h 30m`).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text.starts_with(|c: char| c.is_ascii_digit() || c == '.')
+        && text.chars().all(|c| c.is_ascii_digit() || c == '.')
+    {
+        let seconds: f64 = text
+            .parse()
+            .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+        return Duration::try_from_secs_f64(seconds)
+            .map_err(|_| format!("{text} seconds is too long"));
+    }
+    humantime::parse_duration(text).map_err(|e| {
+        format!("{e}: give seconds (10, 1.5) or a duration with units (500ms, 10m, 1h 30m)")
+    })
+}
+
+/// A duration within `min..=max`; `what` says why the bounds are there.
+fn duration_within(
+    text: &str,
+    min: Duration,
+    max: Duration,
+    what: &str,
+) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration < min || duration > max {
+        return Err(format!(
+            "{} is outside the allowed range {} to {} ({what})",
+            humantime::format_duration(duration),
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(duration)
+}
+
+/// `--wait`, `--older-than`: any length.
+fn any_duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text)
+}
+
+/// `--ttl`: the library's range for a lease.
+fn time_to_live(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        MIN_TIME_TO_LIVE,
+        MAX_TIME_TO_LIVE,
+        "a lease's time-to-live",
+    )
+}
+
+/// `--keep-for`: the lock table keeps a row held at most as long as a lease.
+fn keep_for(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        Duration::ZERO,
+        MAX_TIME_TO_LIVE,
+        "a row is kept held at most as long as the longest lease",
+    )
+}
+
+/// `--grace`: at most as long as the longest lease.
+fn grace(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        Duration::ZERO,
+        MAX_TIME_TO_LIVE,
+        "at most as long as the longest lease",
+    )
+}
+
+/// `--poll`: the library's range for the time between a standby's tries.
+fn poll(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        Duration::from_millis(1),
+        MAX_IDLE_BETWEEN_TRIES,
+        "zero would spin on the database",
+    )
+}

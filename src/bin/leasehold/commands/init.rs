@@ -1,0 +1,26 @@
+//! `leasehold init`: create the lock table and its deletion floor, or print their DDL.
+
+use crate::args::InitArgs;
+use crate::database::builder;
+use crate::exit::{self, Failure};
+
+pub fn init(args: InitArgs) -> Result<u8, Failure> {
+    let builder = builder(&args.database)?;
+    if args.print {
+        print!("{}", builder.table_ddl()?);
+        return Ok(0);
+    }
+    if args.database.no_create_table {
+        return Err(Failure::new(
+            exit::USAGE,
+            "init creates the table: drop --no-create-table (or use --print to see the DDL)",
+        ));
+    }
+    let registry = builder.create_table(true).build()?;
+    println!(
+        "table {} is ready on {} (with its deletion floor unless a warning said otherwise)",
+        registry.table(),
+        registry.backend_name()
+    );
+    Ok(0)
+}

@@ -1,0 +1,142 @@
+//! Output for people and programs: the table and JSON of `list`, durations rounded for
+//! reading.
+
+use leasehold::{Holder, LockRow, LockState};
+use std::time::{Duration, SystemTime};
+
+/// A duration for people: tenths of a second under 10 s, whole seconds above (`1h 5m 3s`).
+pub fn rounded(duration: Duration) -> String {
+    if duration < Duration::from_secs(10) {
+        format!("{:.1}s", duration.as_secs_f64())
+    } else {
+        humantime::format_duration(Duration::from_secs(duration.as_secs())).to_string()
+    }
+}
+
+/// How long until `row` expires (or how long ago it did), seen at `now` on the database clock.
+fn expires_in(row: &LockRow, now: SystemTime) -> String {
+    match row.state {
+        LockState::Released => "-".into(),
+        _ => match row.expires_at.duration_since(now) {
+            Ok(left) => rounded(left),
+            Err(past) => format!("{} ago", rounded(past.duration())),
+        },
+    }
+}
+
+/// The rows as a table for people: one line each, columns padded to their widest cell.
+pub fn rows_table(rows: &[LockRow], now: SystemTime) -> String {
+    let header = [
+        "KEY",
+        "STATE",
+        "HOLDER",
+        "ACQUIRED (UTC)",
+        "EXPIRES IN",
+        "TOKEN",
+    ];
+    let mut lines: Vec<[String; 6]> = vec![header.map(String::from)];
+    for row in rows {
+        lines.push([
+            row.label().to_string(),
+            row.state.to_string(),
+            row.client_id.clone().unwrap_or_else(|| "-".into()),
+            humantime::format_rfc3339_millis(row.acquired).to_string(),
+            expires_in(row, now),
+            row.fencing_token.to_string(),
+        ]);
+    }
+    let mut widths = [0; 6];
+    for line in &lines {
+        for (width, cell) in widths.iter_mut().zip(line) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// One row of `list --json`.
+#[derive(serde::Serialize)]
+struct RowJson<'a> {
+    key: Option<&'a str>,
+    lock_key: &'a str,
+    state: &'a str,
+    client_id: Option<&'a str>,
+    acquired: String,
+    expires_at: Option<String>,
+    expires_in_ms: Option<i64>,
+    fencing_token: u64,
+}
+
+/// Milliseconds from `now` until `at`, negative once `at` has passed.
+fn millis_until(at: SystemTime, now: SystemTime) -> i64 {
+    match at.duration_since(now) {
+        Ok(left) => i64::try_from(left.as_millis()).unwrap_or(i64::MAX),
+        Err(past) => i64::try_from(past.duration().as_millis()).map_or(i64::MIN, |ms| -ms),
+    }
+}
+
+/// The rows as one JSON array: `key` (the name, or null when not resolved), `lock_key`,
+/// `state`, `client_id` (null once released), `acquired` and `expires_at` (RFC 3339, UTC, on
+/// the database clock; `expires_at` null once released), `expires_in_ms` (negative once
+/// expired, null once released) and `fencing_token`.
+pub fn rows_json(rows: &[LockRow], now: SystemTime) -> String {
+    let objects: Vec<RowJson<'_>> = rows
+        .iter()
+        .map(|row| {
+            let released = row.state == LockState::Released;
+            RowJson {
+                key: row.name.as_deref(),
+                lock_key: &row.lock_key,
+                state: row.state.as_str(),
+                client_id: row.client_id.as_deref(),
+                acquired: humantime::format_rfc3339_millis(row.acquired).to_string(),
+                expires_at: (!released)
+                    .then(|| humantime::format_rfc3339_millis(row.expires_at).to_string()),
+                expires_in_ms: (!released).then(|| millis_until(row.expires_at, now)),
+                fencing_token: row.fencing_token,
+            }
+        })
+        .collect();
+    serde_json::to_string(&objects).expect("rows serialize to JSON")
+}
+
+/// `status --json`.
+#[derive(serde::Serialize)]
+struct StatusJson<'a> {
+    key: &'a str,
+    lock_key: String,
+    state: &'static str,
+    client_id: Option<&'a str>,
+    acquired: Option<String>,
+    expires_at: Option<String>,
+    expires_in_ms: Option<i64>,
+    fencing_token: Option<u64>,
+}
+
+/// `key`'s status as one JSON object: `key`, `lock_key`, `state` ("held" or "free"), and the
+/// holder's `client_id`, `acquired` and `expires_at` (RFC 3339, UTC, on the database clock),
+/// `expires_in_ms` and `fencing_token`, all null when free.
+pub fn status_json(key: &str, holder: Option<&Holder>, now: SystemTime) -> String {
+    let time = |at: SystemTime| humantime::format_rfc3339_millis(at).to_string();
+    let status = StatusJson {
+        key,
+        lock_key: leasehold::lock_key_for(key),
+        state: if holder.is_some() { "held" } else { "free" },
+        client_id: holder.map(|h| h.client_id.as_str()),
+        acquired: holder.map(|h| time(h.acquired)),
+        expires_at: holder.map(|h| time(h.expires_at)),
+        expires_in_ms: holder.map(|h| millis_until(h.expires_at, now)),
+        fencing_token: holder.map(|h| h.fencing_token),
+    };
+    serde_json::to_string(&status).expect("a status serializes to JSON")
+}

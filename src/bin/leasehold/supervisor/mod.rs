@@ -1,0 +1,168 @@
+//! The supervisor that runs a command for `run` and `lead`, and stops it — every process of
+//! it — when the lease (or leadership) is lost or leasehold itself dies.
+//!
+//! # Design
+//!
+//! - **Its own process group** ([`group`]). The command starts in a new process group whose
+//!   id is its pid (`setpgid` in the child, before `exec`). Everything it starts stays in that
+//!   group unless it leaves on purpose, so leasehold can signal the whole tree with
+//!   `kill(-pgid)`, and tell when it has ended: `kill(-pgid, 0)` fails with `ESRCH`.
+//! - **Signals** ([`signals`]): SIGINT, SIGTERM and SIGHUP sent to leasehold are forwarded to
+//!   the whole group, once.
+//! - **A loss**: SIGTERM (and SIGCONT, so that a stopped process can act on it) to the group;
+//!   after `--grace`, SIGKILL to the group. leasehold reports "lost" (74) only once no process
+//!   of the group is left. When the command ends by itself, leasehold waits likewise for what
+//!   it left running in its group (as flock(1) holds its lock while a child started in the
+//!   background keeps the descriptor) and only then releases.
+//! - **The terminal** ([`terminal`]): when leasehold has a controlling terminal and is in
+//!   its foreground process group (whatever its standard input), the command's group becomes
+//!   the foreground group (`tcsetpgrp`, SIGTTOU blocked around it) before the command starts,
+//!   and leasehold takes the terminal back when the group is gone. The command reads the
+//!   terminal as if run directly; Ctrl-C reaches its group once (leasehold, now in the
+//!   background, does not see it). Ctrl-Z stops the command's group; leasehold then takes the
+//!   terminal back and stops its own group too, so the shell sees the job stopped; `fg`
+//!   continues leasehold, which gives the terminal back and continues the command (`bg`
+//!   continues it without the terminal). While stopped, leasehold does not renew: a stop
+//!   longer than the time-to-live loses the lease, and the command is stopped as after any
+//!   loss once it is continued.
+//! - **leasehold's death** ([`watchdog`]): a small process, leasehold run again as the hidden
+//!   subcommand `__watchdog`, in its own process group, holds the read end of a pipe whose
+//!   write end only leasehold holds. The command's child writes its group id into the pipe
+//!   before `exec`, so the watchdog knows the group before the command runs. When leasehold
+//!   dies, even by SIGKILL, the kernel closes the write end; the watchdog reads end-of-file,
+//!   sends SIGTERM to the group, waits `--grace`, then sends SIGKILL. Once the group is gone,
+//!   leasehold tells the watchdog so ("disarms" it) before it releases the lock.
+//!
+//! Zombies: a process that died stays a member of its group until reaped. Orphans of the
+//! group are adopted by init, which reaps them, or by leasehold itself when it is PID 1 (of a
+//! container) or a subreaper; so leasehold reaps every child of its own in the group, not only
+//! the command ([`Group::poll`]).
+//!
+//! Group ids are process ids, reused once free: leasehold and the watchdog signal a group only
+//! after checking that it has members (a group id stays taken while it has any), and leasehold
+//! disarms the watchdog as soon as the group is gone. What is left is the moment between a
+//! group's last member ending and that check, too short for the system to hand the id out
+//! again in practice.
+//!
+//! Not tracked: a process that leaves the group (`setsid`, a daemon that detaches, a
+//! `setpgid` of its own) is no longer the command's as far as leasehold can tell, and runs on
+//! after a loss or leasehold's death. Run such programs in the foreground (most daemons have
+//! an option for it), or under a service manager.
+
+mod group;
+mod signals;
+mod terminal;
+pub mod watchdog;
+
+pub use group::{code_of, spawn, Group, State};
+pub use signals::forward_signals;
+pub use watchdog::Watchdog;
+
+use crate::exit::Failure;
+use crate::report::Reporter;
+use leasehold::crossbeam_channel::{self, select};
+use std::time::{Duration, Instant};
+
+/// What a loss channel reports: a lease's loss (`run`) or a term's (`lead`).
+pub trait Loss {
+    /// Why, for the message that stops the command.
+    fn reason(&self) -> String;
+}
+
+impl Loss for leasehold::LeaseLost {
+    fn reason(&self) -> String {
+        self.reason.to_string()
+    }
+}
+
+impl Loss for leasehold::LeadershipLost {
+    fn reason(&self) -> String {
+        self.reason.to_string()
+    }
+}
+
+/// How a supervised command ended.
+pub struct Ended {
+    /// The command's own status (the first process, not those it started).
+    pub status: std::process::ExitStatus,
+    /// The lease or leadership was lost while it ran (it was told to stop).
+    pub lost: bool,
+    /// A signal was forwarded to it.
+    pub signalled: bool,
+}
+
+/// Waits until every process of `group` has ended, forwarding `signals` to the group; when
+/// `losses` delivers, stops the group with SIGTERM and, after `grace`, SIGKILL. `what` names
+/// what can be lost in messages ("the lease of \"KEY\""); `tick` runs about every 20 ms until
+/// a loss.
+pub fn supervise<T: Loss>(
+    mut group: Group<'_>,
+    losses: crossbeam_channel::Receiver<T>,
+    signals: &crossbeam_channel::Receiver<i32>,
+    grace: Duration,
+    what: &str,
+    reporter: &Reporter,
+    mut tick: impl FnMut(),
+) -> Result<Ended, Failure> {
+    let mut losses = losses;
+    let (mut lost_at, mut killed, mut signalled) = (None::<Instant>, false, false);
+    let mut said_leftovers = false;
+    loop {
+        select! {
+            recv(losses) -> lost => {
+                if let Ok(lost) = lost {
+                    eprintln!(
+                        "leasehold: lost {what} ({}); stopping the command's process group with \
+                         SIGTERM, then SIGKILL after {}",
+                        lost.reason(),
+                        humantime::format_duration(grace)
+                    );
+                    group.terminate();
+                    lost_at = Some(Instant::now());
+                }
+                losses = crossbeam_channel::never();
+            },
+            recv(signals) -> received => {
+                if let Ok(signal) = received {
+                    signalled = true;
+                    reporter.say(format_args!(
+                        "forwarding signal {signal} to the command's process group"
+                    ));
+                    group.signal(signal);
+                }
+            },
+            default(Duration::from_millis(20)) => {}
+        }
+        match group.poll()? {
+            State::Running => {}
+            State::Stopped => group.stopped(),
+            State::Leftovers => {
+                if !said_leftovers {
+                    reporter.say(format_args!(
+                        "the command ended; waiting for the processes it left in its group"
+                    ));
+                    said_leftovers = true;
+                }
+            }
+            State::Gone(status) => {
+                group.finish();
+                return Ok(Ended {
+                    status,
+                    lost: lost_at.is_some(),
+                    signalled,
+                });
+            }
+        }
+        if !killed && lost_at.is_some_and(|at| at.elapsed() >= grace) {
+            eprintln!(
+                "leasehold: the command's process group did not end after SIGTERM; sending \
+                 SIGKILL"
+            );
+            group.kill();
+            killed = true;
+        }
+        if lost_at.is_none() {
+            tick();
+        }
+    }
+}

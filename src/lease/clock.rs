@@ -1,0 +1,123 @@
+//! The lease clock: one process-wide thread that hands leases to their registry's [`Renewer`]
+//! when their renewal falls due, and reports leases whose deadline passed (see the `lease`
+//! module docs). It runs no user code and waits for no database.
+//!
+//! It holds `Weak` references only. It sleeps until the earliest moment a lease needs it, and
+//! at most [`IDLE_TICK`] at a time; registering a lease, or a lease whose next moment
+//! moves earlier ([`hurry`]), wakes it only when that moment is sooner than its wake-up.
+//! It wakes a sixteenth of a renewal period before a lease is due and then hands over every
+//! lease due within the next eighth, so leases due in the same window travel in one batch.
+//! Ended leases are dropped from its list on each scan, and by `watch` when the list doubles.
+
+use super::{Lease, Renewer};
+use crate::error::LossReason;
+use parking_lot::{Condvar, Mutex};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// The longest the clock sleeps without looking at its list.
+pub const IDLE_TICK: Duration = Duration::from_secs(1);
+
+struct Watched {
+    leases: Vec<Weak<Lease>>,
+    next_wake: Option<Instant>,
+    running: bool,
+    prune_at: usize,
+}
+
+fn state() -> &'static (Mutex<Watched>, Condvar) {
+    static STATE: OnceLock<(Mutex<Watched>, Condvar)> = OnceLock::new();
+    STATE.get_or_init(|| {
+        let watched = Watched {
+            leases: Vec::new(),
+            next_wake: None,
+            running: false,
+            prune_at: 64,
+        };
+        (Mutex::new(watched), Condvar::new())
+    })
+}
+
+/// Watches `lease` until it is released or lost.
+pub(crate) fn watch(lease: &Arc<Lease>) {
+    let (watched, wake) = state();
+    let due = lease.clock_due();
+    let mut list = watched.lock();
+    if list.leases.len() >= list.prune_at {
+        list.leases
+            .retain(|lease| lease.upgrade().is_some_and(|lease| !lease.is_over()));
+        list.prune_at = (2 * list.leases.len()).max(64);
+    }
+    list.leases.push(Arc::downgrade(lease));
+    if !list.running {
+        list.running = true;
+        let started = std::thread::Builder::new()
+            .name("leasehold-clock".into())
+            .spawn(run);
+        if let Err(e) = started {
+            list.running = false;
+            log::error!("could not start the lease clock thread: {e}");
+        }
+    } else if list.next_wake.is_none_or(|next| due < next) {
+        wake.notify_one();
+    }
+}
+
+/// A watched lease needs the clock at `due`, maybe sooner than it planned.
+pub(crate) fn hurry(due: Instant) {
+    let (watched, wake) = state();
+    let list = watched.lock();
+    if list.running && list.next_wake.is_none_or(|next| due < next) {
+        wake.notify_one();
+    }
+}
+
+fn run() {
+    let (watched, wake) = state();
+    let mut list = watched.lock();
+    loop {
+        let now = Instant::now();
+        let mut next_wake = now + IDLE_TICK;
+        let mut expired = Vec::new();
+        let mut due: Vec<(Arc<Renewer>, Vec<Arc<Lease>>)> = Vec::new();
+        list.leases.retain(|weak| {
+            let Some(lease) = weak.upgrade() else {
+                return false;
+            };
+            if lease.is_over() {
+                return false;
+            }
+            if lease.deadline() <= now {
+                expired.push(lease);
+                return false;
+            }
+            if lease.renewal_in_window(now) {
+                if let Some(renewer) = lease.take_for_renewal() {
+                    match due.iter_mut().find(|(r, _)| Arc::ptr_eq(r, &renewer)) {
+                        Some((_, leases)) => leases.push(Arc::clone(&lease)),
+                        None => due.push((renewer, vec![Arc::clone(&lease)])),
+                    }
+                }
+            }
+            next_wake = next_wake.min(lease.clock_due());
+            true
+        });
+        list.next_wake = Some(next_wake);
+        if !expired.is_empty() || !due.is_empty() {
+            drop(list);
+            if !expired.is_empty() {
+                fail_point!("lease::clock_before_expiry");
+            }
+            for lease in expired {
+                let reason = lease.loss().unwrap_or(LossReason::Expired(None));
+                lease.mark_lost(reason);
+            }
+            for (renewer, leases) in due {
+                renewer.submit(leases);
+            }
+            list = watched.lock();
+            continue;
+        }
+        wake.wait_until(&mut list, next_wake);
+    }
+}

@@ -1,0 +1,209 @@
+//! Background renewals: a registry's [`Renewer`] and its workers (see the `lease` module docs,
+//! "Threads" and "Isolation").
+
+use super::{Lease, Turn};
+use crate::backend::{Batched, Store};
+use parking_lot::{Condvar, Mutex};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// The most leases one renew statement carries.
+pub(crate) const MAX_BATCH: usize = 500;
+
+/// A registry's background renewals: the lease clock hands it the leases whose renewal falls
+/// due, grouped by time-to-live into chunks of at most [`MAX_BATCH`] leases, and *renewal
+/// workers* renew each chunk with one statement on the renewal pool ([`Store::renew_batch`]).
+/// Each lease keeps its own state, deadline and loss report: a lease the database no longer
+/// records as this client's is reported by itself, a row another session has locked is skipped
+/// (that lease alone is retried, and lost at its deadline if the row stays locked), and a batch
+/// that fails or hangs only bounds the deadlines of its leases, which the clock reports one by
+/// one when they pass.
+///
+/// **Workers.** A chunk never waits behind another: a chunk submitted while every worker is busy
+/// (a statement stuck on a hung server or a slow connection) starts another worker, up to one per
+/// renewal connection (`renewal_pool_size`), so one slow statement delays only the leases it
+/// carries. A worker idle for [`Renewer::IDLE_TICK`] ends; the next chunk starts one again. No
+/// user code runs on a worker (loss callbacks run on the registry's callback thread). Workers
+/// hold only a `Weak` to the renewer (which the registry owns) while idle.
+pub(crate) struct Renewer {
+    store: Weak<dyn Store>,
+    due: Mutex<RenewerState>,
+    wake: Condvar,
+    max_workers: usize,
+}
+
+struct RenewerState {
+    chunks: std::collections::VecDeque<Vec<Arc<Lease>>>,
+    workers: usize,
+    idle: usize,
+}
+
+/// Counts a worker out when it ends, however it ends.
+struct WorkerSlot(Weak<Renewer>);
+
+impl Drop for WorkerSlot {
+    fn drop(&mut self) {
+        if let Some(renewer) = self.0.upgrade() {
+            renewer.due.lock().workers -= 1;
+        }
+    }
+}
+
+impl Renewer {
+    /// How long a renewal worker waits for work before it ends.
+    pub const IDLE_TICK: Duration = Duration::from_secs(1);
+
+    /// The renewals of the registry of `store`, with at most `max_workers` statements in flight.
+    pub fn new(store: Weak<dyn Store>, max_workers: usize) -> Arc<Renewer> {
+        Arc::new(Renewer {
+            store,
+            due: Mutex::new(RenewerState {
+                chunks: Default::default(),
+                workers: 0,
+                idle: 0,
+            }),
+            wake: Condvar::new(),
+            max_workers: max_workers.max(1),
+        })
+    }
+
+    /// Hands over leases whose renewal falls due.
+    pub(super) fn submit(self: &Arc<Self>, leases: Vec<Arc<Lease>>) {
+        let mut by_ttl: Vec<(Duration, Vec<Arc<Lease>>)> = Vec::new();
+        for lease in leases {
+            let ttl = lease.ttl();
+            match by_ttl
+                .iter_mut()
+                .find(|(t, group)| *t == ttl && group.len() < MAX_BATCH)
+            {
+                Some((_, group)) => group.push(lease),
+                None => by_ttl.push((ttl, vec![lease])),
+            }
+        }
+        let mut due = self.due.lock();
+        due.chunks
+            .extend(by_ttl.into_iter().map(|(_, chunk)| chunk));
+        if due.idle > 0 {
+            self.wake.notify_all();
+        }
+        while due.chunks.len() > due.idle && due.workers < self.max_workers {
+            let renewer = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name("leasehold-renew".into())
+                .spawn(move || Renewer::work(renewer));
+            match spawned {
+                Ok(_) => due.workers += 1,
+                Err(e) => {
+                    log::error!("could not start a renewal worker: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    fn work(renewer: Weak<Renewer>) {
+        let _slot = WorkerSlot(renewer.clone());
+        loop {
+            let Some(this) = renewer.upgrade() else {
+                return;
+            };
+            let chunk = {
+                let mut due = this.due.lock();
+                if due.chunks.is_empty() {
+                    due.idle += 1;
+                    this.wake.wait_for(&mut due, Self::IDLE_TICK);
+                    due.idle -= 1;
+                }
+                due.chunks.pop_front()
+            };
+            let (Some(chunk), Some(store)) = (chunk, this.store.upgrade()) else {
+                return;
+            };
+            drop(this);
+            renew_chunk(&*store, chunk);
+        }
+    }
+}
+
+/// A lease whose turn a renewal worker holds.
+type Taken = (Arc<Lease>, Turn);
+
+/// Renews one chunk of leases (see [`Renewer`]): one statement per time-to-live their turns
+/// carry (one, unless a holder asked for another since the chunk was made).
+fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>) {
+    let mut by_ttl: Vec<(Duration, Vec<Taken>)> = Vec::new();
+    for lease in chunk {
+        if lease.is_over() {
+            continue;
+        }
+        // A manual renewal in flight has the turn: this lease is due again after it.
+        let Some(turn) = lease.take_turn(None, None) else {
+            lease.state.lock().queued = false;
+            continue;
+        };
+        match by_ttl.iter_mut().find(|(ttl, _)| *ttl == turn.ttl) {
+            Some((_, group)) => group.push((lease, turn)),
+            None => by_ttl.push((turn.ttl, vec![(lease, turn)])),
+        }
+    }
+    for (ttl, group) in by_ttl {
+        renew_group(store, ttl, group);
+    }
+}
+
+/// One renew statement for leases of one time-to-live, and what it found for each.
+fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>) {
+    // One attempt may take half a renewal period, never the leases' whole remaining life, nor
+    // past the earliest deadline among them: a statement that hangs (a hung server, a frozen
+    // connection) is given up and retried on another connection a quarter period later (see
+    // `end_turn`), several times before the deadline — what lets a lease outlive a primary
+    // that hangs.
+    let period = group
+        .iter()
+        .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
+        .min()
+        .expect("a group is never empty");
+    let deadline = group
+        .iter()
+        .map(|(lease, _)| lease.deadline())
+        .min()
+        .expect("a group is never empty")
+        .min(Instant::now() + period / 2);
+    let keys: Vec<(&str, i64)> = group
+        .iter()
+        .map(|(lease, _)| (&*lease.lock_key, lease.token))
+        .collect();
+    fail_point!("lease::renew_batch_before_statement");
+    let sent = Instant::now();
+    let outcome = store.renew_batch(&keys, ttl, deadline);
+    let (renewed, failed) = match &outcome {
+        Ok((_, found)) => (
+            found.iter().filter(|f| **f == Batched::Renewed).count(),
+            found.iter().filter(|f| **f == Batched::RowBusy).count(),
+        ),
+        Err(_) => (0, group.len()),
+    };
+    group[0]
+        .0
+        .meter
+        .renewal(sent.elapsed(), renewed as u64, failed as u64);
+    fail_point!("lease::renew_batch_before_record");
+    if let Err(e) = &outcome {
+        log::warn!("renewing {} leases failed: {e}", group.len());
+    }
+    for (index, (lease, turn)) in group.iter().enumerate() {
+        let mine = match &outcome {
+            Ok((sent_at, found)) => match found[index] {
+                Batched::Renewed => Ok(Some(*sent_at)),
+                Batched::NotHolder => Ok(None),
+                Batched::RowBusy => Err(
+                    "its row was locked by another session; the renewal skipped it rather than \
+                     wait (a long transaction or a `SELECT ... FOR UPDATE` on the lock table?)"
+                        .to_string(),
+                ),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        lease.end_turn(turn, mine);
+    }
+}
