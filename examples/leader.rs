@@ -1,6 +1,7 @@
 //! Leader election between processes: three contenders, the leader is killed, a standby takes
 //! over; then the new leader resigns and the last standby takes over without waiting out the
-//! lease (on PostgreSQL woken by the release within milliseconds, elsewhere at its next poll).
+//! lease, woken by the release within milliseconds (PostgreSQL `NOTIFY`, MySQL named locks,
+//! SQLite's release board on Linux; at its next poll with notifications off or elsewhere).
 //!
 //! The example re-runs itself as child processes (`leader contender NAME ...`), one per
 //! contender, and prints their events on one timeline. The first leader is killed with
@@ -17,6 +18,11 @@
 //!
 //! (`LEASEHOLD_EXAMPLE_URL` works instead of the argument.) On a server the table is
 //! `leader_example_LOCK`, created if missing.
+//!
+//! To copy it into a crate of yours (`src/main.rs`), depend on `leasehold` (with the database
+//! features you need, and `sqlite` for the default) and on `log` = "0.4", which the contenders
+//! use to print the crate's warnings; nothing else. The `#[cfg(feature = ...)]` lines name
+//! leasehold's features: in your crate keep the branches of the databases you enabled.
 
 use leasehold::{LeaderElection, RegistryBuilder};
 use std::io::{BufRead, BufReader, Write};
@@ -41,10 +47,21 @@ fn main() -> Result<(), Failure> {
         .get(1)
         .cloned()
         .or_else(|| std::env::var("LEASEHOLD_EXAMPLE_URL").ok());
-    let dir = tempfile::tempdir()?;
     let target = match url {
         Some(url) => url,
-        None => dir.path().join("locks.db").display().to_string(),
+        None => {
+            // An SQLite file in a directory of this run's own, removed at the end.
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            let dir = std::env::temp_dir()
+                .join(format!("leasehold-leader-{}-{nanos}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let outcome = coordinate(&dir.join("locks.db").display().to_string());
+            let _ = std::fs::remove_dir_all(&dir);
+            return outcome;
+        }
     };
     coordinate(&target)
 }
@@ -104,7 +121,7 @@ fn coordinate(target: &str) -> Result<(), Failure> {
          {SLEEP:?}\n"
     );
     let start = Instant::now();
-    let (lines_tx, lines) = crossbeam_channel::unbounded::<Line>();
+    let (lines_tx, lines) = leasehold::crossbeam_channel::unbounded::<Line>();
     let mut contenders = Vec::new();
     for (name, skew) in [("A", None), ("B", None), ("C", Some("90"))] {
         let mut command = Command::new(std::env::current_exe()?);
@@ -288,7 +305,7 @@ fn contender(target: &str, skew_seconds: Option<&str>) -> Result<(), Failure> {
             ""
         }
     ));
-    let (stop_tx, stop) = crossbeam_channel::bounded::<()>(1);
+    let (stop_tx, stop) = leasehold::crossbeam_channel::bounded::<()>(1);
     std::thread::spawn(move || {
         // Any line or the end of input stops this contender.
         let _ = std::io::stdin().lock().lines().next();

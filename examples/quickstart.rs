@@ -5,17 +5,18 @@
 //! expiry takeover after a holder stalls, how the stalled holder learns it lost the lease,
 //! and how fencing tokens let the protected resource refuse its late write.
 //!
-//! Run it with `cargo run --release --example quickstart`.
+//! Run it with `cargo run --release --example quickstart`. It needs nothing but leasehold and
+//! the standard library: copy it into `src/main.rs` of a crate that depends on `leasehold`.
 
 use leasehold::{LockRegistry, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 fn main() -> Result<()> {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let path = dir.path().join("locks.db");
+    let dir = ScratchDir::new();
+    let path = dir.0.join("locks.db");
     println!("leasehold quickstart: lock table in {}\n", path.display());
 
     let instance_a = LockRegistry::sqlite(&path).create_table(true).build()?;
@@ -30,6 +31,31 @@ fn main() -> Result<()> {
     cross_instance_handoff(&instance_a, &instance_b)?;
     stalled_holder_is_fenced_off(&path, &instance_b)?;
     Ok(())
+}
+
+/// A directory of this run's own under the system's temporary directory, removed (with the
+/// lock table in it) when the tour ends.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new() -> ScratchDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "leasehold-quickstart-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Four threads of one instance take turns: after the first grant the lock moves between them
@@ -81,8 +107,10 @@ fn local_handoff(instance: &LockRegistry) -> Result<()> {
     Ok(())
 }
 
-/// Instance A holds the lock; instance B waits by polling the database every
-/// `idle_between_tries` (100 ms) and gets it shortly after A releases.
+/// Instance A holds the lock; instance B waits. A's release wakes B at once (release
+/// notifications: on SQLite the release board beside the file, on Linux; PostgreSQL `NOTIFY`
+/// and MySQL named locks do the same); without them B would see the release at its next poll
+/// of the database (every `idle_between_tries`, 100 ms by default).
 fn cross_instance_handoff(a: &LockRegistry, b: &LockRegistry) -> Result<()> {
     println!("2. Cross-instance handoff: A holds \"invoice-run\", B waits");
     let held = a.obtain("invoice-run")?.lock()?;
@@ -97,14 +125,15 @@ fn cross_instance_handoff(a: &LockRegistry, b: &LockRegistry) -> Result<()> {
             Ok((got_at, token))
         })
     };
-    // Release between two of B's polls (it polls every 100 ms from when it asked).
+    // Release between two of B's polls (it polls every 100 ms from when it asked), so that a
+    // quick handoff can only come from the wake-up.
     thread::sleep(Duration::from_millis(250));
     let released_at = Instant::now();
     held.unlock()?;
     let (got_at, token) = waiter.join().expect("waiter thread")?;
     println!(
-        "   A released after 250 ms; B's next poll got it {:?} later, with token {token} \
-         (PostgreSQL wakes B at once instead: release notifications)\n",
+        "   A released after 250 ms; B got it {:?} later, with token {token}: the release woke \
+         it (with notifications(false) it would wait for its next poll)\n",
         got_at.saturating_duration_since(released_at)
     );
     Ok(())
@@ -149,7 +178,7 @@ fn stalled_holder_is_fenced_off(path: &std::path::Path, b: &LockRegistry) -> Res
         Ok(()) => println!("   C's unlock() unexpectedly succeeded"),
     }
     taken.unlock()?;
-    println!("   ledger: {:?}", ledger.entries.lock());
+    println!("   ledger: {:?}", ledger.entries.lock().unwrap());
     Ok(())
 }
 
@@ -158,12 +187,12 @@ fn stalled_holder_is_fenced_off(path: &std::path::Path, b: &LockRegistry) -> Res
 #[derive(Default)]
 struct FencedLedger {
     highest_token: AtomicU64,
-    entries: parking_lot::Mutex<Vec<&'static str>>,
+    entries: Mutex<Vec<&'static str>>,
 }
 
 impl FencedLedger {
     fn write(&self, token: u64, entry: &'static str) {
-        let mut entries = self.entries.lock();
+        let mut entries = self.entries.lock().unwrap();
         let highest = self.highest_token.load(Ordering::SeqCst);
         if token < highest {
             println!("   ledger refuses {entry:?}: token {token} < {highest}");

@@ -929,12 +929,19 @@ fn main() {
         }
         return;
     }
-    let scratch = tempfile::tempdir().expect("a temporary directory");
+    // A scratch directory of this run's own (no dependency beyond leasehold), removed at the end.
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let scratch =
+        std::env::temp_dir().join(format!("leasehold-stress-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("a temporary directory");
     if config.target.is_empty() {
-        config.target = scratch.path().join("locks.db").display().to_string();
+        config.target = scratch.join("locks.db").display().to_string();
     }
     if config.dir.as_os_str().is_empty() {
-        config.dir = scratch.path().join("records");
+        config.dir = scratch.join("records");
     }
     std::fs::create_dir_all(&config.dir).expect("the record directory");
     let exe = std::env::current_exe().expect("the path of this executable");
@@ -943,7 +950,9 @@ fn main() {
         command.arg("--child").arg(index.to_string());
         command
     };
-    match run(&mut config, &spawn) {
+    let outcome = run(&mut config, &spawn);
+    let _ = std::fs::remove_dir_all(&scratch);
+    match outcome {
         Ok(summary) => {
             println!("{}", summary.line(&config));
             if !summary.passed() {

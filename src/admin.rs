@@ -427,6 +427,9 @@ impl RegistryBuilder {
             Database::Postgres(_) => both::<crate::backend::postgres::Postgres>(&table),
             #[cfg(feature = "mysql")]
             Database::Mysql(_) => both::<crate::backend::mysql::Mysql>(&table),
+            // No database compiled in: lib.rs's compile_error! names the features to enable.
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+            _ => unreachable!(),
         })
     }
 }

@@ -43,8 +43,44 @@
 //! | `postgres` | instances on several hosts share a PostgreSQL server | releases wake waiters at once (`LISTEN`/`NOTIFY`) |
 //! | `mysql` | they share MySQL 8.0+ or MariaDB 10.6+ | releases wake waiters at once (named locks, `GET_LOCK`) |
 //!
-//! All three keep Spring Integration's `INT_LOCK` table, so a Java service and a Rust one can
-//! share locks while one replaces the other.
+//! ```toml
+//! [dependencies]
+//! leasehold = "0.1"                                     # SQLite
+//! leasehold = { version = "0.1", default-features = false, features = ["postgres"] }
+//! leasehold = { version = "0.1", features = ["postgres", "mysql"] }   # all three
+//! ```
+//!
+//! Enable at least one: a build without any says so. `postgres-tls` and `mysql-tls` add TLS
+//! (rustls, no OpenSSL; `sslmode`/`ssl-mode` and certificate paths in the URL). The
+//! constructors are [`LockRegistry::sqlite`], `LockRegistry::postgres` and `LockRegistry::mysql`;
+//! everything after `build()` is the same on every database. Every setting of
+//! [`RegistryBuilder`] names its default.
+//!
+//! # Locking, waiting, closures
+//!
+//! - [`Lock::lock`] waits until granted; [`Lock::try_lock`] tries once;
+//!   [`Lock::try_lock_for`] waits at most that long. `*_with_ttl` variants take a lease of
+//!   another length than the registry's `time_to_live`.
+//! - [`Lock::with_lock`] runs a closure under the lock and unlocks after it, reporting a lease
+//!   lost meanwhile as [`Error::LeaseLost`].
+//! - A guard dropped without [`LockGuard::unlock`] releases too (and logs a failure).
+//! - Locks are reentrant per thread; threads of one registry queue in-process and pass the
+//!   lock among themselves without a statement.
+//!
+//! ```
+//! # fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let registry = leasehold::LockRegistry::sqlite(dir.path().join("locks.db")).create_table(true).build()?;
+//! let lock = registry.obtain("rebuild-index")?;
+//! let rows = lock.with_lock(|guard| {
+//!     // Long work can watch for a loss and stop at once:
+//!     // `select!` over `guard.loss_channel()` and your own channels.
+//!     assert!(guard.is_held());
+//!     42
+//! })?;
+//! # assert_eq!(rows, 42);
+//! # Ok(()) }
+//! ```
 //!
 //! # When a holder crashes
 //!
@@ -69,7 +105,69 @@
 //! A holder that paused past its lease and wakes up after another instance took over carries a
 //! smaller token than the new holder's writes, so its late write changes nothing.
 //!
-//! # Design at a glance
+//! # What it does not promise
+//!
+//! A lease cannot stop a holder that pauses past its deadline from acting; only a resource
+//! that checks fencing tokens can refuse its late writes. After a failover to an asynchronous
+//! replica, recent grants (and tokens) may be lost (see *Failover* under *Design*).
+//!
+//! # Leader election
+//!
+//! [`LeaderElection`] keeps one leader among the instances of a group, on the same table: the
+//! leader renews its lease, standbys wait (woken by a resignation at once), a leader that
+//! cannot renew steps down before its lease can have run out, and every term carries a larger
+//! term number (its fencing token).
+//!
+//! ```
+//! # fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("locks.db");
+//! use leasehold::{LeaderElection, LockRegistry};
+//! use std::time::Duration;
+//!
+//! let election = LeaderElection::builder(LockRegistry::sqlite(&path).create_table(true), "nightly-batch")
+//!     .lease_duration(Duration::from_secs(10))
+//!     .build()?;
+//! let leadership = election.acquire()?;        // waits while another instance leads
+//! println!("leader for term {}", leadership.term());
+//! // ... lead; stop at once if `leadership.loss_channel()` fires ...
+//! leadership.resign()?;                         // a standby takes over without waiting
+//! # Ok(()) }
+//! ```
+//!
+//! [`LeaderElection::run`] wraps it in a loop with callbacks for elected and lost.
+//!
+//! # The command line
+//!
+//! The `leasehold` binary (feature `cli`: `cargo install leasehold --features cli,postgres`)
+//! runs a command under a lock, as `flock(1)` does on one host, for cron jobs and scripts on
+//! several: `leasehold run --database postgres://… --key nightly-report --no-wait -- ./report.sh`.
+//! It renews the lease while the command runs, stops the command if the lease is lost, and
+//! has `init`, `status`, `list`, `release` and `cleanup` for operators. See the README.
+//!
+//! # Logging
+//!
+//! What no call returns is logged through the [`log`](https://docs.rs/log) facade, as
+//! warnings or errors with targets `leasehold::…`: each lease lost (also reported to its
+//! holder, see above), a background renewal that failed and will be retried, a release on drop
+//! that failed, an incomplete deletion floor at `build()`, a clock offset that a leader
+//! election corrects, a loss callback that panicked. Install any logger (`env_logger`,
+//! `simple_logger`, …) to see them; without one they are dropped. leasehold prints nothing
+//! itself.
+//!
+//! # Compatibility with Spring Integration
+//!
+//! The table is Spring Integration's `INT_LOCK` with one added column (`FENCING_TOKEN`, with a
+//! default so Spring's own inserts still work); `LOCK_KEY` is computed as Spring does
+//! ([`lock_key_for`]), and timestamps are UTC. A leasehold registry and a Spring
+//! `JdbcLockRegistry` on one table and region exclude each other. Differences: leasehold marks
+//! rows free instead of deleting them, and two registries must not share a `CLIENT_ID`.
+//!
+//! # Design
+//!
+//! How it works inside, for those who operate or review it.
+//!
+//! ## Threads and modules
 //!
 //! ```text
 //!  thread ─┐                          ┌─ lease clock (one per process): hands leases whose
@@ -111,7 +209,9 @@
 //! | `leader` | leader election on top of the registry |
 //! | `error` | the error enum |
 //!
-//! **Which SQL runs when.** A thread that finds the key free in its registry runs **acquire**
+//! ## Which SQL runs when
+//!
+//! A thread that finds the key free in its registry runs **acquire**
 //! (one statement: take the row if absent or expired on the database clock, bump the fencing
 //! token, return it). If the lock is held elsewhere, that thread — the only one per key per
 //! registry — polls again every `idle_between_tries`; other local threads wait on a condition
@@ -124,7 +224,9 @@
 //! once. A wake-up only makes a waiter try sooner: the row alone decides who holds the lock. The statements are listed per database in the backend modules
 //! and shown by [`LockRegistry::statements`]; the DDL is in `sql/`.
 //!
-//! **Time.** Expiry is decided only in SQL, on the database's clock, stored as UTC, so clients'
+//! ## Time
+//!
+//! Expiry is decided only in SQL, on the database's clock, stored as UTC, so clients'
 //! wall clocks never matter to leasehold. A holder counts its lease as gone at a *deadline* on
 //! its monotonic clock that is never later than the database's expiry: the instant the last
 //! confirmed acquire or renew was *sent* plus its time-to-live, no later than any renewal whose
@@ -136,7 +238,9 @@
 //! `EXPIRED_AFTER` with a timestamp the Java client computes, so a Spring host whose clock runs
 //! ahead takes expired-looking rows early.
 //!
-//! **Failover.** Leases are rows, so they move with the data: a standby promoted to primary
+//! ## Failover
+//!
+//! Leases are rows, so they move with the data: a standby promoted to primary
 //! judges the leases granted on the old primary by *its own* clock. A row's `EXPIRED_AFTER` is
 //! the old primary's time plus the time-to-live; if the new primary's clock runs ahead of the
 //! old one's by δ, every inherited lease ends δ early in real time, and another instance may
@@ -155,7 +259,9 @@
 //! renewals: their holders learn of it at their next renewal (`NotOwner`), and another instance
 //! may hold the key meanwhile. The README's *High availability* section has the measurements.
 //!
-//! **Fencing tokens.** Each grant sets `FENCING_TOKEN = max(previous + 1, database clock in
+//! ## Fencing tokens
+//!
+//! Each grant sets `FENCING_TOKEN = max(previous + 1, database clock in
 //! µs, floor + 1)` and the tokens of one key strictly increase, on every database and whatever
 //! the clock's resolution or steps. Released rows are kept (marked free), so the next grant
 //! counts up from the row. Rows deleted by others (Spring's `JdbcLockRegistry` on every
@@ -165,23 +271,25 @@
 //! `create_table(true)` installs it; without it (not installed, or the trigger could not be
 //! created) `build()` logs a warning and a token after a deletion is only as high as the
 //! clock. A local handoff keeps the token (see [`LockGuard::fencing_token`]).
-//!
-//! **What it does not promise.** A lease cannot stop a holder that pauses past its deadline from
-//! acting; only a resource that checks fencing tokens can refuse its late writes. After a
-//! failover to an asynchronous replica, recent grants (and tokens) may be lost.
-//!
-//! # Compatibility with Spring Integration
-//!
-//! The table is Spring Integration's `INT_LOCK` with one added column (`FENCING_TOKEN`, with a
-//! default so Spring's own inserts still work); `LOCK_KEY` is computed as Spring does
-//! ([`lock_key_for`]), and timestamps are UTC. A leasehold registry and a Spring
-//! `JdbcLockRegistry` on one table and region exclude each other. Differences: leasehold marks
-//! rows free instead of deleting them, and two registries must not share a `CLIENT_ID`.
 
 // The only unsafe code is SQLite's release board (`backend/sqlite/board.rs`: a shared file
 // mapping and the futex on it), which allows it for itself.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`) marks what each feature adds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Without a database the crate has nothing to do: say which features to enable, and only that
+// (the rest of the crate, written for at least one backend, would only add noise).
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(unused, unreachable_code)
+)]
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+compile_error!(
+    "leasehold needs at least one database: enable the feature `sqlite` (the default), \
+     `postgres` or `mysql` (e.g. `leasehold = { version = \"0.1\", default-features = false, \
+     features = [\"postgres\"] }`, or `cargo build --no-default-features --features postgres`)"
+);
 
 /// A named fail point: with the test-only `failpoints` feature, tests configure it through the
 /// `fail` crate (pause, panic, sleep) to force a race deterministically; without the feature it

@@ -133,6 +133,7 @@ impl LockRegistry {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub fn sqlite(path: impl AsRef<std::path::Path>) -> RegistryBuilder {
         RegistryBuilder::new(Database::Sqlite(path.as_ref().to_path_buf()))
     }
@@ -170,6 +171,7 @@ impl LockRegistry {
     /// synchronous standby's promotion, not across an asynchronous one's — is in the README's
     /// *High availability* section, measured by `tests/ha.rs`.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres(url: impl Into<String>) -> RegistryBuilder {
         RegistryBuilder::new(Database::Postgres(url.into()))
     }
@@ -199,6 +201,7 @@ impl LockRegistry {
     /// node, and conflicts only come with a failover. What a Galera node's failure does to
     /// leases is in the README's *High availability* section, measured by `tests/ha.rs`.
     #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub fn mysql(url: impl Into<String>) -> RegistryBuilder {
         RegistryBuilder::new(Database::Mysql(url.into()))
     }

@@ -10,8 +10,10 @@
 //! ```
 //!
 //! PostgreSQL is restarted with `pg_ctlcluster`, MariaDB with `mysqladmin shutdown` and
-//! `start-stop-daemon` (as `.ci/run` starts it); a guard starts a stopped server again even when
-//! a test fails. No process is signalled.
+//! `start-stop-daemon --pidfile` (as `.ci/run` starts it), started and waited for by its own pid
+//! file and port, so that another `mariadbd` beside it (a spare port, a Galera node) is neither
+//! taken for it nor disturbed (`common::mariadb`); a guard starts a stopped server again even
+//! when a test fails. No process is signalled.
 //!
 //! A lock held by a thread can only be asked about on that thread (guards are `!Send`), so
 //! holders here live on threads of their own, driven by commands ([`Holder`]), and every call
@@ -405,6 +407,7 @@ fn freeze_at(proxy: &Proxy, name: &'static str) -> Arc<AtomicBool> {
 /// Starting, stopping and restarting the local test servers.
 mod server {
     use super::{Db, GENEROUS};
+    use crate::common::mariadb::Mariadb;
     use std::process::Command;
     use std::time::{Duration, Instant};
 
@@ -448,10 +451,14 @@ mod server {
     pub fn is_up(db: Db) -> bool {
         match db {
             Db::Postgres => succeeds("pg_isready", &["-h", "127.0.0.1", "-p", "5432", "-q"]),
-            Db::Mysql => succeeds("mysqladmin", &["-h", "127.0.0.1", "-u", "root", "ping"]),
+            Db::Mysql => Mariadb::system().is_up(),
             Db::Sqlite => true,
         }
     }
+
+    /// How long a server may take to stop or start on a busy machine (MariaDB flushes its
+    /// buffer pool and may recover on start).
+    const SERVER_DEADLINE: Duration = Duration::from_secs(180);
 
     fn wait_for(db: Db, up: bool) {
         let give_up = Instant::now() + GENEROUS;
@@ -463,41 +470,24 @@ mod server {
 
     pub fn stop(db: Db) {
         match db {
-            Db::Postgres => pg_ctlcluster("stop"),
-            Db::Mysql => {
-                run("mysqladmin", &["-h", "127.0.0.1", "-u", "root", "shutdown"]);
-                let give_up = Instant::now() + GENEROUS;
-                while std::path::Path::new("/run/mysqld/mysqld.pid").exists() {
-                    assert!(Instant::now() < give_up, "mariadbd did not exit");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+            Db::Postgres => {
+                pg_ctlcluster("stop");
+                wait_for(db, false);
             }
+            Db::Mysql => Mariadb::system().stop(SERVER_DEADLINE),
             Db::Sqlite => {}
         }
-        wait_for(db, false);
     }
 
     pub fn start(db: Db) {
         match db {
-            Db::Postgres => pg_ctlcluster("start"),
-            Db::Mysql => {
-                run("install", &["-d", "-o", "mysql", "/run/mysqld"]);
-                run(
-                    "start-stop-daemon",
-                    &[
-                        "--start",
-                        "--oknodo",
-                        "--background",
-                        "--exec",
-                        "/usr/sbin/mariadbd",
-                        "--",
-                        "--user=mysql",
-                    ],
-                );
+            Db::Postgres => {
+                pg_ctlcluster("start");
+                wait_for(db, true);
             }
+            Db::Mysql => Mariadb::system().start(SERVER_DEADLINE),
             Db::Sqlite => {}
         }
-        wait_for(db, true);
     }
 
     pub fn restart(db: Db) {

@@ -4,7 +4,10 @@
 //!
 //! Fail points are process-wide, so every test holds a [`fail::FailScenario`], which runs the
 //! tests of this binary one at a time and clears every fail point when it ends. Waits are
-//! bounded generously; the only timing a test relies on is a time-to-live running out.
+//! bounded generously; the only timing a test relies on is a time-to-live running out. A lease
+//! that must *survive* has a time-to-live of seconds, so that a machine too busy to run the
+//! renewal thread for a second or two does not fail the test; waits for renewals end as soon as
+//! they are seen.
 
 #![cfg(all(feature = "failpoints", feature = "sqlite"))]
 
@@ -68,6 +71,23 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `registry` has renewed twice more (a lease renewed on its own schedule) or a
+/// loss arrives on `losses`, and returns the loss.
+fn renewed_twice_or_lost(
+    registry: &LockRegistry,
+    losses: &Receiver<LeaseLost>,
+) -> Option<LeaseLost> {
+    let before = registry.statistics().renewals;
+    let until = Instant::now() + GENEROUS;
+    while registry.statistics().renewals < before + 2 {
+        assert!(Instant::now() < until, "timed out waiting for two renewals");
+        if let Ok(lost) = losses.recv_timeout(Duration::from_millis(20)) {
+            return Some(lost);
+        }
+    }
+    losses.try_recv().ok()
+}
+
 /// The holder may believe it holds only while no other instance can take the lock.
 fn assert_exclusive(guard: &LockGuard, other: &LockRegistry) {
     let taken = other.obtain(guard.key()).unwrap().try_lock().unwrap();
@@ -88,13 +108,12 @@ fn sqlite(test: &str) -> Fixture {
 fn renewals_with_different_ttls_are_serialised_and_the_holder_never_outlives_the_row() {
     let scenario = fail::FailScenario::setup();
     let f = sqlite("serialised_renewals");
-    let holder = f
-        .builder()
-        .time_to_live(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    // 3 s: the lease must last from the keeper's first renewal (after 1 s) until the manual
+    // renewal has run, however slowly the gate below is passed.
+    let keeper_ttl = Duration::from_secs(3);
+    let holder = f.builder().time_to_live(keeper_ttl).build().unwrap();
     let other = f.registry();
-    // The keeper's first renewal (with 300 ms) stops after its send instant was taken.
+    // The keeper's first renewal (with 3 s) stops after its send instant was taken.
     let keeper = Gate::first_at("backend::renew_sent");
     let guard = holder.obtain("reorder").unwrap().lock().unwrap();
     keeper.wait_entered();
@@ -109,8 +128,8 @@ fn renewals_with_different_ttls_are_serialised_and_the_holder_never_outlives_the
     let _ = manual_done.try_send(());
     releaser.join().unwrap();
     wait_until("both renewals ran", || holder.statistics().renewals >= 2);
-    // Past the keeper's 300 ms: if its statement ran last, the row has expired.
-    thread::sleep(Duration::from_millis(600));
+    // Past the keeper's 3 s: if its statement ran last, the row has expired.
+    thread::sleep(keeper_ttl + Duration::from_millis(500));
     assert_exclusive(&guard, &other);
     assert!(renewed.is_ok(), "{renewed:?}");
     drop(guard);
@@ -129,7 +148,8 @@ fn a_renewal_that_timed_out_still_bounds_the_holders_deadline() {
     let holder = f
         .builder()
         .time_to_live(Duration::from_secs(60))
-        .operation_timeout(Duration::from_millis(500))
+        // Long enough for the lock() below on a busy machine; the gated renewal times out.
+        .operation_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let other = f.registry();
@@ -153,9 +173,11 @@ fn a_renewal_that_timed_out_still_bounds_the_holders_deadline() {
 fn a_shorter_ttl_given_by_a_manual_renewal_is_renewed_in_time() {
     let scenario = fail::FailScenario::setup();
     let f = sqlite("shorter_ttl_manual");
+    // The keeper renews every 4 s; the manual renewal asks for 3 s, which it must renew every
+    // second from then on, or lose.
     let registry = f
         .builder()
-        .time_to_live(Duration::from_millis(1500))
+        .time_to_live(Duration::from_secs(12))
         .build()
         .unwrap();
     let guard = registry.obtain("shorter").unwrap().lock().unwrap();
@@ -163,10 +185,9 @@ fn a_shorter_ttl_given_by_a_manual_renewal_is_renewed_in_time() {
     wait_until("the keeper renewed once", || {
         registry.statistics().renewals >= 1
     });
-    guard.renew_with_ttl(Duration::from_millis(300)).unwrap();
-    thread::sleep(Duration::from_millis(1200));
-    let lost = losses.try_recv();
-    assert!(lost.is_err(), "lost: {lost:?}");
+    guard.renew_with_ttl(Duration::from_secs(3)).unwrap();
+    let lost = renewed_twice_or_lost(&registry, &losses);
+    assert!(lost.is_none(), "lost: {lost:?}");
     assert!(guard.is_held());
     guard.unlock().unwrap();
     scenario.teardown();
@@ -178,21 +199,22 @@ fn a_shorter_ttl_given_by_a_manual_renewal_is_renewed_in_time() {
 fn a_shorter_ttl_asked_for_by_the_next_local_holder_is_renewed_in_time() {
     let scenario = fail::FailScenario::setup();
     let f = sqlite("shorter_ttl_handoff");
+    // As above: renewals every 4 s for the registry's leases, every second for the next
+    // holder's 3 s.
     let registry = f
         .builder()
-        .time_to_live(Duration::from_secs(3))
+        .time_to_live(Duration::from_secs(12))
         .build()
         .unwrap();
     let lock = registry.obtain("shorter").unwrap();
     let first = lock.lock().unwrap();
     let next = {
-        let lock = lock.clone();
+        let (lock, registry) = (lock.clone(), registry.clone());
         thread::spawn(move || {
-            let guard = lock.lock_with_ttl(Duration::from_millis(300)).unwrap();
+            let guard = lock.lock_with_ttl(Duration::from_secs(3)).unwrap();
             let losses = guard.loss_channel();
-            thread::sleep(Duration::from_millis(1200));
+            let lost = renewed_twice_or_lost(&registry, &losses);
             let held = guard.is_held();
-            let lost = losses.try_recv().ok();
             guard
                 .unlock()
                 .map_err(|e| e.to_string())
@@ -223,7 +245,7 @@ fn a_panicking_loss_callback_does_not_stop_loss_reports() {
     first_losses.recv_timeout(GENEROUS).expect("first loss");
     let second = registry.obtain("second").unwrap().lock().unwrap();
     let second_losses = second.loss_channel();
-    let lost = second_losses.recv_timeout(Duration::from_secs(5));
+    let lost = second_losses.recv_timeout(GENEROUS);
     assert!(lost.is_ok(), "the second loss was never reported");
     drop((first, second));
     scenario.teardown();
@@ -254,7 +276,7 @@ fn a_loss_during_loss_channel_registration_is_delivered() {
     })
     .unwrap();
     let losses = guard.loss_channel();
-    let delivered = losses.recv_timeout(Duration::from_secs(5));
+    let delivered = losses.recv_timeout(GENEROUS);
     assert!(delivered.is_ok(), "loss channel silent: {delivered:?}");
     drop(guard);
     scenario.teardown();
@@ -274,7 +296,7 @@ fn a_panic_inside_an_acquire_does_not_wedge_the_key() {
     };
     assert!(panicked.is_err(), "the fail point should have panicked");
     let guard = lock
-        .try_lock_for(Duration::from_secs(5))
+        .try_lock_for(GENEROUS)
         .unwrap()
         .expect("the key is usable after a panic");
     guard.unlock().unwrap();
@@ -313,12 +335,14 @@ fn a_handoff_with_another_ttl_returns_within_the_callers_deadline() {
         })
     };
     wait_until("the next thread queues", || lock.queued_threads() == 1);
-    fail::cfg("backend::renew_sent", "sleep(5000)").unwrap();
+    // Renewals take 30 s; a try for 300 ms must not wait for them (the bound is generous, for
+    // a busy machine: far above 300 ms, far below 30 s).
+    fail::cfg("backend::renew_sent", "sleep(30000)").unwrap();
     first.unlock().unwrap();
     let (taken, waited) = next.join().unwrap();
     assert_eq!(taken, Ok(true));
     assert!(
-        waited < Duration::from_secs(2),
+        waited < Duration::from_secs(15),
         "a 300 ms try returned after {waited:?}"
     );
     scenario.teardown();
@@ -331,10 +355,11 @@ fn a_grant_that_arrives_expired_is_not_returned() {
     let f = sqlite("expired_grant");
     let registry = f
         .builder()
-        .time_to_live(Duration::from_millis(100))
+        .time_to_live(Duration::from_secs(2))
         .build()
         .unwrap();
-    fail::cfg("backend::acquire_sent", "1*sleep(300)").unwrap();
+    // The first grant arrives after its 2 s; the one lock() returns has 2 s to be checked.
+    fail::cfg("backend::acquire_sent", "1*sleep(2500)").unwrap();
     let guard = registry.obtain("late").unwrap().lock().unwrap();
     assert!(guard.is_held(), "lock() returned a lease already over");
     drop(guard);
@@ -348,7 +373,9 @@ fn is_leader_turns_false_as_soon_as_the_lease_is_lost() {
     let scenario = fail::FailScenario::setup();
     let f = sqlite("leader_loss");
     let election = LeaderElection::builder(f.builder(), "group")
-        .lease_duration(Duration::from_secs(3))
+        // The lease outlasts the wait below: only the renewal that finds the row taken over
+        // (every 300 ms) can end the leadership in time.
+        .lease_duration(Duration::from_secs(30))
         .lock_keep_alive_period(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -361,7 +388,7 @@ fn is_leader_turns_false_as_soon_as_the_lease_is_lost() {
         .execute(&format!("UPDATE {} SET CLIENT_ID = 'thief'", f.table()), [])
         .unwrap();
     assert_eq!(changed, 1);
-    let until = Instant::now() + Duration::from_secs(2);
+    let until = Instant::now() + GENEROUS;
     while leadership.is_leader() && Instant::now() < until {
         thread::sleep(Duration::from_millis(5));
     }
@@ -404,7 +431,7 @@ fn a_loss_found_by_unlock_is_reported_once() {
         "{unlocked:?}"
     );
     clock.open();
-    let event = losses.recv_timeout(Duration::from_secs(5));
+    let event = losses.recv_timeout(GENEROUS);
     assert!(
         matches!(
             &event,
@@ -430,8 +457,8 @@ fn a_handoff_with_another_ttl_succeeds_even_when_renewals_fail() {
     let f = sqlite("handoff_renewal_fails");
     let registry = f
         .builder()
-        .time_to_live(Duration::from_secs(3))
-        .operation_timeout(Duration::from_millis(300))
+        .time_to_live(Duration::from_secs(20))
+        .operation_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
     let lock = registry.obtain("retune").unwrap();

@@ -5,8 +5,9 @@
 //! each with two threads running the workload of `common/turns.rs`. The bound of the docs
 //! (`RegistryBuilder::turn_window`) is (N − 1) × (`local_handoff_limit` + `turn_window` + a
 //! couple of `idle_between_tries`); the test prints every figure and asserts it loosely (three
-//! times over, since this machine's scheduling is noisy), that each instance ran at least a third
-//! of its fair share of the critical sections, and that no two sections overlapped.
+//! times over, plus a few seconds for a machine so busy that threads wait to run), that each
+//! instance ran at least a third of its fair share of the critical sections, and that no two
+//! sections overlapped.
 
 mod common;
 #[path = "common/turns.rs"]
@@ -24,6 +25,9 @@ mod suite {
     const RUN: Duration = Duration::from_secs(5);
     const LIMIT: Duration = Duration::from_millis(300);
     const IDLE: Duration = Duration::from_millis(50);
+    /// What a busy machine may add to a wait: threads (the holder's, the listener's, the
+    /// waiter's) that wait a second or more to run.
+    const BUSY_MACHINE: Duration = Duration::from_secs(4);
 
     /// One run at a time: they measure waiting, which the others' threads would distort.
     static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
@@ -87,7 +91,7 @@ mod suite {
         );
         for (instance, tally) in tallies.iter().enumerate() {
             assert!(
-                tally.longest_wait <= 3 * bound,
+                tally.longest_wait <= 3 * bound + BUSY_MACHINE,
                 "instance {instance} waited {:?}, bound {bound:?}",
                 tally.longest_wait
             );
@@ -118,10 +122,12 @@ mod suite {
         const HANDOFFS: usize = 30;
         const HOLD: Duration = Duration::from_millis(20);
         let limit = Duration::from_millis(200);
-        let window = Duration::from_millis(400);
+        // A handoff that waits out the window takes over 1 s, a woken one milliseconds, or
+        // a few hundred on a busy machine: half the window tells them apart.
+        let window = Duration::from_secs(1);
         let builder = || {
             f.builder()
-                .idle_between_tries(Duration::from_secs(2))
+                .idle_between_tries(Duration::from_secs(3))
                 .local_handoff_limit(Some(limit))
                 .turn_window(Some(window))
         };
@@ -149,7 +155,7 @@ mod suite {
             let released = Instant::now();
             guard.unlock().unwrap();
             // Woken, B takes it within milliseconds; after a turn ends it waits out the
-            // window (400 ms), and polls only every 2 s.
+            // window (1 s), and polls only every 3 s.
             if granted.recv().unwrap() - released > window / 2 {
                 slow += 1;
             }

@@ -5,7 +5,9 @@
 //! off.
 //!
 //! Waiters here poll only every 30 s, so a waiter that gets the lock within a few seconds of
-//! the release was woken by the release, not by its timer.
+//! the release was woken by the release, not by its timer. A release comes only once the
+//! waiter's registry has subscribed (its listener's first nudge makes the waiter try again), not
+//! after a fixed sleep that a busy machine may outlast.
 
 #![cfg(any(
     feature = "postgres",
@@ -55,22 +57,49 @@ fn set_within(flag: &AtomicBool, within: Duration) -> bool {
     flag.load(Ordering::SeqCst)
 }
 
-/// Waits until the waiter has sent more than `before` attempts, and a little longer for the
-/// answer (the lock is held) to arrive.
-fn until_polled(waiter: &LockRegistry, before: u64) {
-    while waiter.statistics().acquires <= before {
+/// Waits until the waiter has sent at least `tries` attempts more than `before`, and a little
+/// longer for the answer (the lock is held) to arrive.
+fn until_tried(waiter: &LockRegistry, before: u64, tries: u64) {
+    let give_up = std::time::Instant::now() + SLOW_POLL;
+    while waiter.statistics().acquires < before + tries {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the waiter did not try {tries} times"
+        );
         thread::sleep(Duration::from_millis(5));
     }
     thread::sleep(Duration::from_millis(300));
 }
 
-/// `holder` takes "job", a thread of `waiter` waits for it and polls once, `holder` releases:
-/// whether the waiter got the lock within `within`. Joins the waiter either way.
-fn release_reaches_waiter(holder: &LockRegistry, waiter: &LockRegistry, within: Duration) -> bool {
+/// Waits until the waiter has tried once (and found the lock held).
+fn until_polled(waiter: &LockRegistry, before: u64) {
+    until_tried(waiter, before, 1);
+}
+
+/// Waits until the waiter's registry listens for releases: it tried once and found the lock
+/// held, then its listener subscribed and nudged it to try again (for a release it might have
+/// missed meanwhile).
+fn until_listening(waiter: &LockRegistry, before: u64) {
+    until_tried(waiter, before, 2);
+}
+
+/// `holder` takes "job", a thread of `waiter` waits for it and polls once (and, when `waiter`
+/// listens, once more as its listener subscribes), `holder` releases: whether the waiter got
+/// the lock within `within`. Joins the waiter either way.
+fn release_reaches_waiter(
+    holder: &LockRegistry,
+    waiter: &LockRegistry,
+    listens: bool,
+    within: Duration,
+) -> bool {
     let guard = holder.obtain("job").unwrap().lock().unwrap();
     let before = waiter.statistics().acquires;
     let (granted, handle) = wait_for(waiter.clone(), "job");
-    until_polled(waiter, before);
+    if listens {
+        until_listening(waiter, before);
+    } else {
+        until_polled(waiter, before);
+    }
     guard.unlock().unwrap();
     let in_time = set_within(&granted, within);
     handle.join().unwrap();
@@ -119,7 +148,7 @@ fn a_registry_listens_only_while_one_of_its_threads_waits() {
     );
     let before = waiter.statistics().acquires;
     let (granted, handle) = wait_for(waiter.clone(), "job");
-    until_polled(&waiter, before);
+    until_listening(&waiter, before);
     assert_eq!(
         listening_backends(&mut admin, &f),
         1,
@@ -142,7 +171,7 @@ fn a_registry_listens_only_while_one_of_its_threads_waits() {
         "the listener unsubscribed after the wait"
     );
     assert!(
-        release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
+        release_reaches_waiter(&holder, &waiter, true, WOKEN_WITHIN),
         "a later wait subscribes again"
     );
 }
@@ -159,7 +188,7 @@ fn the_listener_comes_back_after_its_connection_is_killed() {
     let guard = holder.obtain("job").unwrap().lock().unwrap();
     let before = waiter.statistics().acquires;
     let (granted, handle) = wait_for(waiter.clone(), "job");
-    until_polled(&waiter, before);
+    until_listening(&waiter, before);
     let polls_before = waiter.statistics().acquires;
     let killed = admin
         .query(
@@ -234,7 +263,7 @@ mod suite {
         let holder = f.registry();
         let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
         assert!(
-            release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN),
+            release_reaches_waiter(&holder, &waiter, true, WOKEN_WITHIN),
             "the waiter slept until its next poll"
         );
         // One failed try, one when the subscription took effect, one woken try; on MySQL
@@ -251,14 +280,16 @@ mod suite {
 
     pub fn without_notifications_a_waiter_wakes_only_at_its_next_poll(f: &Fixture) {
         let holder = f.registry();
+        // Its next poll comes 8 s after the first: far later than the release and the half
+        // second given to a wake-up, even on a busy machine.
         let waiter = f
             .builder()
             .notifications(false)
-            .idle_between_tries(Duration::from_secs(3))
+            .idle_between_tries(Duration::from_secs(8))
             .build()
             .unwrap();
         assert!(
-            !release_reaches_waiter(&holder, &waiter, Duration::from_millis(500)),
+            !release_reaches_waiter(&holder, &waiter, false, Duration::from_millis(500)),
             "woken without notifications"
         );
         assert_eq!(waiter.statistics().acquires, 2);
@@ -315,7 +346,7 @@ mod suite {
         // far enough to carry its name, so counts are compared only after the wait.)
         let holder = f.registry();
         let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
-        assert!(release_reaches_waiter(&holder, &waiter, WOKEN_WITHIN));
+        assert!(release_reaches_waiter(&holder, &waiter, true, WOKEN_WITHIN));
         assert!(listeners() >= 1, "the waiting registry has a listener");
         drop((holder, waiter));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -454,7 +485,7 @@ mod processes {
         let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
         let before = waiter.statistics().acquires;
         let (granted, handle) = wait_for(waiter.clone(), "job");
-        until_polled(&waiter, before);
+        until_listening(&waiter, before);
         holder.release();
         assert!(
             set_within(&granted, WOKEN_WITHIN),
@@ -556,7 +587,7 @@ mod mysql_resources {
         let holder = f.registry();
         let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
         let guard = holder.obtain("job").unwrap().lock().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !used(&mut admin) && std::time::Instant::now() < deadline {
             thread::sleep(Duration::from_millis(10));
         }
@@ -564,7 +595,7 @@ mod mysql_resources {
         assert_eq!(watchers(), 0, "nobody waits yet");
         let before = waiter.statistics().acquires;
         let (granted, handle) = wait_for(waiter.clone(), "job");
-        until_polled(&waiter, before);
+        until_listening(&waiter, before);
         assert_eq!(watchers(), 1, "one watcher for the waited-for key");
         guard.unlock().unwrap();
         assert!(set_within(&granted, WOKEN_WITHIN), "the waiter was woken");
@@ -616,7 +647,7 @@ mod mysql_resources {
             .unwrap();
         let mut admin =
             mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let mut owner: Option<u64> = None;
         while owner.is_none() && std::time::Instant::now() < deadline {
             thread::sleep(Duration::from_millis(20));
@@ -630,7 +661,7 @@ mod mysql_resources {
         let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
         let before = waiter.statistics().acquires;
         let (granted, handle) = wait_for(waiter.clone(), "job");
-        until_polled(&waiter, before);
+        until_listening(&waiter, before);
         guard.unlock().unwrap();
         assert!(
             set_within(&granted, WOKEN_WITHIN),
@@ -652,13 +683,13 @@ mod mysql_resources {
         let used = |admin: &mut mysql::Conn| named_lock_used(admin, &name);
         let holder = f.registry();
         let guard = holder.obtain("job").unwrap().lock().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !used(&mut admin) && std::time::Instant::now() < deadline {
             thread::sleep(Duration::from_millis(10));
         }
         assert!(used(&mut admin), "the holder took the key's named lock");
         guard.unlock_keeping_for(Duration::from_secs(60)).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while used(&mut admin) && std::time::Instant::now() < deadline {
             thread::sleep(Duration::from_millis(20));
         }

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod mariadb;
+
 use leasehold::{LockRegistry, RegistryBuilder};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -109,7 +111,10 @@ impl Fixture {
         builder
             .prefix(self.prefix.clone())
             .idle_between_tries(std::time::Duration::from_millis(20))
-            .connect_timeout(std::time::Duration::from_secs(3))
+            // Generous: on a busy machine the first connection and the table check can take
+            // seconds. A server that is down refuses at once; tests of a server that does not
+            // answer set their own.
+            .connect_timeout(std::time::Duration::from_secs(15))
     }
 
     /// A registry on this fixture's table (another "instance").
