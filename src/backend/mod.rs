@@ -268,6 +268,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// updated it, `SELECT … FOR UPDATE`), so that a statement could wait on it. Then even a
     /// single background renewal runs through [`Backend::renew_batch`], which skips such rows.
     const ROW_LOCKS: bool = true;
+
+    /// With [`ROW_LOCKS`](Self::ROW_LOCKS): whether a lone lease whose renewals have not failed
+    /// renews with the plain statement anyway (cheaper there; it waits for a locked row, which
+    /// costs only that lease, and its retries take the batch).
+    const LONE_RENEWAL_PLAIN: bool = false;
 }
 
 /// What a batch renewal found: the pairs renewed, and the pairs still this client's whose rows

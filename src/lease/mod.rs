@@ -77,8 +77,11 @@
 //!   holds locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB) and never waits for
 //!   them; such a lease is retried alone a quarter period later, and if its row stays locked past
 //!   its deadline it is reported lost as *expired* with the reason (the row was never found to have
-//!   another holder). Even a single lease renews through the batch statement on those databases.
-//!   A custom renew statement (`renew_sql`) runs one plain statement per lease and may wait.
+//!   another holder). On PostgreSQL even a single lease renews through the batch statement; on
+//!   MySQL a lone lease runs the plain renew statement until one of its renewals fails (that
+//!   one may wait for its locked row: its own lease only, within the attempt's deadline), and
+//!   its retries take the batch. A custom renew statement (`renew_sql`) runs one plain
+//!   statement per lease and may wait.
 //! - **A shorter time-to-live bounds the deadline from the moment it may run.** When a renewal
 //!   carrying a shorter time-to-live than the lease's last takes its turn (a local handoff to a
 //!   thread that asked for it, `renew_with_ttl`), the deadline drops at once to its send instant
