@@ -1405,6 +1405,46 @@ mod suite {
         let bad = output(leasehold(f, "cleanup", &["--older-than", "soon"]));
         assert_eq!(code(&bad), 64, "{bad:?}");
     }
+
+    /// Issue 23: `--listener-url` and `--prepared-statements` reach the registry (PostgreSQL):
+    /// a listener URL that cannot be reached is refused when the registry is built, one that
+    /// can be works, and prepared statements work straight to the server.
+    pub fn postgres_listener_url_and_prepared_statements_reach_the_registry(f: &Fixture) {
+        let refused = output(leasehold(
+            f,
+            "run",
+            &[
+                "--key",
+                "lu",
+                "-n",
+                "--listener-url",
+                "postgres://nobody@127.0.0.1:1/none",
+                "--",
+                "true",
+            ],
+        ));
+        assert_ne!(code(&refused), 0, "{refused:?}");
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("127.0.0.1:1"),
+            "{refused:?}"
+        );
+        let direct = crate::common::postgres_url();
+        let works = output(leasehold(
+            f,
+            "run",
+            &[
+                "--key",
+                "lu",
+                "-n",
+                "--listener-url",
+                &direct,
+                "--prepared-statements",
+                "--",
+                "true",
+            ],
+        ));
+        assert_eq!(code(&works), 0, "{works:?}");
+    }
 }
 
 macro_rules! cli {
@@ -1452,6 +1492,8 @@ mod sqlite {
 #[cfg(feature = "postgres")]
 mod postgres {
     cli!(crate::common::Db::Postgres);
+    crate::suite_for!(crate::common::Db::Postgres;
+        postgres_listener_url_and_prepared_statements_reach_the_registry);
 }
 
 #[cfg(feature = "mysql")]

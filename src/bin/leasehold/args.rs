@@ -62,6 +62,16 @@ pub struct Database {
     /// The region the locks live in.
     #[arg(long, default_value = "DEFAULT")]
     pub region: String,
+    /// PostgreSQL behind a transaction-mode pooler (PgBouncer, RDS Proxy): a direct URL of the
+    /// server for the release listener, so that waiters are woken at once (without it they
+    /// poll, and a warning says so once).
+    #[arg(long, env = "LEASEHOLD_LISTENER_URL", value_name = "URL")]
+    pub listener_url: Option<String>,
+    /// PostgreSQL straight to the server (or a session-mode pooler): prepare named statements
+    /// once per connection, which saves the server planning each statement. Never through a
+    /// transaction-mode pooler.
+    #[arg(long)]
+    pub prepared_statements: bool,
     /// `run` and `lead`: only check the table; do not create it (and its deletion floor) when
     /// missing. `status`, `list`, `release` and `cleanup` never create it; `init` does.
     #[arg(long)]

@@ -108,6 +108,10 @@ pub fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
             ),
         ));
     };
+    let mut builder = builder.prepared_statements(database.prepared_statements);
+    if let Some(url) = &database.listener_url {
+        builder = builder.listener_url(url.clone());
+    }
     Ok(builder
         .client_id(client_id())
         .prefix(database.prefix.clone())
