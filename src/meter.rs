@@ -26,6 +26,7 @@
 //! | `leasehold_held_leases` | gauge | | leases this registry holds now |
 
 use crate::error::LossReason;
+use crate::Statistics;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -54,22 +55,6 @@ struct Labels {
     table: String,
     region: String,
     per_key: bool,
-}
-
-/// The figures a [`Meter`] adds to [`Statistics`](crate::Statistics).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Measured {
-    pub local_handoffs: u64,
-    pub contended_tries: u64,
-    pub leases_lost_expired: u64,
-    pub leases_lost_not_owner: u64,
-    pub leases_renewed: u64,
-    pub renewals_failed: u64,
-    pub held_leases: u64,
-    pub wait_time: Duration,
-    pub hold_time: Duration,
-    pub renewal_time: Duration,
-    pub longest_renewal: Duration,
 }
 
 fn nanos(duration: Duration) -> u64 {
@@ -177,23 +162,21 @@ impl Meter {
         metrics::gauge!("leasehold_held_leases", &self.labels(None)).set(_now.max(0) as f64);
     }
 
-    /// The figures so far.
-    pub fn read(&self) -> Measured {
+    /// Adds the figures so far to `stats` (which has the statement counts).
+    pub fn add_to(&self, stats: &mut Statistics) {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let time = |counter: &AtomicU64| Duration::from_nanos(read(counter));
-        Measured {
-            local_handoffs: read(&self.local_handoffs),
-            contended_tries: read(&self.contended_tries),
-            leases_lost_expired: read(&self.lost_expired),
-            leases_lost_not_owner: read(&self.lost_not_owner),
-            leases_renewed: read(&self.renewed),
-            renewals_failed: read(&self.renewals_failed),
-            held_leases: self.held.load(Ordering::Relaxed).max(0) as u64,
-            wait_time: time(&self.wait_nanos),
-            hold_time: time(&self.hold_nanos),
-            renewal_time: time(&self.renewal_nanos),
-            longest_renewal: time(&self.renewal_nanos_max),
-        }
+        stats.local_handoffs = read(&self.local_handoffs);
+        stats.contended_tries = read(&self.contended_tries);
+        stats.leases_lost_expired = read(&self.lost_expired);
+        stats.leases_lost_not_owner = read(&self.lost_not_owner);
+        stats.leases_renewed = read(&self.renewed);
+        stats.renewals_failed = read(&self.renewals_failed);
+        stats.held_leases = self.held.load(Ordering::Relaxed).max(0) as u64;
+        stats.wait_time = time(&self.wait_nanos);
+        stats.hold_time = time(&self.hold_nanos);
+        stats.renewal_time = time(&self.renewal_nanos);
+        stats.longest_renewal = time(&self.renewal_nanos_max);
     }
 
     #[cfg(feature = "metrics")]

@@ -246,10 +246,9 @@ impl LockRegistry {
 
     /// How many lease statements this registry has sent so far.
     pub fn statistics(&self) -> crate::Statistics {
-        self.core
-            .store
-            .statistics()
-            .with_measures(self.core.meter.read())
+        let mut stats = self.core.store.statistics();
+        self.core.meter.add_to(&mut stats);
+        stats
     }
 
     /// The database's clock (UTC), read now, and how long the round trip took. Expiry is always

@@ -44,24 +44,6 @@ pub struct Statistics {
     pub longest_renewal: Duration,
 }
 
-impl Statistics {
-    /// Adds a registry's measures to its statement counts.
-    pub(crate) fn with_measures(mut self, measured: crate::meter::Measured) -> Statistics {
-        self.local_handoffs = measured.local_handoffs;
-        self.contended_tries = measured.contended_tries;
-        self.leases_lost_expired = measured.leases_lost_expired;
-        self.leases_lost_not_owner = measured.leases_lost_not_owner;
-        self.leases_renewed = measured.leases_renewed;
-        self.renewals_failed = measured.renewals_failed;
-        self.held_leases = measured.held_leases;
-        self.wait_time = measured.wait_time;
-        self.hold_time = measured.hold_time;
-        self.renewal_time = measured.renewal_time;
-        self.longest_renewal = measured.longest_renewal;
-        self
-    }
-}
-
 #[derive(Default)]
 pub(super) struct Counters {
     pub(super) acquires: AtomicU64,
