@@ -173,14 +173,14 @@
 //!  thread ─┐                          ┌─ lease clock (one per process): hands leases whose
 //!  thread ─┼─ Lock ── LockInner ──────┤    renewal is due to their registry's renewer; reports
 //!  thread ─┘  (per key: parking_lot   │    expired leases
-//!              mutex, FIFO queue,     ├─ renewer (one thread per registry): renews due leases
-//!              one DB poller)         │    together, a statement per batch, on the renewal pool
+//!              mutex, FIFO queue,     ├─ renewal workers (per registry, up to renewal_pool_size):
+//!              one DB poller)         │    renew due leases together, a statement per batch
 //!                                     └─ Store (SqlStore<Backend>): pools, deadlines, retries;
 //!                                          statement threads for MySQL
 //!                                          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
 //!  A listener thread per registry turns other instances' releases into wake-ups, subscribed
 //!  only while a thread of the registry waits (see `wakeups`): PostgreSQL `LISTEN`/`NOTIFY`,
-//!  SQLite's release board (`backend::sqlite_board`), MySQL's named locks
+//!  SQLite's release board (`backend::sqlite::board`), MySQL's named locks
 //!  (`backend::mysql::wakeups`).
 //! ```
 //!
@@ -190,7 +190,8 @@
 //! |--------|----------|-----|
 //! | caller | yours | waits in the local queue, or polls the database as the key's one poller |
 //! | lease clock | 1 per process | hands due leases to their registry's renewer; marks a lease lost at its deadline even if its renewal is stuck |
-//! | renewer | 1 per registry that renews (started with its first due lease) | renews due leases in batches; reports "not the owner" per lease at once |
+//! | renewal worker | per registry, on demand, at most `renewal_pool_size` (each ends after 1 s idle) | gathers due leases and renews them in batches; a batch that finds every worker busy starts another, so a stuck statement holds up only its own leases; reports "not the owner" per lease at once |
+//! | callback | 1 per registry with `on_lease_lost` | runs the loss callback, one loss after another, after the lease is marked lost; the only thread that runs user code |
 //! | statement | as many as MySQL statements in flight (reused) | runs a MySQL statement so its caller can give up at its deadline (PostgreSQL calls carry the deadline themselves and run on the caller's thread) |
 //! | listener | 1 per registry with `notifications` on | while a local thread waits, wakes the local poller of a key released elsewhere: PostgreSQL `LISTEN`s; SQLite waits on the release board's futex; MySQL starts watchers |
 //! | watcher | MySQL: 1 per key a local thread waits for (at most 16 per registry) | blocks in `GET_LOCK` on the key's named lock, with a connection of its own |
@@ -202,8 +203,9 @@
 //! | `admin` | inspecting and administering the table: holder, listing, forced release, cleanup |
 //! | `cache` | bounded LRU of per-key state that never evicts a key in use |
 //! | `lock` | the local state machine: queue, poller, instant handoff, `LockGuard` |
-//! | `lease` | one database grant, its deadline, loss reporting, the lease clock and the renewer |
-//! | `backend` | the three statements, the retry loop, pools and statement threads; one file per database |
+//! | `lease` | one database grant, its deadline, loss reporting; `lease::clock` the lease clock, `lease::renewer` the renewal workers |
+//! | `meter` | what `Statistics` and the `metrics` feature report |
+//! | `backend` | the statements, the retry loop, pools and statement threads; one folder per database (`sqlite/`, `postgres/`, `mysql/`) with its SQL, connections, errors and wake-ups |
 //! | `wakeups` | which pollers a release notification wakes, and when the listener subscribes |
 //! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
 //! | `leader` | leader election on top of the registry |
