@@ -22,7 +22,13 @@ pub(crate) const MAX_BATCH: usize = 500;
 /// **Workers.** A chunk never waits behind another: a chunk submitted while every worker is busy
 /// (a statement stuck on a hung server or a slow connection) starts another worker, up to one per
 /// renewal connection (`renewal_pool_size`), so one slow statement delays only the leases it
-/// carries. A worker idle for [`Renewer::IDLE_TICK`] ends; the next chunk starts one again. No
+/// carries. A worker that takes work first *gathers*: the clock hands leases over up to a
+/// sixteenth of a renewal period before they are due, so the worker waits until the earliest
+/// queued lease is due and takes every queued lease of the same time-to-live along (up to
+/// [`MAX_BATCH`]); submissions meanwhile go to it rather than to a new worker. That keeps
+/// leases due close together in one statement (tens of statements per renewal period for
+/// thousands of leases), as a single busy thread did, without one ever waiting for another's
+/// statement. A worker idle for [`Renewer::IDLE_TICK`] ends; the next chunk starts one again. No
 /// user code runs on a worker (loss callbacks run on the registry's callback thread). Workers
 /// hold only a `Weak` to the renewer (which the registry owns) while idle.
 pub(crate) struct Renewer {
@@ -35,7 +41,11 @@ pub(crate) struct Renewer {
 struct RenewerState {
     chunks: std::collections::VecDeque<Vec<Arc<Lease>>>,
     workers: usize,
+    /// Workers waiting for work.
     idle: usize,
+    /// Workers gathering queued leases until the earliest is due (they take later submissions
+    /// along, so no other worker is started for them).
+    collecting: usize,
 }
 
 /// Counts a worker out when it ends, however it ends.
@@ -61,6 +71,7 @@ impl Renewer {
                 chunks: Default::default(),
                 workers: 0,
                 idle: 0,
+                collecting: 0,
             }),
             wake: Condvar::new(),
             max_workers: max_workers.max(1),
@@ -83,21 +94,29 @@ impl Renewer {
         let mut due = self.due.lock();
         due.chunks
             .extend(by_ttl.into_iter().map(|(_, chunk)| chunk));
-        if due.idle > 0 {
-            self.wake.notify_all();
+        self.make_sure_someone_gathers(&mut due);
+    }
+
+    /// Wakes a worker that waits or gathers, or (every worker busy with a statement) starts
+    /// another, so that queued leases never wait behind a statement in flight.
+    fn make_sure_someone_gathers(self: &Arc<Self>, due: &mut RenewerState) {
+        if due.chunks.is_empty() {
+            return;
         }
-        while due.chunks.len() > due.idle && due.workers < self.max_workers {
-            let renewer = Arc::downgrade(self);
-            let spawned = std::thread::Builder::new()
-                .name("leasehold-renew".into())
-                .spawn(move || Renewer::work(renewer));
-            match spawned {
-                Ok(_) => due.workers += 1,
-                Err(e) => {
-                    log::error!("could not start a renewal worker: {e}");
-                    break;
-                }
-            }
+        if due.idle > 0 || due.collecting > 0 {
+            self.wake.notify_all();
+            return;
+        }
+        if due.workers >= self.max_workers {
+            return;
+        }
+        let renewer = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-renew".into())
+            .spawn(move || Renewer::work(renewer));
+        match spawned {
+            Ok(_) => due.workers += 1,
+            Err(e) => log::error!("could not start a renewal worker: {e}"),
         }
     }
 
@@ -114,7 +133,20 @@ impl Renewer {
                     this.wake.wait_for(&mut due, Self::IDLE_TICK);
                     due.idle -= 1;
                 }
-                due.chunks.pop_front()
+                // The clock hands leases over a little before they are due: gather until the
+                // earliest is, so that leases falling due meanwhile share the statement.
+                due.collecting += 1;
+                while let Some(start) = earliest_due(&due.chunks) {
+                    if start <= Instant::now() {
+                        break;
+                    }
+                    this.wake.wait_until(&mut due, start);
+                }
+                due.collecting -= 1;
+                let chunk = take_chunk(&mut due.chunks);
+                // What is left (another time-to-live) must not wait for this statement.
+                this.make_sure_someone_gathers(&mut due);
+                chunk
             };
             let (Some(chunk), Some(store)) = (chunk, this.store.upgrade()) else {
                 return;
@@ -123,6 +155,32 @@ impl Renewer {
             renew_chunk(&*store, chunk);
         }
     }
+}
+
+/// When the earliest renewal among the queued leases is due.
+fn earliest_due(chunks: &std::collections::VecDeque<Vec<Arc<Lease>>>) -> Option<Instant> {
+    chunks
+        .iter()
+        .flatten()
+        .map(|lease| lease.renewal_due(&lease.state.lock()))
+        .min()
+}
+
+/// The next chunk, with every later chunk of the same time-to-live merged into it (up to
+/// [`MAX_BATCH`] leases): leases that fell due while the workers were busy go in one statement.
+fn take_chunk(chunks: &mut std::collections::VecDeque<Vec<Arc<Lease>>>) -> Option<Vec<Arc<Lease>>> {
+    let mut chunk = chunks.pop_front()?;
+    let ttl = chunk[0].ttl();
+    let mut index = 0;
+    while index < chunks.len() && chunk.len() < MAX_BATCH {
+        if chunks[index][0].ttl() == ttl && chunk.len() + chunks[index].len() <= MAX_BATCH {
+            let more = chunks.remove(index).expect("in range");
+            chunk.extend(more);
+        } else {
+            index += 1;
+        }
+    }
+    Some(chunk)
 }
 
 /// A lease whose turn a renewal worker holds.
