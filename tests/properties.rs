@@ -705,7 +705,8 @@ mod sequences {
                     let (holder, granted) = Holder::start(lock(instance), ttl, false);
                     if let Some(token) = granted.recv().unwrap() {
                         let (is_held, remaining) = holder.view();
-                        prop_assert!(is_held);
+                        // A loaded machine may outlast a 20 ms lease before the look.
+                        prop_assert!(is_held || remaining.is_zero());
                         prop_assert!(remaining < ttl, "{remaining:?} of {ttl:?}");
                         prop_assert!(token > last_token);
                         last_token = token;
