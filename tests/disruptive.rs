@@ -407,7 +407,7 @@ fn freeze_at(proxy: &Proxy, name: &'static str) -> Arc<AtomicBool> {
 /// Starting, stopping and restarting the local test servers.
 mod server {
     use super::{Db, GENEROUS};
-    use crate::common::mariadb::Mariadb;
+    use crate::common::mariadb::{run, Mariadb};
     use std::process::Command;
     use std::time::{Duration, Instant};
 
@@ -416,19 +416,6 @@ mod server {
             .args(args)
             .output()
             .is_ok_and(|out| out.status.success())
-    }
-
-    fn run(program: &str, args: &[&str]) {
-        let out = Command::new(program)
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("running {program}: {e}"));
-        assert!(
-            out.status.success(),
-            "{program} {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
 
     fn postgres_version() -> String {

@@ -185,7 +185,8 @@ fn alive(pid: u32) -> bool {
     })
 }
 
-fn run(program: &str, args: &[&str]) {
+/// Runs `program` and panics, with its output, unless it succeeds.
+pub fn run(program: &str, args: &[&str]) {
     let out = Command::new(program)
         .args(args)
         .output()
