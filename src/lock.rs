@@ -44,14 +44,19 @@
 //! notification, or the release board, carries the turn's age). When a turn reaches `local_handoff_limit` and was
 //! contended (a local thread queued, this registry had waited, or it continued another
 //! instance's turn) and had more than one hold, the release ends it: it does not notify, and
-//! every thread of the registry stays away from the key for `turn_window`, so the first poller
-//! of any instance — Spring's included — takes it. A single long hold (a leader's term) releases
-//! normally.
+//! every thread of the registry stays away from the key for `turn_window`, and the release
+//! statement reserves the row for the first half of it ([`Turn::Ends`]: `CREATED_DATE` set to
+//! the reservation's end, which leasehold's grant waits for and Spring's ignores), so a poller
+//! that is not leasehold — Spring's — takes it first, and other leasehold instances after that.
+//! A single long hold (a leader's term) releases normally. Every other release records the
+//! turn's start in `CREATED_DATE` ([`Turn::Continues`]), which MySQL's woken watcher reads back
+//! as the turn's age.
 //!
 //! **Unwinding.** A panic inside an acquire or a release (a bug, or a fail point in tests)
 //! leaves the state as if the call had returned: the thread leaves the queue, stops being the
 //! key's database user, and a grant it had is handed on or released.
 
+use crate::backend::Turn;
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, LeaseLost, Owner, Renewal};
 use crate::registry::Core;
@@ -431,15 +436,18 @@ impl LockInner {
         if let Some(window) = window {
             state.yield_until = Some(now + window);
         }
-        let turn_age = window
-            .is_none()
-            .then(|| now.duration_since(state.chain_started));
+        let turn = match window {
+            Some(window) => Turn::Ends {
+                reserved: window / 2,
+            },
+            None => Turn::Continues(now.duration_since(state.chain_started)),
+        };
         state.last_released = Some(now);
         state.lease = None;
         state.db_user = Some(me);
         let outcome = MutexGuard::unlocked(&mut state, || {
             panic::catch_unwind(AssertUnwindSafe(|| {
-                self.release_to_database(lease, turn_age, keep)
+                self.release_to_database(lease, turn, keep)
             }))
         });
         state.db_user = None;
@@ -448,22 +456,17 @@ impl LockInner {
         outcome.unwrap_or_else(|panic| panic::resume_unwind(panic))
     }
 
-    /// The release statement (`turn_age`: see [`Store::release`](crate::backend::Store)). A
+    /// The release statement (`turn`: see [`Turn`]). A
     /// loss known before it (the deadline passed) or found by it (the row has another holder) is
     /// reported through the lease, once, and returned.
-    fn release_to_database(
-        &self,
-        lease: &Lease,
-        turn_age: Option<Duration>,
-        keep: Option<Duration>,
-    ) -> Result<()> {
+    fn release_to_database(&self, lease: &Lease, turn: Turn, keep: Option<Duration>) -> Result<()> {
         lease.begin_release();
         let deadline = Instant::now() + self.core.settings.operation_timeout;
         fail_point!("lock::release_before_statement");
         let store = &self.core.store;
         let released = match keep {
             Some(keep) => store.release_keeping(&self.lock_key, lease.token, keep, deadline),
-            None => store.release(&self.lock_key, lease.token, deadline, turn_age),
+            None => store.release(&self.lock_key, lease.token, deadline, turn),
         };
         if let Ok(false) = released {
             lease.mark_lost(LossReason::NotOwner);

@@ -450,7 +450,11 @@ impl RegistryBuilder {
     /// only poll, like Spring Integration's `JdbcLockRegistry` (every 100 ms by default). The
     /// release that ends a turn does not wake other instances' waiters (no `NOTIFY`, no release
     /// board slot; MySQL keeps the key's named lock a quarter second longer): everyone polls,
-    /// on equal footing. Defaults to `Some(2 × idle_between_tries)`, which is longer than one poll
+    /// on equal footing — and for the first half of the window the released row is *reserved*
+    /// for instances that only poll: leasehold's grant statement leaves it alone (the release
+    /// set its `CREATED_DATE` to the end of the reservation), Spring's takes it. The registry
+    /// that ended its turn stays away for the whole window, so other leasehold instances have
+    /// its second half. Defaults to `Some(2 × idle_between_tries)`, which is longer than one poll
     /// period plus a round trip when other instances poll at the same interval; raise it to
     /// twice the longest poll period in the fleet. `None` ends a turn with a plain release
     /// (notified waiters wake, and this registry competes again at once): the fastest, but
@@ -458,9 +462,10 @@ impl RegistryBuilder {
     ///
     /// The cost: under continuous contention the key is free for up to this long once per
     /// `local_handoff_limit`, until a poller takes it. Handoffs between instances that keep
-    /// the key busy without a break count as one turn too (PostgreSQL's notification and
-    /// SQLite's release board carry the turn's age; MySQL's wake-ups do not), so about one such handoff per `local_handoff_limit` waits for a
-    /// poll. Uncontended locks and a single long hold never end a turn and pay nothing.
+    /// the key busy without a break count as one turn too (every release stores the turn's
+    /// start in the row's `CREATED_DATE`; PostgreSQL's notification and SQLite's release board
+    /// carry the turn's age, and MySQL's woken watcher reads it off the row), so about one such
+    /// handoff per `local_handoff_limit` waits for a poll. Uncontended locks and a single long hold never end a turn and pay nothing.
     pub fn turn_window(mut self, window: Option<Duration>) -> Self {
         self.turn_window = Some(window);
         self

@@ -109,7 +109,7 @@ pub(crate) use statements::PerStatement;
 pub use statements::Statements;
 pub(crate) use statements::{pairs_json, CustomQueries, OwnedParams, Params};
 pub use statistics::Statistics;
-pub(crate) use store::{Batched, Grant, Path, SqlStore, Store};
+pub(crate) use store::{Batched, Grant, Path, SqlStore, Store, Turn};
 
 /// A connection of a backend, as its pool hands it out.
 pub(crate) type Conn<B> = <<B as Backend>::Manager as r2d2::ManageConnection>::Connection;

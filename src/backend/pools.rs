@@ -111,7 +111,10 @@ impl<B: Backend> SqlStore<B> {
             Ok(_connection) => return Ok(()),
             Err(e) => e,
         };
-        let released = Store::release(self, lock_key, grant.token, Instant::now() + wait, None);
+        let quietly = super::Turn::Ends {
+            reserved: Duration::ZERO,
+        };
+        let released = Store::release(self, lock_key, grant.token, Instant::now() + wait, quietly);
         let given_back = match released {
             Ok(_) => "the lock was granted and given back at once",
             Err(_) => "the lock was granted and is left to expire (giving it back failed too)",

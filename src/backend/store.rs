@@ -40,6 +40,42 @@ pub(crate) enum Path {
     Renewal,
 }
 
+/// How a release hands its key on: parameter 4 of the release statement (see
+/// [`RegistryBuilder::turn_window`](crate::RegistryBuilder::turn_window)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// The key has been busy this long without a break; woken waiters continue the turn
+    /// (parameter 4: the age in µs, at least 0).
+    Continues(Duration),
+    /// The turn ends: nobody is woken, and the released row stays out of reach of leasehold's
+    /// grant for this long, for instances that only poll (parameter 4: minus the reservation
+    /// in µs, at most -1).
+    Ends {
+        /// How long the row is reserved for pollers.
+        reserved: Duration,
+    },
+}
+
+impl Turn {
+    /// Parameter 4 of the release statement.
+    pub(crate) fn param(self) -> i64 {
+        match self {
+            Turn::Continues(age) => i64::try_from(age.as_micros()).unwrap_or(i64::MAX),
+            Turn::Ends { reserved } => -i64::try_from(reserved.as_micros())
+                .unwrap_or(i64::MAX)
+                .max(1),
+        }
+    }
+
+    /// The turn's age for notified waiters; `None` when it ends quietly.
+    pub(crate) fn age(self) -> Option<Duration> {
+        match self {
+            Turn::Continues(age) => Some(age),
+            Turn::Ends { .. } => None,
+        }
+    }
+}
+
 /// The registry's view of a database: the three lease operations with deadlines.
 pub(crate) trait Store: Send + Sync {
     /// One acquire attempt (retrying transient failures until `deadline`); `name` is the
@@ -73,16 +109,9 @@ pub(crate) trait Store: Send + Sync {
         deadline: Instant,
         retrying: bool,
     ) -> Result<(Instant, Vec<Batched>)>;
-    /// Releases; `Ok(false)` when the lease had already been lost. `turn_age`: how long the key
-    /// has been busy without a break, which notified waiters continue; `None` for a release
-    /// that ends a turn, which wakes nobody (parameter 4: the age in µs, or -1).
-    fn release(
-        &self,
-        lock_key: &str,
-        token: i64,
-        deadline: Instant,
-        turn_age: Option<Duration>,
-    ) -> Result<bool>;
+    /// Releases; `Ok(false)` when the lease had already been lost. `turn`: whether notified
+    /// waiters continue the turn, or the turn ends and the row is reserved for pollers.
+    fn release(&self, lock_key: &str, token: i64, deadline: Instant, turn: Turn) -> Result<bool>;
     /// `SQLite`, `PostgreSQL`, `MySQL`.
     fn backend_name(&self) -> &'static str;
     /// The statements this store runs.
@@ -313,17 +342,10 @@ impl<B: Backend> Store for SqlStore<B> {
         Ok((sent_at, found))
     }
 
-    fn release(
-        &self,
-        lock_key: &str,
-        token: i64,
-        deadline: Instant,
-        turn_age: Option<Duration>,
-    ) -> Result<bool> {
-        let mut params = self.params(lock_key, turn_age.unwrap_or_default(), token);
-        if turn_age.is_none() {
-            params.ttl_micros = -1;
-        }
+    fn release(&self, lock_key: &str, token: i64, deadline: Instant, turn: Turn) -> Result<bool> {
+        let mut params = self.params(lock_key, Duration::ZERO, token);
+        params.ttl_micros = turn.param();
+        let turn_age = turn.age();
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         let released = self.run(Path::Main, "release", deadline, move |conn| {
             counters.releases.fetch_add(1, Ordering::Relaxed);

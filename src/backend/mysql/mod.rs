@@ -443,7 +443,9 @@ impl Backend for Mysql {
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
     fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
-        let expired = format!("EXPIRED_AFTER < {NOW}");
+        // Expired, and not reserved for pollers by a release that ended a turn (its
+        // CREATED_DATE is in the future; a held row's never exceeds its EXPIRED_AFTER).
+        let expired = format!("(EXPIRED_AFTER < {NOW} AND CREATED_DATE <= {NOW})");
         // The lower bounds of a token besides old + 1: the clock, and above the floor; a new
         // row's token is the greatest of them.
         let (bounds, first_token) = if floor {
@@ -486,7 +488,8 @@ impl Backend for Mysql {
                  AND EXPIRED_AFTER >= {NOW}"
             ),
             release: format!(
-                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
+                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED}, \
+                 CREATED_DATE = {NOW} - INTERVAL :ttl_micros MICROSECOND \
                  WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID = :client_id \
                  AND FENCING_TOKEN = :token AND EXPIRED_AFTER >= {NOW}"
             ),

@@ -16,7 +16,8 @@
 //!   PostgreSQL; see [`crate::wakeups`]): one *watcher* thread with its own connection per
 //!   key that a thread of the registry waits for, at most [`MAX_WATCHED_KEYS`] per registry
 //!   (beyond that, waiters poll). A watcher blocks in `GET_LOCK(name, 1)`; when that returns 1
-//!   it tells the registry, which tries the row at once, and lets the name go.
+//!   it reads the age of the turn the release ended off the row ([`turn_age_sql`]), tells the
+//!   registry (which tries the row at once, continuing that turn), and lets the name go.
 //!
 //! The row stays the only judge of who holds the lock: a wake-up only makes a waiter try
 //! sooner. When nobody holds the named lock (a holder that crashed — its session ended — a
@@ -335,6 +336,8 @@ impl Listener {
             let watcher = Watcher {
                 manager: self.manager.clone(),
                 name: lock_name(&self.table, &self.region, &lock_key),
+                turn_age: turn_age_sql(&self.table),
+                region: self.region.clone(),
                 lock_key: lock_key.clone(),
                 handler: Arc::clone(&self.handler),
                 stop: Arc::clone(&stop),
@@ -353,12 +356,38 @@ impl Listener {
 struct Watcher {
     manager: MysqlManager,
     name: String,
+    /// See [`turn_age_sql`].
+    turn_age: String,
+    region: String,
     lock_key: String,
     handler: ListenerHandler,
     stop: Arc<AtomicBool>,
 }
 
+/// The age of the turn a released row ends: its release sets `CREATED_DATE` to the start of
+/// the turn (now − parameter 4), or, for a turn that ended quietly, to the end of the row's
+/// reservation for pollers (a time to come: age zero, a fresh turn).
+fn turn_age_sql(table: &str) -> String {
+    format!(
+        "SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, CREATED_DATE, UTC_TIMESTAMP(6)), 0) \
+         FROM {table} WHERE LOCK_KEY = ? AND REGION = ? AND CLIENT_ID IS NULL"
+    )
+}
+
 impl Watcher {
+    /// How long the key had been busy without a break when it was released, read off its row
+    /// (zero when unknown: no row, a Spring Integration holder's delete, a failed read).
+    fn turn_age(&self, conn: &mut mysql::Conn) -> Duration {
+        let age = conn.exec_first::<Option<i64>, _, _>(
+            self.turn_age.as_str(),
+            (&self.lock_key, &self.region),
+        );
+        match age {
+            Ok(Some(Some(micros))) => Duration::from_micros(u64::try_from(micros).unwrap_or(0)),
+            _ => Duration::ZERO,
+        }
+    }
+
     fn run(self) {
         let mut conn: Option<mysql::Conn> = None;
         let mut first = true;
@@ -382,9 +411,10 @@ impl Watcher {
             match got {
                 Ok(Some(Some(1))) => {
                     if first || blocked {
+                        let turn_age = self.turn_age(open);
                         let event = ListenerEvent::Released {
                             lock_key: &self.lock_key,
-                            turn_age: Duration::ZERO,
+                            turn_age,
                         };
                         if (self.handler)(event) == ListenerReply::Stop {
                             return;

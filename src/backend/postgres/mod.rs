@@ -610,7 +610,7 @@ impl Backend for Postgres {
                  CREATED_DATE = {NOW}, EXPIRED_AFTER = {NOW_PLUS_TTL}, \
                  FENCING_TOKEN = GREATEST(FENCING_TOKEN + 1, {bounds}) \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
-                 RETURNING FENCING_TOKEN), \
+                 AND CREATED_DATE <= {NOW} RETURNING FENCING_TOKEN), \
                  absent AS (INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, \
                  EXPIRED_AFTER, FENCING_TOKEN{name_column}) \
                  SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}){name_value} \
@@ -625,7 +625,8 @@ impl Backend for Postgres {
             ),
             release: format!(
                 "WITH no_sync AS (SELECT set_config('synchronous_commit', 'off', true)), \
-                 released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
+                 released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED}, \
+                 CREATED_DATE = {NOW} - $4 * INTERVAL '1 microsecond' \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
                  AND EXPIRED_AFTER >= {NOW} RETURNING 1) \
                  SELECT (SELECT pg_notify('{channel}', $1 || ' ' || $4 || ' ' || $2) \

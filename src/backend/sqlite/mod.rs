@@ -149,6 +149,7 @@ impl Backend for Sqlite {
                  {name_update} CREATED_DATE = excluded.CREATED_DATE, EXPIRED_AFTER = excluded.EXPIRED_AFTER, \
                  FENCING_TOKEN = max({table}.FENCING_TOKEN + 1, excluded.FENCING_TOKEN) \
                  WHERE {table}.EXPIRED_AFTER < excluded.CREATED_DATE \
+                 AND {table}.CREATED_DATE <= excluded.CREATED_DATE \
                  RETURNING FENCING_TOKEN"
             ),
             renew: format!(
@@ -157,7 +158,9 @@ impl Backend for Sqlite {
                  AND EXPIRED_AFTER >= {NOW}"
             ),
             release: format!(
-                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000' \
+                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000', \
+                 CREATED_DATE = strftime('%Y-%m-%d %H:%M:%f', \
+                 julianday('now') - ?4 / 86400000000.0) \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 \
                  AND EXPIRED_AFTER >= {NOW}"
             ),
