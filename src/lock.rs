@@ -48,9 +48,10 @@
 //! statement reserves the row for the first half of it ([`Turn::Ends`]: `CREATED_DATE` set to
 //! the reservation's end, which leasehold's grant waits for and Spring's ignores), so a poller
 //! that is not leasehold — Spring's — takes it first, and other leasehold instances after that.
-//! A single long hold (a leader's term) releases normally. Every other release records the
-//! turn's start in `CREATED_DATE` ([`Turn::Continues`]), which MySQL's woken watcher reads back
-//! as the turn's age.
+//! A single long hold (a leader's term) releases normally. Every other release stores the
+//! turn's age in the row ([`Turn::Continues`]: `EXPIRED_AFTER` = the epoch + the age,
+//! `CREATED_DATE` = now), which MySQL's woken watcher reads back. A release reported to a
+//! waiting thread continues a turn only if it came during that thread's wait.
 //!
 //! **Unwinding.** A panic inside an acquire or a release (a bug, or a fail point in tests)
 //! leaves the state as if the call had returned: the thread leaves the queue, stops being the
@@ -320,9 +321,13 @@ impl LockInner {
                                 && state
                                     .last_released
                                     .is_some_and(|at| now.duration_since(at) < gap);
+                            // Only a release seen during this wait continues a turn: one
+                            // reported while nobody here waited (a watcher still running, a
+                            // notification for another thread) is older than this wait.
                             let inherited = state
                                 .inherited_turn
                                 .take()
+                                .filter(|(at, _)| *at >= waiting_since)
                                 .filter(|(at, _)| now.duration_since(*at) < gap)
                                 .and_then(|(at, age)| at.checked_sub(age));
                             if let Some(started) = inherited.filter(|_| waited) {

@@ -462,10 +462,10 @@ impl RegistryBuilder {
     ///
     /// The cost: under continuous contention the key is free for up to this long once per
     /// `local_handoff_limit`, until a poller takes it. Handoffs between instances that keep
-    /// the key busy without a break count as one turn too (every release stores the turn's
-    /// start in the row's `CREATED_DATE`; PostgreSQL's notification and SQLite's release board
-    /// carry the turn's age, and MySQL's woken watcher reads it off the row), so about one such
-    /// handoff per `local_handoff_limit` waits for a poll. Uncontended locks and a single long hold never end a turn and pay nothing.
+    /// the key busy without a break count as one turn too (PostgreSQL's notification and
+    /// SQLite's release board carry the turn's age; every release also stores it in the row,
+    /// as the epoch + the age in `EXPIRED_AFTER`, where MySQL's woken watcher reads it), so about
+    /// one such handoff per `local_handoff_limit` waits for a poll. Uncontended locks and a single long hold never end a turn and pay nothing.
     pub fn turn_window(mut self, window: Option<Duration>) -> Self {
         self.turn_window = Some(window);
         self

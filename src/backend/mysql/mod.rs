@@ -488,8 +488,9 @@ impl Backend for Mysql {
                  AND EXPIRED_AFTER >= {NOW}"
             ),
             release: format!(
-                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED}, \
-                 CREATED_DATE = {NOW} - INTERVAL :ttl_micros MICROSECOND \
+                "UPDATE {table} SET CLIENT_ID = NULL, \
+                 EXPIRED_AFTER = {RELEASED} + INTERVAL GREATEST(:ttl_micros, 0) MICROSECOND, \
+                 CREATED_DATE = {NOW} + INTERVAL GREATEST(-:ttl_micros, 0) MICROSECOND \
                  WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID = :client_id \
                  AND FENCING_TOKEN = :token AND EXPIRED_AFTER >= {NOW}"
             ),

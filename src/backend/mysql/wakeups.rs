@@ -364,27 +364,42 @@ struct Watcher {
     stop: Arc<AtomicBool>,
 }
 
-/// The age of the turn a released row ends: its release sets `CREATED_DATE` to the start of
-/// the turn (now − parameter 4), or, for a turn that ended quietly, to the end of the row's
-/// reservation for pollers (a time to come: age zero, a fresh turn).
+/// What a released row tells of the turn its release ended: the release stores the turn's age
+/// after the epoch in `EXPIRED_AFTER` (the row stays expired for everyone) and its own time in
+/// `CREATED_DATE` — or, for a turn that ended quietly, age zero and the end of the row's
+/// reservation for pollers, a time to come. Returns (age, time since the release) in µs.
 fn turn_age_sql(table: &str) -> String {
     format!(
-        "SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, CREATED_DATE, UTC_TIMESTAMP(6)), 0) \
+        "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', EXPIRED_AFTER), \
+         TIMESTAMPDIFF(MICROSECOND, CREATED_DATE, UTC_TIMESTAMP(6)) \
          FROM {table} WHERE LOCK_KEY = ? AND REGION = ? AND CLIENT_ID IS NULL"
     )
 }
 
+/// A release older than this is not the one a watcher was woken by (a watcher that took a
+/// free name for a release, on a busy machine): it reports no turn to continue.
+const RECENT_RELEASE: Duration = Duration::from_secs(1);
+
 impl Watcher {
-    /// How long the key had been busy without a break when it was released, read off its row
-    /// (zero when unknown: no row, a Spring Integration holder's delete, a failed read).
+    /// How long the key had been busy without a break when it was released, as of now, read
+    /// off its row; zero when unknown (no row, a Spring Integration holder's delete, a quiet
+    /// release, a release that is not recent, a failed read).
     fn turn_age(&self, conn: &mut mysql::Conn) -> Duration {
-        let age = conn.exec_first::<Option<i64>, _, _>(
+        let read = conn.exec_first::<(Option<i64>, Option<i64>), _, _>(
             self.turn_age.as_str(),
             (&self.lock_key, &self.region),
         );
+        let Ok(Some((Some(age), Some(since)))) = read else {
+            return Duration::ZERO;
+        };
+        let (Ok(age), Ok(since)) = (u64::try_from(age), u64::try_from(since)) else {
+            return Duration::ZERO;
+        };
+        let since = Duration::from_micros(since);
         match age {
-            Ok(Some(Some(micros))) => Duration::from_micros(u64::try_from(micros).unwrap_or(0)),
-            _ => Duration::ZERO,
+            0 => Duration::ZERO,
+            _ if since > RECENT_RELEASE => Duration::ZERO,
+            age => Duration::from_micros(age) + since,
         }
     }
 

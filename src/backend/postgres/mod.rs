@@ -625,8 +625,9 @@ impl Backend for Postgres {
             ),
             release: format!(
                 "WITH no_sync AS (SELECT set_config('synchronous_commit', 'off', true)), \
-                 released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED}, \
-                 CREATED_DATE = {NOW} - $4 * INTERVAL '1 microsecond' \
+                 released AS (UPDATE {table} SET CLIENT_ID = NULL, \
+                 EXPIRED_AFTER = {RELEASED} + GREATEST($4, 0) * INTERVAL '1 microsecond', \
+                 CREATED_DATE = {NOW} + GREATEST(-$4, 0) * INTERVAL '1 microsecond' \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
                  AND EXPIRED_AFTER >= {NOW} RETURNING 1) \
                  SELECT (SELECT pg_notify('{channel}', $1 || ' ' || $4 || ' ' || $2) \

@@ -158,9 +158,10 @@ impl Backend for Sqlite {
                  AND EXPIRED_AFTER >= {NOW}"
             ),
             release: format!(
-                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = '1970-01-01 00:00:00.000', \
+                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = strftime('%Y-%m-%d %H:%M:%f', \
+                 julianday('1970-01-01') + max(?4, 0) / 86400000000.0), \
                  CREATED_DATE = strftime('%Y-%m-%d %H:%M:%f', \
-                 julianday('now') - ?4 / 86400000000.0) \
+                 julianday('now') + max(-?4, 0) / 86400000000.0) \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 \
                  AND EXPIRED_AFTER >= {NOW}"
             ),

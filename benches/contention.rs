@@ -1,0 +1,349 @@
+//! Contended throughput (issue 25): two instances × four threads each on four keys, every
+//! thread taking a random key, running an empty critical section and letting go, as fast as
+//! it can. Each figure is the time per critical section (lower is better), next to baselines
+//! measured in the same run on the same server with the same harness:
+//!
+//! - `leasehold`: two registries with default settings (an instance is a registry: its own
+//!   pools, client id and listener; one process keeps the harness simple and the figures
+//!   comparable, at the price of sharing the process's lease clock);
+//! - `raw_row`: a bare lease row per key — `UPDATE … SET holder, expires = now + 30 s WHERE
+//!   key AND expires < now` to take it (one row affected: held), the same `UPDATE` setting
+//!   `expires` back to the past to let go, one connection per thread, a refused thread
+//!   sleeping 10 ms before it tries again; the same durability as the registry's statements
+//!   (on PostgreSQL the release commits without a disk sync, as leasehold's does);
+//! - `native` (PostgreSQL, MySQL): the server's own lock, no table — `pg_advisory_lock` /
+//!   `pg_advisory_unlock`, `GET_LOCK(name, -1)` / `RELEASE_LOCK`, one session per thread.
+//!
+//! An outside witness per key (an atomic flag) checks that no two sections overlap; the bench
+//! panics if one does.
+//!
+//! `cargo bench --all-features --bench contention`; the README's contention table lists the
+//! medians of one run as ratios to the raw row. PostgreSQL and MariaDB at
+//! `LEASEHOLD_POSTGRES_URL` / `LEASEHOLD_MYSQL_URL` (defaults as in the tests) are skipped if
+//! they do not answer.
+
+use criterion::Criterion;
+use leasehold::LockRegistry;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const INSTANCES: usize = 2;
+const THREADS: usize = 4;
+const KEYS: usize = 4;
+/// How long a refused raw-row thread sleeps before it tries again.
+const RAW_POLL: Duration = Duration::from_millis(10);
+
+/// One thread's way of running a critical section on key `k`.
+type Section = Box<dyn FnMut(usize, &Witness) + Send>;
+/// One section per thread of both instances.
+type Threads = Vec<Mutex<Section>>;
+
+/// One flag per key: set while someone is inside its critical section.
+struct Witness([AtomicBool; KEYS]);
+
+impl Witness {
+    fn new() -> Self {
+        Witness(std::array::from_fn(|_| AtomicBool::new(false)))
+    }
+
+    fn inside(&self, k: usize) {
+        assert!(
+            !self.0[k].swap(true, Ordering::SeqCst),
+            "two holders of key {k} at once"
+        );
+        self.0[k].store(false, Ordering::SeqCst);
+    }
+}
+
+/// Runs `sections` critical sections over all threads; returns the elapsed time.
+fn contend(threads: &[Mutex<Section>], witness: &Witness, sections: u64) -> Duration {
+    let left = AtomicU64::new(sections);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for (n, section) in threads.iter().enumerate() {
+            let left = &left;
+            scope.spawn(move || {
+                let mut section = section.lock().unwrap();
+                let mut state = 0x9E37_79B9_7F4A_7C15_u64 ^ (n as u64 + 1);
+                while left
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    // xorshift: a random key per section.
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    section((state % KEYS as u64) as usize, witness);
+                }
+            });
+        }
+    });
+    started.elapsed()
+}
+
+fn bench(c: &mut Criterion, name: &str, threads: &[Mutex<Section>]) {
+    let witness = Witness::new();
+    c.bench_function(name, |b| {
+        b.iter_custom(|sections| contend(threads, &witness, sections))
+    });
+}
+
+/// Two registries, four threads each, each thread with handles on every key.
+fn leasehold_threads(builder: impl Fn() -> leasehold::RegistryBuilder) -> Threads {
+    let mut threads = Vec::new();
+    for _ in 0..INSTANCES {
+        let registry = builder().build().expect("registry");
+        for _ in 0..THREADS {
+            let locks: Vec<_> = (0..KEYS)
+                .map(|k| registry.obtain(&format!("contended-{k}")).unwrap())
+                .collect();
+            let section: Section = Box::new(move |k, witness| {
+                let guard = locks[k].lock().expect("granted");
+                witness.inside(k);
+                guard.unlock().expect("released");
+            });
+            threads.push(Mutex::new(section));
+        }
+    }
+    threads
+}
+
+fn sqlite_raw(path: &std::path::Path) -> Threads {
+    let setup = rusqlite::Connection::open(path).unwrap();
+    setup
+        .execute_batch(
+            "PRAGMA journal_mode = WAL; \
+             CREATE TABLE IF NOT EXISTS raw_lease (k INTEGER PRIMARY KEY, holder TEXT, \
+             expires TEXT NOT NULL); \
+             DELETE FROM raw_lease;",
+        )
+        .unwrap();
+    for k in 0..KEYS {
+        setup
+            .execute(
+                "INSERT INTO raw_lease VALUES (?1, NULL, '1970-01-01 00:00:00.000')",
+                [k as i64],
+            )
+            .unwrap();
+    }
+    (0..INSTANCES * THREADS)
+        .map(|n| {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.busy_timeout(Duration::from_secs(5)).unwrap();
+            conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+            let me = format!("thread-{n}");
+            let section: Section = Box::new(move |k, witness| {
+                let take = "UPDATE raw_lease SET holder = ?1, expires = \
+                            strftime('%Y-%m-%d %H:%M:%f', julianday('now') + 30 / 86400.0) \
+                            WHERE k = ?2 AND expires < strftime('%Y-%m-%d %H:%M:%f', 'now')";
+                let give = "UPDATE raw_lease SET expires = '1970-01-01 00:00:00.000' \
+                            WHERE k = ?2 AND holder = ?1";
+                let params = rusqlite::params![me, k as i64];
+                while conn.prepare_cached(take).unwrap().execute(params).unwrap() == 0 {
+                    std::thread::sleep(RAW_POLL);
+                }
+                witness.inside(k);
+                conn.prepare_cached(give).unwrap().execute(params).unwrap();
+            });
+            Mutex::new(section)
+        })
+        .collect()
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_threads(url: &str) -> Option<(Threads, Threads)> {
+    let connect = || postgres::Client::connect(url, postgres::NoTls);
+    let mut setup = match connect() {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("skipping PostgreSQL: {e}");
+            return None;
+        }
+    };
+    setup
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS raw_lease (k int PRIMARY KEY, holder text, \
+             expires timestamp NOT NULL); \
+             TRUNCATE raw_lease; \
+             INSERT INTO raw_lease SELECT k, NULL, '1970-01-01' FROM generate_series(0, 3) k",
+        )
+        .unwrap();
+    let raw = (0..INSTANCES * THREADS)
+        .map(|n| {
+            let mut client = connect().unwrap();
+            let take = client
+                .prepare(
+                    "UPDATE raw_lease SET holder = $1, expires = now() + interval '30 seconds' \
+                     WHERE k = $2 AND expires < now()",
+                )
+                .unwrap();
+            let give = client
+                .prepare(
+                    "WITH unsynced AS (SELECT set_config('synchronous_commit', 'off', true)) \
+                     UPDATE raw_lease SET expires = '1970-01-01' FROM unsynced \
+                     WHERE k = $2 AND holder = $1",
+                )
+                .unwrap();
+            let me = format!("thread-{n}");
+            let section: Section = Box::new(move |k, witness| {
+                let k = k as i32;
+                while client.execute(&take, &[&me, &k]).unwrap() == 0 {
+                    std::thread::sleep(RAW_POLL);
+                }
+                witness.inside(k as usize);
+                client.execute(&give, &[&me, &k]).unwrap();
+            });
+            Mutex::new(section)
+        })
+        .collect();
+    let native = (0..INSTANCES * THREADS)
+        .map(|_| {
+            let mut client = connect().unwrap();
+            let lock = client.prepare("SELECT pg_advisory_lock($1)").unwrap();
+            let unlock = client.prepare("SELECT pg_advisory_unlock($1)").unwrap();
+            let section: Section = Box::new(move |k, witness| {
+                let k = 7_000_000 + k as i64;
+                client.execute(&lock, &[&k]).unwrap();
+                witness.inside((k - 7_000_000) as usize);
+                client.execute(&unlock, &[&k]).unwrap();
+            });
+            Mutex::new(section)
+        })
+        .collect();
+    Some((raw, native))
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_threads(url: &str) -> Option<(Threads, Threads)> {
+    use mysql::prelude::Queryable;
+    let connect = || {
+        mysql::Opts::from_url(url)
+            .map_err(mysql::Error::from)
+            .and_then(mysql::Conn::new)
+    };
+    let mut setup = match connect() {
+        Ok(conn) => conn,
+        Err(e) => {
+            eprintln!("skipping MariaDB: {e}");
+            return None;
+        }
+    };
+    setup
+        .query_drop(
+            "CREATE TABLE IF NOT EXISTS raw_lease (k int PRIMARY KEY, holder varchar(64), \
+             expires datetime(6) NOT NULL)",
+        )
+        .unwrap();
+    setup.query_drop("DELETE FROM raw_lease").unwrap();
+    for k in 0..KEYS {
+        setup
+            .exec_drop(
+                "INSERT INTO raw_lease VALUES (?, NULL, '1970-01-01 00:00:00')",
+                (k as i64,),
+            )
+            .unwrap();
+    }
+    let raw = (0..INSTANCES * THREADS)
+        .map(|n| {
+            let mut conn = connect().unwrap();
+            let me = format!("thread-{n}");
+            let section: Section = Box::new(move |k, witness| {
+                loop {
+                    conn.exec_drop(
+                        "UPDATE raw_lease SET holder = ?, expires = UTC_TIMESTAMP(6) + \
+                         INTERVAL 30 SECOND WHERE k = ? AND expires < UTC_TIMESTAMP(6)",
+                        (&me, k as i64),
+                    )
+                    .unwrap();
+                    if conn.affected_rows() > 0 {
+                        break;
+                    }
+                    std::thread::sleep(RAW_POLL);
+                }
+                witness.inside(k);
+                conn.exec_drop(
+                    "UPDATE raw_lease SET expires = '1970-01-01 00:00:00' \
+                     WHERE k = ? AND holder = ?",
+                    (k as i64, &me),
+                )
+                .unwrap();
+            });
+            Mutex::new(section)
+        })
+        .collect();
+    let native = (0..INSTANCES * THREADS)
+        .map(|_| {
+            let mut conn = connect().unwrap();
+            let section: Section = Box::new(move |k, witness| {
+                let name = format!("bench-contended-{k}");
+                let got: Option<i64> = conn
+                    .exec_first("SELECT GET_LOCK(?, -1)", (&name,))
+                    .unwrap()
+                    .flatten();
+                assert_eq!(got, Some(1));
+                witness.inside(k);
+                conn.exec_drop("SELECT RELEASE_LOCK(?)", (&name,)).unwrap();
+            });
+            Mutex::new(section)
+        })
+        .collect();
+    Some((raw, native))
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.into())
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(10))
+        .configure_from_args();
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("contention.db");
+    let threads = leasehold_threads(|| LockRegistry::sqlite(&path).create_table(true));
+    bench(&mut c, "sqlite/leasehold", &threads);
+    drop(threads);
+    bench(&mut c, "sqlite/raw_row", &sqlite_raw(&path));
+
+    #[cfg(feature = "postgres")]
+    {
+        let url = env_or(
+            "LEASEHOLD_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        if let Some((raw, native)) = postgres_threads(&url) {
+            let threads = leasehold_threads(|| {
+                LockRegistry::postgres(url.clone())
+                    .prefix("BENCH_")
+                    .create_table(true)
+            });
+            bench(&mut c, "postgres/leasehold", &threads);
+            drop(threads);
+            bench(&mut c, "postgres/raw_row", &raw);
+            bench(&mut c, "postgres/native", &native);
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    {
+        let url = env_or("LEASEHOLD_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        if let Some((raw, native)) = mysql_threads(&url) {
+            let threads = leasehold_threads(|| {
+                LockRegistry::mysql(url.clone())
+                    .prefix("BENCH_")
+                    .create_table(true)
+            });
+            bench(&mut c, "mysql/leasehold", &threads);
+            drop(threads);
+            bench(&mut c, "mysql/raw_row", &raw);
+            bench(&mut c, "mysql/native", &native);
+        }
+    }
+
+    c.final_summary();
+}
