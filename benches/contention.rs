@@ -12,7 +12,7 @@
 //!   sleeping 10 ms before it tries again; the same durability as the registry's statements
 //!   (on PostgreSQL the release commits without a disk sync, as leasehold's does);
 //! - `native` (PostgreSQL, MySQL): the server's own lock, no table — `pg_advisory_lock` /
-//!   `pg_advisory_unlock`, `GET_LOCK(name, -1)` / `RELEASE_LOCK`, one session per thread.
+//!   `pg_advisory_unlock`, `GET_LOCK(name, 3600)` / `RELEASE_LOCK`, one session per thread.
 //!
 //! An outside witness per key (an atomic flag) checks that no two sections overlap; the bench
 //! panics if one does.
@@ -278,7 +278,7 @@ fn mysql_threads(url: &str) -> Option<(Threads, Threads)> {
             let section: Section = Box::new(move |k, witness| {
                 let name = format!("bench-contended-{k}");
                 let got: Option<i64> = conn
-                    .exec_first("SELECT GET_LOCK(?, -1)", (&name,))
+                    .exec_first("SELECT GET_LOCK(?, 3600)", (&name,))
                     .unwrap()
                     .flatten();
                 assert_eq!(got, Some(1));
