@@ -734,9 +734,11 @@ mod suite {
         // Renewed every second, the lease survives a renewal up to two seconds late; the
         // pollers keep the only main connection busy for longer than the lease lasts.
         let ttl = Duration::from_secs(3);
-        // The release at the end waits for the one main connection, which the pollers' last
-        // attempts (given up at their deadline, so their connection is replaced) may keep
-        // for seconds on a loaded machine (seen on MySQL): give it time.
+        // The release at the end may wait for the one main connection while a poller's last
+        // attempt (given up at its deadline, so its connection is discarded when it ends)
+        // still runs on a statement thread (MySQL); the discarded connection is then replaced
+        // for the release (once it was not, and the release waited out its deadline:
+        // `failpoints.rs` forces that case). A loaded machine may make the wait seconds long.
         let busy = f
             .builder()
             .pool_size(1)

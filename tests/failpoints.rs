@@ -589,3 +589,56 @@ fn a_renewal_in_flight_does_not_cut_a_kept_row_short() {
     );
     scenario.teardown();
 }
+
+/// A statement given up at its caller's deadline (MySQL runs statements on statement threads)
+/// ends later, and its connection is then discarded. r2d2 closes a discarded connection without
+/// waking the callers waiting for one or opening one for them: with `pool_size(1)`, a release
+/// that began waiting meanwhile waited out its whole deadline (seen one run in three in
+/// `conformance::mysql::a_full_pool_does_not_starve_renewals`, after pollers gave up).
+#[test]
+fn a_caller_waiting_for_the_connection_of_an_abandoned_statement_gets_a_new_one() {
+    let scenario = fail::FailScenario::setup();
+    let Some(f) = Fixture::new(Db::Mysql, "abandoned_connection") else {
+        return;
+    };
+    let registry = f
+        .builder()
+        .pool_size(1)
+        .operation_timeout(GENEROUS)
+        .build()
+        .unwrap();
+    let guard = registry.obtain("mine").unwrap().lock().unwrap();
+    // The next acquire's statement keeps the only main connection until the gate opens, past
+    // its caller's deadline.
+    let statement = Gate::first_at("backend::acquire_sent");
+    let lock = registry.obtain("abandoned").unwrap();
+    let abandoned = thread::spawn(move || {
+        lock.try_lock_for(Duration::from_secs(1))
+            .map(|guard| guard.is_some())
+    });
+    statement.wait_entered();
+    // The release (on this thread) asks for that connection; the acquire's caller gives up
+    // meanwhile (the release has that second to start waiting), and only then does its
+    // statement end, after which its connection is discarded.
+    let (releasing, releasing_rx) = crossbeam_channel::bounded(1);
+    on_reaching("lock::release_before_statement", releasing);
+    let opener = thread::spawn(move || {
+        releasing_rx
+            .recv_timeout(GENEROUS)
+            .expect("the release started");
+        let gave_up = abandoned.join().unwrap();
+        statement.open();
+        gave_up
+    });
+    let released = guard.unlock();
+    let gave_up = opener.join().unwrap();
+    assert!(
+        !matches!(gave_up, Ok(true)),
+        "the acquire was held back: {gave_up:?}"
+    );
+    assert!(
+        released.is_ok(),
+        "the release got no connection: {released:?}"
+    );
+    scenario.teardown();
+}

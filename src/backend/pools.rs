@@ -12,6 +12,19 @@
 //! acquired it. On SQLite a connection is an open file (and its page cache), closed the same
 //! way. No connection is replaced for its age alone.
 //!
+//! # Connections discarded while callers wait
+//!
+//! r2d2 wakes a caller waiting for a connection when one comes back healthy or a new one is
+//! opened, and opens one only for a caller that finds the pool short (when it starts waiting,
+//! or each time it is woken). A connection that comes back flagged broken is closed and its
+//! slot freed, but no waiting caller is woken and nothing is opened in its place (with
+//! `min_idle` 0): a caller that began waiting while the pool was full sleeps until its own
+//! timeout, though the pool has room. That happens when the connection comes back from a
+//! thread that is not itself waiting: a statement thread whose caller gave up at its deadline
+//! (MySQL), or a caller that returns at its deadline after a broken attempt. So the pools here
+//! count their waiting callers ([`Pool`]), and whoever drops a broken connection asks for a
+//! replacement while any caller waits ([`Pool::discarded`]): the new connection wakes one.
+//!
 //! # A full server
 //!
 //! A server that has no connection slot left (PostgreSQL's `max_connections`, or a role's
@@ -39,6 +52,8 @@ use super::{Backend, Grant, SqlStore, Store};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::{Failure, FailureKind};
 use crate::error::{Error, Result, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Pool settings shared by every backend.
@@ -72,8 +87,8 @@ pub(super) fn build_pool<M: r2d2::ManageConnection>(
     manager: M,
     size: u32,
     pool: &PoolSettings,
-) -> r2d2::Pool<M> {
-    r2d2::Pool::builder()
+) -> Pool<M> {
+    let pool = r2d2::Pool::builder()
         .max_size(size)
         .min_idle(Some(0))
         .idle_timeout(Some(pool.idle_timeout))
@@ -81,7 +96,66 @@ pub(super) fn build_pool<M: r2d2::ManageConnection>(
         .test_on_check_out(false)
         .connection_timeout(pool.connect_timeout)
         .error_handler(Box::new(r2d2::NopErrorHandler))
-        .build_unchecked(manager)
+        .build_unchecked(manager);
+    Pool {
+        pool,
+        waiting: Arc::default(),
+    }
+}
+
+/// An r2d2 pool and how many callers wait in it for a connection (see the module docs,
+/// "Connections discarded while callers wait"). Clones share both.
+pub(crate) struct Pool<M: r2d2::ManageConnection> {
+    pool: r2d2::Pool<M>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl<M: r2d2::ManageConnection> Clone for Pool<M> {
+    fn clone(&self) -> Self {
+        Pool {
+            pool: self.pool.clone(),
+            waiting: Arc::clone(&self.waiting),
+        }
+    }
+}
+
+impl<M: r2d2::ManageConnection> Pool<M> {
+    /// A connection, waiting at most `timeout` for one; counted as waiting meanwhile.
+    pub(super) fn get_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<r2d2::PooledConnection<M>, r2d2::Error> {
+        // Counted before r2d2 sees the pool full, so that a connection discarded after that
+        // look finds the count raised (r2d2's lock orders the two).
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let conn = self.pool.get_timeout(timeout);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        conn
+    }
+
+    /// An idle connection, if there is one; never waits.
+    pub(super) fn try_get(&self) -> Option<r2d2::PooledConnection<M>> {
+        self.pool.try_get()
+    }
+
+    pub(super) fn state(&self) -> r2d2::State {
+        self.pool.state()
+    }
+
+    pub(super) fn max_size(&self) -> u32 {
+        self.pool.max_size()
+    }
+
+    /// To call once a connection flagged broken has been dropped (given back to r2d2, which
+    /// closed it): while callers wait, starts a replacement, which wakes one of them when it is
+    /// open. A zero-timeout checkout does that: it takes an idle connection if there is one
+    /// (given back at once, which wakes a caller too), else starts opening one if the pool has
+    /// room, and returns without waiting.
+    pub(super) fn discarded(&self) {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            drop(self.pool.get_timeout(Duration::ZERO));
+        }
+    }
 }
 
 /// The least time a grant gets to secure its renewal connection, however little is left of

@@ -1,6 +1,7 @@
 //! The retry loop every operation of a store runs in: a pooled connection per attempt, deadlines
 //! that a silent server cannot stretch, short pauses between transient failures.
 
+use super::pools::Pool;
 use super::{statement_threads, Backend, Conn, Failure, FailureKind, Path, SqlStore};
 use crate::error::{DatabaseError, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +17,9 @@ impl<B: Backend> SqlStore<B> {
     /// A server or connection that stops answering cannot hold the caller past `deadline`:
     /// either the backend bounds the call itself ([`Backend::runs_inline`]), or the attempt runs on
     /// a statement thread ([`statement_threads`]) while the caller waits at most until the
-    /// deadline. Either way the connection is discarded. (An acquire granted after its caller
-    /// gave up is left to expire.)
+    /// deadline. Either way the connection is discarded, and replaced at once for the callers
+    /// waiting meanwhile ([`Pool::discarded`]; r2d2 would leave them waiting). (An acquire
+    /// granted after its caller gave up is left to expire.)
     pub(super) fn run<T, F>(
         &self,
         path: Path,
@@ -48,7 +50,7 @@ impl<B: Backend> SqlStore<B> {
             }
             match pool.get_timeout(remaining) {
                 Err(e) => last = Some(Box::new(e)),
-                Ok(conn) => match attempt_once::<B, T, F>(conn, &attempt, deadline) {
+                Ok(conn) => match attempt_once::<B, T, F>(pool, conn, &attempt, deadline) {
                     None => {
                         discard_idle::<B>(pool);
                         last =
@@ -84,22 +86,30 @@ impl<B: Backend> SqlStore<B> {
 /// hangs, and each would cost a caller an attempt — up to its whole deadline on a hung server.
 /// The next attempt opens a new connection, which finds the server that answers now (with
 /// several hosts in the URL, the new primary). Healthy ones cost only a reconnection.
-fn discard_idle<B: Backend>(pool: &r2d2::Pool<B::Manager>) {
+fn discard_idle<B: Backend>(pool: &Pool<B::Manager>) {
     // Bounded: a backend whose marked connections went back to the pool would loop forever.
-    for _ in 0..pool.max_size() {
+    let mut discarded = 0;
+    while discarded < pool.max_size() {
         let Some(mut idle) = pool.try_get() else {
-            return;
+            break;
         };
         B::mark_broken(&mut idle);
+        discarded += 1;
+    }
+    // Replaced only for callers waiting meanwhile, as any discarded connection.
+    for _ in 0..discarded {
+        pool.discarded();
     }
 }
 
 /// One attempt on `conn`: on the calling thread when [`Backend::runs_inline`], else
 /// on a statement thread, waiting at most until `deadline` (`None`: no answer in time). A
-/// connection whose attempt failed as broken, or was abandoned, is flagged for discarding.
-/// Either way the connection is back in its pool before the caller has the answer, so that
-/// a statement following at once reuses it instead of opening another.
+/// connection whose attempt failed as broken, or was abandoned, is flagged for discarding, and
+/// once dropped, replaced for callers waiting in `pool` ([`Pool::discarded`]). Either way the
+/// connection is back in its pool before the caller has the answer, so that a statement
+/// following at once reuses it instead of opening another.
 fn attempt_once<B, T, F>(
+    pool: &Pool<B::Manager>,
     mut conn: r2d2::PooledConnection<B::Manager>,
     attempt: &Arc<F>,
     deadline: Instant,
@@ -109,28 +119,35 @@ where
     T: Send + 'static,
     F: Fn(&mut Conn<B>) -> Result<T, Failure> + Send + Sync + 'static,
 {
-    let finish = |conn: &mut Conn<B>, outcome: &Result<T, Failure>| {
-        if matches!(outcome, Err(f) if f.kind == FailureKind::Broken) {
-            B::mark_broken(conn);
+    // Gives `conn` back to `pool`; a broken one (or one given up, `abandoned`) is flagged,
+    // and replaced for waiting callers once r2d2 has dropped it.
+    let give_back = |pool: &Pool<B::Manager>,
+                     mut conn: r2d2::PooledConnection<B::Manager>,
+                     outcome: &Result<T, Failure>,
+                     abandoned: bool| {
+        let broken = abandoned || matches!(outcome, Err(f) if f.kind == FailureKind::Broken);
+        if broken {
+            B::mark_broken(&mut conn);
+        }
+        drop(conn);
+        if broken {
+            pool.discarded();
         }
     };
     B::set_deadline(&mut conn, deadline);
     if B::runs_inline() {
         let outcome = attempt(&mut conn);
-        finish(&mut conn, &outcome);
+        give_back(pool, conn, &outcome, false);
         return Some(outcome);
     }
     let (answer, answered) = crossbeam_channel::bounded(1);
     let attempt = Arc::clone(attempt);
     let abandoned = Arc::new(AtomicBool::new(false));
     let gone = Arc::clone(&abandoned);
+    let pool = pool.clone();
     statement_threads::run(Box::new(move || {
         let outcome = attempt(&mut conn);
-        finish(&mut conn, &outcome);
-        if gone.load(Ordering::Acquire) {
-            B::mark_broken(&mut conn);
-        }
-        drop(conn);
+        give_back(&pool, conn, &outcome, gone.load(Ordering::Acquire));
         Box::new(move || {
             let _ = answer.send(outcome);
         })

@@ -3,7 +3,7 @@
 
 #[cfg(feature = "failpoints")]
 use super::injected_failure;
-use super::pools::build_pool;
+use super::pools::{build_pool, Pool};
 use super::statistics::Counters;
 use super::{
     pairs_json, Backend, BatchRows, HolderRow, ListedRow, ListenerHandler, OwnedParams,
@@ -151,8 +151,8 @@ pub(crate) trait Store: Send + Sync {
 
 /// [`Store`] over any [`Backend`]: pools, deadlines and retries, written once.
 pub(crate) struct SqlStore<B: Backend> {
-    pub(super) pool: r2d2::Pool<B::Manager>,
-    pub(super) renewal_pool: r2d2::Pool<B::Manager>,
+    pub(super) pool: Pool<B::Manager>,
+    pub(super) renewal_pool: Pool<B::Manager>,
     pub(super) queries: Arc<Statements>,
     /// The batch renewal statements; `None` with a custom renew statement, which is then run
     /// once per lease.

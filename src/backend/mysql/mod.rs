@@ -810,9 +810,11 @@ impl Backend for Mysql {
 
     /// A lone background renewal runs the plain renew statement (one round trip instead of the
     /// batch's four) until a renewal of it has failed; its retries take the batch, which skips
-    /// a row another session holds locked. (Running the batch for every lone lease made a
-    /// release wait out its deadline on a registry with a one-connection main pool in
-    /// `conformance::mysql::a_full_pool_does_not_starve_renewals`, for a reason not found yet.)
+    /// a row another session holds locked. (Running the batch for every lone lease once seemed
+    /// to make a release wait out its deadline on a registry with a one-connection main pool in
+    /// `conformance::mysql::a_full_pool_does_not_starve_renewals`; that wait was r2d2 leaving a
+    /// caller asleep after a discarded connection, fixed in `pools.rs`, and the test passes
+    /// with the batch too.)
     const LONE_RENEWAL_PLAIN: bool = true;
 
     fn renew_batch(
