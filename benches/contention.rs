@@ -6,6 +6,8 @@
 //! - `leasehold`: two registries with default settings (an instance is a registry: its own
 //!   pools, client id and listener; one process keeps the harness simple and the figures
 //!   comparable, at the price of sharing the process's lease clock);
+//! - `leasehold_without_turns`: the same with `turn_window(None)` and `local_handoff_limit(None)`
+//!   (no fair turns: what the fairness for polling instances costs);
 //! - `raw_row`: a bare lease row per key — `UPDATE … SET holder, expires = now + 30 s WHERE
 //!   key AND expires < now` to take it (one row affected: held), the same `UPDATE` setting
 //!   `expires` back to the past to let go, one connection per thread, a refused thread
@@ -89,11 +91,18 @@ fn bench(c: &mut Criterion, name: &str, threads: &[Mutex<Section>]) {
     });
 }
 
-/// Two registries, four threads each, each thread with handles on every key.
-fn leasehold_threads(builder: impl Fn() -> leasehold::RegistryBuilder) -> Threads {
+/// Two registries, four threads each, each thread with handles on every key: benched as
+/// `name`, then the registries' statements per critical section are printed.
+fn bench_leasehold(
+    c: &mut Criterion,
+    name: &str,
+    builder: impl Fn() -> leasehold::RegistryBuilder,
+) {
+    let registries: Vec<LockRegistry> = (0..INSTANCES)
+        .map(|_| builder().build().expect("registry"))
+        .collect();
     let mut threads = Vec::new();
-    for _ in 0..INSTANCES {
-        let registry = builder().build().expect("registry");
+    for registry in &registries {
         for _ in 0..THREADS {
             let locks: Vec<_> = (0..KEYS)
                 .map(|k| registry.obtain(&format!("contended-{k}")).unwrap())
@@ -106,7 +115,29 @@ fn leasehold_threads(builder: impl Fn() -> leasehold::RegistryBuilder) -> Thread
             threads.push(Mutex::new(section));
         }
     }
-    threads
+    bench(c, name, &threads);
+    let stats: Vec<_> = registries.iter().map(LockRegistry::statistics).collect();
+    let sum = |f: fn(&leasehold::Statistics) -> u64| stats.iter().map(f).sum::<u64>();
+    let sections = (sum(|s| s.grants) + sum(|s| s.local_handoffs)) as f64;
+    if sections == 0.0 {
+        return; // filtered out
+    }
+    println!(
+        "{name}: per critical section {:.2} acquire statements ({:.2} refused), {:.2} grants, \
+         {:.2} local handoffs, {:.2} releases",
+        sum(|s| s.acquires) as f64 / sections,
+        sum(|s| s.contended_tries) as f64 / sections,
+        sum(|s| s.grants) as f64 / sections,
+        sum(|s| s.local_handoffs) as f64 / sections,
+        sum(|s| s.releases) as f64 / sections,
+    );
+}
+
+fn without_turns(builder: leasehold::RegistryBuilder) -> leasehold::RegistryBuilder {
+    builder
+        .create_table(true)
+        .turn_window(None)
+        .local_handoff_limit(None)
 }
 
 fn sqlite_raw(path: &std::path::Path) -> Threads {
@@ -305,9 +336,12 @@ fn main() {
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("contention.db");
-    let threads = leasehold_threads(|| LockRegistry::sqlite(&path).create_table(true));
-    bench(&mut c, "sqlite/leasehold", &threads);
-    drop(threads);
+    bench_leasehold(&mut c, "sqlite/leasehold", || {
+        LockRegistry::sqlite(&path).create_table(true)
+    });
+    bench_leasehold(&mut c, "sqlite/leasehold_without_turns", || {
+        without_turns(LockRegistry::sqlite(&path))
+    });
     bench(&mut c, "sqlite/raw_row", &sqlite_raw(&path));
 
     #[cfg(feature = "postgres")]
@@ -317,13 +351,14 @@ fn main() {
             "postgres://postgres@127.0.0.1:5432/test",
         );
         if let Some((raw, native)) = postgres_threads(&url) {
-            let threads = leasehold_threads(|| {
+            bench_leasehold(&mut c, "postgres/leasehold", || {
                 LockRegistry::postgres(url.clone())
                     .prefix("BENCH_")
                     .create_table(true)
             });
-            bench(&mut c, "postgres/leasehold", &threads);
-            drop(threads);
+            bench_leasehold(&mut c, "postgres/leasehold_without_turns", || {
+                without_turns(LockRegistry::postgres(url.clone()).prefix("BENCH_"))
+            });
             bench(&mut c, "postgres/raw_row", &raw);
             bench(&mut c, "postgres/native", &native);
         }
@@ -333,13 +368,14 @@ fn main() {
     {
         let url = env_or("LEASEHOLD_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
         if let Some((raw, native)) = mysql_threads(&url) {
-            let threads = leasehold_threads(|| {
+            bench_leasehold(&mut c, "mysql/leasehold", || {
                 LockRegistry::mysql(url.clone())
                     .prefix("BENCH_")
                     .create_table(true)
             });
-            bench(&mut c, "mysql/leasehold", &threads);
-            drop(threads);
+            bench_leasehold(&mut c, "mysql/leasehold_without_turns", || {
+                without_turns(LockRegistry::mysql(url.clone()).prefix("BENCH_"))
+            });
             bench(&mut c, "mysql/raw_row", &raw);
             bench(&mut c, "mysql/native", &native);
         }
