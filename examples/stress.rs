@@ -36,7 +36,7 @@
 //! **The deadline probe.** In about one critical section in N, the holder compares its own view
 //! with the row as the database has it (one statement, [`LockRegistry::holder`]): the row must
 //! name this registry and the guard's token, and the time the guard still counts on
-//! (`remaining()` read after the statement, once the database has read its clock) must not
+//! (`remaining()` read before and after the statement, less the statement's time) must not
 //! exceed the time the row has left on the database clock. A probe that fails is a violation: it means a holder believed
 //! it held a lock that another instance could already take.
 //!
@@ -546,21 +546,26 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
 /// The deadline probe (see the module docs): `Ok(true)` when it compared, `Ok(false)` when the
 /// guard was no longer held (a loss, counted where it is reported), `Err` on a violation.
 fn probe(registry: &LockRegistry, guard: &leasehold::LockGuard) -> Result<bool, String> {
+    let started = Instant::now();
     let before = guard.remaining();
     let row = registry
         .holder(guard.key())
         .map_err(|e| format!("probe: {e}"))?;
+    let elapsed = started.elapsed();
     let after = guard.remaining();
     if before.is_zero() || after.is_zero() {
         return Ok(false);
     }
-    // The database read its clock at some instant between the two reads of `remaining()`,
+    // The database read its clock at some instant X between the two reads of `remaining()`,
     // not necessarily at once: the statement may wait first (in a pooler's queue for a server
-    // connection, for the server's lock on the row). At that instant the deadline was at least
-    // `after` away — the only figure that, beyond the row's time left, proves the holder counts
-    // on time the row does not give it. (`before` here once made a 200-process run through
-    // PgBouncer report a probe that had waited 8 ms in the pooler's queue.)
-    let counted = after;
+    // connection, for the server's lock on the row). The deadline may also move meanwhile (a
+    // renewal with a longer time-to-live answering raises it, after the row was read). What the
+    // holder certainly counted on at X is at least the smaller of the deadline's two readings
+    // minus the whole statement's time: `before - elapsed` and `after`. Only beyond that is a
+    // row's time left proof of a holder counting on time the row does not give it. (Comparing
+    // `before` alone failed a probe that had waited 8 ms in PgBouncer's queue; `after` alone, a
+    // probe during which a longer renewal of a handed-over lease answered.)
+    let counted = before.saturating_sub(elapsed).min(after);
     let Some(row) = row else {
         return Err(format!(
             "probe: the holder counts on {counted:?} more, but the row is not held"
