@@ -1303,21 +1303,33 @@ mod suite {
         }
     }
 
-    /// `leasehold ARGS…` started with its standard output read line by line on a thread.
+    /// `leasehold ARGS…` started with its standard output and error read line by line on
+    /// threads, into one channel (error lines as `stderr: …`).
     fn spawn_reading(mut command: Command) -> (Watching, std::sync::mpsc::Receiver<String>) {
         use std::io::BufRead;
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("leasehold starts");
         let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let err = std::io::BufReader::new(child.stderr.take().unwrap());
         let (lines, read) = std::sync::mpsc::channel();
+        let errors = lines.clone();
         thread::spawn(move || {
             for line in out.lines() {
                 let Ok(line) = line else { break };
                 if lines.send(line).is_err() {
                     break; // dropping `out` closes the pipe
+                }
+            }
+        });
+        thread::spawn(move || {
+            for line in err.lines() {
+                let Ok(line) = line else { break };
+                if errors.send(format!("stderr: {line}")).is_err() {
+                    break;
                 }
             }
         });
@@ -1413,6 +1425,31 @@ mod suite {
         );
         drop(lines); // the reading thread ends at its next line, closing the pipe
         assert_eq!(wait_with_deadline(&mut watching.0).code(), Some(0));
+        guard.unlock().unwrap();
+    }
+
+    /// Issue 27: a refresh that fails after the first (here: the table is dropped) is reported
+    /// on stderr and the watch goes on; it shows the key again once the table is back.
+    pub fn a_watch_reports_a_failed_refresh_and_goes_on(f: &Fixture) {
+        let (_watching, lines) = spawn_reading(leasehold(
+            f,
+            "status",
+            &["--key", "watched", "--watch", "0.2"],
+        ));
+        line_where(&lines, "the first refresh", |l| l == "watched: free");
+        execute_ddl(f, &format!("DROP TABLE {}", f.table()));
+        let failed = line_where(&lines, "a failed refresh", |l| l.starts_with("stderr: "));
+        assert!(
+            failed.starts_with("stderr: leasehold: ") && failed.ends_with("trying again in 200ms)"),
+            "{failed}"
+        );
+        let made = output(leasehold(f, "init", &[]));
+        assert_eq!(code(&made), 0, "{made:?}");
+        let holder = f.registry();
+        let guard = holder.obtain("watched").unwrap().lock().unwrap();
+        line_where(&lines, "the holder once the table is back", |l| {
+            l.starts_with(&format!("watched: held by {} ", holder.client_id()))
+        });
         guard.unlock().unwrap();
     }
 
@@ -1768,6 +1805,7 @@ macro_rules! cli {
             list_watch_prints_every_refresh_and_stops_on_a_signal,
             status_watch_appends_refreshes_and_ends_when_nobody_reads,
             list_watch_on_a_terminal_redraws_in_place_until_ctrl_c,
+            a_watch_reports_a_failed_refresh_and_goes_on,
             init_creates_the_table_or_prints_its_ddl,
         );
     };
