@@ -4,6 +4,7 @@
 //! `cleanup`. Issue 21: every process of the command is stopped on a loss and when leasehold
 //! dies, and the terminal keeps working (through script(1)); durations are checked before
 //! the lock. Issue 22: flock's options, `status --json`, no table from read-only commands.
+//! Issue 27: `list --holder`, and `--watch` of `list` and `status`.
 
 #![cfg(feature = "cli")]
 
@@ -1225,6 +1226,327 @@ mod suite {
         assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid lock key"));
     }
 
+    /// Issue 27: `list --holder` shows only the rows a client id (or a host's or process's
+    /// client ids, given as `HOST/` or `HOST/PID/`) holds now, as a table and as JSON.
+    pub fn list_holder_shows_only_what_that_client_holds(f: &Fixture) {
+        let as_client = |id: &str| f.builder().client_id(id).build().unwrap();
+        let (web1, web1_other, web2) = (
+            as_client("web-1/100/aaaa"),
+            as_client("web-1/101/cccc"),
+            as_client("web-2/200/bbbb"),
+        );
+        let one = web1.obtain("one").unwrap().lock().unwrap();
+        let three = web1_other.obtain("three").unwrap().lock().unwrap();
+        let two = web2.obtain("two").unwrap().lock().unwrap();
+        web1.obtain("gone")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        let keys_of = |args: &[&str]| {
+            let listed = output(leasehold(f, "list", args));
+            assert_eq!(code(&listed), 0, "{listed:?}");
+            let mut keys: Vec<String> = stdout(&listed)
+                .lines()
+                .skip(1)
+                .map(|line| line.split(' ').next().unwrap().to_string())
+                .collect();
+            keys.sort();
+            keys
+        };
+        assert_eq!(keys_of(&["--holder", "web-1/100/aaaa"]), ["one"]);
+        assert_eq!(keys_of(&["--holder", "web-1/"]), ["one", "three"]);
+        assert_eq!(keys_of(&["--holder", "web-1/101/"]), ["three"]);
+        assert_eq!(
+            keys_of(&["--holder", "web-2/200/bbbb", "--holder", "web-1/100/"]),
+            ["one", "two"]
+        );
+        assert_eq!(keys_of(&[]), ["gone", "one", "three", "two"]);
+
+        let json = output(leasehold(f, "list", &["--holder", "web-2/", "--json"]));
+        assert_eq!(code(&json), 0, "{json:?}");
+        let json = stdout(&json);
+        assert_eq!(json.matches("\"lock_key\":").count(), 1, "{json}");
+        assert!(
+            json.contains("{\"key\":\"two\",")
+                && json.contains("\"state\":\"held\",\"client_id\":\"web-2/200/bbbb\","),
+            "{json}"
+        );
+
+        // Neither a prefix without its `/` nor a released row's last holder counts.
+        let none = output(leasehold(f, "list", &["--holder", "web-1"]));
+        assert_eq!(code(&none), 0, "{none:?}");
+        assert!(
+            stdout(&none).starts_with("no locks held by web-1 in table"),
+            "{none:?}"
+        );
+        let none = output(leasehold(f, "list", &["--holder", "web-1/", "--json"]));
+        assert_eq!(stdout(&none).matches("\"lock_key\":").count(), 2);
+        let bad = output(leasehold(f, "list", &["--holder", ""]));
+        assert_eq!(code(&bad), 64, "{bad:?}");
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("--holder needs"));
+        for guard in [one, two, three] {
+            guard.unlock().unwrap();
+        }
+    }
+
+    /// A child that is killed if the test fails before it ends.
+    struct Watching(Child);
+
+    impl Drop for Watching {
+        fn drop(&mut self) {
+            if self.0.try_wait().ok().flatten().is_none() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+
+    /// `leasehold ARGS…` started with its standard output and error read line by line on
+    /// threads, into one channel (error lines as `stderr: …`).
+    fn spawn_reading(mut command: Command) -> (Watching, std::sync::mpsc::Receiver<String>) {
+        use std::io::BufRead;
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("leasehold starts");
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let (lines, read) = std::sync::mpsc::channel();
+        let errors = lines.clone();
+        thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                if lines.send(line).is_err() {
+                    break; // dropping `out` closes the pipe
+                }
+            }
+        });
+        thread::spawn(move || {
+            for line in err.lines() {
+                let Ok(line) = line else { break };
+                if errors.send(format!("stderr: {line}")).is_err() {
+                    break;
+                }
+            }
+        });
+        (Watching(child), read)
+    }
+
+    /// The next line of `lines` that satisfies `wanted`, skipping the others; fails after
+    /// GENEROUS.
+    fn line_where(
+        lines: &std::sync::mpsc::Receiver<String>,
+        what: &str,
+        wanted: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + GENEROUS;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if wanted(&line) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no line with {what} within {GENEROUS:?}: {e}"),
+            }
+        }
+    }
+
+    /// Issue 27: `list --watch --json` prints one JSON array per refresh; a lock taken and
+    /// released between refreshes shows in the next ones; SIGINT ends it with 0.
+    pub fn list_watch_prints_every_refresh_and_stops_on_a_signal(f: &Fixture) {
+        let (mut watching, lines) = spawn_reading(leasehold(
+            f,
+            "list",
+            &["--watch", "0.2", "--json", "--holder", "me/1/x"],
+        ));
+        // Two refreshes of the empty listing.
+        for _ in 0..2 {
+            let line = lines
+                .recv_timeout(GENEROUS)
+                .expect("a refresh within GENEROUS");
+            assert_eq!(line, "[]");
+        }
+        let me = f.builder().client_id("me/1/x").build().unwrap();
+        let guard = me.obtain("watched").unwrap().lock().unwrap();
+        let held = line_where(&lines, "the held lock", |l| l != "[]");
+        assert!(
+            held.starts_with("[{\"key\":\"watched\",")
+                && held.contains("\"state\":\"held\",\"client_id\":\"me/1/x\",")
+                && held.contains(&format!("\"fencing_token\":{}}}]", guard.fencing_token())),
+            "{held}"
+        );
+        guard.unlock().unwrap();
+        // Released: no longer held by me/1/x.
+        line_where(&lines, "the released lock gone", |l| l == "[]");
+        send("INT", watching.0.id());
+        assert_eq!(wait_with_deadline(&mut watching.0).code(), Some(0));
+
+        // A watch that cannot show its first refresh ends at once, with the error's code.
+        let missing = output(leasehold_on(f, "missing_", "list", &["--watch", "1"]));
+        assert_eq!(code(&missing), 70, "{missing:?}");
+        let fast = output(leasehold(f, "list", &["--watch", "10ms"]));
+        assert_eq!(code(&fast), 64, "{fast:?}");
+    }
+
+    /// Issue 27: `status --watch` to a pipe appends every refresh after a header with the
+    /// interval and the database clock; it shows the holder once the key is taken, and ends
+    /// with 0 when its reader goes away.
+    pub fn status_watch_appends_refreshes_and_ends_when_nobody_reads(f: &Fixture) {
+        let (mut watching, lines) = spawn_reading(leasehold(
+            f,
+            "status",
+            &["--key", "watched", "--watch", "200ms"],
+        ));
+        let header = |line: &str| {
+            line.starts_with("Every 200ms at ")
+                && line.ends_with(&format!(
+                    " (database clock): leasehold status watched, table {}, region DEFAULT",
+                    f.table()
+                ))
+        };
+        for _ in 0..2 {
+            let line = lines.recv_timeout(GENEROUS).expect("a header");
+            assert!(header(&line), "{line}");
+            assert_eq!(lines.recv_timeout(GENEROUS).unwrap(), "watched: free");
+            assert_eq!(lines.recv_timeout(GENEROUS).unwrap(), "");
+        }
+        let holder = f.registry();
+        let guard = holder.obtain("watched").unwrap().lock().unwrap();
+        let held = line_where(&lines, "the holder", |l| {
+            l != "watched: free" && !header(l) && !l.is_empty()
+        });
+        assert!(
+            held.starts_with(&format!("watched: held by {} since ", holder.client_id()))
+                && held.ends_with(&format!("fencing token {}", guard.fencing_token())),
+            "{held}"
+        );
+        drop(lines); // the reading thread ends at its next line, closing the pipe
+        assert_eq!(wait_with_deadline(&mut watching.0).code(), Some(0));
+        guard.unlock().unwrap();
+    }
+
+    /// Issue 27: a refresh that fails after the first (here: the table is dropped) is reported
+    /// on stderr and the watch goes on; it shows the key again once the table is back.
+    pub fn a_watch_reports_a_failed_refresh_and_goes_on(f: &Fixture) {
+        let (_watching, lines) = spawn_reading(leasehold(
+            f,
+            "status",
+            &["--key", "watched", "--watch", "0.2"],
+        ));
+        line_where(&lines, "the first refresh", |l| l == "watched: free");
+        execute_ddl(f, &format!("DROP TABLE {}", f.table()));
+        let failed = line_where(&lines, "a failed refresh", |l| l.starts_with("stderr: "));
+        assert!(
+            failed.starts_with("stderr: leasehold: ") && failed.ends_with("trying again in 200ms)"),
+            "{failed}"
+        );
+        let made = output(leasehold(f, "init", &[]));
+        assert_eq!(code(&made), 0, "{made:?}");
+        let holder = f.registry();
+        let guard = holder.obtain("watched").unwrap().lock().unwrap();
+        line_where(&lines, "the holder once the table is back", |l| {
+            l.starts_with(&format!("watched: held by {} ", holder.client_id()))
+        });
+        guard.unlock().unwrap();
+    }
+
+    /// Issue 27: `list --watch` on a terminal (script(1)'s pseudo-terminal, 6 rows of 50
+    /// columns) redraws the screen in place, cuts lines to the width, counts the rows that do
+    /// not fit, shows a lock taken meanwhile, and ends with 0 at Ctrl-C.
+    pub fn list_watch_on_a_terminal_redraws_in_place_until_ctrl_c(f: &Fixture) {
+        use std::io::Read;
+        let registry = f.registry();
+        for key in ["a", "b", "c", "d", "e"] {
+            registry
+                .obtain(key)
+                .unwrap()
+                .lock()
+                .unwrap()
+                .unlock()
+                .unwrap();
+        }
+        let watch = leasehold(f, "list", &["--watch", "0.2"]);
+        let words: Vec<String> = std::iter::once(watch.get_program())
+            .chain(watch.get_args())
+            .map(|word| format!("'{}'", word.to_str().unwrap()))
+            .collect();
+        let mut script = Watching(
+            Command::new("script")
+                .args([
+                    "-qec",
+                    &format!("stty rows 6 cols 50; exec {}", words.join(" ")),
+                    "/dev/null",
+                ])
+                .env("SHELL", "/bin/sh")
+                .env_remove("LEASEHOLD_DATABASE_URL")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("script(1) from util-linux runs the test on a pseudo-terminal"),
+        );
+        let mut screen = script.0.stdout.take().unwrap();
+        let shown = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let filled = shown.clone();
+        thread::spawn(move || {
+            let mut buffer = [0; 4096];
+            while let Ok(n @ 1..) = screen.read(&mut buffer) {
+                filled
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        // The frames drawn so far, each from cursor-home to clear-to-the-end.
+        let frames_where = |what: &str, wanted: &dyn Fn(&str) -> bool| -> Vec<String> {
+            let deadline = Instant::now() + GENEROUS;
+            loop {
+                let text = shown.lock().unwrap().clone();
+                let frames: Vec<String> = text
+                    .split("\x1b[H")
+                    .filter_map(|frame| frame.split_once("\x1b[J").map(|(f, _)| f.to_string()))
+                    .collect();
+                if frames.iter().any(|frame| wanted(frame)) {
+                    return frames;
+                }
+                assert!(Instant::now() < deadline, "no frame with {what}: {text:?}");
+                thread::sleep(Duration::from_millis(20));
+            }
+        };
+        // Each frame is only looked at once it is complete; wait for two.
+        let mut frames = frames_where("a frame", &|_| true);
+        while frames.len() < 2 {
+            frames = frames_where("a second frame", &|_| true);
+        }
+        let lines: Vec<&str> = frames[0].split("\x1b[K\r\n").collect();
+        // Header, empty line, column titles, the first of the five rows, the count of the
+        // others; the cursor stays on the sixth line.
+        assert_eq!(lines.len(), 5 + 1, "{lines:?}");
+        assert!(lines[0].starts_with("Every 200ms at "), "{lines:?}");
+        assert!(
+            lines.iter().all(|line| line.chars().count() <= 50),
+            "{lines:?}"
+        );
+        assert_eq!(lines[1], "");
+        assert!(lines[2].starts_with("KEY  STATE"), "{lines:?}");
+        assert!(lines[3].starts_with("a    released  -"), "{lines:?}");
+        assert!(lines[4].starts_with("… 4 more lines"), "{lines:?}");
+        assert_eq!(lines[5], "");
+        // The next frame draws the same rows over the first (only the header's clock moves).
+        let next: Vec<&str> = frames[1].split("\x1b[K\r\n").collect();
+        assert_eq!(next[1..], lines[1..]);
+
+        let guard = f.registry().obtain("a").unwrap().lock().unwrap();
+        frames_where("the held lock", &|frame| {
+            frame.contains("\x1b[K\r\na    held")
+        });
+        std::io::Write::write_all(script.0.stdin.as_mut().unwrap(), b"\x03").unwrap();
+        assert_eq!(wait_with_deadline(&mut script.0).code(), Some(0));
+        guard.unlock().unwrap();
+    }
+
     pub fn init_creates_the_table_or_prints_its_ddl(f: &Fixture) {
         let (made, printed) = (format!("{}I_", f.prefix), format!("{}P_", f.prefix));
         let checked =
@@ -1479,6 +1801,11 @@ macro_rules! cli {
             cleanup_deletes_old_rows,
             read_only_commands_create_no_table_and_point_at_init,
             list_shows_the_rows_as_a_table_and_as_json,
+            list_holder_shows_only_what_that_client_holds,
+            list_watch_prints_every_refresh_and_stops_on_a_signal,
+            status_watch_appends_refreshes_and_ends_when_nobody_reads,
+            list_watch_on_a_terminal_redraws_in_place_until_ctrl_c,
+            a_watch_reports_a_failed_refresh_and_goes_on,
             init_creates_the_table_or_prints_its_ddl,
         );
     };

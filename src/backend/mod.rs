@@ -61,10 +61,10 @@
 //! | `schema.rs` | the DDL and the table, name-column and floor checks of `build()` |
 //! | `statistics.rs` | statement counters ([`Statistics`]) |
 //! | `listener.rs` | what a release listener and its registry tell each other |
-//! | `tls.rs` | TLS settings and handshake errors (PostgreSQL, MySQL) |
+//! | `tls.rs` | what TLS shares between databases: modes, handshake errors and their hints, certificate files |
 //! | `sqlite/mod.rs`, `sqlite/board.rs` | SQLite; its release board (wake-ups between processes of one host) |
-//! | `postgres/mod.rs`, `postgres/listener.rs` | PostgreSQL; its `LISTEN` thread and connection |
-//! | `mysql/mod.rs`, `mysql/wakeups.rs` | MySQL/MariaDB; its wake-ups through named locks |
+//! | `postgres/mod.rs`, `postgres/listener.rs`, `postgres/tls.rs` | PostgreSQL; its `LISTEN` thread and connection; its TLS settings (`sslmode`, …) and rustls configuration |
+//! | `mysql/mod.rs`, `mysql/wakeups.rs`, `mysql/tls.rs` | MySQL/MariaDB; its wake-ups through named locks; its TLS settings (`ssl-mode`, …) and driver options |
 //!
 //! A database's files import the shared ones (`crate::backend::…`), never the other way round,
 //! and never another database's.

@@ -116,6 +116,7 @@
 //! a statement thread on a silent server, and of a connection attempt that was accepted but is
 //! never answered.
 
+mod tls;
 pub(crate) mod wakeups;
 use crate::backend::pools::Finding;
 use crate::backend::{
@@ -129,6 +130,7 @@ use mysql::{Opts, OptsBuilder, SslOpts, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tls::{split_mysql, tls_problem, with_tls, MysqlTls};
 
 /// Database "now": UTC, microseconds, fixed for the statement.
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -1055,7 +1057,7 @@ fn host_urls(url: &str) -> Vec<String> {
 fn check_connect(
     hosts: &[Opts],
     prefer_tls: bool,
-    settings: &crate::backend::tls::MysqlTls,
+    settings: &MysqlTls,
     timeout: Duration,
 ) -> crate::Result<()> {
     let server = hosts.iter().map(address).collect::<Vec<_>>().join(", ");
@@ -1091,7 +1093,7 @@ fn check_host(
     several: bool,
     opts: &Opts,
     prefer_tls: bool,
-    settings: &crate::backend::tls::MysqlTls,
+    settings: &MysqlTls,
     limit: Duration,
     deadline: std::time::Instant,
 ) -> Result<(), (Failure, String)> {
@@ -1157,140 +1159,11 @@ fn check_host(
     }
 }
 
-/// What a failed connection attempt says about TLS, if its cause is TLS: the certificate, the
-/// handshake, a server without TLS, or (found by trying again with TLS) an account that
-/// requires TLS refused on a connection without it.
-fn tls_problem(
-    error: &mysql::Error,
-    opts: &Opts,
-    settings: &crate::backend::tls::MysqlTls,
-) -> Option<(crate::TlsProblem, String)> {
-    use crate::TlsProblem;
-    if let mysql::Error::DriverError(mysql::DriverError::TlsNotSupported) = error {
-        return Some((
-            TlsProblem::NotOffered,
-            "the URL's ssl-mode requires TLS but the server does not offer it: configure \
-             ssl_cert and ssl_key in the server, or lower ssl-mode to PREFERRED or DISABLED"
-                .to_string(),
-        ));
-    }
-    #[cfg(feature = "mysql-tls")]
-    {
-        let cause = match error {
-            mysql::Error::IoError(io) => crate::backend::tls::find_rustls(io),
-            mysql::Error::CodecError(codec) => crate::backend::tls::find_rustls(codec),
-            mysql::Error::TlsError(tls) => crate::backend::tls::find_rustls(tls),
-            _ => None,
-        };
-        if let Some(cause) = cause {
-            return Some(crate::backend::tls::explain(
-                cause,
-                &opts.get_ip_or_hostname(),
-                &settings.trust(),
-                &crate::backend::tls::MYSQL_WORDS,
-            ));
-        }
-        // MySQL answers an account that requires TLS, met without it, as it answers a wrong
-        // password: find out which by trying once with TLS.
-        let refused = match error {
-            mysql::Error::MySqlError(e) if e.code == 1045 => Some(&e.message),
-            _ => None,
-        };
-        if let Some(message) =
-            refused.filter(|_| opts.get_ssl_opts().is_none() && opts.get_socket().is_none())
-        {
-            let encrypted = OptsBuilder::from_opts(opts.clone())
-                .ssl_opts(SslOpts::default().with_danger_accept_invalid_certs(true))
-                .prefer_socket(false);
-            if mysql::Conn::new(encrypted).is_ok() {
-                return Some((
-                    TlsProblem::Required,
-                    format!(
-                        "the server admits this account only over TLS (REQUIRE SSL) and the \
-                         URL turned TLS off ({message}): connect with ssl-mode=VERIFY_IDENTITY \
-                         and ssl-ca naming the server's CA, or ssl-mode=REQUIRED to encrypt \
-                         without verifying"
-                    ),
-                ));
-            }
-        }
-    }
-    let _ = (opts, settings);
-    None
-}
-
-/// `opts` with the URL's TLS settings applied (see [`crate::backend::tls`]), and whether a server that
-/// does not offer TLS may be connected to without it.
-fn with_tls(opts: Opts, settings: &crate::backend::tls::MysqlTls) -> crate::Result<(Opts, bool)> {
-    use crate::backend::tls::Mode;
-    // Without a mode of ours, the driver's own TLS parameters (root_cert_path, …) decide.
-    if settings.mode.is_none() && settings.ca.is_none() && opts.get_ssl_opts().is_some() {
-        return Ok((opts, false));
-    }
-    let mode = settings.effective_mode();
-    let builder = OptsBuilder::from_opts(opts);
-    #[cfg(not(feature = "mysql-tls"))]
-    {
-        if mode.requires_tls() {
-            let name = match mode {
-                Mode::Require => "REQUIRED",
-                Mode::VerifyCa => "VERIFY_CA",
-                _ => "VERIFY_IDENTITY",
-            };
-            return Err(crate::backend::tls::feature_missing(
-                "ssl-mode",
-                name,
-                "mysql-tls",
-            ));
-        }
-        // PREFERRED in a build without TLS: without.
-        Ok((builder.ssl_opts(None::<SslOpts>).into(), false))
-    }
-    #[cfg(feature = "mysql-tls")]
-    {
-        use crate::backend::tls::load_certificates;
-        use std::path::PathBuf;
-        if mode == Mode::Disable {
-            return Ok((builder.ssl_opts(None::<SslOpts>).into(), false));
-        }
-        let mut ssl = match mode {
-            Mode::Prefer | Mode::Require => {
-                SslOpts::default().with_danger_accept_invalid_certs(true)
-            }
-            Mode::VerifyCa => SslOpts::default().with_danger_skip_domain_validation(true),
-            Mode::VerifyFull | Mode::Disable => SslOpts::default(),
-        };
-        if let Some(ca) = &settings.ca {
-            // Read now: the driver reads it at every connection, and a bad file would only
-            // show as failed connections.
-            load_certificates("ssl-ca", ca)?;
-            if matches!(mode, Mode::VerifyCa | Mode::VerifyFull) {
-                ssl = ssl.with_root_cert_path(Some(PathBuf::from(ca)));
-            }
-        }
-        if let Some((cert, key)) = &settings.identity {
-            load_certificates("ssl-cert", cert)?;
-            std::fs::File::open(key)
-                .map_err(|e| Error::setting("ssl-key", format!("cannot read {key}: {e}")))?;
-            ssl = ssl.with_client_identity(Some(mysql::ClientIdentity::new(
-                PathBuf::from(cert),
-                PathBuf::from(key),
-            )));
-        }
-        let mut builder = builder.ssl_opts(ssl);
-        // A verified or required TLS connection does not turn into a Unix-socket one.
-        if mode.requires_tls() && !settings.prefer_socket_given {
-            builder = builder.prefer_socket(false);
-        }
-        Ok((builder.into(), mode == Mode::Prefer))
-    }
-}
-
 /// The options for one host's URL: for the connection checked at build, for pooled ones, and
 /// whether `ssl-mode=PREFERRED` (see [`open`]).
 fn host_opts(
     url: &str,
-    settings: &crate::backend::tls::MysqlTls,
+    settings: &MysqlTls,
     pool: &crate::backend::PoolSettings,
 ) -> crate::Result<(Opts, Opts, bool)> {
     let opts = Opts::from_url(url).map_err(|e| Error::Database {
@@ -1337,7 +1210,7 @@ pub(crate) fn open(
     pool: &crate::backend::PoolSettings,
     table: &crate::backend::TableSettings,
 ) -> crate::Result<Arc<dyn crate::backend::Store>> {
-    let (url, settings) = crate::backend::tls::split_mysql(url)?;
+    let (url, settings) = split_mysql(url)?;
     let mut checked = Vec::new();
     let mut pooled = Vec::new();
     let mut prefer_tls = false;

@@ -127,12 +127,13 @@
 //! (`search_path`, an optional `schema.` and case folding of unquoted names).
 //!
 //! Connections are TCP or Unix-socket connections, encrypted as the URL's `sslmode` says (feature
-//! `postgres-tls`; see [`crate::backend::tls`]): every connection, the listener's included, goes through
+//! `postgres-tls`; see [`tls`]): every connection, the listener's included, goes through
 //! [`connect_on`] with the registry's one TLS connector. They are checked once when
 //! the registry is built, so a wrong password or database name is reported as such instead of
 //! as a pool timeout.
 
 mod listener;
+mod tls;
 use crate::backend::pools::Finding;
 use crate::backend::{
     AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
@@ -147,19 +148,13 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tls::{connector, split_postgres, tls_problem, PgTls, Tls};
 use tokio::runtime::Runtime;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::config::{Host, LoadBalanceHosts};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Config, Notification, Row, Socket, Statement};
-
-/// What encrypts connections: one rustls configuration per registry with feature
-/// `postgres-tls`, nothing without.
-#[cfg(feature = "postgres-tls")]
-type Tls = tokio_postgres_rustls::MakeRustlsConnect;
-#[cfg(not(feature = "postgres-tls"))]
-type Tls = tokio_postgres::NoTls;
 
 /// Database "now": UTC wall-clock time without a time zone, fixed for the statement.
 const NOW: &str = "(now() AT TIME ZONE 'UTC')";
@@ -1043,7 +1038,7 @@ fn address(config: &Config) -> String {
 fn check_connect(
     config: &Config,
     tls: &Tls,
-    settings: &crate::backend::tls::PgTls,
+    settings: &PgTls,
     timeout: Duration,
 ) -> crate::Result<()> {
     let server = address(config);
@@ -1136,77 +1131,6 @@ fn permanent_cause(config: &Config, resolve: bool, probe: Option<Instant>) -> Fi
     note
 }
 
-/// What a failed connection attempt says about TLS, if its cause is TLS: the certificate, the
-/// handshake, a server without TLS, or a `pg_hba.conf` that admits this user only over TLS.
-fn tls_problem(
-    error: &tokio_postgres::Error,
-    config: &Config,
-    settings: &crate::backend::tls::PgTls,
-) -> Option<(crate::TlsProblem, String)> {
-    use crate::TlsProblem;
-    #[cfg(feature = "postgres-tls")]
-    if let Some(cause) = crate::backend::tls::find_rustls(error) {
-        let host = config
-            .get_hosts()
-            .iter()
-            .find_map(|host| match host {
-                Host::Tcp(name) => Some(name.as_str()),
-                #[cfg(unix)]
-                Host::Unix(_) => None,
-            })
-            .unwrap_or("");
-        return Some(crate::backend::tls::explain(
-            cause,
-            host,
-            &settings.trust(),
-            &crate::backend::tls::PG_WORDS,
-        ));
-    }
-    let _ = (config, settings);
-    let text = error.to_string();
-    if text.contains("server does not support TLS") {
-        return Some((
-            TlsProblem::NotOffered,
-            "the URL's sslmode requires TLS but the server does not offer it: turn ssl on in \
-             the server, or lower sslmode to prefer or disable"
-                .to_string(),
-        ));
-    }
-    let db = error.as_db_error()?;
-    let message = db.message();
-    if db.code().code() != "28000" {
-        return None;
-    }
-    // pg_hba.conf's verdict names the encryption of the refused connection.
-    if message.contains("no encryption") || message.ends_with("SSL off") {
-        let fix = if cfg!(feature = "postgres-tls") {
-            "connect with sslmode=verify-full (and sslrootcert naming the server's CA), or \
-             sslmode=require to encrypt without verifying"
-        } else {
-            "this build of leasehold has no TLS: enable its feature `postgres-tls` and connect \
-             with sslmode=verify-full"
-        };
-        return Some((
-            TlsProblem::Required,
-            format!(
-                "the server admits this user only over TLS and the connection was not \
-                 encrypted ({message}): {fix}"
-            ),
-        ));
-    }
-    if message.contains("client certificate") || message.contains("certificate authentication") {
-        return Some((
-            TlsProblem::Handshake,
-            format!(
-                "the server wants a client certificate for this user ({message}): set sslcert \
-                 and sslkey to a certificate signed by a CA the server trusts (ssl_ca_file), \
-                 whose common name is the user name"
-            ),
-        ));
-    }
-    None
-}
-
 /// Opens a store on the PostgreSQL database at `url` (a URL or a `key=value` string).
 pub(crate) fn open(
     url: &str,
@@ -1240,8 +1164,8 @@ fn parse_url(
     url: &str,
     pool: &crate::backend::PoolSettings,
     what: &str,
-) -> crate::Result<(Config, Tls, crate::backend::tls::PgTls)> {
-    let (url, settings) = crate::backend::tls::split_postgres(url)?;
+) -> crate::Result<(Config, Tls, PgTls)> {
+    let (url, settings) = split_postgres(url)?;
     let mut config: Config = url.parse().map_err(|e| Error::Database {
         operation: "connect",
         hint: format!(
@@ -1256,40 +1180,6 @@ fn parse_url(
     if config.get_application_name().is_none() {
         config.application_name("leasehold");
     }
-    // The mode as tokio-postgres knows it; the connector does the verification.
-    config.ssl_mode(match settings.mode {
-        crate::backend::tls::Mode::Disable => SslMode::Disable,
-        crate::backend::tls::Mode::Prefer => SslMode::Prefer,
-        _ => SslMode::Require,
-    });
-    // Unix sockets never use TLS (libpq ignores sslmode for them).
-    #[cfg(unix)]
-    if !config.get_hosts().is_empty()
-        && config.get_hostaddrs().is_empty()
-        && config
-            .get_hosts()
-            .iter()
-            .all(|host| matches!(host, Host::Unix(_)))
-    {
-        config.ssl_mode(SslMode::Disable);
-    }
-    #[cfg(feature = "postgres-tls")]
-    let tls = crate::backend::tls::connector(&settings)?;
-    #[cfg(not(feature = "postgres-tls"))]
-    let tls = match settings.mode {
-        mode if mode.requires_tls() && config.get_ssl_mode() != SslMode::Disable => {
-            let name = match mode {
-                crate::backend::tls::Mode::Require => "require",
-                crate::backend::tls::Mode::VerifyCa => "verify-ca",
-                _ => "verify-full",
-            };
-            return Err(crate::backend::tls::feature_missing(
-                "sslmode",
-                name,
-                "postgres-tls",
-            ));
-        }
-        _ => tokio_postgres::NoTls,
-    };
+    let tls = connector(&settings, &mut config)?;
     Ok((config, tls, settings))
 }

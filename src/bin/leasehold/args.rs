@@ -170,6 +170,28 @@ pub struct StatusArgs {
     /// free).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub watch: Watch,
+}
+
+/// `--watch` of `status` and `list`.
+#[derive(Args, Debug)]
+pub struct Watch {
+    /// Show it again every SECS (default 2; 0.1 to 86400, or with units: 500ms, 1m) until
+    /// Ctrl-C, SIGTERM or SIGHUP (exit 0; a second signal while a query hangs exits 128 + N).
+    /// On a terminal the screen is redrawn in place under a header with the interval and the
+    /// database clock, and rows that do not fit are counted; otherwise every refresh is
+    /// appended after such a header, and with --json each refresh is one line (JSON Lines).
+    /// One connection is kept for the whole watch. A query that fails after the first
+    /// refresh is reported (on the screen, or on stderr) and tried again at the next.
+    #[arg(
+        long,
+        value_name = "SECS",
+        num_args = 0..=1,
+        default_missing_value = "2",
+        value_parser = watch_interval
+    )]
+    pub watch: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -189,9 +211,17 @@ pub struct ListArgs {
     /// name); repeat for several. Rows of other names show their lock key.
     #[arg(long = "key", value_name = "NAME")]
     pub keys: Vec<String>,
+    /// Only the rows held now by client id ID; `HOST/` (ending in `/`) for every holder on
+    /// that host, `HOST/PID/` for one process (a client id of `leasehold` or of the library is
+    /// `HOST/PID/RANDOM`, the host cut to 18 characters). Repeat for several. Expired and
+    /// released rows are left out.
+    #[arg(long = "holder", value_name = "ID")]
+    pub holders: Vec<String>,
     /// One JSON array of objects instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub watch: Watch,
 }
 
 #[derive(Args, Debug)]
@@ -276,6 +306,16 @@ fn duration_within(
 /// `--wait`, `--older-than`: any length.
 fn any_duration(text: &str) -> Result<Duration, String> {
     parse_duration(text)
+}
+
+/// `--watch`: often enough to follow a lease, rarely enough not to load the database.
+fn watch_interval(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        Duration::from_millis(100),
+        Duration::from_secs(86_400),
+        "a display refreshed more often only loads the database",
+    )
 }
 
 /// `--ttl`: the library's range for a lease.

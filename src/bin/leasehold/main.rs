@@ -6,6 +6,8 @@
 //! leasehold lead --group billing-scheduler -- ./scheduler
 //! leasehold status --key nightly-report
 //! leasehold list --key nightly-report --json
+//! leasehold list --holder web-3/ --watch
+//! leasehold status --key nightly-report --watch 1
 //! leasehold init --print
 //! leasehold release --key nightly-report --force
 //! leasehold cleanup --older-than 7d
@@ -26,6 +28,7 @@
 //! | [`supervisor`] | starting the command, forwarding signals, stopping it on a loss |
 //! | [`commands`] | one module per subcommand |
 //! | [`output`] | tables and JSON for `list` and `status`, durations for people |
+//! | [`watch`] | `--watch` of `status` and `list`: refreshing, the screen, stopping on a signal |
 //! | [`report`] | `--verbose` reports and the library's warnings on stderr |
 //! | [`exit`] | leasehold's own exit codes, and the failure type that carries one |
 
@@ -62,6 +65,8 @@ mod output;
 mod report;
 #[cfg(unix)]
 mod supervisor;
+#[cfg(unix)]
+mod watch;
 
 #[cfg(not(unix))]
 fn main() {}
