@@ -417,7 +417,13 @@ impl RegistryBuilder {
         fn both<B: crate::backend::Backend>(table: &str) -> String {
             let table_ddl = crate::backend::ddl_for::<B>(table);
             let floor_ddl = crate::backend::floor_ddl_for::<B>(table);
-            format!("{}\n\n{}\n", table_ddl.trim_end(), floor_ddl.trim_end())
+            let semaphore_ddl = crate::backend::semaphore_ddl_for::<B>(table);
+            format!(
+                "{}\n\n{}\n\n{}\n",
+                table_ddl.trim_end(),
+                floor_ddl.trim_end(),
+                semaphore_ddl.trim_end()
+            )
         }
         let table = crate::registry::validate_prefix(&self.prefix)? + "LOCK";
         Ok(match &self.database {

@@ -317,6 +317,7 @@ mod lease;
 mod lock;
 mod meter;
 mod registry;
+mod semaphore;
 mod wakeups;
 
 pub use admin::{Holder, Listing, LockRow, LockState, Rows, MAX_PAGE_ROWS};
@@ -329,6 +330,7 @@ pub use leader::{
 };
 pub use lease::{LeaseLost, LostCallback};
 pub use lock::{Lock, LockGuard};
+pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 
 /// The README's Rust snippets, compiled by `cargo test --doc` so that they cannot rot.
 #[cfg(doctest)]

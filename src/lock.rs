@@ -117,9 +117,14 @@ pub(crate) struct LockInner {
 
 impl LockInner {
     pub fn new(key: &str, core: Arc<Core>) -> Self {
+        Self::with_lock_key(key, crate::key::lock_key_for(key), core)
+    }
+
+    /// A key whose row is `lock_key` rather than the key's UUID (a semaphore's permit).
+    pub fn with_lock_key(key: &str, lock_key: String, core: Arc<Core>) -> Self {
         LockInner {
             key: key.into(),
-            lock_key: crate::key::lock_key_for(key).into(),
+            lock_key: lock_key.into(),
             core,
             state: Mutex::new(LocalState {
                 owner: None,

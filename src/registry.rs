@@ -115,6 +115,8 @@ pub(crate) enum Database {
 pub struct LockRegistry {
     pub(crate) core: Arc<Core>,
     pub(crate) cache: Arc<Mutex<HandleCache>>,
+    /// The semaphores in use (see [`crate::semaphore`]).
+    pub(crate) semaphores: Arc<Mutex<crate::semaphore::SemaphoreCache>>,
 }
 
 impl LockRegistry {
@@ -731,6 +733,7 @@ impl RegistryBuilder {
         Ok(LockRegistry {
             core,
             cache: Arc::new(Mutex::new(HandleCache::new(self.cache_capacity))),
+            semaphores: Arc::default(),
         })
     }
 
