@@ -137,7 +137,15 @@
 //!
 //! [`LeaderElection::run`] wraps it in a loop with callbacks for elected and lost.
 //!
-//! # The command line
+//! # Semaphores
+//!
+//! [`LockRegistry::semaphore`] gives a [`Semaphore`] of N permits: at most N holders at once
+//! across every instance, each [`Permit`] a lease of its own (renewed, fenced, lost and
+//! reported alone, like a [`LockGuard`]). Each permit is a row of the lock table that Spring
+//! Integration never sees, and the number of permits is recorded per name, so instances that
+//! disagree about it get [`Error::PermitsMismatch`] (see the `semaphore` module docs).
+//!
+//! //! # The command line
 //!
 //! The `leasehold` binary (feature `cli`: `cargo install leasehold --features cli,postgres`)
 //! runs a command under a lock, as `flock(1)` does on one host, for cron jobs and scripts on
@@ -209,6 +217,7 @@
 //! | `wakeups` | which pollers a release notification wakes, and when the listener subscribes |
 //! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
 //! | `leader` | leader election on top of the registry |
+//! | `semaphore` | counting semaphores: a lock row per permit, the local poller, `Permit` |
 //! | `error` | the error enum |
 //!
 //! ## Which SQL runs when

@@ -1239,6 +1239,7 @@ mod suite {
             "{ddl}"
         );
         assert!(ddl.contains(&format!("{printed}LOCK_FLOOR")), "{ddl}");
+        assert!(ddl.contains(&format!("{printed}LOCK_SEM")), "{ddl}");
         assert_eq!(code(&checked(&printed)), 70, "--print created nothing");
 
         let init = output(leasehold_on(f, &made, "init", &[]));
