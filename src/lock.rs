@@ -70,6 +70,9 @@ use std::time::{Duration, Instant};
 enum Wait {
     /// One attempt; `None` if the lock is held or being acquired by another local thread.
     No,
+    /// One attempt as with `No`, its statement bounded by the instant rather than by
+    /// `operation_timeout` (a semaphore's round over its permits).
+    Once(Instant),
     /// Until the instant.
     Until(Instant),
     /// Until granted.
@@ -243,10 +246,12 @@ impl LockInner {
                 let yielding = state.yield_until.filter(|until| *until > now);
                 if state.db_user.is_none() && yielding.is_none() {
                     let attempt_deadline = match wait {
-                        Wait::Until(deadline) => deadline.max(now + Duration::from_millis(1)),
+                        Wait::Until(deadline) | Wait::Once(deadline) => {
+                            deadline.max(now + Duration::from_millis(1))
+                        }
                         _ => now + settings.operation_timeout,
                     };
-                    if !matches!(wait, Wait::No) {
+                    if !matches!(wait, Wait::No | Wait::Once(_)) {
                         *registered |= self.core.wakeups.register(&self.lock_key, self.as_poller());
                     }
                     // A release notified from here on cuts the sleep after a failed attempt
@@ -284,7 +289,7 @@ impl LockInner {
                                  out; trying again",
                                 self.key
                             );
-                            if matches!(wait, Wait::No) {
+                            if matches!(wait, Wait::No | Wait::Once(_)) {
                                 return Ok(None);
                             }
                             continue;
@@ -344,7 +349,7 @@ impl LockInner {
                             self.core.meter.contended(&self.key);
                             let next_poll = Instant::now() + settings.idle_between_tries;
                             let wake_at = match wait {
-                                Wait::No => return Ok(None),
+                                Wait::No | Wait::Once(_) => return Ok(None),
                                 Wait::Until(deadline) if deadline <= Instant::now() => {
                                     return Ok(None)
                                 }
@@ -360,7 +365,7 @@ impl LockInner {
                 }
             }
             match wait {
-                Wait::No => return Ok(None),
+                Wait::No | Wait::Once(_) => return Ok(None),
                 Wait::Until(deadline) if deadline <= now => return Ok(None),
                 Wait::Until(deadline) => {
                     let until = state
@@ -642,6 +647,16 @@ impl Lock {
     /// [`try_lock`](Self::try_lock) with a time-to-live for this lease only.
     pub fn try_lock_with_ttl(&self, ttl: Duration) -> Result<Option<LockGuard>> {
         self.inner.acquire(Wait::No, ttl)
+    }
+
+    /// One attempt, like [`try_lock_with_ttl`](Self::try_lock_with_ttl), whose statement gives
+    /// up at `deadline` ([`Error::Timeout`]) rather than after `operation_timeout`.
+    pub(crate) fn try_lock_once_until(
+        &self,
+        deadline: Instant,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        self.inner.acquire(Wait::Once(deadline), ttl)
     }
 
     /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in that time.

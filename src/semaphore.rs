@@ -52,9 +52,8 @@
 //! A round of the poller is up to N statements when every slot is held elsewhere, so a waiting
 //! registry sends up to N / `idle_between_tries` statements per second, all reads of rows that
 //! are held. [`MAX_PERMITS`] bounds N for that reason. A try (`try_acquire`) makes one round at
-//! most; each statement of it is bounded by `operation_timeout`, and `try_acquire_for` stops
-//! between statements at its deadline, so against a failing database it can overrun its
-//! deadline by up to one `operation_timeout`.
+//! most, each statement bounded by `operation_timeout`; the statements of `try_acquire_for`
+//! and `try_acquire_until` are bounded by their deadline, and none starts after it.
 
 use crate::error::{Error, Result};
 use crate::lease::LeaseLost;
@@ -279,6 +278,8 @@ impl SemaphoreInner {
         as_poller: &Weak<dyn Nudge>,
         registered: &mut bool,
     ) -> Result<Option<Permit>> {
+        // Whether an attempt of this wait found a permit held.
+        let mut refused = false;
         loop {
             if state.poller.is_none() {
                 if !matches!(wait, Wait::No) && !*registered {
@@ -293,8 +294,15 @@ impl SemaphoreInner {
                     Wait::Until(deadline) => Some(deadline),
                     _ => None,
                 };
-                let round = MutexGuard::unlocked(state, || self.round(start, ttl, deadline));
-                if let Some(permit) = round? {
+                let round =
+                    MutexGuard::unlocked(state, || self.round(start, ttl, deadline, &mut refused));
+                let round = match round {
+                    // Permits were held at an earlier attempt and the caller's time ran out on
+                    // this one (often waiting for a pooled connection): still "all held".
+                    Err(Error::Timeout { .. }) if refused && deadline.is_some() => return Ok(None),
+                    other => other?,
+                };
+                if let Some(permit) = round {
                     state.next_slot = (permit.slot as usize + 1) % self.slots.len();
                     return Ok(Some(permit));
                 }
@@ -323,12 +331,15 @@ impl SemaphoreInner {
         }
     }
 
-    /// One try of every slot, from `start` on: the first permit granted, or none.
+    /// One try of every slot, from `start` on: the first permit granted, or none. Each
+    /// statement gives up at `deadline` if there is one (else after `operation_timeout`), and
+    /// no statement starts after it. Sets `refused` when a slot was held.
     fn round(
         self: &Arc<Self>,
         start: usize,
         ttl: Duration,
         deadline: Option<Instant>,
+        refused: &mut bool,
     ) -> Result<Option<Permit>> {
         let count = self.slots.len();
         for offset in 0..count {
@@ -340,12 +351,19 @@ impl SemaphoreInner {
             if lock.is_held_by_current_thread() {
                 continue;
             }
-            if let Some(guard) = lock.try_lock_with_ttl(ttl)? {
-                return Ok(Some(Permit {
-                    semaphore: Arc::clone(self),
-                    slot: slot as u32,
-                    guard: Some(guard),
-                }));
+            let granted = match deadline {
+                Some(deadline) => lock.try_lock_once_until(deadline, ttl)?,
+                None => lock.try_lock_with_ttl(ttl)?,
+            };
+            match granted {
+                Some(guard) => {
+                    return Ok(Some(Permit {
+                        semaphore: Arc::clone(self),
+                        slot: slot as u32,
+                        guard: Some(guard),
+                    }))
+                }
+                None => *refused = true,
             }
         }
         Ok(None)
