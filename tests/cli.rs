@@ -1446,6 +1446,112 @@ mod suite {
         ));
         assert_eq!(code(&works), 0, "{works:?}");
     }
+
+    /// Issue 26: `run --permits N` runs at most N commands at once, each with a permit number
+    /// of its own (a directory per permit is the outside witness: `mkdir` fails if it exists).
+    pub fn runs_with_permits_never_run_more_commands_than_permits(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let witness = dir.path().display().to_string();
+        let script = format!(
+            "case \"$LEASEHOLD_PERMIT\" in 0|1) ;; *) exit 8 ;; esac; \
+             mkdir '{witness}/permit'$LEASEHOLD_PERMIT || exit 9; \
+             ls '{witness}' | grep -c permit >> '{witness}/counts'; sleep 0.3; \
+             rmdir '{witness}/permit'$LEASEHOLD_PERMIT"
+        );
+        let runs: Vec<Child> = (0..5)
+            .map(|_| {
+                leasehold(
+                    f,
+                    "run",
+                    &["--key", "exports", "--permits", "2", "--wait", "60s", "--"],
+                )
+                .args(["sh", "-c", &script])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap()
+            })
+            .collect();
+        for mut run in runs {
+            assert_eq!(wait_with_deadline(&mut run).code(), Some(0));
+        }
+        let counts = std::fs::read_to_string(dir.path().join("counts")).unwrap();
+        let counts: Vec<u32> = counts.lines().map(|l| l.trim().parse().unwrap()).collect();
+        assert_eq!(counts.len(), 5, "{counts:?}");
+        assert!(counts.iter().all(|n| (1..=2).contains(n)), "{counts:?}");
+    }
+
+    pub fn runs_with_permits_exit_busy_when_all_are_held_and_usage_for_another_number(f: &Fixture) {
+        let registry = f.registry();
+        let semaphore = registry.semaphore("pair", 2).unwrap();
+        let held = [semaphore.acquire().unwrap(), semaphore.acquire().unwrap()];
+        let busy = output({
+            let mut c = leasehold(f, "run", &["--key", "pair", "--permits", "2", "-n", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&busy), BUSY, "{busy:?}");
+        assert!(String::from_utf8_lossy(&busy.stderr).contains("permits"));
+        let other = output({
+            let mut c = leasehold(f, "run", &["--key", "pair", "--permits", "3", "-n", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&other), 64, "{other:?}");
+        assert!(String::from_utf8_lossy(&other.stderr).contains("2 permits"));
+        for bad in ["0", "257"] {
+            let refused = output({
+                let mut c = leasehold(f, "run", &["--key", "pair", "--permits", bad, "--"]);
+                c.arg("true");
+                c
+            });
+            assert_eq!(code(&refused), 64, "{refused:?}");
+        }
+        drop(held);
+        let free = output({
+            let mut c = leasehold(f, "run", &["--key", "pair", "--permits", "2", "-n", "--"]);
+            c.args(["sh", "-c", "echo $LEASEHOLD_PERMIT"]);
+            c
+        });
+        assert_eq!(code(&free), 0, "{free:?}");
+        assert!(["0\n", "1\n"].contains(&stdout(&free).as_str()), "{free:?}");
+    }
+
+    /// A SIGKILLed `run --permits` leaves its permit to run out; another holder takes it with
+    /// a larger token.
+    pub fn a_sigkilled_runs_permit_comes_back_after_its_ttl(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        let script = format!(
+            "echo $LEASEHOLD_FENCING_TOKEN > '{0}.tmp'; mv '{0}.tmp' '{0}'; \
+             while true; do sleep 0.05; done",
+            token.display()
+        );
+        let mut holder = leasehold(
+            f,
+            "run",
+            &["--key", "solo", "--permits", "1", "--ttl", "2s", "--"],
+        )
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+        wait_for_file(&token);
+        let old: u64 = std::fs::read_to_string(&token)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        holder.kill().unwrap(); // SIGKILL: no release
+        holder.wait().unwrap();
+        let permit = f
+            .registry()
+            .semaphore("solo", 1)
+            .unwrap()
+            .try_acquire_for(GENEROUS)
+            .unwrap()
+            .expect("the permit came back");
+        assert!(permit.fencing_token() > old);
+    }
 }
 
 macro_rules! cli {
@@ -1481,6 +1587,9 @@ macro_rules! cli {
             read_only_commands_create_no_table_and_point_at_init,
             list_shows_the_rows_as_a_table_and_as_json,
             init_creates_the_table_or_prints_its_ddl,
+            runs_with_permits_never_run_more_commands_than_permits,
+            runs_with_permits_exit_busy_when_all_are_held_and_usage_for_another_number,
+            a_sigkilled_runs_permit_comes_back_after_its_ttl,
         );
     };
 }
