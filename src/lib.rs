@@ -316,6 +316,52 @@ macro_rules! fail_point {
     };
 }
 
+/// The methods a semaphore's permit and a reader/writer lock's guards share with a
+/// [`LockGuard`], delegated to its `guard: Option<LockGuard>` field (`None` only once
+/// released); `$owner` is the field whose `name` the guard reports.
+macro_rules! lease_guard_methods {
+    ($owner:ident) => {
+        fn lease_guard(&self) -> &crate::LockGuard {
+            self.guard
+                .as_ref()
+                .expect("a guard holds its lease until it goes")
+        }
+
+        /// The name it was taken with.
+        pub fn name(&self) -> &str {
+            &self.$owner.name
+        }
+
+        /// `true` while the lease is held: not reported lost and not past its deadline.
+        pub fn is_held(&self) -> bool {
+            self.lease_guard().is_held()
+        }
+
+        /// How long the lease is certainly still held if no renewal succeeds from now on.
+        pub fn remaining(&self) -> std::time::Duration {
+            self.lease_guard().remaining()
+        }
+
+        /// A channel that receives one [`LeaseLost`](crate::LeaseLost) if the lease is lost
+        /// (at once if it already is); it disconnects without a message when the hold ends
+        /// normally.
+        pub fn loss_channel(&self) -> crossbeam_channel::Receiver<crate::LeaseLost> {
+            self.lease_guard().loss_channel()
+        }
+
+        /// Renews the lease now with its current time-to-live.
+        pub fn renew(&self) -> crate::Result<()> {
+            self.lease_guard().renew()
+        }
+
+        /// Renews the lease now with a new time-to-live, which later renewals keep (see
+        /// [`LockGuard::renew_with_ttl`](crate::LockGuard::renew_with_ttl)).
+        pub fn renew_with_ttl(&self, ttl: std::time::Duration) -> crate::Result<()> {
+            self.lease_guard().renew_with_ttl(ttl)
+        }
+    };
+}
+
 mod admin;
 mod backend;
 mod cache;
@@ -326,6 +372,7 @@ mod lease;
 mod lock;
 mod meter;
 mod registry;
+mod rwlock;
 mod semaphore;
 mod wakeups;
 
@@ -339,6 +386,7 @@ pub use leader::{
 };
 pub use lease::{LeaseLost, LostCallback};
 pub use lock::{Lock, LockGuard};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard, MAX_READERS};
 pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 
 /// The README's Rust snippets, compiled by `cargo test --doc` so that they cannot rot.

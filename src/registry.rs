@@ -117,6 +117,8 @@ pub struct LockRegistry {
     pub(crate) cache: Arc<Mutex<HandleCache>>,
     /// The semaphores in use (see [`crate::semaphore`]).
     pub(crate) semaphores: Arc<Mutex<crate::semaphore::SemaphoreCache>>,
+    /// The reader/writer locks in use (see [`crate::rwlock`]).
+    pub(crate) rw_locks: Arc<Mutex<crate::rwlock::RwLockCache>>,
 }
 
 impl LockRegistry {
@@ -734,6 +736,7 @@ impl RegistryBuilder {
             core,
             cache: Arc::new(Mutex::new(HandleCache::new(self.cache_capacity))),
             semaphores: Arc::default(),
+            rw_locks: Arc::default(),
         })
     }
 

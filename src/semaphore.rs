@@ -56,11 +56,9 @@
 //! and `try_acquire_until` are bounded by their deadline, and none starts after it.
 
 use crate::error::{Error, Result};
-use crate::lease::LeaseLost;
 use crate::lock::{Lock, LockGuard, LockInner};
 use crate::registry::{Core, LockRegistry};
 use crate::wakeups::Nudge;
-use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
@@ -318,6 +316,9 @@ impl SemaphoreInner {
                     self.changed.wait_until(state, wake_at);
                 }
                 state.poller = None;
+                if deadline.is_some_and(|deadline| deadline <= Instant::now()) {
+                    return Ok(None);
+                }
                 continue;
             }
             match wait {
@@ -487,14 +488,7 @@ pub struct Permit {
 }
 
 impl Permit {
-    fn guard(&self) -> &LockGuard {
-        self.guard.as_ref().expect("a permit is held until it goes")
-    }
-
-    /// The semaphore's name.
-    pub fn name(&self) -> &str {
-        &self.semaphore.name
-    }
+    lease_guard_methods!(semaphore);
 
     /// Which of the semaphore's permits this is, from 0 to `permits - 1`: no two holders
     /// anywhere hold the same slot at once.
@@ -502,38 +496,11 @@ impl Permit {
         self.slot
     }
 
-    /// `true` while the lease is held: not reported lost and not past its deadline.
-    pub fn is_held(&self) -> bool {
-        self.guard().is_held()
-    }
-
     /// The fencing token of this permit's grant: larger than every earlier grant of the same
     /// [`slot`](Self::slot) (tokens of different slots are unrelated). A resource that admits
     /// N writers can keep the largest token seen per slot and refuse smaller ones.
     pub fn fencing_token(&self) -> u64 {
-        self.guard().fencing_token()
-    }
-
-    /// How long the lease is certainly still held if no renewal succeeds from now on.
-    pub fn remaining(&self) -> Duration {
-        self.guard().remaining()
-    }
-
-    /// A channel that receives one [`LeaseLost`] if the lease is lost (at once if it already
-    /// is); it disconnects without a message when the permit is released normally.
-    pub fn loss_channel(&self) -> Receiver<LeaseLost> {
-        self.guard().loss_channel()
-    }
-
-    /// Renews the lease now with its current time-to-live.
-    pub fn renew(&self) -> Result<()> {
-        self.guard().renew()
-    }
-
-    /// Renews the lease now with a new time-to-live, which later renewals keep (see
-    /// [`LockGuard::renew_with_ttl`]).
-    pub fn renew_with_ttl(&self, ttl: Duration) -> Result<()> {
-        self.guard().renew_with_ttl(ttl)
+        self.lease_guard().fencing_token()
     }
 
     /// Releases the permit and reports whether the lease was still held until then:
