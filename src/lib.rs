@@ -145,7 +145,14 @@
 //! Integration never sees, and the number of permits is recorded per name, so instances that
 //! disagree about it get [`Error::PermitsMismatch`] (see the `semaphore` module docs).
 //!
-//! //! # The command line
+//! //! # Reader/writer locks
+//!
+//! [`LockRegistry::rw_lock`] gives an [`RwLock`]: many readers ([`ReadGuard`], up to
+//! [`MAX_READERS`]) or one writer ([`WriteGuard`]) at a time across every instance, each hold a
+//! lease of its own. A waiting writer keeps new readers of every instance out, and a write
+//! guard's token exceeds every earlier grant of the lock (see the `rwlock` module docs).
+//!
+//! # The command line
 //!
 //! The `leasehold` binary (feature `cli`: `cargo install leasehold --features cli,postgres`)
 //! runs a command under a lock, as `flock(1)` does on one host, for cron jobs and scripts on
@@ -218,6 +225,7 @@
 //! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
 //! | `leader` | leader election on top of the registry |
 //! | `semaphore` | counting semaphores: a lock row per permit, the local poller, `Permit` |
+//! | `rwlock` | reader/writer locks: read slots and a write row, writer preference, the guards |
 //! | `error` | the error enum |
 //!
 //! ## Which SQL runs when
