@@ -1447,6 +1447,23 @@ mod suite {
         assert_eq!(code(&works), 0, "{works:?}");
     }
 
+    /// Starts `leasehold run ARGS -- sh -c SCRIPT` for each (ARGS, SCRIPT) at once and
+    /// asserts that every one exits 0.
+    fn all_succeed<'a>(f: &Fixture, runs: impl Iterator<Item = (&'a [&'a str], &'a str)>) {
+        let children: Vec<Child> = runs
+            .map(|(args, script)| {
+                let mut command = leasehold(f, "run", args);
+                command
+                    .args(["--", "sh", "-c", script])
+                    .stdin(Stdio::null());
+                command.spawn().unwrap()
+            })
+            .collect();
+        for mut child in children {
+            assert_eq!(wait_with_deadline(&mut child).code(), Some(0));
+        }
+    }
+
     /// Issue 26: `run --permits N` runs at most N commands at once, each with a permit number
     /// of its own (a directory per permit is the outside witness: `mkdir` fails if it exists).
     pub fn runs_with_permits_never_run_more_commands_than_permits(f: &Fixture) {
@@ -1458,22 +1475,8 @@ mod suite {
              ls '{witness}' | grep -c permit >> '{witness}/counts'; sleep 0.3; \
              rmdir '{witness}/permit'$LEASEHOLD_PERMIT"
         );
-        let runs: Vec<Child> = (0..5)
-            .map(|_| {
-                leasehold(
-                    f,
-                    "run",
-                    &["--key", "exports", "--permits", "2", "--wait", "60s", "--"],
-                )
-                .args(["sh", "-c", &script])
-                .stdin(Stdio::null())
-                .spawn()
-                .unwrap()
-            })
-            .collect();
-        for mut run in runs {
-            assert_eq!(wait_with_deadline(&mut run).code(), Some(0));
-        }
+        let args = ["--key", "exports", "--permits", "2", "--wait", "60s"];
+        all_succeed(f, (0..5).map(|_| (&args[..], script.as_str())));
         let counts = std::fs::read_to_string(dir.path().join("counts")).unwrap();
         let counts: Vec<u32> = counts.lines().map(|l| l.trim().parse().unwrap()).collect();
         assert_eq!(counts.len(), 5, "{counts:?}");
@@ -1552,6 +1555,46 @@ mod suite {
             .expect("the permit came back");
         assert!(permit.fencing_token() > old);
     }
+
+    /// Issue 26: `run --read` runs share the key, a `--write` run runs alone (files in a
+    /// directory are the outside witness), and a busy side exits 75.
+    pub fn read_runs_share_and_write_runs_run_alone(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let witness = dir.path().display().to_string();
+        let read = format!(
+            "ls '{witness}' | grep -q w && exit 9; touch '{witness}/r'$$; sleep 0.3; \
+             ls '{witness}' | grep -q w && exit 9; rm '{witness}/r'$$"
+        );
+        let write = format!(
+            "[ -z \"$(ls '{witness}')\" ] || exit 9; touch '{witness}/w'$$; sleep 0.2; \
+             rm '{witness}/w'$$"
+        );
+        let (reads, writes) = (
+            ["--key", "shared", "--read", "--wait", "60s"],
+            ["--key", "shared", "--write", "--wait", "60s"],
+        );
+        let runs = [(&reads[..], read.as_str()), (&writes[..], write.as_str())];
+        all_succeed(f, runs.into_iter().cycle().take(6));
+        let registry = f.registry();
+        let writing = registry.rw_lock("shared").unwrap().write().unwrap();
+        for side in ["--read", "--write"] {
+            let busy = output({
+                let mut c = leasehold(f, "run", &["--key", "shared", side, "-n", "--"]);
+                c.arg("true");
+                c
+            });
+            assert_eq!(code(&busy), BUSY, "{side}: {busy:?}");
+        }
+        drop(writing);
+        let reading = registry.rw_lock("shared").unwrap().read().unwrap();
+        let beside = output({
+            let mut c = leasehold(f, "run", &["--key", "shared", "--read", "-n", "--"]);
+            c.args(["sh", "-c", "echo read"]);
+            c
+        });
+        assert_eq!(stdout(&beside), "read\n", "{beside:?}");
+        drop(reading);
+    }
 }
 
 macro_rules! cli {
@@ -1590,6 +1633,7 @@ macro_rules! cli {
             runs_with_permits_never_run_more_commands_than_permits,
             runs_with_permits_exit_busy_when_all_are_held_and_usage_for_another_number,
             a_sigkilled_runs_permit_comes_back_after_its_ttl,
+            read_runs_share_and_write_runs_run_alone,
         );
     };
 }

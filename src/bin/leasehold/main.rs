@@ -4,6 +4,7 @@
 //! ```text
 //! leasehold run --database sqlite:/var/lib/jobs/locks.db --key nightly-report --keep-for 5m -- ./report.sh
 //! leasehold run --key partner-export --permits 4 -- ./export.sh
+//! leasehold run --key cache --write -- ./rebuild-cache.sh   # beside no --read run of cache
 //! leasehold lead --group billing-scheduler -- ./scheduler
 //! leasehold status --key nightly-report
 //! leasehold list --key nightly-report --json

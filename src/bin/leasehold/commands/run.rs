@@ -1,5 +1,5 @@
 //! `leasehold run`: run a command while holding a lock (or one permit of a semaphore,
-//! `--permits`), renewing it, and release it (or keep it held, `--keep-for`) when the command
+//! `--permits`, or a side of a reader/writer lock, `--read`/`--write`), renewing it, and release it (or keep it held, `--keep-for`) when the command
 //! ends.
 
 use crate::args::RunArgs;
@@ -9,13 +9,16 @@ use crate::output::rounded;
 use crate::report::Reporter;
 use crate::supervisor::{code_of, forward_signals, spawn, supervise, Watchdog};
 use leasehold::crossbeam_channel::Receiver;
-use leasehold::{Error, LeaseLost, LockGuard, Permit};
+use leasehold::{Error, LeaseLost, LockGuard, Permit, ReadGuard, WriteGuard};
 use std::time::Duration;
 
-/// What the command runs under: the lock, or a permit of the semaphore.
+/// What the command runs under: the lock, a permit of the semaphore, or a side of the
+/// reader/writer lock.
 enum Held {
     Lock(LockGuard),
     Permit(Permit),
+    Read(ReadGuard),
+    Write(WriteGuard),
 }
 
 impl Held {
@@ -23,6 +26,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.fencing_token(),
             Held::Permit(permit) => permit.fencing_token(),
+            Held::Read(guard) => guard.fencing_token(),
+            Held::Write(guard) => guard.fencing_token(),
         }
     }
 
@@ -30,6 +35,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.remaining(),
             Held::Permit(permit) => permit.remaining(),
+            Held::Read(guard) => guard.remaining(),
+            Held::Write(guard) => guard.remaining(),
         }
     }
 
@@ -37,6 +44,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.loss_channel(),
             Held::Permit(permit) => permit.loss_channel(),
+            Held::Read(guard) => guard.loss_channel(),
+            Held::Write(guard) => guard.loss_channel(),
         }
     }
 
@@ -44,6 +53,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.unlock(),
             Held::Permit(permit) => permit.unlock(),
+            Held::Read(guard) => guard.unlock(),
+            Held::Write(guard) => guard.unlock(),
         }
     }
 
@@ -51,7 +62,7 @@ impl Held {
     fn unlock_keeping_for(self, keep: Duration) -> leasehold::Result<()> {
         match self {
             Held::Lock(guard) => guard.unlock_keeping_for(keep),
-            Held::Permit(permit) => permit.unlock(),
+            other => other.unlock(),
         }
     }
 }
@@ -78,7 +89,30 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     // Before the lock: without a watchdog the command would not be stopped if leasehold died.
     let mut watchdog = Watchdog::start(args.grace)?;
     reporter.say(format_args!("waiting for {:?}", args.key));
+    let rw_lock = (args.read || args.write)
+        .then(|| registry.rw_lock(&args.key))
+        .transpose()?;
     let guard = match args.permits {
+        None if args.read => {
+            let lock = rw_lock.as_ref().expect("made for --read");
+            take(
+                &args,
+                || lock.try_read(),
+                |wait| lock.try_read_for(wait),
+                || lock.read(),
+            )?
+            .map(Held::Read)
+        }
+        None if args.write => {
+            let lock = rw_lock.as_ref().expect("made for --write");
+            take(
+                &args,
+                || lock.try_write(),
+                |wait| lock.try_write_for(wait),
+                || lock.write(),
+            )?
+            .map(Held::Write)
+        }
         None => {
             let lock = registry.obtain(&args.key)?;
             take(
@@ -101,6 +135,14 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         }
     };
     let Some(guard) = guard else {
+        if args.read || args.write {
+            let side = if args.read { "read" } else { "write" };
+            eprintln!(
+                "leasehold: the {side} side of {:?} is not free; not running the command",
+                args.key
+            );
+            return Ok(args.conflict_exit_code);
+        }
         if let Some(permits) = args.permits {
             eprintln!(
                 "leasehold: all {permits} permits of {:?} are held; not running the command",
@@ -127,6 +169,11 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     match &guard {
         Held::Lock(_) => reporter.say(format_args!(
             "acquired {:?} (fencing token {token})",
+            args.key
+        )),
+        Held::Read(_) | Held::Write(_) => reporter.say(format_args!(
+            "acquired the {} side of {:?} (fencing token {token})",
+            if args.read { "read" } else { "write" },
             args.key
         )),
         Held::Permit(permit) => {
