@@ -1556,6 +1556,35 @@ mod suite {
         assert!(permit.fencing_token() > old);
     }
 
+    /// A `run --permits` paused (SIGSTOP) past its time-to-live loses the permit to another
+    /// instance; resumed, it stops its command and exits with the lost code.
+    pub fn a_paused_runs_permit_is_taken_and_the_resumed_run_exits_lost(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let script = format!("echo started > '{}'; exec sleep 60", started.display());
+        let mut run = leasehold(
+            f,
+            "run",
+            &["--key", "paused", "--permits", "1", "--ttl", "1s", "--"],
+        )
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+        wait_for_file(&started);
+        send("STOP", run.id());
+        let taken = f
+            .registry()
+            .semaphore("paused", 1)
+            .unwrap()
+            .try_acquire_for(GENEROUS)
+            .unwrap();
+        send("CONT", run.id());
+        let permit = taken.expect("the paused run's permit ran out");
+        assert_eq!(wait_with_deadline(&mut run).code(), Some(LOST));
+        assert!(permit.is_held(), "the new holder keeps it");
+    }
+
     /// Issue 26: `run --read` runs share the key, a `--write` run runs alone (files in a
     /// directory are the outside witness), and a busy side exits 75.
     pub fn read_runs_share_and_write_runs_run_alone(f: &Fixture) {
@@ -1634,6 +1663,7 @@ macro_rules! cli {
             runs_with_permits_exit_busy_when_all_are_held_and_usage_for_another_number,
             a_sigkilled_runs_permit_comes_back_after_its_ttl,
             read_runs_share_and_write_runs_run_alone,
+            a_paused_runs_permit_is_taken_and_the_resumed_run_exits_lost,
         );
     };
 }
