@@ -280,6 +280,8 @@ impl RwInner {
             {
                 let mut state = self.state.lock();
                 while state.writers > 0 {
+                    // A writer of this registry has the lock or waits for it.
+                    *waited = true;
                     match wait {
                         Wait::No => return Ok(None),
                         Wait::Until(deadline) => {

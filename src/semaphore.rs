@@ -197,6 +197,9 @@ struct LocalState {
     nudged: bool,
     /// Where the next round starts.
     next_slot: usize,
+    /// When a round last found every permit held. A waiter that took over polling from
+    /// another thread knows from it that the permits were held during its wait.
+    refused_at: Option<Instant>,
 }
 
 /// Shared state of one semaphore in one registry.
@@ -237,6 +240,7 @@ impl SemaphoreInner {
                 poller: None,
                 nudged: false,
                 next_slot: 0,
+                refused_at: None,
             }),
             changed: Condvar::new(),
         }
@@ -278,6 +282,7 @@ impl SemaphoreInner {
     ) -> Result<Option<Permit>> {
         // Whether an attempt of this wait found a permit held.
         let mut refused = false;
+        let waiting_since = Instant::now();
         loop {
             if state.poller.is_none() {
                 if !matches!(wait, Wait::No) && !*registered {
@@ -294,6 +299,9 @@ impl SemaphoreInner {
                 };
                 let round =
                     MutexGuard::unlocked(state, || self.round(start, ttl, deadline, &mut refused));
+                // An attempt of this wait (this thread's, or that of the poller it took over
+                // from) found permits held.
+                refused |= state.refused_at.is_some_and(|at| at >= waiting_since);
                 let round = match round {
                     // Permits were held at an earlier attempt and the caller's time ran out on
                     // this one (often waiting for a pooled connection): still "all held".
@@ -304,6 +312,7 @@ impl SemaphoreInner {
                     state.next_slot = (permit.slot as usize + 1) % self.slots.len();
                     return Ok(Some(permit));
                 }
+                state.refused_at = Some(Instant::now());
                 let next_poll = Instant::now() + self.core.settings.idle_between_tries;
                 let wake_at = match wait {
                     Wait::No => return Ok(None),

@@ -176,6 +176,38 @@ mod suite {
         }
     }
 
+    pub fn waiting_threads_of_one_registry_share_one_poller(f: &Fixture) {
+        const PERMITS: u64 = 2;
+        const THREADS: u64 = 8;
+        let holder = f.registry();
+        let semaphore = holder.semaphore("crowded", PERMITS as u32).unwrap();
+        let held = [semaphore.acquire().unwrap(), semaphore.acquire().unwrap()];
+        let waiting = f.registry();
+        let window = Duration::from_millis(600);
+        let started = Instant::now();
+        let waiters: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let semaphore = waiting.semaphore("crowded", PERMITS as u32).unwrap();
+                thread::spawn(move || semaphore.try_acquire_for(window).unwrap().is_none())
+            })
+            .collect();
+        for waiter in waiters {
+            assert!(waiter.join().unwrap(), "nobody may get a held permit");
+        }
+        let waited = started.elapsed();
+        let statements = waiting.statistics().acquires;
+        // One poller tries both permits, then sleeps 20 ms (the fixture's idle_between_tries):
+        // at most one round per 20 ms waited, plus one as each waiter gives up and the next
+        // takes over, plus slack for wake-ups; eight pollers would send about eight times that.
+        let rounds = (waited.as_millis() / 20) as u64 + THREADS + 10;
+        assert!(
+            statements <= rounds * PERMITS,
+            "{THREADS} waiters sent {statements} statements in {waited:?}"
+        );
+        assert!(statements > 0, "nobody polled");
+        drop(held);
+    }
+
     pub fn a_crashed_holders_permit_comes_back_after_its_time_to_live(f: &Fixture) {
         let crashed = f.builder().renewal(false).build().unwrap();
         let ttl = Duration::from_millis(300);
@@ -393,6 +425,7 @@ macro_rules! semaphores {
             every_permit_is_a_slot_of_its_own_and_the_next_try_is_refused,
             a_waiter_gets_the_permit_another_instance_releases,
             threads_of_one_registry_wait_for_each_others_permits,
+            waiting_threads_of_one_registry_share_one_poller,
             a_crashed_holders_permit_comes_back_after_its_time_to_live,
             unlocking_a_lost_permit_reports_the_loss,
             instances_that_disagree_about_the_permits_get_a_typed_error,
