@@ -31,7 +31,13 @@
 //! `--listener-url` (PostgreSQL: a direct URL for the release listener when `--url` is a
 //! transaction-mode pooler), `--sabotage 1` (self-check of the detector: each process gets a
 //! table of its own, so the processes do not exclude each other and the run must FAIL with
-//! violations), `--probe N` (8; 0 = off), `--mix 1` (see below) and `--permits N` (0 = locks).
+//! violations), `--probe N` (8; 0 = off), `--mix 1` (see below), `--permits N` (0 = locks)
+//! and `--rw 1`.
+//!
+//! **Reader/writer locks** (`--rw 1`): every key is a reader/writer lock; one acquire in four
+//! takes the write side and runs the critical section above, the others take the read side
+//! and only read the record, twice: it must say "nobody inside" and stay the same while they
+//! hold it (a writer inside, or one that came in meanwhile, shows). The counters count writes.
 //!
 //! **Semaphores** (`--permits N`): every key is a semaphore of N permits instead of a lock, and
 //! each of its permits has a record of its own, which the holder of that permit checks and
@@ -108,6 +114,8 @@ pub struct Config {
     pub listener_url: Option<String>,
     /// With N > 0, every key is a semaphore of N permits (a record per permit).
     pub permits: usize,
+    /// Every key is a reader/writer lock (one acquire in four writes).
+    pub rw: bool,
 }
 
 impl Config {
@@ -132,6 +140,7 @@ impl Config {
             mix: false,
             listener_url: None,
             permits: 0,
+            rw: false,
         }
     }
 
@@ -183,6 +192,7 @@ impl Config {
             ("PROBE", self.probe_every.to_string()),
             ("MIX", u8::from(self.mix).to_string()),
             ("PERMITS", self.permits.to_string()),
+            ("RW", u8::from(self.rw).to_string()),
             (
                 "LISTENER_URL",
                 self.listener_url.clone().unwrap_or_default(),
@@ -250,6 +260,10 @@ impl Config {
         config.mix = number("MIX", 0)? != 0;
         config.listener_url = text("LISTENER_URL").filter(|url| !url.is_empty());
         config.permits = number("PERMITS", 0)? as usize;
+        config.rw = number("RW", 0)? != 0;
+        if config.rw && config.permits > 0 {
+            return Err("--rw and --permits exclude each other".into());
+        }
         if config.processes == 0 || config.threads == 0 || config.keys == 0 {
             return Err("processes, threads and keys must be at least 1".into());
         }
@@ -476,6 +490,11 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                 .map(|key| registry.semaphore(&format!("stress-{key}"), config.permits as u32))
                 .collect::<Result<_, _>>()
                 .expect("valid semaphores");
+            let rw_locks: Vec<_> = (0..config.keys)
+                .filter(|_| config.rw)
+                .map(|key| registry.rw_lock(&format!("stress-{key}")))
+                .collect::<Result<_, _>>()
+                .expect("valid reader/writer locks");
             let ttls = [config.ttl, config.ttl * 2 / 3, config.ttl / 2];
             while Instant::now() < end && !stop.load(Ordering::Relaxed) {
                 let key = (random.next() % config.keys as u64) as usize;
@@ -483,11 +502,17 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                     true => ttls[(random.next() % 3) as usize],
                     false => config.ttl,
                 };
-                let acquired = match semaphores.get(key) {
-                    Some(semaphore) => semaphore
+                let acquired = match (semaphores.get(key), rw_locks.get(key)) {
+                    (_, Some(rw)) if random.next().is_multiple_of(4) => rw
+                        .try_write_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
+                        .map(|guard| guard.map(Held::Write)),
+                    (_, Some(rw)) => rw
+                        .try_read_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
+                        .map(|guard| guard.map(Held::Read)),
+                    (Some(semaphore), None) => semaphore
                         .try_acquire_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
                         .map(|permit| permit.map(Held::Permit)),
-                    None => locks[key]
+                    (None, None) => locks[key]
                         .try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
                         .map(|guard| guard.map(Held::Lock)),
                 };
@@ -517,7 +542,7 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                     }
                 }
                 let record = match &guard {
-                    Held::Lock(_) => key,
+                    Held::Lock(_) | Held::Read(_) | Held::Write(_) => key,
                     Held::Permit(permit) if (permit.slot() as usize) < config.permits => {
                         key * config.permits + permit.slot() as usize
                     }
@@ -535,7 +560,7 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                 };
                 let probed = match &guard {
                     Held::Lock(lock_guard) => Some(lock_guard),
-                    Held::Permit(_) => None,
+                    _ => None,
                 };
                 if let Some(guard) = probed
                     .filter(|_| config.probe_every > 0 && random.next() % config.probe_every < 1)
@@ -548,15 +573,19 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         Err(e) => tally.problem(&tally.violations, format!("{me} key {key}: {e}")),
                     }
                 }
-                critical_section(
-                    &config,
-                    &tally,
-                    record,
-                    &me,
-                    &process,
-                    guard.fencing_token(),
-                );
-                per_key[record].fetch_add(1, Ordering::SeqCst);
+                if let Held::Read(_) = guard {
+                    read_section(&config, &tally, record, &me);
+                } else {
+                    critical_section(
+                        &config,
+                        &tally,
+                        record,
+                        &me,
+                        &process,
+                        guard.fencing_token(),
+                    );
+                    per_key[record].fetch_add(1, Ordering::SeqCst);
+                }
                 tally.sections.fetch_add(1, Ordering::SeqCst);
                 if let Err(e) = guard.unlock() {
                     let counter = if e.is_lease_lost() {
@@ -854,7 +883,7 @@ impl Summary {
         let sections = self.sections();
         let rate = sections as f64 / self.elapsed.as_secs_f64().max(1e-9);
         format!(
-            "stress: {} backend={} processes={} threads={} keys={} permits={} duration={:.2}s \
+            "stress: {} backend={} processes={} threads={} keys={} permits={} rw={} duration={:.2}s \
              critical_sections={sections} rate={rate:.0}/s violations={} lost={} errors={} \
              timeouts={} failures={} grants={} new_tokens={} process_switches={} acquires={} \
              probes={}",
@@ -864,6 +893,7 @@ impl Summary {
             config.threads,
             config.keys,
             config.permits,
+            u8::from(config.rw),
             self.elapsed.as_secs_f64(),
             self.violations(),
             self.total(|c| c.lost),
@@ -969,10 +999,13 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
     Ok(summary)
 }
 
-/// What a worker holds: a lock, or a permit of a semaphore (`--permits`).
+/// What a worker holds: a lock, a permit of a semaphore (`--permits`), or a side of a
+/// reader/writer lock (`--rw`).
 enum Held {
     Lock(leasehold::LockGuard),
     Permit(leasehold::Permit),
+    Read(leasehold::ReadGuard),
+    Write(leasehold::WriteGuard),
 }
 
 impl Held {
@@ -980,6 +1013,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.fencing_token(),
             Held::Permit(permit) => permit.fencing_token(),
+            Held::Read(guard) => guard.fencing_token(),
+            Held::Write(guard) => guard.fencing_token(),
         }
     }
 
@@ -987,6 +1022,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.renew_with_ttl(ttl),
             Held::Permit(permit) => permit.renew_with_ttl(ttl),
+            Held::Read(guard) => guard.renew_with_ttl(ttl),
+            Held::Write(guard) => guard.renew_with_ttl(ttl),
         }
     }
 
@@ -994,6 +1031,41 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.unlock(),
             Held::Permit(permit) => permit.unlock(),
+            Held::Read(guard) => guard.unlock(),
+            Held::Write(guard) => guard.unlock(),
+        }
+    }
+}
+
+/// A reader's look at `key`'s record (`--rw`): nobody inside, and unchanged while it reads.
+fn read_section(config: &Config, tally: &Tally, key: usize, me: &str) {
+    let path = config.record_path(key);
+    let look = || match Record::read(&path) {
+        Ok(record) if record.holder == "-" => Some(record),
+        Ok(record) => {
+            let inside = &record.holder;
+            tally.problem(
+                &tally.violations,
+                format!("{me} key {key}: reading while writer {inside} was inside"),
+            );
+            None
+        }
+        Err(e) => {
+            tally.problem(&tally.violations, format!("{me} key {key}: record {e}"));
+            None
+        }
+    };
+    let Some(before) = look() else { return };
+    thread::yield_now();
+    if !config.work.is_zero() {
+        thread::sleep(config.work);
+    }
+    if let Some(after) = look() {
+        if after != before {
+            tally.problem(
+                &tally.violations,
+                format!("{me} key {key}: the record changed under a reader: {after:?}"),
+            );
         }
     }
 }
