@@ -354,8 +354,8 @@ impl RwInner {
         self.core.settings.check_ttl("time_to_live", ttl)?;
         self.state.lock().writers += 1;
         let poller = self.as_poller();
-        // The read slots it has seen held, registered for wake-ups (not all of them: on MySQL
-        // each costs a watcher's connection while it waits).
+        // The read slots it has seen held, registered for wake-ups (not all of them; on MySQL
+        // only the first few found held, as each costs a watcher's connection while it waits).
         let mut watched = vec![false; self.reader_keys.len()];
         let mut waited = false;
         let outcome = self.write_loop(wait, ttl, &poller, &mut watched, &mut waited);
@@ -417,9 +417,15 @@ impl RwInner {
                     reason: crate::LossReason::Expired(None),
                 });
             }
+            let watch_limit = match self.core.store.listener_watches_keys() {
+                true => crate::semaphore::KEYED_WATCHES,
+                false => watched.len(),
+            };
             if !matches!(wait, Wait::No) {
-                let held = slots.filter(|row| row.state == STATE_HELD);
-                for row in held {
+                for row in slots.filter(|row| row.state == STATE_HELD) {
+                    if watched.iter().filter(|w| **w).count() >= watch_limit {
+                        break;
+                    }
                     let Some(slot) = self.reader_keys.iter().position(|k| **k == *row.lock_key)
                     else {
                         continue;

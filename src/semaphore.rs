@@ -39,8 +39,9 @@
 //! A slot held by another thread of this registry costs no statement; a free-looking one costs
 //! one acquire statement, which writes nothing when the row is held elsewhere. When every slot
 //! is taken it sleeps `idle_between_tries`, cut short by a permit released in this registry or
-//! a release notification for any slot from another instance (it registers every slot's key
-//! for wake-ups while it waits); other local threads sleep on the condition variable and cost
+//! a release notification for a slot from another instance (it registers every slot's key
+//! for wake-ups while it waits; on MySQL, where each watched key costs a watcher's connection,
+//! only [`KEYED_WATCHES`] of them, from the one it will try first); other local threads sleep on the condition variable and cost
 //! nothing. The poller that gets a permit, or gives up, wakes them so that one of them polls.
 //!
 //! A permit released with local threads waiting goes back to the database (a release, then
@@ -69,6 +70,11 @@ use std::time::{Duration, Instant};
 /// The largest number of permits a semaphore may have: a waiting registry polls every slot,
 /// so polling costs grow with the number.
 pub const MAX_PERMITS: u32 = 256;
+
+/// How many rows of one semaphore (or reader/writer lock) a waiter registers for release
+/// wake-ups where the listener watches keys one by one (MySQL: a watcher thread and connection
+/// each, at most 16 per registry); releases of the others are found by polling.
+pub(crate) const KEYED_WATCHES: usize = 4;
 
 /// The `LOCK_KEY` of permit `slot` of semaphore `name`: never a UUID, so never a lock's.
 pub(crate) fn slot_lock_key(name: &str, slot: u32) -> String {
@@ -286,7 +292,13 @@ impl SemaphoreInner {
         loop {
             if state.poller.is_none() {
                 if !matches!(wait, Wait::No) && !*registered {
-                    for lock_key in &self.slot_keys {
+                    let count = self.slot_keys.len();
+                    let watched = match self.core.store.listener_watches_keys() {
+                        true => count.min(KEYED_WATCHES),
+                        false => count,
+                    };
+                    for offset in 0..watched {
+                        let lock_key = &self.slot_keys[(state.next_slot + offset) % count];
                         *registered |= self.core.wakeups.register(lock_key, Weak::clone(as_poller));
                     }
                 }
