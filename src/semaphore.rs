@@ -34,8 +34,8 @@
 //! | none | nobody of this registry is looking | becomes the poller: tries the slots |
 //! | a thread | it tries the slots or sleeps until its next round | waits on the condition variable |
 //!
-//! The poller tries each slot once, starting after the slot last granted here (so instances
-//! spread over the slots), skipping slots its own thread holds (a permit is not reentrant).
+//! The poller tries each slot once, starting after the slot last granted here (at a random
+//! slot at first, so that instances spread over the slots), skipping slots its own thread holds (a permit is not reentrant).
 //! A slot held by another thread of this registry costs no statement; a free-looking one costs
 //! one acquire statement, which writes nothing when the row is held elsewhere. When every slot
 //! is taken it sleeps `idle_between_tries`, cut short by a permit released in this registry or
@@ -245,7 +245,8 @@ impl SemaphoreInner {
             state: Mutex::new(LocalState {
                 poller: None,
                 nudged: false,
-                next_slot: 0,
+                // Registries start at different slots, so that they rarely try the same row.
+                next_slot: (uuid::Uuid::new_v4().as_u128() % u128::from(permits)) as usize,
                 refused_at: None,
             }),
             changed: Condvar::new(),
