@@ -451,3 +451,8 @@ mod postgres {
 mod mysql {
     semaphores!(crate::common::Db::Mysql);
 }
+
+#[cfg(all(feature = "postgres", unix))]
+mod postgres_through_pgbouncer {
+    semaphores!(crate::common::pgbouncer::through_pgbouncer());
+}
