@@ -2,7 +2,8 @@
 //! registries and threads (an outside witness checks), a waiting writer keeps new readers of
 //! every instance out and gets in under a continuous stream of readers, a write token exceeds
 //! every earlier grant, crashed holders' rows come back after their time-to-live, and bad input
-//! is refused (PostgreSQL also through PgBouncer in transaction mode). Waits are bounded generously; no assertion is on elapsed time.
+//! is refused (PostgreSQL also through PgBouncer in transaction mode). Waits are bounded
+//! generously; no assertion is on elapsed time.
 
 mod common;
 
