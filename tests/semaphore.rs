@@ -2,8 +2,7 @@
 //! registries and threads (an outside witness counts them), a crashed holder's permit comes
 //! back after its time-to-live, instances that disagree about the number get a typed error,
 //! and bad input is refused (PostgreSQL also through PgBouncer in transaction mode). Like the
-//! conformance suite, waits are bounded generously and no
-//! assertion is on elapsed time.
+//! conformance suite, waits are bounded generously and no assertion is on elapsed time.
 
 mod common;
 
