@@ -1494,6 +1494,9 @@ mod suite {
         });
         assert_eq!(code(&busy), BUSY, "{busy:?}");
         assert!(String::from_utf8_lossy(&busy.stderr).contains("permits"));
+        let listed = stdout(&output(leasehold(f, "list", &[])));
+        assert!(listed.contains("pair (permit 0)"), "{listed}");
+        assert!(listed.contains("pair (permit 1)"), "{listed}");
         let other = output({
             let mut c = leasehold(f, "run", &["--key", "pair", "--permits", "3", "-n", "--"]);
             c.arg("true");

@@ -11,7 +11,7 @@ mod suite {
     use crate::common::Fixture;
     use leasehold::Error;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::{Arc, Barrier, Mutex};
+    use std::sync::{Arc, Barrier};
     use std::thread;
     use std::time::{Duration, Instant};
 
@@ -280,13 +280,23 @@ mod suite {
             .try_write()
             .unwrap()
             .expect("unrelated to the lock and the semaphore");
-        let seen = Mutex::new(Vec::new());
-        for row in registry.listing().page(None, 100).unwrap() {
-            seen.lock().unwrap().push(row.lock_key);
-        }
-        let keys = seen.into_inner().unwrap();
-        assert_eq!(keys.len(), 3, "{keys:?}");
-        assert!(keys.iter().any(|k| k.ends_with("@w00")), "{keys:?}");
+        let rows = registry.listing().page(None, 100).unwrap();
+        let mut parts: Vec<Option<String>> = rows.iter().map(|row| row.part()).collect();
+        parts.sort();
+        assert_eq!(
+            parts,
+            [None, Some("permit 0".into()), Some("write".into())],
+            "{rows:?}"
+        );
+        let read = registry.rw_lock("other").unwrap().read().unwrap();
+        let row = registry
+            .listing()
+            .page(None, 100)
+            .unwrap()
+            .into_iter()
+            .find(|row| row.part().is_some_and(|part| part.starts_with("read ")))
+            .expect("the read slot's row");
+        assert_eq!(row.part(), Some(format!("read {}", read.slot())));
         drop((lock, permit, write));
     }
 }
