@@ -474,59 +474,6 @@ pub struct RwLock {
     inner: Arc<RwInner>,
 }
 
-macro_rules! acquire_methods {
-    ($side:literal, $guard:ident, $inner_fn:ident,
-     $wait:ident, $wait_ttl:ident, $try:ident, $try_ttl:ident,
-     $try_for:ident, $try_for_ttl:ident, $try_until:ident, $try_until_ttl:ident) => {
-        #[doc = concat!("Blocks until the ", $side, " side is granted, with the registry's default time-to-live.")]
-        pub fn $wait(&self) -> Result<$guard> {
-            self.$wait_ttl(self.inner.core.settings.time_to_live)
-        }
-
-        #[doc = concat!("[`", stringify!($wait), "`](Self::", stringify!($wait), ") with a time-to-live for this lease only.")]
-        pub fn $wait_ttl(&self, ttl: Duration) -> Result<$guard> {
-            let guard = self.inner.$inner_fn(Wait::Forever, ttl)?;
-            Ok(guard.expect("an unbounded wait ends only with a grant or an error"))
-        }
-
-        #[doc = concat!("One attempt at the ", $side, " side: `Ok(None)` when it is not free now.")]
-        pub fn $try(&self) -> Result<Option<$guard>> {
-            self.$try_ttl(self.inner.core.settings.time_to_live)
-        }
-
-        #[doc = concat!("[`", stringify!($try), "`](Self::", stringify!($try), ") with a time-to-live for this lease only.")]
-        pub fn $try_ttl(&self, ttl: Duration) -> Result<Option<$guard>> {
-            self.inner.$inner_fn(Wait::No, ttl)
-        }
-
-        #[doc = concat!("Waits at most `timeout` for the ", $side, " side; `Ok(None)` if it was not granted in that time.")]
-        pub fn $try_for(&self, timeout: Duration) -> Result<Option<$guard>> {
-            self.$try_for_ttl(timeout, self.inner.core.settings.time_to_live)
-        }
-
-        #[doc = concat!("[`", stringify!($try_for), "`](Self::", stringify!($try_for), ") with a time-to-live for this lease only.")]
-        pub fn $try_for_ttl(&self, timeout: Duration, ttl: Duration) -> Result<Option<$guard>> {
-            match Instant::now().checked_add(timeout) {
-                Some(deadline) => self.$try_until_ttl(deadline, ttl),
-                None => self.$wait_ttl(ttl).map(Some),
-            }
-        }
-
-        #[doc = concat!("Waits until `deadline` for the ", $side, " side; a deadline in the past makes one attempt.")]
-        pub fn $try_until(&self, deadline: Instant) -> Result<Option<$guard>> {
-            self.$try_until_ttl(deadline, self.inner.core.settings.time_to_live)
-        }
-
-        #[doc = concat!("[`", stringify!($try_until), "`](Self::", stringify!($try_until), ") with a time-to-live for this lease only.")]
-        pub fn $try_until_ttl(&self, deadline: Instant, ttl: Duration) -> Result<Option<$guard>> {
-            if deadline <= Instant::now() {
-                return self.inner.$inner_fn(Wait::No, ttl);
-            }
-            self.inner.$inner_fn(Wait::Until(deadline), ttl)
-        }
-    };
-}
-
 impl RwLock {
     /// The lock's name.
     pub fn name(&self) -> &str {
@@ -534,7 +481,7 @@ impl RwLock {
     }
 
     acquire_methods!(
-        "read",
+        "the read side",
         ReadGuard,
         read,
         read,
@@ -548,7 +495,7 @@ impl RwLock {
     );
 
     acquire_methods!(
-        "write",
+        "the write side",
         WriteGuard,
         write,
         write,

@@ -408,6 +408,12 @@ impl Nudge for SemaphoreInner {
 
 /// A handle on one counting semaphore of a registry (see [`LockRegistry::semaphore`]). Cheap
 /// to clone; all handles of one name in one registry share one poller.
+///
+/// A waiting acquire polls the database every `idle_between_tries` while every permit is
+/// held, waking at once when a permit of this registry is released or another instance's
+/// release is notified; it returns `Err` only when the input is bad or the database keeps
+/// failing. A thread that already holds permits may take another; with every other permit
+/// held, by anyone, it waits (a permit is not reentrant).
 #[derive(Clone)]
 pub struct Semaphore {
     inner: Arc<SemaphoreInner>,
@@ -424,67 +430,19 @@ impl Semaphore {
         self.inner.permits
     }
 
-    /// Blocks until a permit is granted, with the registry's default time-to-live.
-    ///
-    /// Polls the database every `idle_between_tries` while every permit is held, waking at
-    /// once when a permit of this registry is released or another instance's release is
-    /// notified. A thread that already holds permits may take another; with every other
-    /// permit held, by anyone, it waits (a permit is not reentrant).
-    pub fn acquire(&self) -> Result<Permit> {
-        self.acquire_with_ttl(self.inner.core.settings.time_to_live)
-    }
-
-    /// [`acquire`](Self::acquire) with a time-to-live for this lease only.
-    pub fn acquire_with_ttl(&self, ttl: Duration) -> Result<Permit> {
-        let permit = self.inner.acquire(Wait::Forever, ttl)?;
-        Ok(permit.expect("an unbounded wait ends only with a grant or an error"))
-    }
-
-    /// One round over the permits: `Ok(None)` when all are held (or another thread of this
-    /// registry is looking for one right now).
-    pub fn try_acquire(&self) -> Result<Option<Permit>> {
-        self.try_acquire_with_ttl(self.inner.core.settings.time_to_live)
-    }
-
-    /// [`try_acquire`](Self::try_acquire) with a time-to-live for this lease only.
-    pub fn try_acquire_with_ttl(&self, ttl: Duration) -> Result<Option<Permit>> {
-        self.inner.acquire(Wait::No, ttl)
-    }
-
-    /// Waits at most `timeout`; `Ok(None)` if no permit was granted in that time.
-    pub fn try_acquire_for(&self, timeout: Duration) -> Result<Option<Permit>> {
-        self.try_acquire_for_with_ttl(timeout, self.inner.core.settings.time_to_live)
-    }
-
-    /// [`try_acquire_for`](Self::try_acquire_for) with a time-to-live for this lease only.
-    pub fn try_acquire_for_with_ttl(
-        &self,
-        timeout: Duration,
-        ttl: Duration,
-    ) -> Result<Option<Permit>> {
-        match Instant::now().checked_add(timeout) {
-            Some(deadline) => self.try_acquire_until_with_ttl(deadline, ttl),
-            None => self.acquire_with_ttl(ttl).map(Some),
-        }
-    }
-
-    /// Waits until `deadline`; `Ok(None)` if no permit was granted by then. A deadline in the
-    /// past makes one round, like [`try_acquire`](Self::try_acquire).
-    pub fn try_acquire_until(&self, deadline: Instant) -> Result<Option<Permit>> {
-        self.try_acquire_until_with_ttl(deadline, self.inner.core.settings.time_to_live)
-    }
-
-    /// [`try_acquire_until`](Self::try_acquire_until) with a time-to-live for this lease only.
-    pub fn try_acquire_until_with_ttl(
-        &self,
-        deadline: Instant,
-        ttl: Duration,
-    ) -> Result<Option<Permit>> {
-        if deadline <= Instant::now() {
-            return self.inner.acquire(Wait::No, ttl);
-        }
-        self.inner.acquire(Wait::Until(deadline), ttl)
-    }
+    acquire_methods!(
+        "a permit",
+        Permit,
+        acquire,
+        acquire,
+        acquire_with_ttl,
+        try_acquire,
+        try_acquire_with_ttl,
+        try_acquire_for,
+        try_acquire_for_with_ttl,
+        try_acquire_until,
+        try_acquire_until_with_ttl
+    );
 }
 
 impl std::fmt::Debug for Semaphore {
