@@ -31,7 +31,19 @@
 //! `--listener-url` (PostgreSQL: a direct URL for the release listener when `--url` is a
 //! transaction-mode pooler), `--sabotage 1` (self-check of the detector: each process gets a
 //! table of its own, so the processes do not exclude each other and the run must FAIL with
-//! violations), `--probe N` (8; 0 = off) and `--mix 1` (see below).
+//! violations), `--probe N` (8; 0 = off), `--mix 1` (see below), `--permits N` (0 = locks)
+//! and `--rw 1`.
+//!
+//! **Reader/writer locks** (`--rw 1`): every key is a reader/writer lock; one acquire in four
+//! takes the write side and runs the critical section above, the others take the read side
+//! and only read the record, twice: it must say "nobody inside" and stay the same while they
+//! hold it (a writer inside, or one that came in meanwhile, shows). The counters count writes.
+//!
+//! **Semaphores** (`--permits N`): every key is a semaphore of N permits instead of a lock, and
+//! each of its permits has a record of its own, which the holder of that permit checks and
+//! rewrites as above. A permit number outside 0..N, or two holders of one permit at once, is a
+//! violation; so at most N holders of a key are ever inside. The deadline probe is for locks
+//! only.
 //!
 //! **The deadline probe.** In about one critical section in N, the holder compares its own view
 //! with the row as the database has it (one statement, [`LockRegistry::holder`]): the row must
@@ -100,6 +112,10 @@ pub struct Config {
     /// PostgreSQL: where the release listener connects (`RegistryBuilder::listener_url`),
     /// when `target` is a transaction-mode pooler.
     pub listener_url: Option<String>,
+    /// With N > 0, every key is a semaphore of N permits (a record per permit).
+    pub permits: usize,
+    /// Every key is a reader/writer lock (one acquire in four writes).
+    pub rw: bool,
 }
 
 impl Config {
@@ -123,6 +139,8 @@ impl Config {
             probe_every: 8,
             mix: false,
             listener_url: None,
+            permits: 0,
+            rw: false,
         }
     }
 
@@ -173,6 +191,8 @@ impl Config {
             ("SABOTAGE", u8::from(self.sabotage).to_string()),
             ("PROBE", self.probe_every.to_string()),
             ("MIX", u8::from(self.mix).to_string()),
+            ("PERMITS", self.permits.to_string()),
+            ("RW", u8::from(self.rw).to_string()),
             (
                 "LISTENER_URL",
                 self.listener_url.clone().unwrap_or_default(),
@@ -239,10 +259,20 @@ impl Config {
         config.probe_every = number("PROBE", 8)?;
         config.mix = number("MIX", 0)? != 0;
         config.listener_url = text("LISTENER_URL").filter(|url| !url.is_empty());
+        config.permits = number("PERMITS", 0)? as usize;
+        config.rw = number("RW", 0)? != 0;
+        if config.rw && config.permits > 0 {
+            return Err("--rw and --permits exclude each other".into());
+        }
         if config.processes == 0 || config.threads == 0 || config.keys == 0 {
             return Err("processes, threads and keys must be at least 1".into());
         }
         Ok(config)
+    }
+
+    /// How many records there are: one per key, or one per permit of each key.
+    fn records(&self) -> usize {
+        self.keys * self.permits.max(1)
     }
 
     fn record_path(&self, key: usize) -> PathBuf {
@@ -434,7 +464,7 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
         true => start_disturbances(index, config, end)?,
         false => Vec::new(),
     };
-    let per_key: Arc<Vec<AtomicU64>> = Arc::new((0..config.keys).map(|_| 0.into()).collect());
+    let per_key: Arc<Vec<AtomicU64>> = Arc::new((0..config.records()).map(|_| 0.into()).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for worker in 0..config.threads {
@@ -455,6 +485,16 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                 .map(|key| registry.obtain(&format!("stress-{key}")))
                 .collect::<Result<_, _>>()
                 .expect("valid keys");
+            let semaphores: Vec<_> = (0..config.keys)
+                .filter(|_| config.permits > 0)
+                .map(|key| registry.semaphore(&format!("stress-{key}"), config.permits as u32))
+                .collect::<Result<_, _>>()
+                .expect("valid semaphores");
+            let rw_locks: Vec<_> = (0..config.keys)
+                .filter(|_| config.rw)
+                .map(|key| registry.rw_lock(&format!("stress-{key}")))
+                .collect::<Result<_, _>>()
+                .expect("valid reader/writer locks");
             let ttls = [config.ttl, config.ttl * 2 / 3, config.ttl / 2];
             while Instant::now() < end && !stop.load(Ordering::Relaxed) {
                 let key = (random.next() % config.keys as u64) as usize;
@@ -462,7 +502,21 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                     true => ttls[(random.next() % 3) as usize],
                     false => config.ttl,
                 };
-                let guard = match locks[key].try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl) {
+                let acquired = match (semaphores.get(key), rw_locks.get(key)) {
+                    (_, Some(rw)) if random.next().is_multiple_of(4) => rw
+                        .try_write_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
+                        .map(|guard| guard.map(Held::Write)),
+                    (_, Some(rw)) => rw
+                        .try_read_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
+                        .map(|guard| guard.map(Held::Read)),
+                    (Some(semaphore), None) => semaphore
+                        .try_acquire_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
+                        .map(|permit| permit.map(Held::Permit)),
+                    (None, None) => locks[key]
+                        .try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
+                        .map(|guard| guard.map(Held::Lock)),
+                };
+                let guard = match acquired {
                     Ok(Some(guard)) => guard,
                     Ok(None) => {
                         tally.problem(
@@ -487,8 +541,31 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         tally.problem(counter, format!("{me}: renew key {key}: {e}"));
                     }
                 }
-                if config.probe_every > 0 && random.next() % config.probe_every < 1 {
-                    match probe(&registry, &guard) {
+                let record = match &guard {
+                    Held::Lock(_) | Held::Read(_) | Held::Write(_) => key,
+                    Held::Permit(permit) if (permit.slot() as usize) < config.permits => {
+                        key * config.permits + permit.slot() as usize
+                    }
+                    Held::Permit(permit) => {
+                        tally.problem(
+                            &tally.violations,
+                            format!(
+                                "{me} key {key}: permit {} of {}",
+                                permit.slot(),
+                                config.permits
+                            ),
+                        );
+                        continue;
+                    }
+                };
+                let probed = match &guard {
+                    Held::Lock(lock_guard) => Some(lock_guard),
+                    _ => None,
+                };
+                if let Some(guard) = probed
+                    .filter(|_| config.probe_every > 0 && random.next() % config.probe_every < 1)
+                {
+                    match probe(&registry, guard) {
                         Ok(true) => {
                             tally.probes.fetch_add(1, Ordering::Relaxed);
                         }
@@ -496,8 +573,19 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         Err(e) => tally.problem(&tally.violations, format!("{me} key {key}: {e}")),
                     }
                 }
-                critical_section(&config, &tally, key, &me, &process, guard.fencing_token());
-                per_key[key].fetch_add(1, Ordering::SeqCst);
+                if let Held::Read(_) = guard {
+                    read_section(&config, &tally, record, &me);
+                } else {
+                    critical_section(
+                        &config,
+                        &tally,
+                        record,
+                        &me,
+                        &process,
+                        guard.fencing_token(),
+                    );
+                    per_key[record].fetch_add(1, Ordering::SeqCst);
+                }
                 tally.sections.fetch_add(1, Ordering::SeqCst);
                 if let Err(e) = guard.unlock() {
                     let counter = if e.is_lease_lost() {
@@ -802,7 +890,7 @@ impl Summary {
         let sections = self.sections();
         let rate = sections as f64 / self.elapsed.as_secs_f64().max(1e-9);
         format!(
-            "stress: {} backend={} processes={} threads={} keys={} duration={:.2}s \
+            "stress: {} backend={} processes={} threads={} keys={} permits={} rw={} duration={:.2}s \
              critical_sections={sections} rate={rate:.0}/s violations={} lost={} errors={} \
              timeouts={} failures={} grants={} new_tokens={} process_switches={} acquires={} \
              probes={}",
@@ -811,6 +899,8 @@ impl Summary {
             config.processes,
             config.threads,
             config.keys,
+            config.permits,
+            u8::from(config.rw),
             self.elapsed.as_secs_f64(),
             self.violations(),
             self.total(|c| c.lost),
@@ -835,7 +925,7 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
         .create_table(true)
         .build()
         .map_err(|e| format!("creating the lock table: {e}"))?;
-    for key in 0..config.keys {
+    for key in 0..config.records() {
         Record::free()
             .write(&config.record_path(key))
             .map_err(|e| format!("record file in {}: {e}", config.dir.display()))?;
@@ -888,7 +978,7 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
         }
     }
     summary.elapsed = config.duration.min(started.elapsed());
-    for key in 0..config.keys {
+    for key in 0..config.records() {
         let reported: u64 = summary
             .children
             .iter()
@@ -914,6 +1004,77 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
         eprintln!("stress: {failure}");
     }
     Ok(summary)
+}
+
+/// What a worker holds: a lock, a permit of a semaphore (`--permits`), or a side of a
+/// reader/writer lock (`--rw`).
+enum Held {
+    Lock(leasehold::LockGuard),
+    Permit(leasehold::Permit),
+    Read(leasehold::ReadGuard),
+    Write(leasehold::WriteGuard),
+}
+
+impl Held {
+    fn fencing_token(&self) -> u64 {
+        match self {
+            Held::Lock(guard) => guard.fencing_token(),
+            Held::Permit(permit) => permit.fencing_token(),
+            Held::Read(guard) => guard.fencing_token(),
+            Held::Write(guard) => guard.fencing_token(),
+        }
+    }
+
+    fn renew_with_ttl(&self, ttl: Duration) -> leasehold::Result<()> {
+        match self {
+            Held::Lock(guard) => guard.renew_with_ttl(ttl),
+            Held::Permit(permit) => permit.renew_with_ttl(ttl),
+            Held::Read(guard) => guard.renew_with_ttl(ttl),
+            Held::Write(guard) => guard.renew_with_ttl(ttl),
+        }
+    }
+
+    fn unlock(self) -> leasehold::Result<()> {
+        match self {
+            Held::Lock(guard) => guard.unlock(),
+            Held::Permit(permit) => permit.unlock(),
+            Held::Read(guard) => guard.unlock(),
+            Held::Write(guard) => guard.unlock(),
+        }
+    }
+}
+
+/// A reader's look at `key`'s record (`--rw`): nobody inside, and unchanged while it reads.
+fn read_section(config: &Config, tally: &Tally, key: usize, me: &str) {
+    let path = config.record_path(key);
+    let look = || match Record::read(&path) {
+        Ok(record) if record.holder == "-" => Some(record),
+        Ok(record) => {
+            let inside = &record.holder;
+            tally.problem(
+                &tally.violations,
+                format!("{me} key {key}: reading while writer {inside} was inside"),
+            );
+            None
+        }
+        Err(e) => {
+            tally.problem(&tally.violations, format!("{me} key {key}: record {e}"));
+            None
+        }
+    };
+    let Some(before) = look() else { return };
+    thread::yield_now();
+    if !config.work.is_zero() {
+        thread::sleep(config.work);
+    }
+    if let Some(after) = look() {
+        if after != before {
+            tally.problem(
+                &tally.violations,
+                format!("{me} key {key}: the record changed under a reader: {after:?}"),
+            );
+        }
+    }
 }
 
 fn main() {

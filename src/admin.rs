@@ -93,6 +93,35 @@ impl LockRow {
     pub fn label(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.lock_key)
     }
+
+    /// What part of a semaphore or reader/writer lock the row is, read from its key:
+    /// `permit 2`, `read 17` or `write`; `None` for a lock's row.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+    /// let permit = registry.semaphore("exports", 1)?.acquire()?;
+    /// let rows = registry.listing().page(None, 10)?;
+    /// assert_eq!(rows[0].part().as_deref(), Some("permit 0"));
+    /// # drop(permit);
+    /// # Ok(()) }
+    /// ```
+    pub fn part(&self) -> Option<String> {
+        let (stem, part) = self.lock_key.split_at_checked(32)?;
+        if !stem.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let number = |digits: &str| digits.parse::<u32>().ok();
+        match (part.get(..2)?, part.get(2..)?) {
+            ("@w", _) => Some("write".into()),
+            ("@r", slot) => number(slot).map(|slot| format!("read {slot}")),
+            (_, _) if part.starts_with('#') => {
+                number(&part[1..]).map(|slot| format!("permit {slot}"))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The rows of a registry's table and region, in `LOCK_KEY` order (see
@@ -417,7 +446,13 @@ impl RegistryBuilder {
         fn both<B: crate::backend::Backend>(table: &str) -> String {
             let table_ddl = crate::backend::ddl_for::<B>(table);
             let floor_ddl = crate::backend::floor_ddl_for::<B>(table);
-            format!("{}\n\n{}\n", table_ddl.trim_end(), floor_ddl.trim_end())
+            let semaphore_ddl = crate::backend::semaphore_ddl_for::<B>(table);
+            format!(
+                "{}\n\n{}\n\n{}\n",
+                table_ddl.trim_end(),
+                floor_ddl.trim_end(),
+                semaphore_ddl.trim_end()
+            )
         }
         let table = crate::registry::validate_prefix(&self.prefix)? + "LOCK";
         Ok(match &self.database {

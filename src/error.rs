@@ -179,6 +179,28 @@ pub enum Error {
         source: DatabaseError,
     },
 
+    /// A semaphore was asked for with another number of permits than the one recorded for its
+    /// name in the semaphore table (by the instance that used it first), or than a handle of
+    /// it in this registry has. Instances that disagree would otherwise hold more permits
+    /// between them than either allows.
+    #[error(
+        "semaphore {name:?} has {recorded} permits recorded in {table}, not {permits}: every \
+         instance must ask for the same number; to change it, stop every instance using it and \
+         run `{fix}`"
+    )]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// The number this call asked for.
+        permits: u32,
+        /// The number recorded.
+        recorded: i64,
+        /// The semaphore table.
+        table: String,
+        /// The statement that forgets the recorded number (the next use records its own).
+        fix: String,
+    },
+
     /// A connection failed because of TLS: the server's certificate did not pass the
     /// verification the URL asked for, the handshake failed, or one side requires TLS and the
     /// other has it off. Returned by `build()`, which opens a connection first; `hint` names

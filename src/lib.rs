@@ -137,6 +137,21 @@
 //!
 //! [`LeaderElection::run`] wraps it in a loop with callbacks for elected and lost.
 //!
+//! # Semaphores
+//!
+//! [`LockRegistry::semaphore`] gives a [`Semaphore`] of N permits: at most N holders at once
+//! across every instance, each [`Permit`] a lease of its own (renewed, fenced, lost and
+//! reported alone, like a [`LockGuard`]). Each permit is a row of the lock table that Spring
+//! Integration never sees, and the number of permits is recorded per name, so instances that
+//! disagree about it get [`Error::PermitsMismatch`] (see the `semaphore` module docs).
+//!
+//! //! # Reader/writer locks
+//!
+//! [`LockRegistry::rw_lock`] gives an [`RwLock`]: many readers ([`ReadGuard`], up to
+//! [`MAX_READERS`]) or one writer ([`WriteGuard`]) at a time across every instance, each hold a
+//! lease of its own. A waiting writer keeps new readers of every instance out, and a write
+//! guard's token exceeds every earlier grant of the lock (see the `rwlock` module docs).
+//!
 //! # The command line
 //!
 //! The `leasehold` binary (feature `cli`: `cargo install leasehold --features cli,postgres`)
@@ -209,6 +224,8 @@
 //! | `wakeups` | which pollers a release notification wakes, and when the listener subscribes |
 //! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
 //! | `leader` | leader election on top of the registry |
+//! | `semaphore` | counting semaphores: a lock row per permit, the local poller, `Permit` |
+//! | `rwlock` | reader/writer locks: read slots and a write row, writer preference, the guards |
 //! | `error` | the error enum |
 //!
 //! ## Which SQL runs when
@@ -307,6 +324,108 @@ macro_rules! fail_point {
     };
 }
 
+/// The methods a semaphore's permit and a reader/writer lock's guards share with a
+/// [`LockGuard`], delegated to its `guard: Option<LockGuard>` field (`None` only once
+/// released); `$owner` is the field whose `name` the guard reports.
+macro_rules! lease_guard_methods {
+    ($owner:ident) => {
+        fn lease_guard(&self) -> &crate::LockGuard {
+            self.guard
+                .as_ref()
+                .expect("a guard holds its lease until it goes")
+        }
+
+        /// The name it was taken with.
+        pub fn name(&self) -> &str {
+            &self.$owner.name
+        }
+
+        /// `true` while the lease is held: not reported lost and not past its deadline.
+        pub fn is_held(&self) -> bool {
+            self.lease_guard().is_held()
+        }
+
+        /// How long the lease is certainly still held if no renewal succeeds from now on.
+        pub fn remaining(&self) -> std::time::Duration {
+            self.lease_guard().remaining()
+        }
+
+        /// A channel that receives one [`LeaseLost`](crate::LeaseLost) if the lease is lost
+        /// (at once if it already is); it disconnects without a message when the hold ends
+        /// normally.
+        pub fn loss_channel(&self) -> crossbeam_channel::Receiver<crate::LeaseLost> {
+            self.lease_guard().loss_channel()
+        }
+
+        /// Renews the lease now with its current time-to-live.
+        pub fn renew(&self) -> crate::Result<()> {
+            self.lease_guard().renew()
+        }
+
+        /// Renews the lease now with a new time-to-live, which later renewals keep (see
+        /// [`LockGuard::renew_with_ttl`](crate::LockGuard::renew_with_ttl)).
+        pub fn renew_with_ttl(&self, ttl: std::time::Duration) -> crate::Result<()> {
+            self.lease_guard().renew_with_ttl(ttl)
+        }
+    };
+}
+
+/// The acquire methods of a semaphore or a reader/writer lock side, on `self.inner`, whose
+/// `$inner_fn(Wait, ttl)` does the work (`Wait` being the module's own: `No`, `Until`,
+/// `Forever`): waiting, one attempt, bounded waits, each with a per-call time-to-live.
+macro_rules! acquire_methods {
+    ($what:literal, $guard:ident, $inner_fn:ident,
+     $wait:ident, $wait_ttl:ident, $try:ident, $try_ttl:ident,
+     $try_for:ident, $try_for_ttl:ident, $try_until:ident, $try_until_ttl:ident) => {
+        #[doc = concat!("Blocks until ", $what, " is granted, with the registry's default time-to-live.")]
+        pub fn $wait(&self) -> crate::Result<$guard> {
+            self.$wait_ttl(self.inner.core.settings.time_to_live)
+        }
+
+        #[doc = concat!("[`", stringify!($wait), "`](Self::", stringify!($wait), ") with a time-to-live for this lease only.")]
+        pub fn $wait_ttl(&self, ttl: std::time::Duration) -> crate::Result<$guard> {
+            let guard = self.inner.$inner_fn(Wait::Forever, ttl)?;
+            Ok(guard.expect("an unbounded wait ends only with a grant or an error"))
+        }
+
+        #[doc = concat!("One attempt at ", $what, ": `Ok(None)` when it is not free now (or another thread of this registry is taking it right now).")]
+        pub fn $try(&self) -> crate::Result<Option<$guard>> {
+            self.$try_ttl(self.inner.core.settings.time_to_live)
+        }
+
+        #[doc = concat!("[`", stringify!($try), "`](Self::", stringify!($try), ") with a time-to-live for this lease only.")]
+        pub fn $try_ttl(&self, ttl: std::time::Duration) -> crate::Result<Option<$guard>> {
+            self.inner.$inner_fn(Wait::No, ttl)
+        }
+
+        #[doc = concat!("Waits at most `timeout` for ", $what, "; `Ok(None)` if it was not granted in that time.")]
+        pub fn $try_for(&self, timeout: std::time::Duration) -> crate::Result<Option<$guard>> {
+            self.$try_for_ttl(timeout, self.inner.core.settings.time_to_live)
+        }
+
+        #[doc = concat!("[`", stringify!($try_for), "`](Self::", stringify!($try_for), ") with a time-to-live for this lease only.")]
+        pub fn $try_for_ttl(&self, timeout: std::time::Duration, ttl: std::time::Duration) -> crate::Result<Option<$guard>> {
+            match std::time::Instant::now().checked_add(timeout) {
+                Some(deadline) => self.$try_until_ttl(deadline, ttl),
+                None => self.$wait_ttl(ttl).map(Some),
+            }
+        }
+
+        #[doc = concat!("Waits until `deadline` for ", $what, "; a deadline in the past makes one attempt.")]
+        pub fn $try_until(&self, deadline: std::time::Instant) -> crate::Result<Option<$guard>> {
+            self.$try_until_ttl(deadline, self.inner.core.settings.time_to_live)
+        }
+
+        #[doc = concat!("[`", stringify!($try_until), "`](Self::", stringify!($try_until), ") with a time-to-live for this lease only.")]
+        pub fn $try_until_ttl(&self, deadline: std::time::Instant, ttl: std::time::Duration) -> crate::Result<Option<$guard>> {
+            if deadline <= std::time::Instant::now() {
+                return self.inner.$inner_fn(Wait::No, ttl);
+            }
+            self.inner.$inner_fn(Wait::Until(deadline), ttl)
+        }
+    };
+}
+
 mod admin;
 mod backend;
 mod cache;
@@ -317,6 +436,8 @@ mod lease;
 mod lock;
 mod meter;
 mod registry;
+mod rwlock;
+mod semaphore;
 mod wakeups;
 
 pub use admin::{Holder, Listing, LockRow, LockState, Rows, MAX_PAGE_ROWS};
@@ -329,6 +450,8 @@ pub use leader::{
 };
 pub use lease::{LeaseLost, LostCallback};
 pub use lock::{Lock, LockGuard};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard, MAX_READERS};
+pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
 
 /// The README's Rust snippets, compiled by `cargo test --doc` so that they cannot rot.
 #[cfg(doctest)]

@@ -76,6 +76,9 @@ use std::time::{Duration, Instant};
 enum Wait {
     /// One attempt; `None` if the lock is held or being acquired by another local thread.
     No,
+    /// One attempt as with `No`, its statement bounded by the instant rather than by
+    /// `operation_timeout` (a semaphore's round over its permits).
+    Once(Instant),
     /// Until the instant.
     Until(Instant),
     /// Until granted.
@@ -123,9 +126,14 @@ pub(crate) struct LockInner {
 
 impl LockInner {
     pub fn new(key: &str, core: Arc<Core>) -> Self {
+        Self::with_lock_key(key, crate::key::lock_key_for(key), core)
+    }
+
+    /// A key whose row is `lock_key` rather than the key's UUID (a semaphore's permit).
+    pub fn with_lock_key(key: &str, lock_key: String, core: Arc<Core>) -> Self {
         LockInner {
             key: key.into(),
-            lock_key: crate::key::lock_key_for(key).into(),
+            lock_key: lock_key.into(),
             core,
             state: Mutex::new(LocalState {
                 owner: None,
@@ -244,10 +252,12 @@ impl LockInner {
                 let yielding = state.yield_until.filter(|until| *until > now);
                 if state.db_user.is_none() && yielding.is_none() {
                     let attempt_deadline = match wait {
-                        Wait::Until(deadline) => deadline.max(now + Duration::from_millis(1)),
+                        Wait::Until(deadline) | Wait::Once(deadline) => {
+                            deadline.max(now + Duration::from_millis(1))
+                        }
                         _ => now + settings.operation_timeout,
                     };
-                    if !matches!(wait, Wait::No) {
+                    if !matches!(wait, Wait::No | Wait::Once(_)) {
                         *registered |= self.core.wakeups.register(&self.lock_key, self.as_poller());
                     }
                     // A release notified from here on cuts the sleep after a failed attempt
@@ -285,7 +295,7 @@ impl LockInner {
                                  out; trying again",
                                 self.key
                             );
-                            if matches!(wait, Wait::No) {
+                            if matches!(wait, Wait::No | Wait::Once(_)) {
                                 return Ok(None);
                             }
                             continue;
@@ -349,7 +359,7 @@ impl LockInner {
                             self.core.meter.contended(&self.key);
                             let next_poll = Instant::now() + settings.idle_between_tries;
                             let wake_at = match wait {
-                                Wait::No => return Ok(None),
+                                Wait::No | Wait::Once(_) => return Ok(None),
                                 Wait::Until(deadline) if deadline <= Instant::now() => {
                                     return Ok(None)
                                 }
@@ -365,7 +375,7 @@ impl LockInner {
                 }
             }
             match wait {
-                Wait::No => return Ok(None),
+                Wait::No | Wait::Once(_) => return Ok(None),
                 Wait::Until(deadline) if deadline <= now => return Ok(None),
                 Wait::Until(deadline) => {
                     let until = state
@@ -645,6 +655,16 @@ impl Lock {
     /// [`try_lock`](Self::try_lock) with a time-to-live for this lease only.
     pub fn try_lock_with_ttl(&self, ttl: Duration) -> Result<Option<LockGuard>> {
         self.inner.acquire(Wait::No, ttl)
+    }
+
+    /// One attempt, like [`try_lock_with_ttl`](Self::try_lock_with_ttl), whose statement gives
+    /// up at `deadline` ([`Error::Timeout`]) rather than after `operation_timeout`.
+    pub(crate) fn try_lock_once_until(
+        &self,
+        deadline: Instant,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        self.inner.acquire(Wait::Once(deadline), ttl)
     }
 
     /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in that time.

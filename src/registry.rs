@@ -115,6 +115,10 @@ pub(crate) enum Database {
 pub struct LockRegistry {
     pub(crate) core: Arc<Core>,
     pub(crate) cache: Arc<Mutex<HandleCache>>,
+    /// The semaphores in use (see [`crate::semaphore`]).
+    pub(crate) semaphores: Arc<Mutex<crate::semaphore::SemaphoreCache>>,
+    /// The reader/writer locks in use (see [`crate::rwlock`]).
+    pub(crate) rw_locks: Arc<Mutex<crate::rwlock::RwLockCache>>,
 }
 
 impl LockRegistry {
@@ -736,6 +740,8 @@ impl RegistryBuilder {
         Ok(LockRegistry {
             core,
             cache: Arc::new(Mutex::new(HandleCache::new(self.cache_capacity))),
+            semaphores: Arc::default(),
+            rw_locks: Arc::default(),
         })
     }
 

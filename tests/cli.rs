@@ -1561,6 +1561,7 @@ mod suite {
             "{ddl}"
         );
         assert!(ddl.contains(&format!("{printed}LOCK_FLOOR")), "{ddl}");
+        assert!(ddl.contains(&format!("{printed}LOCK_SEM")), "{ddl}");
         assert_eq!(code(&checked(&printed)), 70, "--print created nothing");
 
         let init = output(leasehold_on(f, &made, "init", &[]));
@@ -1767,6 +1768,187 @@ mod suite {
         ));
         assert_eq!(code(&works), 0, "{works:?}");
     }
+
+    /// Starts `leasehold run ARGS -- sh -c SCRIPT` for each (ARGS, SCRIPT) at once and
+    /// asserts that every one exits 0.
+    fn all_succeed<'a>(f: &Fixture, runs: impl Iterator<Item = (&'a [&'a str], &'a str)>) {
+        let children: Vec<Child> = runs
+            .map(|(args, script)| {
+                let mut command = leasehold(f, "run", args);
+                command
+                    .args(["--", "sh", "-c", script])
+                    .stdin(Stdio::null());
+                command.spawn().unwrap()
+            })
+            .collect();
+        for mut child in children {
+            assert_eq!(wait_with_deadline(&mut child).code(), Some(0));
+        }
+    }
+
+    /// Issue 26: `run --permits N` runs at most N commands at once, each with a permit number
+    /// of its own (a directory per permit is the outside witness: `mkdir` fails if it exists).
+    pub fn runs_with_permits_never_run_more_commands_than_permits(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let witness = dir.path().display().to_string();
+        let script = format!(
+            "case \"$LEASEHOLD_PERMIT\" in 0|1) ;; *) exit 8 ;; esac; \
+             mkdir '{witness}/permit'$LEASEHOLD_PERMIT || exit 9; \
+             ls '{witness}' | grep -c permit >> '{witness}/counts'; sleep 0.3; \
+             rmdir '{witness}/permit'$LEASEHOLD_PERMIT"
+        );
+        let args = ["--key", "exports", "--permits", "2", "--wait", "60s"];
+        all_succeed(f, (0..5).map(|_| (&args[..], script.as_str())));
+        let counts = std::fs::read_to_string(dir.path().join("counts")).unwrap();
+        let counts: Vec<u32> = counts.lines().map(|l| l.trim().parse().unwrap()).collect();
+        assert_eq!(counts.len(), 5, "{counts:?}");
+        assert!(counts.iter().all(|n| (1..=2).contains(n)), "{counts:?}");
+    }
+
+    pub fn runs_with_permits_exit_busy_when_all_are_held_and_usage_for_another_number(f: &Fixture) {
+        let registry = f.registry();
+        let semaphore = registry.semaphore("pair", 2).unwrap();
+        let held = [semaphore.acquire().unwrap(), semaphore.acquire().unwrap()];
+        let busy = output({
+            let mut c = leasehold(f, "run", &["--key", "pair", "--permits", "2", "-n", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&busy), BUSY, "{busy:?}");
+        assert!(String::from_utf8_lossy(&busy.stderr).contains("permits"));
+        let listed = stdout(&output(leasehold(f, "list", &[])));
+        assert!(listed.contains("pair (permit 0)"), "{listed}");
+        assert!(listed.contains("pair (permit 1)"), "{listed}");
+        let other = output({
+            let mut c = leasehold(f, "run", &["--key", "pair", "--permits", "3", "-n", "--"]);
+            c.arg("true");
+            c
+        });
+        assert_eq!(code(&other), 64, "{other:?}");
+        assert!(String::from_utf8_lossy(&other.stderr).contains("2 permits"));
+        for bad in ["0", "257"] {
+            let refused = output({
+                let mut c = leasehold(f, "run", &["--key", "pair", "--permits", bad, "--"]);
+                c.arg("true");
+                c
+            });
+            assert_eq!(code(&refused), 64, "{refused:?}");
+        }
+        drop(held);
+        let free = output({
+            let mut c = leasehold(f, "run", &["--key", "pair", "--permits", "2", "-n", "--"]);
+            c.args(["sh", "-c", "echo $LEASEHOLD_PERMIT"]);
+            c
+        });
+        assert_eq!(code(&free), 0, "{free:?}");
+        assert!(["0\n", "1\n"].contains(&stdout(&free).as_str()), "{free:?}");
+    }
+
+    /// A SIGKILLed `run --permits` leaves its permit to run out; another holder takes it with
+    /// a larger token.
+    pub fn a_sigkilled_runs_permit_comes_back_after_its_ttl(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        let script = format!(
+            "echo $LEASEHOLD_FENCING_TOKEN > '{0}.tmp'; mv '{0}.tmp' '{0}'; \
+             while true; do sleep 0.05; done",
+            token.display()
+        );
+        let mut holder = leasehold(
+            f,
+            "run",
+            &["--key", "solo", "--permits", "1", "--ttl", "2s", "--"],
+        )
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+        wait_for_file(&token);
+        let old: u64 = std::fs::read_to_string(&token)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        holder.kill().unwrap(); // SIGKILL: no release
+        holder.wait().unwrap();
+        let permit = f
+            .registry()
+            .semaphore("solo", 1)
+            .unwrap()
+            .try_acquire_for(GENEROUS)
+            .unwrap()
+            .expect("the permit came back");
+        assert!(permit.fencing_token() > old);
+    }
+
+    /// A `run --permits` paused (SIGSTOP) past its time-to-live loses the permit to another
+    /// instance; resumed, it stops its command and exits with the lost code.
+    pub fn a_paused_runs_permit_is_taken_and_the_resumed_run_exits_lost(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let script = format!("echo started > '{}'; exec sleep 60", started.display());
+        let mut run = leasehold(
+            f,
+            "run",
+            &["--key", "paused", "--permits", "1", "--ttl", "1s", "--"],
+        )
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+        wait_for_file(&started);
+        send("STOP", run.id());
+        let taken = f
+            .registry()
+            .semaphore("paused", 1)
+            .unwrap()
+            .try_acquire_for(GENEROUS)
+            .unwrap();
+        send("CONT", run.id());
+        let permit = taken.expect("the paused run's permit ran out");
+        assert_eq!(wait_with_deadline(&mut run).code(), Some(LOST));
+        assert!(permit.is_held(), "the new holder keeps it");
+    }
+
+    /// Issue 26: `run --read` runs share the key, a `--write` run runs alone (files in a
+    /// directory are the outside witness), and a busy side exits 75.
+    pub fn read_runs_share_and_write_runs_run_alone(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let witness = dir.path().display().to_string();
+        let read = format!(
+            "ls '{witness}' | grep -q w && exit 9; touch '{witness}/r'$$; sleep 0.3; \
+             ls '{witness}' | grep -q w && exit 9; rm '{witness}/r'$$"
+        );
+        let write = format!(
+            "[ -z \"$(ls '{witness}')\" ] || exit 9; touch '{witness}/w'$$; sleep 0.2; \
+             rm '{witness}/w'$$"
+        );
+        let (reads, writes) = (
+            ["--key", "shared", "--read", "--wait", "60s"],
+            ["--key", "shared", "--write", "--wait", "60s"],
+        );
+        let runs = [(&reads[..], read.as_str()), (&writes[..], write.as_str())];
+        all_succeed(f, runs.into_iter().cycle().take(6));
+        let registry = f.registry();
+        let writing = registry.rw_lock("shared").unwrap().write().unwrap();
+        for side in ["--read", "--write"] {
+            let busy = output({
+                let mut c = leasehold(f, "run", &["--key", "shared", side, "-n", "--"]);
+                c.arg("true");
+                c
+            });
+            assert_eq!(code(&busy), BUSY, "{side}: {busy:?}");
+        }
+        drop(writing);
+        let reading = registry.rw_lock("shared").unwrap().read().unwrap();
+        let beside = output({
+            let mut c = leasehold(f, "run", &["--key", "shared", "--read", "-n", "--"]);
+            c.args(["sh", "-c", "echo read"]);
+            c
+        });
+        assert_eq!(stdout(&beside), "read\n", "{beside:?}");
+        drop(reading);
+    }
 }
 
 macro_rules! cli {
@@ -1807,6 +1989,11 @@ macro_rules! cli {
             list_watch_on_a_terminal_redraws_in_place_until_ctrl_c,
             a_watch_reports_a_failed_refresh_and_goes_on,
             init_creates_the_table_or_prints_its_ddl,
+            runs_with_permits_never_run_more_commands_than_permits,
+            runs_with_permits_exit_busy_when_all_are_held_and_usage_for_another_number,
+            a_sigkilled_runs_permit_comes_back_after_its_ttl,
+            read_runs_share_and_write_runs_run_alone,
+            a_paused_runs_permit_is_taken_and_the_resumed_run_exits_lost,
         );
     };
 }

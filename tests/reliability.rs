@@ -380,6 +380,43 @@ mod suite {
         assert!(switches > 0, "the lock never moved between processes");
     }
 
+    /// Issue 26: every key a semaphore of 2 permits, a record per permit: never two holders of
+    /// one permit (so never more than 2 of a key), across processes and threads.
+    pub fn semaphore_permits_hold_under_load_across_processes(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(f, &dir);
+        config.processes = 3;
+        config.threads = 3;
+        config.keys = 2;
+        config.permits = 2;
+        config.duration = Duration::from_secs(5);
+        let summary = stress::run(&mut config, &stress_child).unwrap();
+        println!("{}", summary.line(&config));
+        assert!(summary.failures.is_empty(), "{:?}", summary.failures);
+        assert!(summary.passed(), "{}", summary.line(&config));
+        for (index, child) in summary.children.iter().enumerate() {
+            assert!(child.sections > 0, "process {index} never got a permit");
+        }
+    }
+
+    /// Issue 26: every key a reader/writer lock, one acquire in four a write: a writer never
+    /// runs beside a reader or another writer, across processes and threads.
+    pub fn rw_locks_hold_under_load_across_processes(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(f, &dir);
+        config.processes = 3;
+        config.threads = 3;
+        config.keys = 2;
+        config.rw = true;
+        config.duration = Duration::from_secs(5);
+        let summary = stress::run(&mut config, &stress_child).unwrap();
+        println!("{}", summary.line(&config));
+        assert!(summary.failures.is_empty(), "{:?}", summary.failures);
+        assert!(summary.passed(), "{}", summary.line(&config));
+        let writes: u64 = summary.children.iter().flat_map(|c| c.per_key.iter()).sum();
+        assert!(writes > 0, "no write ran");
+    }
+
     /// Issue 21: at random moments inside critical sections, every holder's deadline is no
     /// later than its row's expiry on the database clock and the row names it — with other
     /// time-to-lives handed over locally, manual renewals, slow loss callbacks and (servers)
@@ -522,6 +559,8 @@ macro_rules! reliability {
             the_holders_deadline_never_outruns_its_row,
             a_killed_holder_is_taken_over_after_its_lease_expires,
             a_stalled_holder_learns_it_lost_and_its_late_write_is_refused,
+            semaphore_permits_hold_under_load_across_processes,
+            rw_locks_hold_under_load_across_processes,
         );
     };
 }

@@ -59,6 +59,7 @@
 //! | `pools.rs` | connection pools and the first connection |
 //! | `statement_threads.rs` | threads that run statements for callers with deadlines (drivers without per-call timeouts: MySQL) |
 //! | `schema.rs` | the DDL and the table, name-column and floor checks of `build()` |
+//! | `semaphores.rs` | the semaphore table: creating it, recording and reading a semaphore's permits |
 //! | `statistics.rs` | statement counters ([`Statistics`]) |
 //! | `listener.rs` | what a release listener and its registry tell each other |
 //! | `tls.rs` | what TLS shares between databases: modes, handshake errors and their hints, certificate files |
@@ -86,6 +87,7 @@ mod listener;
 mod pools;
 mod retry;
 mod schema;
+mod semaphores;
 mod statement_threads;
 mod statements;
 mod statistics;
@@ -104,6 +106,7 @@ pub(crate) use pools::PoolSettings;
 pub(crate) use schema::{
     ddl_for, floor_ddl_for, floor_table, floor_trigger, FloorFound, TableSettings,
 };
+pub(crate) use semaphores::{semaphore_ddl_for, semaphore_table, SemaphoreStatements};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use statements::PerStatement;
 pub use statements::Statements;
@@ -139,6 +142,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The shipped DDL of the deletion floor (`include_str!` of `FLOOR_DDL_FILE`), written for
     /// table `INT_LOCK`: table `INT_LOCK_FLOOR` and trigger `INT_LOCK_FLOOR`.
     const FLOOR_DDL: &'static str;
+    /// Path of the shipped DDL of the semaphore table (see [`semaphores`]), named in errors.
+    const SEMAPHORE_DDL_FILE: &'static str;
+    /// The shipped DDL of the semaphore table (`include_str!` of `SEMAPHORE_DDL_FILE`), written
+    /// for table `INT_LOCK`: table `INT_LOCK_SEM`.
+    const SEMAPHORE_DDL: &'static str;
     /// Whether a trigger's name belongs to its table (PostgreSQL), so it never carries the
     /// table's schema; elsewhere it is a schema's object, named like the table.
     const TRIGGER_NAMES_PER_TABLE: bool = false;
@@ -157,6 +165,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The administration statements for `table` (see [`AdminStatements`]); with `named`,
     /// the listing reads `LOCK_NAME`.
     fn admin_statements(table: &str, named: bool) -> AdminStatements;
+
+    /// The statements of the semaphore table `{table}_SEM` (see [`SemaphoreStatements`]).
+    fn semaphore_statements(table: &str) -> SemaphoreStatements;
 
     /// Runs [`AdminStatements::holder`]: the held row, if any.
     fn holder(

@@ -61,7 +61,7 @@ pub(crate) fn floor_ddl_for<B: Backend>(table: &str) -> String {
 }
 
 /// `ddl` (written for `INT_LOCK`) with `INT_LOCK` renamed to `table`.
-fn rename<B: Backend>(ddl: &str, table: &str) -> String {
+pub(super) fn rename<B: Backend>(ddl: &str, table: &str) -> String {
     // A constraint name cannot carry the table's schema: `schema.X_LOCK` names its key X_LOCK_PK.
     let bare = table.rsplit('.').next().unwrap_or(table);
     let mut ddl = ddl.replace("INT_LOCK_PK", &format!("{bare}_PK"));

@@ -147,6 +147,16 @@ pub(crate) trait Store: Send + Sync {
         keep: Duration,
         deadline: Instant,
     ) -> Result<bool>;
+    /// The number of permits recorded for semaphore `sem_key`, recording `permits` when it
+    /// has none; with `check_table`, first checks that the semaphore table exists (see
+    /// `backend::semaphores`).
+    fn semaphore_permits(
+        &self,
+        sem_key: &str,
+        permits: u32,
+        check_table: bool,
+        deadline: Instant,
+    ) -> Result<i64>;
 }
 
 /// [`Store`] over any [`Backend`]: pools, deadlines and retries, written once.
@@ -211,6 +221,9 @@ impl<B: Backend> SqlStore<B> {
             release: table.custom.release.clone().unwrap_or(defaults.release),
         });
         store.check_custom(&table.custom, deadline)?;
+        if table.create_table {
+            store.create_semaphore_table(deadline);
+        }
         Ok(store)
     }
 
@@ -425,6 +438,15 @@ impl<B: Backend> Store for SqlStore<B> {
         deadline: Instant,
     ) -> Result<bool> {
         self.admin_release_keeping(lock_key, token, keep, deadline)
+    }
+    fn semaphore_permits(
+        &self,
+        sem_key: &str,
+        permits: u32,
+        check_table: bool,
+        deadline: Instant,
+    ) -> Result<i64> {
+        self.semaphore_permits_of(sem_key, permits, check_table, deadline)
     }
 }
 

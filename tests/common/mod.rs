@@ -163,6 +163,7 @@ impl Fixture {
                     let _ = client.batch_execute(&format!(
                         "DROP TABLE IF EXISTS {table} CASCADE; \
                          DROP TABLE IF EXISTS {table}_FLOOR CASCADE; \
+                         DROP TABLE IF EXISTS {table}_SEM CASCADE; \
                          DROP FUNCTION IF EXISTS {table}_FLOOR() CASCADE"
                     ));
                 }
@@ -172,7 +173,9 @@ impl Fixture {
                 use mysql::prelude::Queryable;
                 if let Ok(mut conn) = mysql::Conn::new(mysql::Opts::from_url(&mysql_url()).unwrap())
                 {
-                    let _ = conn.query_drop(format!("DROP TABLE IF EXISTS {table}, {table}_FLOOR"));
+                    let _ = conn.query_drop(format!(
+                        "DROP TABLE IF EXISTS {table}, {table}_FLOOR, {table}_SEM"
+                    ));
                 }
             }
             _ => {}

@@ -439,6 +439,19 @@ impl Backend for Mysql {
     const DDL: &'static str = include_str!("../../../sql/mysql.sql");
     const FLOOR_DDL_FILE: &'static str = "sql/mysql_floor.sql";
     const FLOOR_DDL: &'static str = include_str!("../../../sql/mysql_floor.sql");
+    const SEMAPHORE_DDL_FILE: &'static str = "sql/mysql_semaphore.sql";
+    const SEMAPHORE_DDL: &'static str = include_str!("../../../sql/mysql_semaphore.sql");
+
+    fn semaphore_statements(table: &str) -> crate::backend::SemaphoreStatements {
+        let table = crate::backend::semaphore_table(table);
+        crate::backend::SemaphoreStatements {
+            record: format!(
+                "INSERT IGNORE INTO {table} (SEM_KEY, REGION, PERMITS) VALUES (:lock_key, :region, :token)"
+            ),
+            permits: format!("SELECT PERMITS FROM {table} WHERE SEM_KEY = :lock_key AND REGION = :region"),
+        }
+    }
+
     const TIMESTAMP_TYPE: &'static str = "DATETIME(6)";
     /// utf8mb4 whatever the table's own character set: any name fits.
     const NAME_TYPE: &'static str = "VARCHAR(1024) CHARACTER SET utf8mb4";

@@ -567,6 +567,19 @@ impl Backend for Postgres {
     const DDL: &'static str = include_str!("../../../sql/postgres.sql");
     const FLOOR_DDL_FILE: &'static str = "sql/postgres_floor.sql";
     const FLOOR_DDL: &'static str = include_str!("../../../sql/postgres_floor.sql");
+    const SEMAPHORE_DDL_FILE: &'static str = "sql/postgres_semaphore.sql";
+    const SEMAPHORE_DDL: &'static str = include_str!("../../../sql/postgres_semaphore.sql");
+
+    fn semaphore_statements(table: &str) -> crate::backend::SemaphoreStatements {
+        let table = crate::backend::semaphore_table(table);
+        crate::backend::SemaphoreStatements {
+            record: format!(
+                "INSERT INTO {table} (SEM_KEY, REGION, PERMITS) VALUES ($1, $2, $5) ON CONFLICT (SEM_KEY, REGION) DO NOTHING"
+            ),
+            permits: format!("SELECT CAST(PERMITS AS BIGINT) FROM {table} WHERE SEM_KEY = $1 AND REGION = $2"),
+        }
+    }
+
     const TRIGGER_NAMES_PER_TABLE: bool = true;
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
     const NAME_TYPE: &'static str = "VARCHAR(1024)";

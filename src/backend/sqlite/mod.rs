@@ -117,6 +117,19 @@ impl Backend for Sqlite {
     const DDL: &'static str = include_str!("../../../sql/sqlite.sql");
     const FLOOR_DDL_FILE: &'static str = "sql/sqlite_floor.sql";
     const FLOOR_DDL: &'static str = include_str!("../../../sql/sqlite_floor.sql");
+    const SEMAPHORE_DDL_FILE: &'static str = "sql/sqlite_semaphore.sql";
+    const SEMAPHORE_DDL: &'static str = include_str!("../../../sql/sqlite_semaphore.sql");
+
+    fn semaphore_statements(table: &str) -> crate::backend::SemaphoreStatements {
+        let table = crate::backend::semaphore_table(table);
+        crate::backend::SemaphoreStatements {
+            record: format!(
+                "INSERT INTO {table} (SEM_KEY, REGION, PERMITS) VALUES (?1, ?2, ?5) ON CONFLICT (SEM_KEY, REGION) DO NOTHING"
+            ),
+            permits: format!("SELECT PERMITS FROM {table} WHERE SEM_KEY = ?1 AND REGION = ?2"),
+        }
+    }
+
     const TIMESTAMP_TYPE: &'static str = "TIMESTAMP";
     const NAME_TYPE: &'static str = "TEXT";
     const RELEASED_TIMESTAMP: &'static str = "'1970-01-01 00:00:00.000'";

@@ -128,6 +128,19 @@ pub struct RunArgs {
     /// leasehold died), before SIGKILL; at most 7 days.
     #[arg(long, default_value = "10s", value_parser = grace)]
     pub grace: Duration,
+    /// Hold one of N permits of the semaphore KEY instead of the lock KEY: at most N commands
+    /// run at once with this KEY across all hosts (1 to 256; every run of KEY must give the
+    /// same N). The command gets the permit's number, 0 to N-1, in LEASEHOLD_PERMIT.
+    #[arg(long, value_name = "N", conflicts_with = "keep_for")]
+    pub permits: Option<u32>,
+    /// Hold the read side of the reader/writer lock KEY instead of the lock KEY: runs beside
+    /// other --read runs of KEY, never beside a --write run.
+    #[arg(long, conflicts_with_all = ["keep_for", "permits", "write"])]
+    pub read: bool,
+    /// Hold the write side of the reader/writer lock KEY: runs alone, after the --read runs
+    /// inside have ended; a waiting --write keeps new --read runs out.
+    #[arg(long, conflicts_with_all = ["keep_for", "permits"])]
+    pub write: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,

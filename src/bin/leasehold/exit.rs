@@ -52,7 +52,9 @@ impl From<Error> for Failure {
         }
         let code = match error {
             Error::LeaseLost { .. } => LOST,
-            Error::InvalidKey { .. } | Error::InvalidSetting { .. } => USAGE,
+            Error::InvalidKey { .. }
+            | Error::InvalidSetting { .. }
+            | Error::PermitsMismatch { .. } => USAGE,
             _ => ERROR,
         };
         Failure::new(code, error.to_string())

@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! leasehold run --database sqlite:/var/lib/jobs/locks.db --key nightly-report --keep-for 5m -- ./report.sh
+//! leasehold run --key partner-export --permits 4 -- ./export.sh
+//! leasehold run --key cache --write -- ./rebuild-cache.sh   # beside no --read run of cache
 //! leasehold lead --group billing-scheduler -- ./scheduler
 //! leasehold status --key nightly-report
 //! leasehold list --key nightly-report --json
@@ -16,7 +18,7 @@
 //! Exit codes of `run` and `lead`: the command's own when it ran to its end with the lease
 //! (leadership) held (128 + the signal's number when a signal ended it); otherwise one of the
 //! codes below (see [`exit`]). Under `run` the command also sees `LEASEHOLD_KEY` and
-//! `LEASEHOLD_FENCING_TOKEN` in its environment; under `lead`, `LEASEHOLD_GROUP`,
+//! `LEASEHOLD_FENCING_TOKEN` in its environment (and `LEASEHOLD_PERMIT` with `--permits`); under `lead`, `LEASEHOLD_GROUP`,
 //! `LEASEHOLD_TERM` and `LEASEHOLD_FENCING_TOKEN` (the term).
 //!
 //! # Where things live

@@ -37,7 +37,10 @@ pub fn rows_table(rows: &[LockRow], now: SystemTime) -> String {
     let mut lines: Vec<[String; 6]> = vec![header.map(String::from)];
     for row in rows {
         lines.push([
-            row.label().to_string(),
+            match row.part() {
+                Some(part) => format!("{} ({part})", row.label()),
+                None => row.label().to_string(),
+            },
             row.state.to_string(),
             row.client_id.clone().unwrap_or_else(|| "-".into()),
             humantime::format_rfc3339_millis(row.acquired).to_string(),

@@ -1,4 +1,5 @@
-//! `leasehold init`: create the lock table and its deletion floor, or print their DDL.
+//! `leasehold init`: create the lock table, its deletion floor and the semaphore table, or print
+//! their DDL.
 
 use crate::args::InitArgs;
 use crate::database::builder;
@@ -18,7 +19,8 @@ pub fn init(args: InitArgs) -> Result<u8, Failure> {
     }
     let registry = builder.create_table(true).build()?;
     println!(
-        "table {} is ready on {} (with its deletion floor unless a warning said otherwise)",
+        "table {} is ready on {} (with its deletion floor and semaphore table unless a warning \
+         said otherwise)",
         registry.table(),
         registry.backend_name()
     );

@@ -1,5 +1,6 @@
-//! `leasehold run`: run a command while holding a lock, renewing it, and release it (or keep
-//! it held, `--keep-for`) when the command ends.
+//! `leasehold run`: run a command while holding a lock (or one permit of a semaphore,
+//! `--permits`, or a side of a reader/writer lock, `--read`/`--write`), renewing it, and release it (or keep it held, `--keep-for`) when the command
+//! ends.
 
 use crate::args::RunArgs;
 use crate::database::{registry, Tables};
@@ -7,23 +8,148 @@ use crate::exit::{self, Failure};
 use crate::output::rounded;
 use crate::report::Reporter;
 use crate::supervisor::{code_of, forward_signals, spawn, supervise, Watchdog};
-use leasehold::Error;
+use leasehold::crossbeam_channel::Receiver;
+use leasehold::{Error, LeaseLost, LockGuard, Permit, ReadGuard, WriteGuard};
 use std::time::Duration;
+
+/// What the command runs under: the lock, a permit of the semaphore, or a side of the
+/// reader/writer lock.
+enum Held {
+    Lock(LockGuard),
+    Permit(Permit),
+    Read(ReadGuard),
+    Write(WriteGuard),
+}
+
+impl Held {
+    fn fencing_token(&self) -> u64 {
+        match self {
+            Held::Lock(guard) => guard.fencing_token(),
+            Held::Permit(permit) => permit.fencing_token(),
+            Held::Read(guard) => guard.fencing_token(),
+            Held::Write(guard) => guard.fencing_token(),
+        }
+    }
+
+    fn remaining(&self) -> Duration {
+        match self {
+            Held::Lock(guard) => guard.remaining(),
+            Held::Permit(permit) => permit.remaining(),
+            Held::Read(guard) => guard.remaining(),
+            Held::Write(guard) => guard.remaining(),
+        }
+    }
+
+    fn loss_channel(&self) -> Receiver<LeaseLost> {
+        match self {
+            Held::Lock(guard) => guard.loss_channel(),
+            Held::Permit(permit) => permit.loss_channel(),
+            Held::Read(guard) => guard.loss_channel(),
+            Held::Write(guard) => guard.loss_channel(),
+        }
+    }
+
+    fn unlock(self) -> leasehold::Result<()> {
+        match self {
+            Held::Lock(guard) => guard.unlock(),
+            Held::Permit(permit) => permit.unlock(),
+            Held::Read(guard) => guard.unlock(),
+            Held::Write(guard) => guard.unlock(),
+        }
+    }
+
+    /// `--keep-for`, which the arguments allow only for a lock.
+    fn unlock_keeping_for(self, keep: Duration) -> leasehold::Result<()> {
+        match self {
+            Held::Lock(guard) => guard.unlock_keeping_for(keep),
+            other => other.unlock(),
+        }
+    }
+}
+
+/// Takes the lock or permit as `--no-wait` / `--wait` / neither say: with `try_once`,
+/// `try_for` or `wait`.
+fn take<T>(
+    args: &RunArgs,
+    try_once: impl FnOnce() -> leasehold::Result<Option<T>>,
+    try_for: impl FnOnce(Duration) -> leasehold::Result<Option<T>>,
+    wait: impl FnOnce() -> leasehold::Result<T>,
+) -> leasehold::Result<Option<T>> {
+    if args.no_wait {
+        try_once()
+    } else if let Some(timeout) = args.wait {
+        try_for(timeout)
+    } else {
+        wait().map(Some)
+    }
+}
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     let registry = registry(&args.database, Some(args.ttl), Tables::Create)?;
     // Before the lock: without a watchdog the command would not be stopped if leasehold died.
     let mut watchdog = Watchdog::start(args.grace)?;
-    let lock = registry.obtain(&args.key)?;
     reporter.say(format_args!("waiting for {:?}", args.key));
-    let guard = if args.no_wait {
-        lock.try_lock()?
-    } else if let Some(wait) = args.wait {
-        lock.try_lock_for(wait)?
-    } else {
-        Some(lock.lock()?)
+    let rw_lock = (args.read || args.write)
+        .then(|| registry.rw_lock(&args.key))
+        .transpose()?;
+    let guard = match args.permits {
+        None if args.read => {
+            let lock = rw_lock.as_ref().expect("made for --read");
+            take(
+                &args,
+                || lock.try_read(),
+                |wait| lock.try_read_for(wait),
+                || lock.read(),
+            )?
+            .map(Held::Read)
+        }
+        None if args.write => {
+            let lock = rw_lock.as_ref().expect("made for --write");
+            take(
+                &args,
+                || lock.try_write(),
+                |wait| lock.try_write_for(wait),
+                || lock.write(),
+            )?
+            .map(Held::Write)
+        }
+        None => {
+            let lock = registry.obtain(&args.key)?;
+            take(
+                &args,
+                || lock.try_lock(),
+                |wait| lock.try_lock_for(wait),
+                || lock.lock(),
+            )?
+            .map(Held::Lock)
+        }
+        Some(permits) => {
+            let semaphore = registry.semaphore(&args.key, permits)?;
+            take(
+                &args,
+                || semaphore.try_acquire(),
+                |wait| semaphore.try_acquire_for(wait),
+                || semaphore.acquire(),
+            )?
+            .map(Held::Permit)
+        }
     };
     let Some(guard) = guard else {
+        if args.read || args.write {
+            let side = if args.read { "read" } else { "write" };
+            eprintln!(
+                "leasehold: the {side} side of {:?} is not free; not running the command",
+                args.key
+            );
+            return Ok(args.conflict_exit_code);
+        }
+        if let Some(permits) = args.permits {
+            eprintln!(
+                "leasehold: all {permits} permits of {:?} are held; not running the command",
+                args.key
+            );
+            return Ok(args.conflict_exit_code);
+        }
         let holder = registry.holder(&args.key).ok().flatten();
         let by = holder.map_or_else(String::new, |h| format!(" by {}", h.client_id));
         eprintln!(
@@ -36,14 +162,29 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     // as usual, and a grant in flight runs out after its time-to-live).
     let signals = forward_signals()?;
     let token = guard.fencing_token();
-    reporter.say(format_args!(
-        "acquired {:?} (fencing token {token})",
-        args.key
-    ));
-    let env = [
+    let mut env = vec![
         ("LEASEHOLD_KEY", args.key.clone()),
         ("LEASEHOLD_FENCING_TOKEN", token.to_string()),
     ];
+    match &guard {
+        Held::Lock(_) => reporter.say(format_args!(
+            "acquired {:?} (fencing token {token})",
+            args.key
+        )),
+        Held::Read(_) | Held::Write(_) => reporter.say(format_args!(
+            "acquired the {} side of {:?} (fencing token {token})",
+            if args.read { "read" } else { "write" },
+            args.key
+        )),
+        Held::Permit(permit) => {
+            reporter.say(format_args!(
+                "acquired permit {} of {:?} (fencing token {token})",
+                permit.slot(),
+                args.key
+            ));
+            env.push(("LEASEHOLD_PERMIT", permit.slot().to_string()));
+        }
+    }
     if let Err(failure) = watchdog.check() {
         guard.unlock()?;
         return Err(failure);

@@ -1,0 +1,512 @@
+//! Counting semaphores: at most N holders of a name across every instance, each holder with a
+//! lease of its own.
+//!
+//! # Storage: a permit is a lock row
+//!
+//! A semaphore of N permits is N *slots*, and slot `i` is an ordinary lease row of the lock
+//! table, taken, renewed, released, fenced and expired exactly as a lock's row is — by the same
+//! statements, the same renewal workers, lease clock, loss reporting and release wake-ups. Only
+//! its `LOCK_KEY` differs: the 32 hexadecimal digits of the name's UUID (see
+//! [`lock_key_for`](crate::lock_key_for)), `#`, and the slot's number in three digits
+//! (`acbd18db4cc2385cadef654fccc4a4d8#002`), 36 characters like a UUID but never one. Spring
+//! Integration stores only UUIDs (a key that is not one is hashed into one), and so does every
+//! plain lock of leasehold: no lock of either can ever name a permit's row, and Spring
+//! instances on the same table never take, break or list a permit as one of their locks.
+//! `LOCK_NAME` (where the table has it) carries the semaphore's name.
+//!
+//! The number of permits is part of the semaphore's identity: the first use of a name records
+//! it in the semaphore table `{prefix}LOCK_SEM` (`sql/<database>_semaphore.sql`, created by
+//! `create_table(true)` and `leasehold init`; see `backend::semaphores`), and an instance that
+//! asks for another number gets [`Error::PermitsMismatch`] instead of a semaphore — otherwise
+//! one instance with 4 and another with 5 would hold up to 5 between them, or, if slots
+//! depended on N, 9. A separate table rather than a descriptor row in the lock table, because a
+//! row there would show in every listing and cleanup of the lock table, Spring's included, as a
+//! lock held forever; the price is one more table for existing installations to create, which
+//! the error names.
+//!
+//! # Local state machine
+//!
+//! Each [`Semaphore`] handle points at one `SemaphoreInner` per (registry, name), holding one
+//! lock handle per slot and, behind a mutex, only this:
+//!
+//! | `poller` | meaning | what a thread that wants a permit does |
+//! |----------|---------|----------------------------------------|
+//! | none | nobody of this registry is looking | becomes the poller: tries the slots |
+//! | a thread | it tries the slots or sleeps until its next round | waits on the condition variable |
+//!
+//! The poller tries each slot once, starting after the slot last granted here (at a random
+//! slot at first, so that instances spread over the slots), skipping slots its own thread holds (a permit is not reentrant).
+//! A slot held by another thread of this registry costs no statement; a free-looking one costs
+//! one acquire statement, which writes nothing when the row is held elsewhere. When every slot
+//! is taken it sleeps `idle_between_tries`, cut short by a permit released in this registry or
+//! a release notification for a slot from another instance (it registers every slot's key
+//! for wake-ups while it waits; on MySQL, where each watched key costs a watcher's connection,
+//! only [`KEYED_WATCHES`] of them, from the one it will try first); other local threads sleep on the condition variable and cost
+//! nothing. The poller that gets a permit, or gives up, wakes them so that one of them polls.
+//!
+//! A permit released with local threads waiting goes back to the database (a release, then
+//! their acquire): unlike a lock, a permit is not handed over between threads. Each holder
+//! therefore has a grant and fencing token of its own, and tokens increase per slot.
+//!
+//! # Costs and limits
+//!
+//! A round of the poller is up to N statements when every slot is held elsewhere, so a waiting
+//! registry sends up to N / `idle_between_tries` statements per second, all reads of rows that
+//! are held. [`MAX_PERMITS`] bounds N for that reason. A try (`try_acquire`) makes one round at
+//! most, each statement bounded by `operation_timeout`; the statements of `try_acquire_for`
+//! and `try_acquire_until` are bounded by their deadline, and none starts after it.
+
+use crate::error::{Error, Result};
+use crate::lock::{Lock, LockGuard, LockInner};
+use crate::registry::{Core, LockRegistry};
+use crate::wakeups::Nudge;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Weak};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+/// The largest number of permits a semaphore may have: a waiting registry polls every slot,
+/// so polling costs grow with the number.
+pub const MAX_PERMITS: u32 = 256;
+
+/// How many rows of one semaphore (or reader/writer lock) a waiter registers for release
+/// wake-ups where the listener watches keys one by one (MySQL: a watcher thread and connection
+/// each, at most 16 per registry); releases of the others are found by polling.
+pub(crate) const KEYED_WATCHES: usize = 4;
+
+/// The `LOCK_KEY` of permit `slot` of semaphore `name`: never a UUID, so never a lock's.
+pub(crate) fn slot_lock_key(name: &str, slot: u32) -> String {
+    let hex: String = crate::key::lock_key_for(name)
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    format!("{hex}#{slot:03}")
+}
+
+/// The live semaphores of one registry, by name, and whether the semaphore table was found.
+#[derive(Default)]
+pub(crate) struct SemaphoreCache {
+    table_checked: bool,
+    live: HashMap<String, Weak<SemaphoreInner>>,
+}
+
+impl LockRegistry {
+    /// The counting semaphore `name` with `permits` permits: at most that many holders at once
+    /// across every instance using the table and region. Shared with every other user of that
+    /// name in this registry.
+    ///
+    /// The first use of a name in a registry reads (and, the very first time, records) its
+    /// number of permits in the semaphore table; an instance that asks for another number gets
+    /// [`Error::PermitsMismatch`]. `name` is any key [`obtain`](Self::obtain) accepts; a
+    /// semaphore and a lock of the same name are unrelated. `permits` is 1 to [`MAX_PERMITS`].
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("l.db");
+    /// let host_a = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+    /// let host_b = leasehold::LockRegistry::sqlite(&path).build()?;
+    /// let exports = host_a.semaphore("partner-api", 2)?;
+    /// let first = exports.acquire()?;
+    /// let second = host_b.semaphore("partner-api", 2)?.try_acquire()?.expect("one left");
+    /// assert!(exports.try_acquire()?.is_none(), "both permits are taken");
+    /// assert_ne!(first.slot(), second.slot());
+    /// second.unlock()?;
+    /// assert!(exports.try_acquire()?.is_some());
+    /// // Disagreeing about the number is an error, not a third permit.
+    /// assert!(matches!(
+    ///     host_b.semaphore("partner-api", 3),
+    ///     Err(leasehold::Error::PermitsMismatch { recorded: 2, .. })
+    /// ));
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        crate::key::validate_key(name)?;
+        if permits == 0 || permits > MAX_PERMITS {
+            return Err(Error::setting(
+                "permits",
+                format!(
+                    "{permits} is outside 1..={MAX_PERMITS}; a semaphore of one permit is a \
+                     lock (use obtain), and a waiter polls every permit's row"
+                ),
+            ));
+        }
+        let live = |cache: &SemaphoreCache| cache.live.get(name).and_then(Weak::upgrade);
+        let check_table = {
+            let cache = self.semaphores.lock();
+            if let Some(inner) = live(&cache) {
+                return self.same_permits(inner, permits);
+            }
+            !cache.table_checked
+        };
+        let sem_key = crate::key::lock_key_for(name);
+        let deadline = Instant::now() + self.core.settings.operation_timeout;
+        let recorded =
+            self.core
+                .store
+                .semaphore_permits(&sem_key, permits, check_table, deadline)?;
+        let mut cache = self.semaphores.lock();
+        cache.table_checked = true;
+        if let Some(inner) = live(&cache) {
+            return self.same_permits(inner, permits);
+        }
+        if recorded != i64::from(permits) {
+            return Err(self.mismatch(name, permits, recorded));
+        }
+        let inner = Arc::new(SemaphoreInner::new(name, permits, &self.core));
+        cache.live.retain(|_, known| known.strong_count() > 0);
+        cache.live.insert(name.to_string(), Arc::downgrade(&inner));
+        Ok(Semaphore { inner })
+    }
+
+    fn same_permits(&self, inner: Arc<SemaphoreInner>, permits: u32) -> Result<Semaphore> {
+        if inner.permits != permits {
+            return Err(self.mismatch(&inner.name, permits, inner.permits.into()));
+        }
+        Ok(Semaphore { inner })
+    }
+
+    fn mismatch(&self, name: &str, permits: u32, recorded: i64) -> Error {
+        let table = crate::backend::semaphore_table(&self.core.table);
+        let fix = format!(
+            "DELETE FROM {table} WHERE SEM_KEY = '{}' AND REGION = '{}'",
+            crate::key::lock_key_for(name),
+            self.core.region.replace('\'', "''")
+        );
+        Error::PermitsMismatch {
+            name: name.to_string(),
+            permits,
+            recorded,
+            table,
+            fix,
+        }
+    }
+}
+
+/// How long an acquire may wait for a permit.
+#[derive(Clone, Copy, Debug)]
+enum Wait {
+    /// One round over the slots.
+    No,
+    /// Until the instant.
+    Until(Instant),
+    /// Until granted.
+    Forever,
+}
+
+struct LocalState {
+    /// The thread trying the slots, or sleeping until its next round, if any.
+    poller: Option<ThreadId>,
+    /// A permit was released here, or a release elsewhere was notified: poll now.
+    nudged: bool,
+    /// Where the next round starts.
+    next_slot: usize,
+    /// When a round last found every permit held. A waiter that took over polling from
+    /// another thread knows from it that the permits were held during its wait.
+    refused_at: Option<Instant>,
+}
+
+/// Shared state of one semaphore in one registry.
+pub(crate) struct SemaphoreInner {
+    name: Arc<str>,
+    permits: u32,
+    /// One lock handle per slot, on the slot's row.
+    slots: Vec<Lock>,
+    /// The slots' `LOCK_KEY`s, as release wake-ups know them.
+    slot_keys: Vec<Arc<str>>,
+    core: Arc<Core>,
+    state: Mutex<LocalState>,
+    changed: Condvar,
+}
+
+impl SemaphoreInner {
+    fn new(name: &str, permits: u32, core: &Arc<Core>) -> Self {
+        let slot_keys: Vec<Arc<str>> = (0..permits)
+            .map(|slot| slot_lock_key(name, slot).into())
+            .collect();
+        let slots = slot_keys
+            .iter()
+            .map(|lock_key| {
+                Lock::new(Arc::new(LockInner::with_lock_key(
+                    name,
+                    lock_key.to_string(),
+                    Arc::clone(core),
+                )))
+            })
+            .collect();
+        SemaphoreInner {
+            name: name.into(),
+            permits,
+            slots,
+            slot_keys,
+            core: Arc::clone(core),
+            state: Mutex::new(LocalState {
+                poller: None,
+                nudged: false,
+                // Registries start at different slots, so that they rarely try the same row.
+                next_slot: (uuid::Uuid::new_v4().as_u128() % u128::from(permits)) as usize,
+                refused_at: None,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn acquire(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<Permit>> {
+        self.core.settings.check_ttl("time_to_live", ttl)?;
+        let me = std::thread::current().id();
+        let as_poller = Arc::downgrade(self) as Weak<dyn Nudge>;
+        let mut registered = false;
+        let mut state = self.state.lock();
+        // Unwind-safe: whatever panics inside (a bug, a fail point), this thread stops being
+        // the poller and unregisters.
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+            self.acquire_locked(&mut state, me, wait, ttl, &as_poller, &mut registered)
+        }));
+        if state.poller == Some(me) {
+            state.poller = None;
+        }
+        drop(state);
+        if registered {
+            for lock_key in &self.slot_keys {
+                self.core.wakeups.unregister(lock_key, &as_poller);
+            }
+        }
+        // Another waiter may have to poll now.
+        self.changed.notify_all();
+        outcome.unwrap_or_else(|panic| panic::resume_unwind(panic))
+    }
+
+    fn acquire_locked(
+        self: &Arc<Self>,
+        state: &mut MutexGuard<'_, LocalState>,
+        me: ThreadId,
+        wait: Wait,
+        ttl: Duration,
+        as_poller: &Weak<dyn Nudge>,
+        registered: &mut bool,
+    ) -> Result<Option<Permit>> {
+        // Whether an attempt of this wait found a permit held.
+        let mut refused = false;
+        let waiting_since = Instant::now();
+        loop {
+            if state.poller.is_none() {
+                if !matches!(wait, Wait::No) && !*registered {
+                    let count = self.slot_keys.len();
+                    let watched = match self.core.store.listener_watches_keys() {
+                        true => count.min(KEYED_WATCHES),
+                        false => count,
+                    };
+                    for offset in 0..watched {
+                        let lock_key = &self.slot_keys[(state.next_slot + offset) % count];
+                        *registered |= self.core.wakeups.register(lock_key, Weak::clone(as_poller));
+                    }
+                }
+                state.poller = Some(me);
+                state.nudged = false;
+                let start = state.next_slot;
+                let deadline = match wait {
+                    Wait::Until(deadline) => Some(deadline),
+                    _ => None,
+                };
+                let round =
+                    MutexGuard::unlocked(state, || self.round(start, ttl, deadline, &mut refused));
+                // An attempt of this wait (this thread's, or that of the poller it took over
+                // from) found permits held.
+                refused |= state.refused_at.is_some_and(|at| at >= waiting_since);
+                let round = match round {
+                    // Permits were held at an earlier attempt and the caller's time ran out on
+                    // this one (often waiting for a pooled connection): still "all held".
+                    Err(Error::Timeout { .. }) if refused && deadline.is_some() => return Ok(None),
+                    other => other?,
+                };
+                if let Some(permit) = round {
+                    state.next_slot = (permit.slot as usize + 1) % self.slots.len();
+                    return Ok(Some(permit));
+                }
+                state.refused_at = Some(Instant::now());
+                let next_poll = Instant::now() + self.core.settings.idle_between_tries;
+                let wake_at = match wait {
+                    Wait::No => return Ok(None),
+                    Wait::Until(deadline) if deadline <= Instant::now() => return Ok(None),
+                    Wait::Until(deadline) => next_poll.min(deadline),
+                    Wait::Forever => next_poll,
+                };
+                self.core.wakeups.before_sleep();
+                while Instant::now() < wake_at && !state.nudged {
+                    self.changed.wait_until(state, wake_at);
+                }
+                state.poller = None;
+                if deadline.is_some_and(|deadline| deadline <= Instant::now()) {
+                    return Ok(None);
+                }
+                continue;
+            }
+            match wait {
+                Wait::No => return Ok(None),
+                Wait::Until(deadline) if deadline <= Instant::now() => return Ok(None),
+                Wait::Until(deadline) => {
+                    self.changed.wait_until(state, deadline);
+                }
+                Wait::Forever => self.changed.wait(state),
+            }
+        }
+    }
+
+    /// One try of every slot, from `start` on: the first permit granted, or none. Each
+    /// statement gives up at `deadline` if there is one (else after `operation_timeout`), and
+    /// no statement starts after it. Sets `refused` when a slot was held.
+    fn round(
+        self: &Arc<Self>,
+        start: usize,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        refused: &mut bool,
+    ) -> Result<Option<Permit>> {
+        let count = self.slots.len();
+        for offset in 0..count {
+            if offset > 0 && deadline.is_some_and(|deadline| deadline <= Instant::now()) {
+                return Ok(None);
+            }
+            let slot = (start + offset) % count;
+            let lock = &self.slots[slot];
+            if lock.is_held_by_current_thread() {
+                continue;
+            }
+            let granted = match deadline {
+                Some(deadline) => lock.try_lock_once_until(deadline, ttl)?,
+                None => lock.try_lock_with_ttl(ttl)?,
+            };
+            match granted {
+                Some(guard) => {
+                    return Ok(Some(Permit {
+                        semaphore: Arc::clone(self),
+                        slot: slot as u32,
+                        guard: Some(guard),
+                    }))
+                }
+                None => *refused = true,
+            }
+        }
+        Ok(None)
+    }
+
+    /// A permit of this registry went back: the poller should look again now.
+    fn released(&self) {
+        self.state.lock().nudged = true;
+        self.changed.notify_all();
+    }
+}
+
+impl Nudge for SemaphoreInner {
+    /// Called by the release listener: a slot was released elsewhere, poll now.
+    fn nudge(&self, _turn_age: Duration) {
+        self.released();
+    }
+}
+
+/// A handle on one counting semaphore of a registry (see [`LockRegistry::semaphore`]). Cheap
+/// to clone; all handles of one name in one registry share one poller.
+///
+/// A waiting acquire polls the database every `idle_between_tries` while every permit is
+/// held, waking at once when a permit of this registry is released or another instance's
+/// release is notified; it returns `Err` only when the input is bad or the database keeps
+/// failing. A thread that already holds permits may take another; with every other permit
+/// held, by anyone, it waits (a permit is not reentrant).
+#[derive(Clone)]
+pub struct Semaphore {
+    inner: Arc<SemaphoreInner>,
+}
+
+impl Semaphore {
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// How many holders it allows at once, across all instances.
+    pub fn permits(&self) -> u32 {
+        self.inner.permits
+    }
+
+    acquire_methods!(
+        "a permit",
+        Permit,
+        acquire,
+        acquire,
+        acquire_with_ttl,
+        try_acquire,
+        try_acquire_with_ttl,
+        try_acquire_for,
+        try_acquire_for_with_ttl,
+        try_acquire_until,
+        try_acquire_until_with_ttl
+    );
+}
+
+impl std::fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.inner.name)
+            .field("permits", &self.inner.permits)
+            .finish()
+    }
+}
+
+/// One permit of a semaphore, held by the current thread; released when dropped.
+///
+/// Its lease is renewed in the background, lost alone and reported alone, like a
+/// [`LockGuard`]'s, whose methods it has. Dropping releases on a best-effort basis and logs
+/// failures; [`unlock`](Self::unlock) returns them. `!Send`, like a lock guard.
+#[must_use = "if unused the permit is released at once"]
+pub struct Permit {
+    semaphore: Arc<SemaphoreInner>,
+    slot: u32,
+    /// `None` once released.
+    guard: Option<LockGuard>,
+}
+
+impl Permit {
+    lease_guard_methods!(semaphore);
+
+    /// Which of the semaphore's permits this is, from 0 to `permits - 1`: no two holders
+    /// anywhere hold the same slot at once.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The fencing token of this permit's grant: larger than every earlier grant of the same
+    /// [`slot`](Self::slot) (tokens of different slots are unrelated). A resource that admits
+    /// N writers can keep the largest token seen per slot and refuse smaller ones.
+    pub fn fencing_token(&self) -> u64 {
+        self.lease_guard().fencing_token()
+    }
+
+    /// Releases the permit and reports whether the lease was still held until then:
+    /// `Err(LeaseLost)` means more holders than permits may have run meanwhile.
+    pub fn unlock(mut self) -> Result<()> {
+        let released = self.guard.take().map_or(Ok(()), LockGuard::unlock);
+        self.semaphore.released();
+        released
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(guard) = self.guard.take() {
+            drop(guard);
+            self.semaphore.released();
+        }
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("name", &self.semaphore.name)
+            .field("slot", &self.slot)
+            .field("guard", &self.guard)
+            .finish()
+    }
+}

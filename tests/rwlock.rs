@@ -1,0 +1,337 @@
+//! Reader/writer locks against every database: never a writer beside another holder across
+//! registries and threads (an outside witness checks), a waiting writer keeps new readers of
+//! every instance out and gets in under a continuous stream of readers, a write token exceeds
+//! every earlier grant, crashed holders' rows come back after their time-to-live, and bad input
+//! is refused (PostgreSQL also through PgBouncer in transaction mode). Waits are bounded
+//! generously; no assertion is on elapsed time.
+
+mod common;
+
+mod suite {
+    use crate::common::Fixture;
+    use leasehold::Error;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    const GENEROUS: Duration = Duration::from_secs(20);
+
+    /// The outside witness: readers inside, whether a writer is inside, and violations seen.
+    #[derive(Default)]
+    struct Witness {
+        readers: AtomicUsize,
+        writer: AtomicBool,
+        most_readers: AtomicUsize,
+        violations: AtomicUsize,
+    }
+
+    impl Witness {
+        fn enter_read(&self) {
+            let now = self.readers.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_readers.fetch_max(now, Ordering::SeqCst);
+            if self.writer.load(Ordering::SeqCst) {
+                self.violations.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        fn leave_read(&self) {
+            self.readers.fetch_sub(1, Ordering::SeqCst);
+        }
+        fn enter_write(&self) {
+            if self.writer.swap(true, Ordering::SeqCst) || self.readers.load(Ordering::SeqCst) > 0 {
+                self.violations.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        fn leave_write(&self) {
+            self.writer.store(false, Ordering::SeqCst);
+        }
+    }
+
+    pub fn a_writer_never_holds_beside_another_holder_across_registries(f: &Fixture) {
+        const REGISTRIES: usize = 3;
+        const ROUNDS: usize = 6;
+        let registries: Vec<_> = (0..REGISTRIES).map(|_| f.registry()).collect();
+        let witness = Arc::new(Witness::default());
+        let start = Arc::new(Barrier::new(REGISTRIES * 3));
+        let mut workers = Vec::new();
+        for registry in &registries {
+            for role in ["read", "read", "write"] {
+                let lock = registry.rw_lock("cache").unwrap();
+                let (witness, start) = (witness.clone(), start.clone());
+                workers.push(thread::spawn(move || {
+                    start.wait();
+                    for _ in 0..ROUNDS {
+                        if role == "read" {
+                            let guard = lock.try_read_for(GENEROUS).unwrap().expect("read");
+                            witness.enter_read();
+                            thread::sleep(Duration::from_millis(5));
+                            witness.leave_read();
+                            guard.unlock().unwrap();
+                        } else {
+                            let guard = lock.try_write_for(GENEROUS).unwrap().expect("write");
+                            witness.enter_write();
+                            thread::sleep(Duration::from_millis(2));
+                            witness.leave_write();
+                            guard.unlock().unwrap();
+                        }
+                    }
+                }));
+            }
+        }
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        assert_eq!(witness.violations.load(Ordering::SeqCst), 0);
+    }
+
+    pub fn readers_share_and_a_writer_excludes_them(f: &Fixture) {
+        let (a, b) = (f.registry(), f.registry());
+        let (at_a, at_b) = (a.rw_lock("doc").unwrap(), b.rw_lock("doc").unwrap());
+        let first = at_a.read().unwrap();
+        let second = at_a
+            .try_read()
+            .unwrap()
+            .expect("a second reader of one registry");
+        let third = at_b
+            .try_read()
+            .unwrap()
+            .expect("a reader of another instance");
+        assert_ne!(first.slot(), second.slot());
+        assert!(first.is_held() && third.remaining() > Duration::ZERO);
+        assert!(at_b.try_write().unwrap().is_none(), "readers hold it");
+        assert!(at_a
+            .try_write_for(Duration::from_millis(100))
+            .unwrap()
+            .is_none());
+        drop((first, second));
+        third.unlock().unwrap();
+        let writing = at_b.try_write_for(GENEROUS).unwrap().expect("free");
+        writing.renew().unwrap();
+        assert!(at_a.try_read().unwrap().is_none(), "the writer holds it");
+        assert!(at_a.try_write().unwrap().is_none());
+        assert!(b.rw_lock("doc").unwrap().try_read().unwrap().is_none());
+        writing.unlock().unwrap();
+        assert!(at_a.try_read_for(GENEROUS).unwrap().is_some());
+    }
+
+    pub fn a_waiting_writer_keeps_new_readers_of_every_instance_out(f: &Fixture) {
+        let (a, b, c) = (f.registry(), f.registry(), f.registry());
+        let reading = a.rw_lock("queue").unwrap().read().unwrap();
+        let writer_lock = b.rw_lock("queue").unwrap();
+        let writer = thread::spawn(move || {
+            writer_lock
+                .try_write_for(GENEROUS)
+                .unwrap()
+                .map(|guard| guard.fencing_token())
+        });
+        // Until the writer waits, new readers still get in (and leave again).
+        let refused = {
+            let other = c.rw_lock("queue").unwrap();
+            let until = Instant::now() + GENEROUS;
+            loop {
+                match other.try_read().unwrap() {
+                    None => break true,
+                    Some(guard) => drop(guard),
+                }
+                if Instant::now() > until {
+                    break false;
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        };
+        assert!(refused, "a waiting writer did not keep a new reader out");
+        assert!(reading.is_held(), "the reader inside keeps its hold");
+        let read_token = reading.fencing_token();
+        reading.unlock().unwrap();
+        let token = writer.join().unwrap().expect("the writer got in");
+        assert!(token > read_token);
+    }
+
+    pub fn a_waiting_writer_gets_in_under_a_continuous_stream_of_readers(f: &Fixture) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(AtomicUsize::new(0));
+        let registries = [f.registry(), f.registry()];
+        let mut readers = Vec::new();
+        for registry in &registries {
+            for _ in 0..2 {
+                let lock = registry.rw_lock("hot").unwrap();
+                let (stop, reads) = (stop.clone(), reads.clone());
+                readers.push(thread::spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        if let Some(guard) = lock.try_read_for(Duration::from_millis(200)).unwrap()
+                        {
+                            reads.fetch_add(1, Ordering::SeqCst);
+                            thread::sleep(Duration::from_millis(30));
+                            drop(guard);
+                        }
+                    }
+                }));
+            }
+        }
+        let until = Instant::now() + GENEROUS;
+        while reads.load(Ordering::SeqCst) < 8 && Instant::now() < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let writer = f.registry();
+        let written = writer
+            .rw_lock("hot")
+            .unwrap()
+            .try_write_for(GENEROUS)
+            .unwrap();
+        let got_in = written.is_some();
+        drop(written);
+        stop.store(true, Ordering::SeqCst);
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        assert!(reads.load(Ordering::SeqCst) >= 8, "the readers ran");
+        assert!(got_in, "the writer was starved by the readers");
+    }
+
+    pub fn a_write_token_exceeds_every_earlier_read_and_write_grant(f: &Fixture) {
+        let (a, b) = (f.registry(), f.registry());
+        let (at_a, at_b) = (a.rw_lock("ledger").unwrap(), b.rw_lock("ledger").unwrap());
+        let mut highest = 0u64;
+        for round in 0..15 {
+            let (reader, writer) = if round % 2 == 0 {
+                (&at_a, &at_b)
+            } else {
+                (&at_b, &at_a)
+            };
+            for _ in 0..2 {
+                let read = reader.try_read_for(GENEROUS).unwrap().expect("read");
+                highest = highest.max(read.fencing_token());
+                read.unlock().unwrap();
+            }
+            let write = writer.try_write_for(GENEROUS).unwrap().expect("write");
+            assert!(
+                write.fencing_token() > highest,
+                "write token {} after {highest}",
+                write.fencing_token()
+            );
+            highest = write.fencing_token();
+            write.unlock().unwrap();
+        }
+    }
+
+    pub fn crashed_holders_rows_come_back_after_their_time_to_live(f: &Fixture) {
+        let ttl = Duration::from_millis(300);
+        let crashed = f.builder().renewal(false).build().unwrap();
+        let other = f.registry().rw_lock("crash").unwrap();
+        // A reader crashes: the writer gets in after its lease runs out.
+        let stale = crashed
+            .rw_lock("crash")
+            .unwrap()
+            .read_with_ttl(ttl)
+            .unwrap();
+        std::mem::forget(stale);
+        let writing = other
+            .try_write_for(GENEROUS)
+            .unwrap()
+            .expect("the read ran out");
+        writing.unlock().unwrap();
+        // A writer crashes: readers get in after its lease runs out.
+        let stale = crashed
+            .rw_lock("crash")
+            .unwrap()
+            .write_with_ttl(ttl)
+            .unwrap();
+        let write_token = stale.fencing_token();
+        std::mem::forget(stale);
+        let reading = other
+            .try_read_for(GENEROUS)
+            .unwrap()
+            .expect("the write ran out");
+        drop(reading);
+        let again = other.try_write_for(GENEROUS).unwrap().expect("free");
+        assert!(again.fencing_token() > write_token);
+    }
+
+    pub fn bad_input_gets_typed_errors(f: &Fixture) {
+        let registry = f.registry();
+        assert!(matches!(
+            registry.rw_lock(""),
+            Err(Error::InvalidKey { .. })
+        ));
+        let lock = registry.rw_lock("bad").unwrap();
+        for attempt in [
+            lock.try_read_with_ttl(Duration::from_millis(1)).map(drop),
+            lock.try_write_with_ttl(Duration::from_millis(1)).map(drop),
+        ] {
+            assert!(
+                matches!(attempt, Err(Error::InvalidSetting { .. })),
+                "{attempt:?}"
+            );
+        }
+        // Neither side was left taken by the refused calls.
+        let write = lock.try_write().unwrap().expect("free");
+        write.unlock().unwrap();
+        let read = lock.try_read().unwrap().expect("free");
+        read.unlock().unwrap();
+    }
+
+    pub fn a_lock_a_semaphore_and_a_rw_lock_of_one_name_are_unrelated(f: &Fixture) {
+        let registry = f.registry();
+        let lock = registry.obtain("same").unwrap().lock().unwrap();
+        let permit = registry.semaphore("same", 1).unwrap().acquire().unwrap();
+        let write = registry
+            .rw_lock("same")
+            .unwrap()
+            .try_write()
+            .unwrap()
+            .expect("unrelated to the lock and the semaphore");
+        let rows = registry.listing().page(None, 100).unwrap();
+        let mut parts: Vec<Option<String>> = rows.iter().map(|row| row.part()).collect();
+        parts.sort();
+        assert_eq!(
+            parts,
+            [None, Some("permit 0".into()), Some("write".into())],
+            "{rows:?}"
+        );
+        let read = registry.rw_lock("other").unwrap().read().unwrap();
+        let row = registry
+            .listing()
+            .page(None, 100)
+            .unwrap()
+            .into_iter()
+            .find(|row| row.part().is_some_and(|part| part.starts_with("read ")))
+            .expect("the read slot's row");
+        assert_eq!(row.part(), Some(format!("read {}", read.slot())));
+        drop((lock, permit, write));
+    }
+}
+
+macro_rules! rw_locks {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            a_writer_never_holds_beside_another_holder_across_registries,
+            readers_share_and_a_writer_excludes_them,
+            a_waiting_writer_keeps_new_readers_of_every_instance_out,
+            a_waiting_writer_gets_in_under_a_continuous_stream_of_readers,
+            a_write_token_exceeds_every_earlier_read_and_write_grant,
+            crashed_holders_rows_come_back_after_their_time_to_live,
+            bad_input_gets_typed_errors,
+            a_lock_a_semaphore_and_a_rw_lock_of_one_name_are_unrelated,
+        );
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    rw_locks!(crate::common::Db::Sqlite);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    rw_locks!(crate::common::Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    rw_locks!(crate::common::Db::Mysql);
+}
+
+#[cfg(all(feature = "postgres", unix))]
+mod postgres_through_pgbouncer {
+    rw_locks!(crate::common::pgbouncer::through_pgbouncer());
+}
