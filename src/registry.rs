@@ -576,7 +576,9 @@ impl RegistryBuilder {
     /// transaction-mode pooler. `LISTEN` needs a session of its own: through such a pooler it
     /// succeeds, but the server connection goes back to the pool and its notifications are
     /// dropped. Give the server's own address here (or a session-mode pool's); it is checked
-    /// by `build()` like the registry's URL (unless `notifications(false)`), and costs one
+    /// by `build()` like the registry's URL (unless `notifications(false)`) — except that a
+    /// server without a free slot (`too many clients`) only logs a warning: waiters poll until
+    /// the listener gets a slot, so a fleet larger than the server's slots still runs — and costs one
     /// connection per registry while a thread of it waits (see
     /// [`notifications`](Self::notifications)). Without it, the
     /// listener uses the registry's URL and checks once that its own `LISTEN` hears a

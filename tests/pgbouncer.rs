@@ -258,15 +258,27 @@ impl LimitedRole {
         let name = format!("{}role", f.prefix);
         let mut client = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
         let table = f.table();
-        client
-            .batch_execute(&format!(
-                "DROP ROLE IF EXISTS {name}; \
-                 CREATE ROLE {name} LOGIN CONNECTION LIMIT {limit}; \
-                 GRANT USAGE ON SCHEMA public TO {name}; \
-                 GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {name}; \
-                 GRANT SELECT ON {table}_FLOOR TO {name}"
-            ))
-            .unwrap();
+        let setup = format!(
+            "DROP ROLE IF EXISTS {name}; \
+             CREATE ROLE {name} LOGIN CONNECTION LIMIT {limit}; \
+             GRANT USAGE ON SCHEMA public TO {name}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {name}; \
+             GRANT SELECT ON {table}_FLOOR TO {name}"
+        );
+        // Two tests granting on the schema at once: "tuple concurrently updated" (XX000).
+        for attempt in 1.. {
+            match client.batch_execute(&setup) {
+                Ok(()) => break,
+                Err(e)
+                    if attempt < 10
+                        && e.as_db_error()
+                            .is_some_and(|d| d.message().contains("concurrently updated")) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("creating role {name}: {e}"),
+            }
+        }
         LimitedRole { name }
     }
 
@@ -309,6 +321,55 @@ impl Drop for LimitedRole {
             ));
         }
     }
+}
+
+/// A full server behind `listener_url` does not fail `build()`: wake-ups are an optimisation,
+/// so the registry warns and its waiters poll (the fleet run of issue 23: 200 processes, a
+/// direct listener each, 100 server slots). Any other fault of the URL still fails the build.
+#[test]
+fn a_full_server_behind_the_listener_url_leaves_waiters_polling() {
+    let Some(f) = direct_fixture("fulllistener") else {
+        return;
+    };
+    let role = LimitedRole::new(&f, 2);
+    let filler = role.fill();
+    assert!(!filler.is_empty(), "the role had no slot left to fill");
+    let builder = || {
+        LockRegistry::postgres(postgres_url())
+            .prefix(f.prefix.clone())
+            .listener_url(role.url())
+            .idle_between_tries(Duration::from_millis(50))
+            .connect_timeout(Duration::from_secs(2))
+    };
+    let (a, b) = (builder().build().unwrap(), builder().build().unwrap());
+    let guard = a.obtain("polled").unwrap().lock().unwrap();
+    let waiter = {
+        let lock = b.obtain("polled").unwrap();
+        std::thread::spawn(move || {
+            lock.try_lock_for(GENEROUS)
+                .unwrap()
+                .map(|g| g.fencing_token())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let token = guard.fencing_token();
+    guard.unlock().unwrap();
+    let taken = waiter
+        .join()
+        .unwrap()
+        .expect("the waiter polled and got the lock");
+    assert!(taken > token);
+
+    let broken = LockRegistry::postgres(postgres_url())
+        .prefix(f.prefix.clone())
+        .listener_url("postgres://postgres@127.0.0.1:1/test")
+        .connect_timeout(Duration::from_secs(1))
+        .build();
+    assert!(
+        broken.is_err(),
+        "an unreachable listener URL must still fail the build"
+    );
+    drop(filler);
 }
 
 /// A server without a free connection slot for the registry's role: `build()` says "too many

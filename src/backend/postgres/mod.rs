@@ -1156,7 +1156,16 @@ pub(crate) fn open(
     let listener = match pool.listener_url.as_ref().filter(|_| table.notifications) {
         Some(url) => {
             let (config, tls, settings) = parse_url(url, pool, "the listener URL")?;
-            check_connect(&config, &tls, &settings, pool.connect_timeout)?;
+            match check_connect(&config, &tls, &settings, pool.connect_timeout) {
+                Ok(()) => {}
+                // Wake-ups only make waiters try sooner: a fleet with more processes than the
+                // server has slots for listeners still works, polling, and each listener
+                // connects when a slot is free. Every other fault of the URL fails the build.
+                Err(e) if e.to_string().contains(TOO_MANY_CLIENTS) => log::warn!(
+                    "leasehold: the listener URL's server has no connection slot left now;                      waiters poll until the listener gets one ({e})"
+                ),
+                Err(e) => return Err(e),
+            }
             Some((config, tls))
         }
         None => None,
