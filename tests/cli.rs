@@ -154,7 +154,7 @@ mod suite {
         let stderr = String::from_utf8_lossy(&no_wait.stderr);
         assert!(stderr.contains(registry.client_id()), "{stderr}");
         let waited = output({
-            let mut c = leasehold(f, "run", &["--key", "busy", "--wait", "200ms", "--"]);
+            let mut c = leasehold(f, "run", &["--key", "busy", "--wait", "900ms", "--"]);
             c.args(["sh", "-c", &touch]);
             c
         });
@@ -184,14 +184,17 @@ mod suite {
                 c
             })
         };
+        // Waits of most of a second at least: a fresh process's first statement (its connection
+        // opened first) took over 200 ms on a loaded CI machine, and a wait that ends before
+        // any answer is a timeout (exit 70), not a conflict.
         for (options, expected) in [
             (&["-n"][..], BUSY),
-            (&["-w", "0.3"][..], BUSY),
+            (&["-w", "2.5"][..], BUSY),
             (&["-w", "1"][..], BUSY),
-            (&["--wait", ".2"][..], BUSY),
-            (&["-w", "200ms"][..], BUSY),
+            (&["--wait", ".9"][..], BUSY),
+            (&["-w", "900ms"][..], BUSY),
             (&["-n", "-E", "3"][..], 3),
-            (&["-w", "0.1", "--conflict-exit-code", "0"][..], 0),
+            (&["-w", "0.9", "--conflict-exit-code", "0"][..], 0),
             (&["-n", "-E", "256"][..], 64),
             (&["-w", "1.5s.2"][..], 64),
         ] {
