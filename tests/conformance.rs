@@ -302,7 +302,7 @@ mod suite {
     pub fn a_turn_end_reserves_the_row_for_polling_instances(f: &Fixture) {
         // A limit the handoff comes well within even on a starved machine; if the first holder
         // still overran it, there was no handoff and the turn did not end: the setup asserts it.
-        let limit = Duration::from_secs(3);
+        let limit = Duration::from_secs(6);
         let busy = |window: Duration| {
             f.builder()
                 .local_handoff_limit(Some(limit))
