@@ -240,12 +240,15 @@ fn lease_cycle(builder: impl Fn() -> RegistryBuilder, spring: &mut dyn Spring) {
     let guard = c
         .obtain(&key)
         .unwrap()
-        .try_lock_with_ttl(Duration::from_millis(50))
+        .try_lock_with_ttl(Duration::from_secs(1))
         .unwrap()
         .expect("granted");
     let t3 = guard.fencing_token();
     assert!(t3 > t2, "{t3} > {t2}");
-    std::thread::sleep(Duration::from_millis(120));
+    // A second: a 50 ms lease could be over before its grant arrived on a loaded machine (a
+    // grant that outlived its time-to-live is refused); the row expires on the database clock
+    // at most a time-to-live after the grant returned.
+    std::thread::sleep(Duration::from_millis(1_200));
     let taken = lock_b
         .try_lock()
         .unwrap()
