@@ -56,6 +56,7 @@
 //! most, each statement bounded by `operation_timeout`; the statements of `try_acquire_for`
 //! and `try_acquire_until` are bounded by their deadline, and none starts after it.
 
+use crate::admin::{LockRow, LockState};
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
 use crate::registry::{Core, LockRegistry};
@@ -182,6 +183,86 @@ impl LockRegistry {
             table,
             fix,
         }
+    }
+}
+
+/// What the table says about a semaphore, for operators: see
+/// [`LockRegistry::semaphore_status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreStatus {
+    /// The number of permits recorded for the semaphore; `None` when none is (no instance
+    /// has used the name since the row was deleted, or the table has no semaphore table).
+    pub permits: Option<u32>,
+    /// The rows of its permits in slot order — held, expired and released — each named with
+    /// the semaphore's name. A permit never taken has no row.
+    pub rows: Vec<LockRow>,
+}
+
+impl SemaphoreStatus {
+    /// The rows held now (judged on the database clock by the listing): one per holder.
+    pub fn held(&self) -> Vec<&LockRow> {
+        self.rows
+            .iter()
+            .filter(|row| row.state == LockState::Held)
+            .collect()
+    }
+
+    /// Whether the table knows the semaphore: a number of permits recorded, or a permit's row.
+    pub fn exists(&self) -> bool {
+        self.permits.is_some() || !self.rows.is_empty()
+    }
+}
+
+impl LockRegistry {
+    /// The holders of semaphore `name`'s permits and its recorded number of permits, as the
+    /// database records them now; for operators (`leasehold status` shows it). Records
+    /// nothing and creates nothing: a table without the semaphore table reads as "no number
+    /// recorded". Three statements: whether the semaphore table exists, its row, and one
+    /// listing of the permits' rows (they sort together).
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+    /// let unknown = registry.semaphore_status("exports")?;
+    /// assert!(!unknown.exists());
+    /// let exports = registry.semaphore("exports", 3)?;
+    /// let permit = exports.acquire()?;
+    /// let status = registry.semaphore_status("exports")?;
+    /// assert_eq!(status.permits, Some(3));
+    /// let held = status.held();
+    /// assert_eq!(held.len(), 1);
+    /// assert_eq!(held[0].client_id.as_deref(), Some(registry.client_id()));
+    /// assert_eq!(held[0].fencing_token, permit.fencing_token());
+    /// assert_eq!(held[0].part(), Some(format!("permit {}", permit.slot())));
+    /// permit.unlock()?;
+    /// assert!(registry.semaphore_status("exports")?.held().is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore_status(&self, name: &str) -> Result<SemaphoreStatus> {
+        crate::key::validate_key(name)?;
+        let deadline = Instant::now() + self.core.settings.operation_timeout;
+        let recorded = self
+            .core
+            .store
+            .recorded_permits(&crate::key::lock_key_for(name), deadline)?;
+        // "…#" sorts just before slot 000, and every slot's key starts with it.
+        let prefix = slot_lock_key(name, 0)[..33].to_string();
+        let rows = self
+            .listing()
+            .page(Some(&prefix), MAX_PERMITS as usize)?
+            .into_iter()
+            .filter(|row| row.lock_key.starts_with(&prefix))
+            .map(|mut row| {
+                row.name = Some(name.to_string());
+                row
+            })
+            .collect();
+        Ok(SemaphoreStatus {
+            permits: recorded.and_then(|permits| u32::try_from(permits).ok()),
+            rows,
+        })
     }
 }
 
