@@ -11,14 +11,218 @@
 //! - `permit_handoff_instances`: registry A releases the only permit of a semaphore of 1 while
 //!   registry B (own pool) waits in `acquire()`: from A's `unlock()` to B's `acquire()`
 //!   returning, woken by the backend's release wake-ups.
+//! - `lock_handoff_processes` (the baseline of the next two): this process releases a lock
+//!   while another OS process (this binary, re-spawned as a child) waits in `lock()` on it:
+//!   from the `unlock()` call to the child's grant, as `benches/databases.rs` measures it;
+//! - `permit_handoff_processes`: the same for the only permit of a semaphore of 1 (the child
+//!   waits in `acquire()`);
+//! - `write_handoff_processes`: the same for the write side of a reader/writer lock (the child
+//!   waits in `write()`; after the write row it lists the read slots once).
+//!
+//! Before each handoff the holder waits 5 to 105 ms (pseudo-random), so that the release comes
+//! at any point of the waiter's poll cycle. The two processes read the same system clock.
 //!
 //! `cargo bench --all-features --bench semaphore`.
 
 use criterion::Criterion;
 use leasehold::{LockRegistry, RegistryBuilder};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Set in the child process: the target it connects to (see [`Target::encode`]).
+const CHILD_ENV: &str = "LEASEHOLD_SEMAPHORE_BENCH_CHILD";
+
+/// Where the registries of a backend live; passed to the child process as text.
+#[derive(Clone, Debug)]
+enum Target {
+    Sqlite(String),
+    #[cfg(feature = "postgres")]
+    Postgres(String, String),
+    #[cfg(feature = "mysql")]
+    Mysql(String, String),
+}
+
+impl Target {
+    fn encode(&self) -> String {
+        match self {
+            Target::Sqlite(path) => format!("sqlite|{path}"),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(url, prefix) => format!("postgres|{prefix}|{url}"),
+            #[cfg(feature = "mysql")]
+            Target::Mysql(url, prefix) => format!("mysql|{prefix}|{url}"),
+        }
+    }
+
+    fn decode(text: &str) -> Target {
+        let (kind, rest) = text.split_once('|').expect("kind|location");
+        match kind {
+            "sqlite" => Target::Sqlite(rest.into()),
+            #[cfg(feature = "postgres")]
+            "postgres" => {
+                let (prefix, url) = rest.split_once('|').expect("prefix|url");
+                Target::Postgres(url.into(), prefix.into())
+            }
+            #[cfg(feature = "mysql")]
+            "mysql" => {
+                let (prefix, url) = rest.split_once('|').expect("prefix|url");
+                Target::Mysql(url.into(), prefix.into())
+            }
+            other => panic!("unknown target {other}"),
+        }
+    }
+
+    fn builder(&self) -> RegistryBuilder {
+        match self {
+            Target::Sqlite(path) => LockRegistry::sqlite(path),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(url, prefix) => {
+                LockRegistry::postgres(url.clone()).prefix(prefix.clone())
+            }
+            #[cfg(feature = "mysql")]
+            Target::Mysql(url, prefix) => LockRegistry::mysql(url.clone()).prefix(prefix.clone()),
+        }
+    }
+}
+
+/// What is handed over between the processes.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Lock,
+    Permit,
+    Write,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Lock => "lock",
+            Kind::Permit => "permit",
+            Kind::Write => "write",
+        }
+    }
+}
+
+const PROCESS_KEY: &str = "bench-process-handoff";
+
+/// Takes `kind` of [`PROCESS_KEY`] in `registry`, waiting as long as it takes; returns a
+/// closure that releases it.
+fn take(registry: &LockRegistry, kind: Kind) -> Box<dyn FnOnce()> {
+    match kind {
+        Kind::Lock => {
+            let guard = registry.obtain(PROCESS_KEY).unwrap().lock().unwrap();
+            Box::new(move || guard.unlock().unwrap())
+        }
+        Kind::Permit => {
+            let semaphore = registry.semaphore(PROCESS_KEY, 1).unwrap();
+            let permit = semaphore.acquire().unwrap();
+            Box::new(move || permit.unlock().unwrap())
+        }
+        Kind::Write => {
+            let guard = registry.rw_lock(PROCESS_KEY).unwrap().write().unwrap();
+            Box::new(move || guard.unlock().unwrap())
+        }
+    }
+}
+
+fn micros_now() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// Child mode: for each line naming a kind, take it, print when it was granted (µs since the
+/// epoch), release it.
+fn child(target: &Target) {
+    let registry = target.builder().build().expect("child registry");
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "ready").unwrap();
+    stdout.flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        let kind = match line.unwrap().as_str() {
+            "lock" => Kind::Lock,
+            "permit" => Kind::Permit,
+            "write" => Kind::Write,
+            _ => break,
+        };
+        let release = take(&registry, kind);
+        let granted = micros_now();
+        release();
+        writeln!(stdout, "{granted}").unwrap();
+        stdout.flush().unwrap();
+    }
+}
+
+/// The child process of one backend, waiting for what it is told to take.
+struct ProcessWaiter {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl ProcessWaiter {
+    fn new(target: &Target) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(CHILD_ENV, target.encode())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the bench child");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        stdout.read_line(&mut ready).unwrap();
+        assert_eq!(ready.trim(), "ready");
+        ProcessWaiter {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn start(&mut self, kind: Kind) {
+        writeln!(self.stdin, "{}", kind.name()).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn granted(&mut self) -> u128 {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().parse().expect("grant time")
+    }
+}
+
+impl Drop for ProcessWaiter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `iterations` handoffs of `kind` from `holder` to the child; the sum of (grant − release
+/// call).
+fn process_handoffs(
+    holder: &LockRegistry,
+    waiter: &mut ProcessWaiter,
+    kind: Kind,
+    iterations: u64,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iterations {
+        let release = take(holder, kind);
+        waiter.start(kind);
+        // Let the child find it held and wait, then release at any point of its poll cycle.
+        thread::sleep(Duration::from_millis(5 + rand_ms()));
+        let released = micros_now();
+        release();
+        let granted = waiter.granted();
+        total += Duration::from_micros(granted.saturating_sub(released) as u64);
+    }
+    total
+}
 
 fn prefix() -> String {
     let stamp = SystemTime::now()
@@ -28,7 +232,8 @@ fn prefix() -> String {
     format!("bench_sem_{}_{stamp}_", std::process::id())
 }
 
-fn bench_backend(c: &mut Criterion, name: &str, builder: impl Fn() -> RegistryBuilder) {
+fn bench_backend(c: &mut Criterion, name: &str, target: &Target) {
+    let builder = || target.builder();
     let Ok(registry) = builder().create_table(true).build() else {
         eprintln!("{name}: not answering, skipped");
         return;
@@ -82,6 +287,16 @@ fn bench_backend(c: &mut Criterion, name: &str, builder: impl Fn() -> RegistryBu
             total
         })
     });
+    let mut waiter = ProcessWaiter::new(target);
+    for (bench, kind) in [
+        ("lock_handoff_processes", Kind::Lock),
+        ("permit_handoff_processes", Kind::Permit),
+        ("write_handoff_processes", Kind::Write),
+    ] {
+        group.bench_function(bench, |b| {
+            b.iter_custom(|n| process_handoffs(&registry, &mut waiter, kind, n))
+        });
+    }
     group.finish();
 }
 
@@ -97,21 +312,25 @@ fn rand_ms() -> u64 {
 }
 
 fn main() {
+    if let Ok(target) = std::env::var(CHILD_ENV) {
+        child(&Target::decode(&target));
+        return;
+    }
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bench.db");
-    bench_backend(&mut c, "sqlite", || LockRegistry::sqlite(&path));
+    let sqlite = Target::Sqlite(path.to_string_lossy().into_owned());
+    bench_backend(&mut c, "sqlite", &sqlite);
     #[cfg(feature = "postgres")]
     {
         let url = std::env::var("LEASEHOLD_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
         let prefix = prefix();
-        bench_backend(&mut c, "postgres", || {
-            LockRegistry::postgres(url.clone()).prefix(prefix.clone())
-        });
+        let target = Target::Postgres(url.clone(), prefix.clone());
+        bench_backend(&mut c, "postgres", &target);
         drop_tables_postgres(&url, &prefix);
     }
     #[cfg(feature = "mysql")]
@@ -119,9 +338,8 @@ fn main() {
         let url = std::env::var("LEASEHOLD_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
         let prefix = prefix();
-        bench_backend(&mut c, "mysql", || {
-            LockRegistry::mysql(url.clone()).prefix(prefix.clone())
-        });
+        let target = Target::Mysql(url.clone(), prefix.clone());
+        bench_backend(&mut c, "mysql", &target);
         drop_tables_mysql(&url, &prefix);
     }
     c.final_summary();

@@ -450,8 +450,8 @@ pub use leader::{
 };
 pub use lease::{LeaseLost, LostCallback};
 pub use lock::{Lock, LockGuard};
-pub use rwlock::{ReadGuard, RwLock, WriteGuard, MAX_READERS};
-pub use semaphore::{Permit, Semaphore, MAX_PERMITS};
+pub use rwlock::{ReadGuard, RwLock, RwLockStatus, WriteGuard, MAX_READERS};
+pub use semaphore::{Permit, Semaphore, SemaphoreStatus, MAX_PERMITS};
 
 /// The README's Rust snippets, compiled by `cargo test --doc` so that they cannot rot.
 #[cfg(doctest)]

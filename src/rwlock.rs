@@ -53,6 +53,7 @@
 //! the other way round) waits for itself until its deadline. More than [`MAX_READERS`] readers
 //! at once: the others wait for a slot.
 
+use crate::admin::{LockRow, LockState};
 use crate::backend::STATE_HELD;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
@@ -111,6 +112,88 @@ impl LockRegistry {
         live.retain(|_, known| known.strong_count() > 0);
         live.insert(name.to_string(), Arc::downgrade(&inner));
         Ok(RwLock { inner })
+    }
+}
+
+/// What the table says about a reader/writer lock, for operators: see
+/// [`LockRegistry::rw_lock_status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RwLockStatus {
+    /// The rows of its read slots in slot order — held, expired and released — each named
+    /// with the lock's name. A slot never taken has no row.
+    pub readers: Vec<LockRow>,
+    /// The write row, if it has one.
+    pub writer: Option<LockRow>,
+}
+
+impl RwLockStatus {
+    /// The read holds now (judged on the database clock by the listing): one row per reader.
+    pub fn held_readers(&self) -> Vec<&LockRow> {
+        self.readers
+            .iter()
+            .filter(|row| row.state == LockState::Held)
+            .collect()
+    }
+
+    /// The write row when it is held now: by the writer, or, while
+    /// [`held_readers`](Self::held_readers) is not empty, by a writer waiting for those readers
+    /// to leave (it keeps new readers out meanwhile).
+    pub fn held_writer(&self) -> Option<&LockRow> {
+        self.writer
+            .as_ref()
+            .filter(|row| row.state == LockState::Held)
+    }
+
+    /// Whether the table has any row of the lock.
+    pub fn exists(&self) -> bool {
+        self.writer.is_some() || !self.readers.is_empty()
+    }
+}
+
+impl LockRegistry {
+    /// The readers and the writer of reader/writer lock `name`, as the database records them
+    /// now; for operators (`leasehold status` shows it). One listing statement (the lock's
+    /// rows sort together); it writes nothing.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+    /// let cache = registry.rw_lock("cache")?;
+    /// let reading = cache.read()?;
+    /// let status = registry.rw_lock_status("cache")?;
+    /// assert_eq!(status.held_readers().len(), 1);
+    /// assert!(status.held_writer().is_none());
+    /// drop(reading);
+    /// let writing = cache.write()?;
+    /// let status = registry.rw_lock_status("cache")?;
+    /// assert!(status.held_readers().is_empty());
+    /// assert_eq!(status.held_writer().unwrap().client_id.as_deref(), Some(registry.client_id()));
+    /// # drop(writing);
+    /// # Ok(()) }
+    /// ```
+    pub fn rw_lock_status(&self, name: &str) -> Result<RwLockStatus> {
+        crate::key::validate_key(name)?;
+        let prefix = format!("{}@", stem(name));
+        let (read_prefix, write_key) = (format!("{prefix}r"), format!("{prefix}w00"));
+        let mut status = RwLockStatus {
+            readers: Vec::new(),
+            writer: None,
+        };
+        // "…@" sorts before the read slots (`@r…`), and they before the write row (`@w00`).
+        let rows = self
+            .listing()
+            .page(Some(&prefix), MAX_READERS as usize + 1)?;
+        for mut row in rows {
+            row.name = Some(name.to_string());
+            if row.lock_key.starts_with(&read_prefix) {
+                status.readers.push(row);
+            } else if row.lock_key == write_key {
+                status.writer = Some(row);
+            }
+        }
+        Ok(status)
     }
 }
 

@@ -44,9 +44,17 @@
 //! only [`KEYED_WATCHES`] of them, from the one it will try first); other local threads sleep on the condition variable and cost
 //! nothing. The poller that gets a permit, or gives up, wakes them so that one of them polls.
 //!
-//! A permit released with local threads waiting goes back to the database (a release, then
-//! their acquire): unlike a lock, a permit is not handed over between threads. Each holder
-//! therefore has a grant and fencing token of its own, and tokens increase per slot.
+//! **Handoff.** A permit released while a thread of this registry waits between its tries
+//! (`parked` counts them) is handed to it without a statement, through the slot's lock: the
+//! releaser puts the slot in `offers` and waits (on the condition variable) until a waiter
+//! claims it — or until no parked waiter is left to claim it; the claimant then queues on the
+//! slot's lock, still owned by the releaser, and the releaser, once it sees it queued, lets go,
+//! which hands the slot's lease over as a lock's handoff does (see `crate::lock`): same grant,
+//! same fencing token, no statement, bounded by `local_handoff_limit` like a lock's. With
+//! `local_handoff(false)` nothing is offered and every holder takes its permit from the
+//! database, with a token of its own. A permit whose lease is not held is never offered. A
+//! release with nobody parked (the poller in the middle of a round) goes to the database, and
+//! the nudge makes the poller look again. Tokens increase per slot across database grants.
 //!
 //! # Costs and limits
 //!
@@ -56,6 +64,7 @@
 //! most, each statement bounded by `operation_timeout`; the statements of `try_acquire_for`
 //! and `try_acquire_until` are bounded by their deadline, and none starts after it.
 
+use crate::admin::{LockRow, LockState};
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
 use crate::registry::{Core, LockRegistry};
@@ -185,6 +194,86 @@ impl LockRegistry {
     }
 }
 
+/// What the table says about a semaphore, for operators: see
+/// [`LockRegistry::semaphore_status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreStatus {
+    /// The number of permits recorded for the semaphore; `None` when none is (no instance
+    /// has used the name since the row was deleted, or the table has no semaphore table).
+    pub permits: Option<u32>,
+    /// The rows of its permits in slot order — held, expired and released — each named with
+    /// the semaphore's name. A permit never taken has no row.
+    pub rows: Vec<LockRow>,
+}
+
+impl SemaphoreStatus {
+    /// The rows held now (judged on the database clock by the listing): one per holder.
+    pub fn held(&self) -> Vec<&LockRow> {
+        self.rows
+            .iter()
+            .filter(|row| row.state == LockState::Held)
+            .collect()
+    }
+
+    /// Whether the table knows the semaphore: a number of permits recorded, or a permit's row.
+    pub fn exists(&self) -> bool {
+        self.permits.is_some() || !self.rows.is_empty()
+    }
+}
+
+impl LockRegistry {
+    /// The holders of semaphore `name`'s permits and its recorded number of permits, as the
+    /// database records them now; for operators (`leasehold status` shows it). Records
+    /// nothing and creates nothing: a table without the semaphore table reads as "no number
+    /// recorded". Three statements: whether the semaphore table exists, its row, and one
+    /// listing of the permits' rows (they sort together).
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+    /// let unknown = registry.semaphore_status("exports")?;
+    /// assert!(!unknown.exists());
+    /// let exports = registry.semaphore("exports", 3)?;
+    /// let permit = exports.acquire()?;
+    /// let status = registry.semaphore_status("exports")?;
+    /// assert_eq!(status.permits, Some(3));
+    /// let held = status.held();
+    /// assert_eq!(held.len(), 1);
+    /// assert_eq!(held[0].client_id.as_deref(), Some(registry.client_id()));
+    /// assert_eq!(held[0].fencing_token, permit.fencing_token());
+    /// assert_eq!(held[0].part(), Some(format!("permit {}", permit.slot())));
+    /// permit.unlock()?;
+    /// assert!(registry.semaphore_status("exports")?.held().is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore_status(&self, name: &str) -> Result<SemaphoreStatus> {
+        crate::key::validate_key(name)?;
+        let deadline = Instant::now() + self.core.settings.operation_timeout;
+        let recorded = self
+            .core
+            .store
+            .recorded_permits(&crate::key::lock_key_for(name), deadline)?;
+        // "…#" sorts just before slot 000, and every slot's key starts with it.
+        let prefix = slot_lock_key(name, 0)[..33].to_string();
+        let rows = self
+            .listing()
+            .page(Some(&prefix), MAX_PERMITS as usize)?
+            .into_iter()
+            .filter(|row| row.lock_key.starts_with(&prefix))
+            .map(|mut row| {
+                row.name = Some(name.to_string());
+                row
+            })
+            .collect();
+        Ok(SemaphoreStatus {
+            permits: recorded.and_then(|permits| u32::try_from(permits).ok()),
+            rows,
+        })
+    }
+}
+
 /// How long an acquire may wait for a permit.
 #[derive(Clone, Copy, Debug)]
 enum Wait {
@@ -194,6 +283,13 @@ enum Wait {
     Until(Instant),
     /// Until granted.
     Forever,
+}
+
+impl Wait {
+    /// Whether a wait until a deadline is over at `now`.
+    fn over(self, now: Instant) -> bool {
+        matches!(self, Wait::Until(deadline) if deadline <= now)
+    }
 }
 
 struct LocalState {
@@ -206,6 +302,11 @@ struct LocalState {
     /// When a round last found every permit held. A waiter that took over polling from
     /// another thread knows from it that the permits were held during its wait.
     refused_at: Option<Instant>,
+    /// Threads waiting on the condition variable between tries (the sleeping poller
+    /// included): the ones that can take an offered permit.
+    parked: usize,
+    /// Slots whose holders wait for a parked thread to claim them (see "Handoff").
+    offers: Vec<u32>,
 }
 
 /// Shared state of one semaphore in one registry.
@@ -248,6 +349,8 @@ impl SemaphoreInner {
                 // Registries start at different slots, so that they rarely try the same row.
                 next_slot: (uuid::Uuid::new_v4().as_u128() % u128::from(permits)) as usize,
                 refused_at: None,
+                parked: 0,
+                offers: Vec::new(),
             }),
             changed: Condvar::new(),
         }
@@ -291,6 +394,9 @@ impl SemaphoreInner {
         let mut refused = false;
         let waiting_since = Instant::now();
         loop {
+            if let Some(permit) = self.claim(state, wait, ttl)? {
+                return Ok(Some(permit));
+            }
             if state.poller.is_none() {
                 if !matches!(wait, Wait::No) && !*registered {
                     let count = self.slot_keys.len();
@@ -334,23 +440,104 @@ impl SemaphoreInner {
                     Wait::Forever => next_poll,
                 };
                 self.core.wakeups.before_sleep();
-                while Instant::now() < wake_at && !state.nudged {
+                state.parked += 1;
+                while Instant::now() < wake_at && !state.nudged && state.offers.is_empty() {
                     self.changed.wait_until(state, wake_at);
                 }
+                state.parked -= 1;
                 state.poller = None;
                 if deadline.is_some_and(|deadline| deadline <= Instant::now()) {
                     return Ok(None);
                 }
                 continue;
             }
+            if matches!(wait, Wait::No) {
+                return Ok(None);
+            }
+            if wait.over(Instant::now()) {
+                return Ok(None);
+            }
+            state.parked += 1;
             match wait {
-                Wait::No => return Ok(None),
-                Wait::Until(deadline) if deadline <= Instant::now() => return Ok(None),
                 Wait::Until(deadline) => {
                     self.changed.wait_until(state, deadline);
                 }
-                Wait::Forever => self.changed.wait(state),
+                _ => self.changed.wait(state),
             }
+            state.parked -= 1;
+        }
+    }
+
+    /// Takes a slot offered by a releasing thread of this registry, if there is one and the
+    /// wait is not over: queues on the slot's lock, which its holder then hands over (see
+    /// "Handoff"). `None` when nothing was offered, or the handoff did not happen (the holder's
+    /// turn was over, say), so the caller goes on waiting as before.
+    fn claim(
+        self: &Arc<Self>,
+        state: &mut MutexGuard<'_, LocalState>,
+        wait: Wait,
+        ttl: Duration,
+    ) -> Result<Option<Permit>> {
+        let now = Instant::now();
+        if matches!(wait, Wait::No) || wait.over(now) {
+            return Ok(None);
+        }
+        let Some(slot) = state.offers.pop() else {
+            return Ok(None);
+        };
+        self.changed.notify_all();
+        // A handoff comes whenever this thread wakes, whatever the deadline (the lock gives it
+        // ownership before waking it). Without one (the holder's turn was over), the lock
+        // tries the slot's row from the database once local threads may poll again, for a
+        // short while only: then back to the semaphore's rounds, which try every slot.
+        let settings = &self.core.settings;
+        let statement = (settings.idle_between_tries * 4).max(Duration::from_millis(100));
+        let bound = now + settings.turn_gap() + settings.idle_between_tries + statement;
+        let deadline = match wait {
+            Wait::Until(deadline) => deadline.min(bound),
+            _ => bound,
+        };
+        let lock = &self.slots[slot as usize];
+        let taken = MutexGuard::unlocked(state, || lock.try_lock_until_with_ttl(deadline, ttl));
+        let guard = match taken {
+            // That try ran out of its short time: the rounds go on (as after any refusal).
+            Err(Error::Timeout { .. }) => None,
+            other => other?,
+        };
+        Ok(guard.map(|guard| Permit {
+            semaphore: Arc::clone(self),
+            slot,
+            guard: Some(guard),
+        }))
+    }
+
+    /// Hands `guard`'s slot to a parked thread of this registry if one claims it: returns once
+    /// the claimant queues on the slot's lock (the release that follows hands the lease over),
+    /// or at once when there is nobody to hand it to (see "Handoff").
+    fn offer(&self, slot: u32, guard: &LockGuard) {
+        if !self.core.settings.local_handoff || !guard.is_held() {
+            return;
+        }
+        let mut state = self.state.lock();
+        if state.parked == 0 {
+            return;
+        }
+        state.offers.push(slot);
+        self.changed.notify_all();
+        // Only a bug could keep a parked thread from claiming or leaving; bounded anyway.
+        let give_up = Instant::now() + self.core.settings.operation_timeout;
+        while state.offers.contains(&slot) && state.parked > 0 && Instant::now() < give_up {
+            self.changed.wait_until(&mut state, give_up);
+        }
+        if let Some(position) = state.offers.iter().position(|offered| *offered == slot) {
+            // Nobody claimed it: the release goes to the database.
+            state.offers.remove(position);
+            return;
+        }
+        drop(state);
+        let lock = &self.slots[slot as usize];
+        while lock.queued_threads() == 0 && Instant::now() < give_up {
+            std::thread::yield_now();
         }
     }
 
@@ -410,8 +597,9 @@ impl Nudge for SemaphoreInner {
 /// to clone; all handles of one name in one registry share one poller.
 ///
 /// A waiting acquire polls the database every `idle_between_tries` while every permit is
-/// held, waking at once when a permit of this registry is released or another instance's
-/// release is notified; it returns `Err` only when the input is bad or the database keeps
+/// held, waking at once when a permit of this registry is released (a waiting thread of this
+/// registry is handed it without a statement, see [`Permit::fencing_token`]) or another
+/// instance's release is notified; it returns `Err` only when the input is bad or the database keeps
 /// failing. A thread that already holds permits may take another; with every other permit
 /// held, by anyone, it waits (a permit is not reentrant).
 #[derive(Clone)]
@@ -428,6 +616,12 @@ impl Semaphore {
     /// How many holders it allows at once, across all instances.
     pub fn permits(&self) -> u32 {
         self.inner.permits
+    }
+
+    /// How many threads of this registry wait for a permit of it between their tries (the
+    /// ones a permit released here is handed to without a statement).
+    pub fn waiting_threads(&self) -> usize {
+        self.inner.state.lock().parked
     }
 
     acquire_methods!(
@@ -478,7 +672,10 @@ impl Permit {
 
     /// The fencing token of this permit's grant: larger than every earlier grant of the same
     /// [`slot`](Self::slot) (tokens of different slots are unrelated). A resource that admits
-    /// N writers can keep the largest token seen per slot and refuse smaller ones.
+    /// N writers can keep the largest token seen per slot and refuse smaller ones. A permit
+    /// handed over from another thread of this registry keeps the grant and its token, as a
+    /// lock's handoff does; [`local_handoff(false)`](crate::RegistryBuilder::local_handoff)
+    /// gives every holder a grant of its own.
     pub fn fencing_token(&self) -> u64 {
         self.lease_guard().fencing_token()
     }
@@ -486,7 +683,11 @@ impl Permit {
     /// Releases the permit and reports whether the lease was still held until then:
     /// `Err(LeaseLost)` means more holders than permits may have run meanwhile.
     pub fn unlock(mut self) -> Result<()> {
-        let released = self.guard.take().map_or(Ok(()), LockGuard::unlock);
+        let Some(guard) = self.guard.take() else {
+            return Ok(());
+        };
+        self.semaphore.offer(self.slot, &guard);
+        let released = guard.unlock();
         self.semaphore.released();
         released
     }
@@ -495,6 +696,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
+            self.semaphore.offer(self.slot, &guard);
             drop(guard);
             self.semaphore.released();
         }

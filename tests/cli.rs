@@ -1952,6 +1952,215 @@ mod suite {
         assert_eq!(stdout(&beside), "read\n", "{beside:?}");
         drop(reading);
     }
+
+    /// `status --key KEY` of a name and its parts, as lines (exit code 0 when anything is held)
+    /// and as JSON.
+    fn status_of(f: &Fixture, key: &str) -> (i32, String, serde_json::Value) {
+        let lines = output(leasehold(f, "status", &["--key", key]));
+        let json = output(leasehold(f, "status", &["--key", key, "--json"]));
+        assert_eq!(code(&lines), code(&json), "{lines:?} {json:?}");
+        let object =
+            serde_json::from_str(&stdout(&json)).unwrap_or_else(|e| panic!("{e}: {json:?}"));
+        (code(&lines), stdout(&lines), object)
+    }
+
+    /// Issue 26: `status` shows a semaphore's number of permits and each held permit (its
+    /// holder, expiry and token), and says when they are all free.
+    pub fn status_shows_a_semaphores_permits_and_their_holders(f: &Fixture) {
+        let (free, text, object) = status_of(f, "exports");
+        assert_eq!((free, text.as_str()), (1, "exports: free\n"));
+        assert!(
+            object["semaphore"].is_null() && object["rw_lock"].is_null(),
+            "{object}"
+        );
+        assert_eq!(object["held"], false);
+
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let script = format!("echo started > '{}'; exec sleep 60", started.display());
+        let mut run = leasehold(f, "run", &["--key", "exports", "--permits", "3", "--"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_file(&started);
+        let registry = f.registry();
+        let permit = registry
+            .semaphore("exports", 3)
+            .unwrap()
+            .try_acquire_for(GENEROUS)
+            .unwrap()
+            .expect("a permit is free");
+        let (held, text, object) = status_of(f, "exports");
+        assert_eq!(held, 0, "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "the lock is free, two permits held: {text}");
+        assert_eq!(lines[0], "exports: semaphore of 3 permits, 2 held");
+        let mine = format!(
+            "  permit {}: held by {} since ",
+            permit.slot(),
+            registry.client_id()
+        );
+        assert!(
+            lines.iter().any(|line| line.starts_with(&mine)),
+            "{mine} in {text}"
+        );
+        assert!(
+            text.contains(&format!("fencing token {}\n", permit.fencing_token())),
+            "{text}"
+        );
+        let runs = format!("/{}/", run.id());
+        assert!(
+            lines
+                .iter()
+                .any(|line| line.contains("held by") && line.contains(&runs)),
+            "the run's process {runs} in {text}"
+        );
+
+        assert_eq!(
+            (object["held"].clone(), object["state"].clone()),
+            (true.into(), "free".into())
+        );
+        let semaphore = &object["semaphore"];
+        assert_eq!(semaphore["permits"], 3, "{object}");
+        assert_eq!(semaphore["held"], 2, "{object}");
+        let holders = semaphore["holders"].as_array().unwrap();
+        let own = holders
+            .iter()
+            .find(|h| h["client_id"] == registry.client_id())
+            .unwrap_or_else(|| panic!("{object}"));
+        assert_eq!(own["part"], format!("permit {}", permit.slot()));
+        assert_eq!(own["fencing_token"], permit.fencing_token());
+        let left = own["expires_in_ms"].as_i64().unwrap();
+        assert!(left > 0 && left <= 10_000, "{own}");
+
+        permit.unlock().unwrap();
+        send("TERM", run.id());
+        wait_with_deadline(&mut run);
+        let (free, text, object) = status_of(f, "exports");
+        assert_eq!(free, 1, "{text}");
+        assert_eq!(text, "exports: semaphore of 3 permits, all free\n");
+        assert_eq!(object["semaphore"]["held"], 0, "{object}");
+        assert_eq!(object["semaphore"]["holders"], serde_json::json!([]));
+        assert_eq!(object["held"], false);
+    }
+
+    /// Issue 26: `status` shows a reader/writer lock's readers and its writer, a writer that
+    /// waits for readers, and a free one.
+    pub fn status_shows_a_reader_writer_locks_readers_and_writer(f: &Fixture) {
+        let (a, b) = (f.registry(), f.registry());
+        let reading = a.rw_lock("cache").unwrap().read().unwrap();
+        let also = b.rw_lock("cache").unwrap().read().unwrap();
+        let (held, text, object) = status_of(f, "cache");
+        assert_eq!(held, 0, "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0], "cache: reader/writer lock, read by 2 readers",
+            "{text}"
+        );
+        assert_eq!(lines.len(), 3, "{text}");
+        for registry in [&a, &b] {
+            let holder = format!("held by {} since", registry.client_id());
+            assert!(
+                lines[1..]
+                    .iter()
+                    .any(|l| l.starts_with("  read ") && l.contains(&holder)),
+                "{holder} in {text}"
+            );
+        }
+        let rw = &object["rw_lock"];
+        assert_eq!(
+            (rw["state"].clone(), rw["readers"].clone()),
+            ("read".into(), 2.into()),
+            "{object}"
+        );
+        assert!(object["semaphore"].is_null(), "{object}");
+        assert!(rw["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["part"].as_str().unwrap().starts_with("read ")));
+        drop(also);
+
+        // A writer of another registry takes the write row and waits for the reader.
+        let writer = {
+            let registry = f.registry();
+            thread::spawn(move || {
+                let lock = registry.rw_lock("cache").unwrap();
+                let guard = lock.try_write_for(GENEROUS).unwrap().expect("written");
+                let id = registry.client_id().to_string();
+                guard.unlock().unwrap();
+                id
+            })
+        };
+        let deadline = Instant::now() + GENEROUS;
+        let text = loop {
+            let (_, text, object) = status_of(f, "cache");
+            if object["rw_lock"]["state"] == "writer_waiting" {
+                assert_eq!(object["rw_lock"]["readers"], 1, "{object}");
+                break text;
+            }
+            assert!(Instant::now() < deadline, "no waiting writer: {text}");
+            thread::sleep(Duration::from_millis(50));
+        };
+        assert!(
+            text.starts_with("cache: reader/writer lock, a writer waits for 1 reader to leave\n  write: held by "),
+            "{text}"
+        );
+        drop(reading);
+        let writer_id = writer.join().unwrap();
+        assert_ne!(writer_id, a.client_id());
+
+        let writing = a.rw_lock("cache").unwrap().write().unwrap();
+        let (held, text, object) = status_of(f, "cache");
+        assert_eq!(held, 0, "{text}");
+        assert_eq!(
+            text.lines().collect::<Vec<_>>()[..1],
+            ["cache: reader/writer lock, written"],
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("\n  write: held by {} since", a.client_id())),
+            "{text}"
+        );
+        let rw = &object["rw_lock"];
+        assert_eq!(rw["state"], "write", "{object}");
+        assert_eq!(rw["holders"][0]["part"], "write", "{object}");
+        assert_eq!(rw["holders"][0]["client_id"], a.client_id(), "{object}");
+        writing.unlock().unwrap();
+        let (free, text, object) = status_of(f, "cache");
+        assert_eq!(
+            (free, text.as_str()),
+            (1, "cache: reader/writer lock, free\n")
+        );
+        assert_eq!(object["rw_lock"]["state"], "free", "{object}");
+    }
+
+    /// `status` works on a table made before semaphores existed (no semaphore table) and
+    /// does not create that table.
+    pub fn status_without_a_semaphore_table_creates_none(f: &Fixture) {
+        execute_ddl(f, &format!("DROP TABLE {}_SEM", f.table()));
+        let sem_tables = || {
+            objects_named(f, &f.prefix)
+                .into_iter()
+                .filter(|name| name.to_lowercase().contains("lock_sem"))
+                .collect::<Vec<_>>()
+        };
+        assert!(sem_tables().is_empty());
+        let registry = f.registry();
+        let reading = registry.rw_lock("k").unwrap().read().unwrap();
+        let (held, text, object) = status_of(f, "k");
+        assert_eq!(held, 0, "{text}");
+        assert_eq!(
+            text.lines().next(),
+            Some("k: reader/writer lock, read by 1 reader")
+        );
+        assert!(object["semaphore"].is_null(), "{object}");
+        drop(reading);
+        let (free, text, _) = status_of(f, "k");
+        assert_eq!(free, 1, "{text}");
+        assert!(sem_tables().is_empty(), "status made {:?}", sem_tables());
+    }
 }
 
 macro_rules! cli {
@@ -1997,6 +2206,9 @@ macro_rules! cli {
             a_sigkilled_runs_permit_comes_back_after_its_ttl,
             read_runs_share_and_write_runs_run_alone,
             a_paused_runs_permit_is_taken_and_the_resumed_run_exits_lost,
+            status_shows_a_semaphores_permits_and_their_holders,
+            status_shows_a_reader_writer_locks_readers_and_writer,
+            status_without_a_semaphore_table_creates_none,
         );
     };
 }

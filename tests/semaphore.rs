@@ -101,9 +101,16 @@ mod suite {
             "{most} holders of {PERMITS} permits"
         );
         assert_eq!(double_slots.load(Ordering::SeqCst), 0, "a slot held twice");
-        let grants: u64 = registries.iter().map(|r| r.statistics().grants).sum();
+        let taken: u64 = registries
+            .iter()
+            .map(|r| r.statistics())
+            .map(|stats| stats.grants + stats.local_handoffs)
+            .sum();
         let total = (REGISTRIES * THREADS_PER_REGISTRY * ROUNDS) as u64;
-        assert_eq!(grants, total, "every permit was a grant of its own");
+        assert_eq!(
+            taken, total,
+            "every permit was a grant, or a handoff between threads"
+        );
     }
 
     pub fn every_permit_is_a_slot_of_its_own_and_the_next_try_is_refused(f: &Fixture) {
@@ -416,6 +423,131 @@ mod suite {
             .is_none());
         permit.unlock().unwrap();
     }
+
+    /// Waits until `count` threads of the registry wait for a permit of `semaphore` between
+    /// their tries.
+    fn until_waiting(semaphore: &leasehold::Semaphore, count: usize) {
+        let until = Instant::now() + GENEROUS;
+        while semaphore.waiting_threads() < count {
+            assert!(Instant::now() < until, "the waiters never parked");
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Issue 26: a permit released while another thread of the registry waits is handed over
+    /// without a statement, keeping its slot, grant and fencing token, as a lock is.
+    pub fn a_released_permit_is_handed_to_a_waiting_thread_without_a_statement(f: &Fixture) {
+        // No handoff limit: on a loaded machine the wait below may outlast the default 1 s.
+        let registry = f.builder().local_handoff_limit(None).build().unwrap();
+        let semaphore = registry.semaphore("handoff", 1).unwrap();
+        let held = semaphore.acquire().unwrap();
+        let (token, slot) = (held.fencing_token(), held.slot());
+        let waiter = {
+            let semaphore = semaphore.clone();
+            thread::spawn(move || {
+                let permit = semaphore
+                    .try_acquire_for(GENEROUS)
+                    .unwrap()
+                    .expect("handed over");
+                let got = (permit.fencing_token(), permit.slot(), permit.is_held());
+                permit.unlock().unwrap();
+                got
+            })
+        };
+        until_waiting(&semaphore, 1);
+        let before = registry.statistics();
+        held.unlock().unwrap();
+        assert_eq!(
+            waiter.join().unwrap(),
+            (token, slot, true),
+            "the same grant"
+        );
+        let after = registry.statistics();
+        assert_eq!(after.acquires, before.acquires, "{before:?} -> {after:?}");
+        assert_eq!(
+            after.releases,
+            before.releases + 1,
+            "only the final release"
+        );
+        assert_eq!(after.local_handoffs, before.local_handoffs + 1);
+        assert!(
+            semaphore.try_acquire().unwrap().is_some(),
+            "released at the end"
+        );
+    }
+
+    /// With `local_handoff(false)` the waiting thread takes the permit from the database, with
+    /// a token of its own.
+    pub fn without_local_handoff_a_waiting_thread_gets_a_grant_of_its_own(f: &Fixture) {
+        let registry = f.builder().local_handoff(false).build().unwrap();
+        let semaphore = registry.semaphore("no-handoff", 1).unwrap();
+        let held = semaphore.acquire().unwrap();
+        let token = held.fencing_token();
+        let waiter = {
+            let semaphore = semaphore.clone();
+            thread::spawn(move || {
+                let permit = semaphore
+                    .try_acquire_for(GENEROUS)
+                    .unwrap()
+                    .expect("granted");
+                let token = permit.fencing_token();
+                permit.unlock().unwrap();
+                token
+            })
+        };
+        until_waiting(&semaphore, 1);
+        let before = registry.statistics();
+        held.unlock().unwrap();
+        let next = waiter.join().unwrap();
+        assert!(next > token, "{next} after {token}");
+        let after = registry.statistics();
+        assert!(after.grants > before.grants, "{before:?} -> {after:?}");
+        assert_eq!(after.local_handoffs, before.local_handoffs);
+    }
+
+    /// Handoffs between the threads of one registry never put more holders inside than
+    /// permits, nor two holders on one slot (an outside count and a flag per slot).
+    pub fn handoffs_between_threads_keep_at_most_permits_holders(f: &Fixture) {
+        const PERMITS: u32 = 2;
+        let registry = f.builder().local_handoff_limit(None).build().unwrap();
+        let semaphore = registry.semaphore("handoffs", PERMITS).unwrap();
+        let inside = Arc::new(AtomicUsize::new(0));
+        let slots: Arc<Vec<AtomicBool>> =
+            Arc::new((0..PERMITS).map(|_| AtomicBool::new(false)).collect());
+        let workers: Vec<_> = (0..5)
+            .map(|_| {
+                let (semaphore, inside, slots) = (semaphore.clone(), inside.clone(), slots.clone());
+                thread::spawn(move || {
+                    for _ in 0..15 {
+                        let permit = semaphore
+                            .try_acquire_for(GENEROUS)
+                            .unwrap()
+                            .expect("a turn");
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        assert!(
+                            now <= PERMITS as usize,
+                            "{now} holders of {PERMITS} permits"
+                        );
+                        let flag = &slots[permit.slot() as usize];
+                        assert!(
+                            !flag.swap(true, Ordering::SeqCst),
+                            "two holders of one slot"
+                        );
+                        thread::sleep(Duration::from_millis(2));
+                        flag.store(false, Ordering::SeqCst);
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        assert!(permit.is_held());
+                        permit.unlock().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        let stats = registry.statistics();
+        assert_eq!(stats.held_leases, 0, "{stats:?}");
+    }
 }
 
 macro_rules! semaphores {
@@ -433,6 +565,9 @@ macro_rules! semaphores {
             a_semaphore_and_a_lock_of_one_name_are_unrelated,
             a_missing_semaphore_table_is_named_with_the_file_to_run,
             a_held_permit_keeps_its_lease_past_the_time_to_live,
+            a_released_permit_is_handed_to_a_waiting_thread_without_a_statement,
+            without_local_handoff_a_waiting_thread_gets_a_grant_of_its_own,
+            handoffs_between_threads_keep_at_most_permits_holders,
         );
     };
 }

@@ -14,6 +14,11 @@
 //!   meanwhile) and reads again. The first time in a registry it also checks that the table
 //!   exists, to name the file to run when it does not.
 //!
+//! - `LockRegistry::semaphore_status` (and so `leasehold status`) reads the row without ever
+//!   recording one ([`SqlStore::recorded_permits_of`]): first whether the table exists, since
+//!   operators' commands must work on a table made before semaphores existed, and create
+//!   nothing.
+//!
 //! Both statements bind the lease statements' parameters: 1 the semaphore's key (its name
 //! mapped as a lock name is), 2 the region, 5 the number of permits.
 
@@ -104,5 +109,29 @@ impl<B: Backend> SqlStore<B> {
             })?;
         }
         Err(missing())
+    }
+}
+
+impl<B: Backend> SqlStore<B> {
+    /// The permits recorded for semaphore `sem_key`, recording nothing: `None` when the table
+    /// has no row for it, or when there is no semaphore table (checked first, with one
+    /// statement, so that a table made before semaphores existed reads as "none recorded").
+    pub(super) fn recorded_permits_of(
+        &self,
+        sem_key: &str,
+        deadline: Instant,
+    ) -> Result<Option<i64>> {
+        let table = semaphore_table(&self.table.table);
+        let columns = self.run(Path::Main, "check semaphore table", deadline, move |conn| {
+            B::columns(conn, &table)
+        })?;
+        if columns.is_empty() {
+            return Ok(None);
+        }
+        let sql = B::semaphore_statements(&self.table.table).permits;
+        let params = self.params(sem_key, Duration::ZERO, 0);
+        self.run(Path::Main, "read a semaphore", deadline, move |conn| {
+            B::acquire(conn, &sql, &params.borrowed())
+        })
     }
 }

@@ -157,6 +157,9 @@ pub(crate) trait Store: Send + Sync {
         check_table: bool,
         deadline: Instant,
     ) -> Result<i64>;
+    /// The number of permits recorded for semaphore `sem_key`, recording nothing; `None` when
+    /// none is, or there is no semaphore table (see `backend::semaphores`).
+    fn recorded_permits(&self, sem_key: &str, deadline: Instant) -> Result<Option<i64>>;
 }
 
 /// [`Store`] over any [`Backend`]: pools, deadlines and retries, written once.
@@ -447,6 +450,10 @@ impl<B: Backend> Store for SqlStore<B> {
         deadline: Instant,
     ) -> Result<i64> {
         self.semaphore_permits_of(sem_key, permits, check_table, deadline)
+    }
+
+    fn recorded_permits(&self, sem_key: &str, deadline: Instant) -> Result<Option<i64>> {
+        self.recorded_permits_of(sem_key, deadline)
     }
 }
 

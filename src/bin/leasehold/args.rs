@@ -34,7 +34,8 @@ pub enum Commands {
     /// Run COMMAND while this instance leads GROUP; stop it when leadership is lost, then
     /// compete again (or exit, with --once).
     Lead(LeadArgs),
-    /// Show who holds KEY (exit 0) or that it is free (exit 1).
+    /// Show who holds KEY (exit 0) or that it is free (exit 1): the lock, and the permits of
+    /// the semaphore and the readers and writer of the reader/writer lock of that name.
     Status(StatusArgs),
     /// List the rows of the table and region: held, expired and released locks.
     List(ListArgs),
@@ -175,17 +176,31 @@ pub struct LeadArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = STATUS_HELP)]
 pub struct StatusArgs {
     #[command(flatten)]
     pub key: KeyArgs,
-    /// One JSON object instead of a line: `key`, `lock_key`, `state` ("held" or "free"),
-    /// `client_id`, `acquired`, `expires_at`, `expires_in_ms` and `fencing_token` (null when
-    /// free).
+    /// One JSON object instead of lines: `key`, `lock_key`, `state` ("held" or "free"),
+    /// `client_id`, `acquired`, `expires_at`, `expires_in_ms` and `fencing_token` of the lock
+    /// (null when free); `held` (anything of KEY held: the exit code); `semaphore` (null when
+    /// KEY has none): `permits`, `held` and `holders`; `rw_lock` (null when KEY has none):
+    /// `state` ("free", "read", "write", "writer_waiting"), `readers` and `holders`. Each
+    /// holder: `part` ("permit 2", "read 17", "write"), `lock_key`, `client_id`, `acquired`,
+    /// `expires_at`, `expires_in_ms`, `fencing_token`.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub watch: Watch,
 }
+
+const STATUS_HELP: &str = "\
+A lock, a semaphore (`run --permits N`) and a reader/writer lock (`run --read`/`--write`) of \
+one name are unrelated; status shows each that KEY has. The lock's line (`KEY: held by …`) \
+when it is held, or `KEY: free` when KEY has nothing else. For a semaphore, `KEY: semaphore \
+of N permits, K held` (or `all free`) and a line per held permit (`  permit 2: held by …`); \
+for a reader/writer lock, `KEY: reader/writer lock, free`, `read by K readers`, `written` or \
+`a writer waits for K readers to leave`, and a line for the write row and each read hold. \
+Exit 0 when anything of KEY is held, 1 when all of it is free.";
 
 /// `--watch` of `status` and `list`.
 #[derive(Args, Debug)]

@@ -1,7 +1,8 @@
 //! Output for people and programs: the table and JSON of `list`, durations rounded for
 //! reading.
 
-use leasehold::{Holder, LockRow, LockState};
+use crate::commands::status::Status;
+use leasehold::{LockRow, LockState};
 use std::time::{Duration, SystemTime};
 
 /// A duration for people: tenths of a second under 10 s, whole seconds above (`1h 5m 3s`).
@@ -113,6 +114,19 @@ pub fn rows_json(rows: &[LockRow], now: SystemTime) -> String {
     serde_json::to_string(&objects).expect("rows serialize to JSON")
 }
 
+/// `held by ID since …, expires in … (at …), fencing token N`: a held row for people.
+pub fn held_line(row: &LockRow, now: SystemTime) -> String {
+    let left = row.expires_at.duration_since(now).unwrap_or_default();
+    format!(
+        "held by {} since {} (database clock, UTC), expires in {} (at {}), fencing token {}",
+        row.client_id.as_deref().unwrap_or("-"),
+        humantime::format_rfc3339_millis(row.acquired),
+        rounded(left),
+        humantime::format_rfc3339_millis(row.expires_at),
+        row.fencing_token
+    )
+}
+
 /// `status --json`.
 #[derive(serde::Serialize)]
 struct StatusJson<'a> {
@@ -124,14 +138,89 @@ struct StatusJson<'a> {
     expires_at: Option<String>,
     expires_in_ms: Option<i64>,
     fencing_token: Option<u64>,
+    held: bool,
+    semaphore: Option<SemaphoreJson<'a>>,
+    rw_lock: Option<RwLockJson<'a>>,
 }
 
-/// `key`'s status as one JSON object: `key`, `lock_key`, `state` ("held" or "free"), and the
-/// holder's `client_id`, `acquired` and `expires_at` (RFC 3339, UTC, on the database clock),
-/// `expires_in_ms` and `fencing_token`, all null when free.
-pub fn status_json(key: &str, holder: Option<&Holder>, now: SystemTime) -> String {
+/// The `semaphore` object of `status --json`.
+#[derive(serde::Serialize)]
+struct SemaphoreJson<'a> {
+    permits: Option<u32>,
+    held: usize,
+    holders: Vec<HolderJson<'a>>,
+}
+
+/// The `rw_lock` object of `status --json`.
+#[derive(serde::Serialize)]
+struct RwLockJson<'a> {
+    state: &'static str,
+    readers: usize,
+    holders: Vec<HolderJson<'a>>,
+}
+
+/// One held permit, read hold or write row in `status --json`.
+#[derive(serde::Serialize)]
+struct HolderJson<'a> {
+    part: String,
+    lock_key: &'a str,
+    client_id: Option<&'a str>,
+    acquired: String,
+    expires_at: String,
+    expires_in_ms: i64,
+    fencing_token: u64,
+}
+
+fn holder_json(row: &LockRow, now: SystemTime) -> HolderJson<'_> {
+    HolderJson {
+        part: row.part().unwrap_or_default(),
+        lock_key: &row.lock_key,
+        client_id: row.client_id.as_deref(),
+        acquired: humantime::format_rfc3339_millis(row.acquired).to_string(),
+        expires_at: humantime::format_rfc3339_millis(row.expires_at).to_string(),
+        expires_in_ms: millis_until(row.expires_at, now),
+        fencing_token: row.fencing_token,
+    }
+}
+
+/// `key`'s status as one JSON object. The lock: `key`, `lock_key`, `state` ("held" or
+/// "free"), and the holder's `client_id`, `acquired` and `expires_at` (RFC 3339, UTC, on the
+/// database clock), `expires_in_ms` and `fencing_token`, all null when free. `held`: whether
+/// anything of the name is held (the exit code). `semaphore` (null when the name has none):
+/// `permits` (null when not recorded), `held` and `holders`. `rw_lock` (null when the name has
+/// none): `state` ("free", "read", "write", or "writer_waiting" while a writer holds the write
+/// row and waits for readers), `readers` and `holders`. A holder: `part` ("permit 2",
+/// "read 17", "write"), `lock_key`, `client_id`, `acquired`, `expires_at`, `expires_in_ms`,
+/// `fencing_token`.
+pub fn status_json(key: &str, status: &Status) -> String {
+    let (holder, now) = (status.lock.as_ref(), status.now);
     let time = |at: SystemTime| humantime::format_rfc3339_millis(at).to_string();
-    let status = StatusJson {
+    let semaphore = status.semaphore.exists().then(|| {
+        let held = status.semaphore.held();
+        SemaphoreJson {
+            permits: status.semaphore.permits,
+            held: held.len(),
+            holders: held.into_iter().map(|row| holder_json(row, now)).collect(),
+        }
+    });
+    let rw_lock = status.rw_lock.exists().then(|| {
+        let (readers, writer) = (status.rw_lock.held_readers(), status.rw_lock.held_writer());
+        RwLockJson {
+            state: match (writer.is_some(), readers.is_empty()) {
+                (false, true) => "free",
+                (false, false) => "read",
+                (true, true) => "write",
+                (true, false) => "writer_waiting",
+            },
+            readers: readers.len(),
+            holders: writer
+                .into_iter()
+                .chain(readers)
+                .map(|row| holder_json(row, now))
+                .collect(),
+        }
+    });
+    let json = StatusJson {
         key,
         lock_key: leasehold::lock_key_for(key),
         state: if holder.is_some() { "held" } else { "free" },
@@ -140,6 +229,9 @@ pub fn status_json(key: &str, holder: Option<&Holder>, now: SystemTime) -> Strin
         expires_at: holder.map(|h| time(h.expires_at)),
         expires_in_ms: holder.map(|h| millis_until(h.expires_at, now)),
         fencing_token: holder.map(|h| h.fencing_token),
+        held: status.held(),
+        semaphore,
+        rw_lock,
     };
-    serde_json::to_string(&status).expect("a status serializes to JSON")
+    serde_json::to_string(&json).expect("a status serializes to JSON")
 }
