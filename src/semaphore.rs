@@ -441,7 +441,12 @@ impl SemaphoreInner {
                 };
                 self.core.wakeups.before_sleep();
                 state.parked += 1;
-                while Instant::now() < wake_at && !state.nudged && state.offers.is_empty() {
+                // An offered permit wakes the poller only when no other parked thread can
+                // claim it: a poller that lost the race would start a round.
+                while Instant::now() < wake_at
+                    && !state.nudged
+                    && (state.offers.is_empty() || state.parked > 1)
+                {
                     self.changed.wait_until(state, wake_at);
                 }
                 state.parked -= 1;
@@ -511,16 +516,16 @@ impl SemaphoreInner {
         }))
     }
 
-    /// Hands `guard`'s slot to a parked thread of this registry if one claims it: returns once
-    /// the claimant queues on the slot's lock (the release that follows hands the lease over),
-    /// or at once when there is nobody to hand it to (see "Handoff").
-    fn offer(&self, slot: u32, guard: &LockGuard) {
+    /// Hands `guard`'s slot to a parked thread of this registry if one claims it: returns
+    /// `true` once the claimant queues on the slot's lock (the release that follows hands the
+    /// lease over), `false` at once when there is nobody to hand it to (see "Handoff").
+    fn offer(&self, slot: u32, guard: &LockGuard) -> bool {
         if !self.core.settings.local_handoff || !guard.is_held() {
-            return;
+            return false;
         }
         let mut state = self.state.lock();
         if state.parked == 0 {
-            return;
+            return false;
         }
         state.offers.push(slot);
         self.changed.notify_all();
@@ -532,13 +537,14 @@ impl SemaphoreInner {
         if let Some(position) = state.offers.iter().position(|offered| *offered == slot) {
             // Nobody claimed it: the release goes to the database.
             state.offers.remove(position);
-            return;
+            return false;
         }
         drop(state);
         let lock = &self.slots[slot as usize];
         while lock.queued_threads() == 0 && Instant::now() < give_up {
             std::thread::yield_now();
         }
+        true
     }
 
     /// One try of every slot, from `start` on: the first permit granted, or none. Each
@@ -686,9 +692,11 @@ impl Permit {
         let Some(guard) = self.guard.take() else {
             return Ok(());
         };
-        self.semaphore.offer(self.slot, &guard);
+        let handed = self.semaphore.offer(self.slot, &guard);
         let released = guard.unlock();
-        self.semaphore.released();
+        if !handed {
+            self.semaphore.released();
+        }
         released
     }
 }
@@ -696,9 +704,11 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
-            self.semaphore.offer(self.slot, &guard);
+            let handed = self.semaphore.offer(self.slot, &guard);
             drop(guard);
-            self.semaphore.released();
+            if !handed {
+                self.semaphore.released();
+            }
         }
     }
 }

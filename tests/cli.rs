@@ -2095,8 +2095,9 @@ mod suite {
         };
         let deadline = Instant::now() + GENEROUS;
         let text = loop {
+            // The lines and the JSON are two runs: both must have seen the writer waiting.
             let (_, text, object) = status_of(f, "cache");
-            if object["rw_lock"]["state"] == "writer_waiting" {
+            if object["rw_lock"]["state"] == "writer_waiting" && text.contains("a writer waits") {
                 assert_eq!(object["rw_lock"]["readers"], 1, "{object}");
                 break text;
             }

@@ -437,8 +437,14 @@ mod suite {
     /// Issue 26: a permit released while another thread of the registry waits is handed over
     /// without a statement, keeping its slot, grant and fencing token, as a lock is.
     pub fn a_released_permit_is_handed_to_a_waiting_thread_without_a_statement(f: &Fixture) {
-        // No handoff limit: on a loaded machine the wait below may outlast the default 1 s.
-        let registry = f.builder().local_handoff_limit(None).build().unwrap();
+        // No handoff limit: on a loaded machine the wait below may outlast the default 1 s. A
+        // long poll interval: the waiter stays parked (it would not be between two polls).
+        let registry = f
+            .builder()
+            .local_handoff_limit(None)
+            .idle_between_tries(Duration::from_secs(60))
+            .build()
+            .unwrap();
         let semaphore = registry.semaphore("handoff", 1).unwrap();
         let held = semaphore.acquire().unwrap();
         let (token, slot) = (held.fencing_token(), held.slot());
@@ -479,7 +485,13 @@ mod suite {
     /// With `local_handoff(false)` the waiting thread takes the permit from the database, with
     /// a token of its own.
     pub fn without_local_handoff_a_waiting_thread_gets_a_grant_of_its_own(f: &Fixture) {
-        let registry = f.builder().local_handoff(false).build().unwrap();
+        // The release nudges the parked waiter, which polls at once.
+        let registry = f
+            .builder()
+            .local_handoff(false)
+            .idle_between_tries(Duration::from_secs(60))
+            .build()
+            .unwrap();
         let semaphore = registry.semaphore("no-handoff", 1).unwrap();
         let held = semaphore.acquire().unwrap();
         let token = held.fencing_token();
