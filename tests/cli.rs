@@ -415,6 +415,28 @@ mod suite {
         )
     }
 
+    /// Waits until process `pid` catches signal number `signal` (Linux: `SigCgt` in
+    /// `/proc/PID/status`), so a signal sent next finds the handler and not the default action.
+    fn wait_for_handler(pid: u32, signal: u32) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let caught = status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .map(|mask| u64::from_str_radix(mask.trim(), 16).unwrap())
+                .unwrap();
+            if caught & (1 << (signal - 1)) != 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{pid} never caught signal {signal}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn send(signal: &str, pid: u32) {
         let sent = Command::new("kill")
             .args([&format!("-{signal}"), &pid.to_string()])
@@ -1124,7 +1146,10 @@ mod suite {
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("ran");
         let mut standby = lead(f, "taken", &[], &format!("touch '{}'", marker.display()));
-        // Standing by: the group's lock stays with the registry above.
+        // Standing by: the group's lock stays with the registry above. A fixed pause before
+        // the signal could end before the handlers were in place on a loaded machine (the
+        // default action then killed it: no exit code 143).
+        wait_for_handler(standby.id(), 15);
         thread::sleep(Duration::from_millis(300));
         assert!(standby.try_wait().unwrap().is_none(), "still standing by");
         send("TERM", standby.id());
