@@ -9,9 +9,24 @@
 //! - `lock_unlock_prepared` (PostgreSQL): the same with `prepared_statements(true)`, named
 //!   statements prepared once per connection instead of unnamed ones parsed and planned on
 //!   every call (the default, which works through transaction-mode poolers);
-//! - `lease_statements` (PostgreSQL): the registry's own acquire and release statements
-//!   ([`LockRegistry::statements`]) run back to back on the raw connection — the floor under
-//!   `lock_unlock`, so the difference is what the registry itself costs;
+//! - `lease_statements` (every backend): the registry's own acquire and release statements
+//!   ([`LockRegistry::statements`]) run back to back on the raw connection with the
+//!   registry's parameters, protocol and durability — the floor under `lock_unlock`, so the
+//!   difference is what the registry itself costs. On PostgreSQL they go unnamed
+//!   (`query_typed`, as the default `prepared_statements(false)`);
+//!   `lease_statements_prepared` runs them as named statements prepared once, the baseline of
+//!   `lock_unlock_prepared`. On MySQL they are prepared once in `?` form (the registry's
+//!   connections do the same) and the token is read from the insert id;
+//! - `unlock` and `lease_release`: the registry's `unlock()` and the raw release statement
+//!   alone, each timed after an untimed grant;
+//! - `lock_unlock_no_wakeups`: `lock_unlock` with `notifications(false)`: what the wake-up
+//!   machinery adds to an uncontended lock (MySQL's named lock taken and let go on a
+//!   connection of its own, SQLite's release board);
+//! - after each backend's group, the same pairs measured in 31 alternating rounds of 40 calls
+//!   (`lock_unlock` against `lease_statements`, `unlock` against `lease_release`; also
+//!   without wake-ups and, on PostgreSQL, with prepared statements), printed with the median of
+//!   the rounds' ratios and appended to `target/databases_interleaved.txt`: on a loaded
+//!   machine, drift between criterion's benches is as large as the registry's own cost;
 //! - `durable_then_unsynced_commit` (PostgreSQL): the durable commit, then the same `UPDATE`
 //!   committed without a disk sync — the floor of any design that syncs a grant and not its
 //!   release, as leasehold does; a write costs the server more than `SELECT 1`, so this floor
@@ -39,7 +54,8 @@
 //! `idle_between_tries` = 100 ms between attempts, so their handoffs take about half that.
 //!
 //! `cargo bench --all-features --bench databases`; the README's Performance table lists the
-//! medians as ratios to the baselines of the same run.
+//! medians as ratios to the baselines of the same run. `LEASEHOLD_BENCH_BACKENDS=sqlite,mysql`
+//! (say) measures only those; `LEASEHOLD_BENCH_UNCONTENDED_ONLY=1` skips the handoff groups.
 
 use criterion::Criterion;
 use leasehold::{LockRegistry, RegistryBuilder};
@@ -266,6 +282,45 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
     if raw.prepare_lease(registry.statements()) {
         group.bench_function("lease_statements", |b| b.iter(|| raw.lease_cycle()));
     }
+    // Interleaved with the above, the release on its own: the registry's `unlock()` and the
+    // raw release statement, each after an untimed grant.
+    group.bench_function("unlock", |b| {
+        b.iter_custom(|n| {
+            let mut total = Duration::ZERO;
+            for _ in 0..n {
+                let guard = lock.lock().unwrap();
+                let started = std::time::Instant::now();
+                guard.unlock().unwrap();
+                total += started.elapsed();
+            }
+            total
+        })
+    });
+    if raw.has_lease() {
+        group.bench_function("lease_release", |b| {
+            b.iter_custom(|n| {
+                let mut total = Duration::ZERO;
+                for _ in 0..n {
+                    let token = raw.lease_acquire();
+                    let started = std::time::Instant::now();
+                    raw.lease_release(token);
+                    total += started.elapsed();
+                }
+                total
+            })
+        });
+    }
+    // Without release wake-ups: what the wake-up machinery adds to an uncontended lock (MySQL's
+    // named lock taken after each grant and let go after each release, on a connection of its
+    // own; SQLite's release board; PostgreSQL's notification is part of the release statement).
+    let quiet = target
+        .builder(false)
+        .build()
+        .expect("registry without wake-ups");
+    let quiet_lock = quiet.obtain("bench-uncontended-quiet").unwrap();
+    group.bench_function("lock_unlock_no_wakeups", |b| {
+        b.iter(|| quiet_lock.lock().unwrap().unlock().unwrap())
+    });
     if raw.has_unsynced_commit() {
         group.bench_function("durable_then_unsynced_commit", |b| {
             b.iter(|| {
@@ -289,6 +344,12 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
         group.bench_function("lock_unlock_prepared", |b| {
             b.iter(|| lock.lock().unwrap().unlock().unwrap())
         });
+        if raw.lease_prepared(true) {
+            group.bench_function("lease_statements_prepared", |b| {
+                b.iter(|| raw.lease_cycle())
+            });
+            raw.lease_prepared(false);
+        }
         // What skipping the disk sync on release buys: the same release, committed durably.
         let durable = target
             .builder(true)
@@ -307,6 +368,23 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
         });
     }
     group.finish();
+    if raw.has_lease() {
+        interleaved(name, &lock, raw, "");
+        interleaved(name, &quiet_lock, raw, " (no wake-ups)");
+        if raw.lease_prepared(true) {
+            let prepared = target
+                .builder(true)
+                .prepared_statements(true)
+                .build()
+                .expect("registry with prepared statements");
+            let lock = prepared.obtain("bench-uncontended-prepared").unwrap();
+            interleaved(name, &lock, raw, " (prepared)");
+            raw.lease_prepared(false);
+        }
+    }
+    if uncontended_only() {
+        return;
+    }
     let polling_variants = [(true, name.to_string()), (false, format!("{name}_polling"))];
     for (notifications, label) in &polling_variants {
         let mut group = c.benchmark_group(label);
@@ -368,16 +446,129 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
     }
 }
 
+/// The medians of `values`.
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The registry's `lock()` + `unlock()` against the raw lease statements, and its `unlock()`
+/// against the raw release, in alternating rounds (which one goes first alternates too), so
+/// that the machine's drift hits both alike; prints per-call medians over the rounds and the
+/// median of the rounds' ratios, and appends them to `target/databases_interleaved.txt`.
+fn interleaved(name: &str, lock: &leasehold::Lock, raw: &mut dyn Raw, mode: &str) {
+    const ROUNDS: usize = 31;
+    const CALLS: u32 = 40;
+    let cycle_registry = |lock: &leasehold::Lock| {
+        let started = std::time::Instant::now();
+        for _ in 0..CALLS {
+            lock.lock().unwrap().unlock().unwrap();
+        }
+        started.elapsed().as_secs_f64() / CALLS as f64
+    };
+    let cycle_raw = |raw: &mut dyn Raw| {
+        let started = std::time::Instant::now();
+        for _ in 0..CALLS {
+            raw.lease_cycle();
+        }
+        started.elapsed().as_secs_f64() / CALLS as f64
+    };
+    let unlock_registry = |lock: &leasehold::Lock| {
+        let mut total = Duration::ZERO;
+        for _ in 0..CALLS {
+            let guard = lock.lock().unwrap();
+            let started = std::time::Instant::now();
+            guard.unlock().unwrap();
+            total += started.elapsed();
+        }
+        total.as_secs_f64() / CALLS as f64
+    };
+    let release_raw = |raw: &mut dyn Raw| {
+        let mut total = Duration::ZERO;
+        for _ in 0..CALLS {
+            let token = raw.lease_acquire();
+            let started = std::time::Instant::now();
+            raw.lease_release(token);
+            total += started.elapsed();
+        }
+        total.as_secs_f64() / CALLS as f64
+    };
+    let (mut registry, mut statements, mut ratios) = (vec![], vec![], vec![]);
+    let (mut unlocks, mut releases, mut unlock_ratios) = (vec![], vec![], vec![]);
+    for round in 0..ROUNDS {
+        let (a, b, c, d) = if round % 2 == 0 {
+            let a = cycle_registry(lock);
+            let b = cycle_raw(raw);
+            let c = unlock_registry(lock);
+            (a, b, c, release_raw(raw))
+        } else {
+            let b = cycle_raw(raw);
+            let a = cycle_registry(lock);
+            let d = release_raw(raw);
+            (a, b, unlock_registry(lock), d)
+        };
+        registry.push(a);
+        statements.push(b);
+        ratios.push(a / b);
+        unlocks.push(c);
+        releases.push(d);
+        unlock_ratios.push(c / d);
+    }
+    let us = |seconds: f64| seconds * 1e6;
+    let text = format!(
+        "{name}{mode} interleaved ({ROUNDS} rounds of {CALLS}): lock_unlock {:.1} µs, \
+         lease_statements {:.1} µs, ratio {:.3}; unlock {:.1} µs, lease_release {:.1} µs, \
+         ratio {:.3}\n",
+        us(median(&mut registry)),
+        us(median(&mut statements)),
+        median(&mut ratios),
+        us(median(&mut unlocks)),
+        us(median(&mut releases)),
+        median(&mut unlock_ratios),
+    );
+    print!("{text}");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/databases_interleaved.txt");
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = file.write_all(text.as_bytes());
+    }
+}
+
 /// The raw-driver baselines of one database.
 trait Raw {
     fn select_1(&mut self);
     fn commit(&mut self);
-    /// Prepares `statements` for [`Raw::lease_cycle`]; `false` where that is not measured.
+    /// Prepares the registry's `statements` for [`Raw::lease_cycle`], to run them as the
+    /// registry does (same protocol, same parameters, same durability); `false` where that is
+    /// not measured.
     fn prepare_lease(&mut self, _statements: &leasehold::Statements) -> bool {
         false
     }
-    /// Runs the prepared acquire, then the release of the lease it granted.
-    fn lease_cycle(&mut self) {}
+    /// Whether [`Raw::prepare_lease`] succeeded.
+    fn has_lease(&self) -> bool {
+        false
+    }
+    /// PostgreSQL: run the lease statements as named prepared statements (`true`, as
+    /// `prepared_statements(true)`) or unnamed (`false`, the registry's default); `false`
+    /// where there is no such choice.
+    fn lease_prepared(&mut self, _prepared: bool) -> bool {
+        false
+    }
+    /// Runs the registry's acquire statement on the free key; its fencing token.
+    fn lease_acquire(&mut self) -> i64 {
+        unreachable!("no lease statements")
+    }
+    /// Runs the registry's release statement for the lease granted with `token`.
+    fn lease_release(&mut self, _token: i64) {}
+    /// Runs the acquire, then the release of the lease it granted.
+    fn lease_cycle(&mut self) {
+        let token = self.lease_acquire();
+        self.lease_release(token);
+    }
     /// Whether one transaction can skip the disk sync at commit (PostgreSQL).
     fn has_unsynced_commit(&self) -> bool {
         false
@@ -400,19 +591,83 @@ trait Raw {
     }
 }
 
-struct RawSqlite(rusqlite::Connection);
+/// The raw-statement lease's key, client and time-to-live (µs): one row, free between cycles.
+const RAW_LEASE_KEY: &str = "bench-raw-statements";
+const RAW_CLIENT: &str = "bench-raw-client";
+const RAW_TTL_MICROS: i64 = 10_000_000;
+/// Parameter 4 of the registry's release: an uncontended release continues a turn of age 0.
+const RAW_RELEASE_TURN: i64 = 0;
+
+struct RawSqlite {
+    conn: rusqlite::Connection,
+    /// The registry's acquire and release statements.
+    lease: Option<(String, String)>,
+}
+
+impl RawSqlite {
+    /// Runs `sql` (cached, as the registry's connections cache it) with the documented
+    /// parameters 1 to its highest, bound by number as the registry binds them.
+    fn run(&mut self, sql: &str, values: [&dyn rusqlite::ToSql; 6], row: bool) -> Option<i64> {
+        let mut statement = self.conn.prepare_cached(sql).unwrap();
+        for (index, value) in values.iter().enumerate() {
+            if index < statement.parameter_count() {
+                statement.raw_bind_parameter(index + 1, value).unwrap();
+            }
+        }
+        if row {
+            let mut rows = statement.raw_query();
+            let row = rows.next().unwrap();
+            row.map(|row| row.get(0).unwrap())
+        } else {
+            Some(statement.raw_execute().unwrap() as i64)
+        }
+    }
+}
 
 impl Raw for RawSqlite {
     fn select_1(&mut self) {
-        let mut statement = self.0.prepare_cached("SELECT 1").unwrap();
+        let mut statement = self.conn.prepare_cached("SELECT 1").unwrap();
         statement.query_row([], |row| row.get::<_, i64>(0)).unwrap();
     }
     fn commit(&mut self) {
         let mut statement = self
-            .0
+            .conn
             .prepare_cached("UPDATE bench_commit SET n = n + 1 WHERE id = 1")
             .unwrap();
         statement.execute([]).unwrap();
+    }
+    fn prepare_lease(&mut self, statements: &leasehold::Statements) -> bool {
+        self.lease = Some((statements.acquire.clone(), statements.release.clone()));
+        true
+    }
+    fn has_lease(&self) -> bool {
+        self.lease.is_some()
+    }
+    fn lease_acquire(&mut self) -> i64 {
+        let (acquire, _) = self.lease.clone().expect("prepared");
+        let key = leasehold::lock_key_for(RAW_LEASE_KEY);
+        let values: [&dyn rusqlite::ToSql; 6] = [
+            &key,
+            &"DEFAULT",
+            &RAW_CLIENT,
+            &RAW_TTL_MICROS,
+            &0_i64,
+            &RAW_LEASE_KEY,
+        ];
+        self.run(&acquire, values, true).expect("granted")
+    }
+    fn lease_release(&mut self, token: i64) {
+        let (_, release) = self.lease.clone().expect("prepared");
+        let key = leasehold::lock_key_for(RAW_LEASE_KEY);
+        let values: [&dyn rusqlite::ToSql; 6] = [
+            &key,
+            &"DEFAULT",
+            &RAW_CLIENT,
+            &RAW_RELEASE_TURN,
+            &token,
+            &"",
+        ];
+        assert_eq!(self.run(&release, values, false), Some(1));
     }
 }
 
@@ -427,12 +682,49 @@ struct RawPostgres {
     client: postgres::Client,
     select_1: postgres::Statement,
     commit: postgres::Statement,
-    /// The registry's acquire and release statements, prepared as the registry prepares them.
-    lease: Option<(postgres::Statement, postgres::Statement)>,
+    /// The registry's acquire and release statements, as text (sent unnamed, as the
+    /// registry's default) and prepared (as with `prepared_statements(true)`).
+    lease: Option<PgLease>,
+    /// Whether [`Raw::lease_cycle`] runs the prepared ones.
+    lease_prepared: bool,
     /// `commit` with `synchronous_commit` off for its transaction.
     unsynced_commit: postgres::Statement,
     /// Spring's update, insert and delete.
     spring: Option<[postgres::Statement; 3]>,
+}
+
+/// The registry's statements on PostgreSQL, both ways it can send them.
+#[cfg(feature = "postgres")]
+struct PgLease {
+    acquire_sql: String,
+    release_sql: String,
+    acquire: postgres::Statement,
+    release: postgres::Statement,
+}
+
+/// The registry's parameter types: every statement gets all six, used or not.
+#[cfg(feature = "postgres")]
+const PG_TYPES: [postgres::types::Type; 6] = {
+    use postgres::types::Type;
+    [
+        Type::BPCHAR,
+        Type::VARCHAR,
+        Type::BPCHAR,
+        Type::INT8,
+        Type::INT8,
+        Type::TEXT,
+    ]
+};
+
+/// The six documented parameters with the registry's types, for `query_typed`.
+#[cfg(feature = "postgres")]
+fn pg_typed<'a>(
+    values: &[&'a (dyn postgres::types::ToSql + Sync); 6],
+) -> Vec<(
+    &'a (dyn postgres::types::ToSql + Sync),
+    postgres::types::Type,
+)> {
+    values.iter().copied().zip(PG_TYPES).collect()
 }
 
 #[cfg(feature = "postgres")]
@@ -444,34 +736,49 @@ impl Raw for RawPostgres {
         self.client.execute(&self.commit, &[]).unwrap();
     }
     fn prepare_lease(&mut self, statements: &leasehold::Statements) -> bool {
-        use postgres::types::Type;
-        let types = [
-            Type::BPCHAR,
-            Type::VARCHAR,
-            Type::BPCHAR,
-            Type::INT8,
-            Type::INT8,
-        ];
-        let acquire = self.client.prepare_typed(&statements.acquire, &types);
-        let release = self.client.prepare_typed(&statements.release, &types);
-        self.lease = Some((acquire.unwrap(), release.unwrap()));
+        let acquire = self.client.prepare_typed(&statements.acquire, &PG_TYPES);
+        let release = self.client.prepare_typed(&statements.release, &PG_TYPES);
+        self.lease = Some(PgLease {
+            acquire_sql: statements.acquire.clone(),
+            release_sql: statements.release.clone(),
+            acquire: acquire.unwrap(),
+            release: release.unwrap(),
+        });
         true
     }
-    fn lease_cycle(&mut self) {
-        use postgres::types::ToSql;
-        let (acquire, release) = self.lease.as_ref().expect("prepared");
-        let key = leasehold::lock_key_for("bench-raw-statements");
-        let (region, client_id, ttl) = ("DEFAULT", "bench-raw-client", 10_000_000_i64);
-        let no_token = 0_i64;
-        let params: [&(dyn ToSql + Sync); 5] = [&key, &region, &client_id, &ttl, &no_token];
-        let row = self
-            .client
-            .query_opt(acquire, &params[..acquire.params().len()]);
-        let token: i64 = row.unwrap().expect("granted").get(0);
-        let params: [&(dyn ToSql + Sync); 5] = [&key, &region, &client_id, &ttl, &token];
-        let released = self
-            .client
-            .execute(release, &params[..release.params().len()]);
+    fn has_lease(&self) -> bool {
+        self.lease.is_some()
+    }
+    fn lease_prepared(&mut self, prepared: bool) -> bool {
+        self.lease_prepared = prepared;
+        true
+    }
+    fn lease_acquire(&mut self) -> i64 {
+        let lease = self.lease.as_ref().expect("prepared");
+        let key = leasehold::lock_key_for(RAW_LEASE_KEY);
+        let (ttl, token) = (RAW_TTL_MICROS, 0_i64);
+        let values: [&(dyn postgres::types::ToSql + Sync); 6] =
+            [&key, &"DEFAULT", &RAW_CLIENT, &ttl, &token, &RAW_LEASE_KEY];
+        let rows = match self.lease_prepared {
+            true => self.client.query(&lease.acquire, &values),
+            false => self
+                .client
+                .query_typed(&lease.acquire_sql, &pg_typed(&values)),
+        };
+        rows.unwrap().first().expect("granted").get(0)
+    }
+    fn lease_release(&mut self, token: i64) {
+        let lease = self.lease.as_ref().expect("prepared");
+        let key = leasehold::lock_key_for(RAW_LEASE_KEY);
+        let turn = RAW_RELEASE_TURN;
+        let values: [&(dyn postgres::types::ToSql + Sync); 6] =
+            [&key, &"DEFAULT", &RAW_CLIENT, &turn, &token, &""];
+        let released = match self.lease_prepared {
+            true => self.client.execute(&lease.release, &values),
+            false => self
+                .client
+                .execute_typed(&lease.release_sql, &pg_typed(&values)),
+        };
         assert_eq!(released.unwrap(), 1);
     }
     fn has_unsynced_commit(&self) -> bool {
@@ -529,7 +836,19 @@ impl Raw for RawPostgres {
 }
 
 #[cfg(feature = "mysql")]
-struct RawMysql(mysql::Conn, String);
+type MysqlLease = (
+    (mysql::Statement, Vec<usize>),
+    (mysql::Statement, Vec<usize>),
+);
+
+#[cfg(feature = "mysql")]
+struct RawMysql {
+    conn: mysql::Conn,
+    url: String,
+    /// The registry's acquire and release statements, prepared in `?` form, each with the
+    /// parameter every `?` takes.
+    lease: Option<MysqlLease>,
+}
 
 /// The server's own handoff between two sessions: `iterations` times, this connection holds a
 /// named lock, a second connection (on a thread of its own) blocks in `GET_LOCK` on it, and
@@ -576,17 +895,101 @@ fn named_lock_handoffs(holder: &mut mysql::Conn, url: &str, iterations: u64) -> 
 impl Raw for RawMysql {
     fn select_1(&mut self) {
         use mysql::prelude::Queryable;
-        let _: Option<i64> = self.0.exec_first("SELECT 1", ()).unwrap();
+        let _: Option<i64> = self.conn.exec_first("SELECT 1", ()).unwrap();
     }
     fn server_handoff(&mut self, iterations: u64) -> Option<Duration> {
-        Some(named_lock_handoffs(&mut self.0, &self.1, iterations))
+        Some(named_lock_handoffs(&mut self.conn, &self.url, iterations))
     }
     fn commit(&mut self) {
         use mysql::prelude::Queryable;
-        self.0
+        self.conn
             .exec_drop("UPDATE bench_commit SET n = n + 1 WHERE id = 1", ())
             .unwrap();
     }
+    fn prepare_lease(&mut self, statements: &leasehold::Statements) -> bool {
+        use mysql::prelude::Queryable;
+        let (acquire, acquire_order) = question_marks(&statements.acquire);
+        let (release, release_order) = question_marks(&statements.release);
+        let acquire = self.conn.prep(acquire).unwrap();
+        let release = self.conn.prep(release).unwrap();
+        assert_eq!(acquire.num_columns(), 0, "the token comes in the insert id");
+        self.lease = Some(((acquire, acquire_order), (release, release_order)));
+        true
+    }
+    fn has_lease(&self) -> bool {
+        self.lease.is_some()
+    }
+    fn lease_acquire(&mut self) -> i64 {
+        use mysql::prelude::Queryable;
+        let ((acquire, order), _) = self.lease.as_ref().expect("prepared");
+        let key = leasehold::lock_key_for(RAW_LEASE_KEY);
+        let values = mysql_values(&key, RAW_TTL_MICROS, 0, RAW_LEASE_KEY, order);
+        self.conn.exec_drop(acquire, values).unwrap();
+        let token = self.conn.last_insert_id() as i64;
+        assert_ne!(token, 0, "granted");
+        token
+    }
+    fn lease_release(&mut self, token: i64) {
+        use mysql::prelude::Queryable;
+        let (_, (release, order)) = self.lease.as_ref().expect("prepared");
+        let key = leasehold::lock_key_for(RAW_LEASE_KEY);
+        let values = mysql_values(&key, RAW_RELEASE_TURN, token, "", order);
+        self.conn.exec_drop(release, values).unwrap();
+        assert_eq!(self.conn.affected_rows(), 1);
+    }
+}
+
+/// The documented parameter names of MySQL statements, in order.
+#[cfg(feature = "mysql")]
+const MYSQL_NAMES: [&str; 6] = [
+    "lock_key",
+    "region",
+    "client_id",
+    "ttl_micros",
+    "token",
+    "lock_name",
+];
+
+/// `sql` with its `:name` parameters turned into `?`, and the parameter each takes (as the
+/// registry's connections do once per statement).
+#[cfg(feature = "mysql")]
+fn question_marks(sql: &str) -> (String, Vec<usize>) {
+    let (mut out, mut order, mut quoted) = (String::new(), Vec::new(), false);
+    let mut rest = sql;
+    while let Some(c) = rest.chars().next() {
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        if c == ':' && !quoted {
+            let name: String = rest[1..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if let Some(index) = MYSQL_NAMES.iter().position(|known| *known == name) {
+                out.push('?');
+                order.push(index);
+                rest = &rest[1 + name.len()..];
+                continue;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    (out, order)
+}
+
+/// The values of the documented parameters, in the order a statement takes them.
+#[cfg(feature = "mysql")]
+fn mysql_values(key: &str, ttl: i64, token: i64, name: &str, order: &[usize]) -> Vec<mysql::Value> {
+    let all: [mysql::Value; 6] = [
+        key.into(),
+        "DEFAULT".into(),
+        RAW_CLIENT.into(),
+        ttl.into(),
+        token.into(),
+        name.into(),
+    ];
+    order.iter().map(|index| all[*index].clone()).collect()
 }
 
 /// `url` with TLS turned off by `parameter`, unless the URL already says something about TLS:
@@ -605,6 +1008,18 @@ fn without_tls(url: &str, parameter: &str) -> String {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.into())
+}
+
+/// Whether `backend` is to be measured: all are, unless `LEASEHOLD_BENCH_BACKENDS` (a
+/// comma-separated list: `sqlite,postgres,mysql`) leaves it out.
+fn wanted(backend: &str) -> bool {
+    std::env::var("LEASEHOLD_BENCH_BACKENDS").map_or(true, |list| list.contains(backend))
+}
+
+/// Whether only the uncontended measurements run (`LEASEHOLD_BENCH_UNCONTENDED_ONLY` set):
+/// no handoff groups, no child processes.
+fn uncontended_only() -> bool {
+    std::env::var_os("LEASEHOLD_BENCH_UNCONTENDED_ONLY").is_some()
 }
 
 fn main() {
@@ -630,7 +1045,13 @@ fn main() {
              INSERT OR IGNORE INTO bench_commit VALUES (1, 0);",
         )
         .unwrap();
-    bench_backend(&mut c, "sqlite", &target, &mut RawSqlite(sqlite));
+    let mut raw = RawSqlite {
+        conn: sqlite,
+        lease: None,
+    };
+    if wanted("sqlite") {
+        bench_backend(&mut c, "sqlite", &target, &mut raw);
+    }
 
     #[cfg(feature = "postgres")]
     {
@@ -639,6 +1060,7 @@ fn main() {
             "postgres://postgres@127.0.0.1:5432/test",
         );
         match postgres::Client::connect(&url, postgres::NoTls) {
+            _ if !wanted("postgres") => {}
             Ok(mut client) => {
                 client
                     .batch_execute(
@@ -661,6 +1083,7 @@ fn main() {
                     select_1: select,
                     commit: update,
                     lease: None,
+                    lease_prepared: false,
                     unsynced_commit,
                     spring: None,
                 };
@@ -674,10 +1097,13 @@ fn main() {
     #[cfg(feature = "mysql")]
     {
         let url = env_or("LEASEHOLD_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-        match mysql::Opts::from_url(&url)
-            .map_err(mysql::Error::from)
-            .and_then(mysql::Conn::new)
-        {
+        // As the registry's connections: UPDATE reports the rows it matched.
+        let opts = mysql::Opts::from_url(&url).map(|opts| {
+            mysql::OptsBuilder::from_opts(opts)
+                .additional_capabilities(mysql::consts::CapabilityFlags::CLIENT_FOUND_ROWS)
+        });
+        match opts.map_err(mysql::Error::from).and_then(mysql::Conn::new) {
+            _ if !wanted("mysql") => {}
             Ok(mut conn) => {
                 use mysql::prelude::Queryable;
                 conn.query_drop(
@@ -687,7 +1113,12 @@ fn main() {
                 conn.query_drop("INSERT IGNORE INTO bench_commit VALUES (1, 0)")
                     .unwrap();
                 let target = Target::Mysql(without_tls(&url, "ssl-mode=DISABLED"));
-                bench_backend(&mut c, "mysql", &target, &mut RawMysql(conn, url));
+                let mut raw = RawMysql {
+                    conn,
+                    url,
+                    lease: None,
+                };
+                bench_backend(&mut c, "mysql", &target, &mut raw);
             }
             Err(e) => eprintln!("skipping MariaDB: {e}"),
         }

@@ -2,9 +2,13 @@
 //!
 //! Connections open the file in WAL mode with `synchronous = NORMAL`: a commit survives a crash
 //! of any process, and only a power loss can take back the last commits — which also takes down
-//! every holder on this machine, the only place an SQLite lock can be shared. A 5 ms busy
-//! timeout absorbs short writer collisions inside SQLite; longer ones come back as
-//! `SQLITE_BUSY`, which the shared retry loop retries until the caller's deadline.
+//! every holder on this machine, the only place an SQLite lock can be shared. A busy handler
+//! ([`busy_wait`]) absorbs short writer collisions inside SQLite for about 5 ms, trying again
+//! after 25 µs, then after pauses doubling up to 1 ms; longer ones come back as `SQLITE_BUSY`,
+//! which the shared retry loop retries until the caller's deadline. (SQLite's own busy timeout
+//! sleeps 1 ms before its first retry, then 2, 5, 10 ms: a waiter's try that met the holder's
+//! release statement for a few microseconds made that handoff a millisecond or more slower,
+//! which was most of the slow tenth of SQLite's handoffs in `benches/tails.rs`.)
 //!
 //! `'now'` is fixed for the duration of one statement, so every timestamp a statement writes or
 //! compares comes from one reading of the clock — with millisecond resolution, so a grant within
@@ -81,8 +85,8 @@ impl r2d2::ManageConnection for SqliteManager {
     type Error = rusqlite::Error;
 
     fn connect(&self) -> Result<SqliteConn, rusqlite::Error> {
-        let conn = Connection::open(&self.path)?;
-        conn.busy_timeout(Duration::from_millis(5))?;
+        let mut conn = Connection::open(&self.path)?;
+        conn.busy_handler(Some(busy_wait))?;
         let mode: String = conn.query_row("PRAGMA journal_mode", [], |row| row.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
@@ -101,6 +105,36 @@ impl r2d2::ManageConnection for SqliteManager {
     fn has_broken(&self, conn: &mut SqliteConn) -> bool {
         conn.broken
     }
+}
+
+/// How long SQLite itself waits for another connection's write lock before it reports
+/// `SQLITE_BUSY` (about; the last pause may overrun it by up to [`BUSY_LONGEST_PAUSE`]).
+pub(crate) const BUSY_WAIT: Duration = Duration::from_millis(5);
+/// The first pause of [`busy_wait`]; each next one doubles, up to [`BUSY_LONGEST_PAUSE`].
+const BUSY_FIRST_PAUSE: Duration = Duration::from_micros(25);
+const BUSY_LONGEST_PAUSE: Duration = Duration::from_millis(1);
+
+/// The pauses of [`busy_wait`] before its try number `tries` (0 for the first): (the pause
+/// before it, all pauses before it together).
+fn busy_pauses(tries: u32) -> (Duration, Duration) {
+    let (mut pause, mut slept) = (BUSY_FIRST_PAUSE, Duration::ZERO);
+    for _ in 0..tries {
+        slept += pause;
+        pause = (pause * 2).min(BUSY_LONGEST_PAUSE);
+    }
+    (pause, slept)
+}
+
+/// SQLite's busy handler on every connection: called when another connection holds the
+/// database's write lock, with the number of times it was called for this statement so far.
+/// Sleeps and asks SQLite to try again (`true`) until [`BUSY_WAIT`] has been slept.
+pub(crate) fn busy_wait(tries: i32) -> bool {
+    let (pause, slept) = busy_pauses(u32::try_from(tries).unwrap_or(0));
+    if slept >= BUSY_WAIT {
+        return false;
+    }
+    std::thread::sleep(pause);
+    true
 }
 
 /// The SQLite backend.
@@ -509,5 +543,28 @@ fn first_open(manager: &SqliteManager, timeout: Duration) -> crate::Result<()> {
             });
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busy_handler_retries_within_microseconds_and_gives_up_after_the_busy_wait() {
+        // SQLite's busy timeout sleeps 1 ms before its first retry; this one 25 µs.
+        assert_eq!(busy_pauses(0), (BUSY_FIRST_PAUSE, Duration::ZERO));
+        assert!(busy_pauses(0).0 < Duration::from_micros(100));
+        let (second, slept) = busy_pauses(1);
+        assert_eq!((second, slept), (BUSY_FIRST_PAUSE * 2, BUSY_FIRST_PAUSE));
+        // Pauses grow to the longest and stay there; the handler asks SQLite to retry until
+        // about BUSY_WAIT has been slept, then gives up (SQLITE_BUSY, retried by the retry loop).
+        let last = (0..100)
+            .find(|tries| busy_pauses(*tries).1 >= BUSY_WAIT)
+            .expect("it gives up");
+        assert!(busy_pauses(last - 1).0 <= BUSY_LONGEST_PAUSE);
+        let (_, slept) = busy_pauses(last);
+        assert!(slept >= BUSY_WAIT && slept < BUSY_WAIT + BUSY_LONGEST_PAUSE);
+        assert!(!busy_wait(last as i32));
     }
 }
