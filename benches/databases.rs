@@ -57,10 +57,13 @@
 //! medians as ratios to the baselines of the same run. `LEASEHOLD_BENCH_BACKENDS=sqlite,mysql`
 //! (say) measures only those; `LEASEHOLD_BENCH_UNCONTENDED_ONLY=1` skips the handoff groups.
 
+#[path = "common/child.rs"]
+mod child;
+
+use child::ChildProcess;
 use criterion::Criterion;
 use leasehold::{LockRegistry, RegistryBuilder};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::{BufRead, Write};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -188,49 +191,23 @@ impl Waiter for ThreadWaiter {
     }
 }
 
-struct ProcessWaiter {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
+struct ProcessWaiter(ChildProcess);
 
 impl ProcessWaiter {
     fn new(target: &Target, notifications: bool) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .env(CHILD_ENV, format!("{}|{notifications}", target.encode()))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn the bench child");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut ready = String::new();
-        stdout.read_line(&mut ready).unwrap();
-        assert_eq!(ready.trim(), "ready");
-        ProcessWaiter {
-            child,
-            stdin,
-            stdout,
-        }
+        ProcessWaiter(ChildProcess::spawn(
+            CHILD_ENV,
+            &format!("{}|{notifications}", target.encode()),
+        ))
     }
 }
 
 impl Waiter for ProcessWaiter {
     fn start(&mut self) {
-        writeln!(self.stdin, "go").unwrap();
-        self.stdin.flush().unwrap();
+        self.0.send("go");
     }
     fn granted(&mut self) -> u128 {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        line.trim().parse().expect("grant time")
-    }
-}
-
-impl Drop for ProcessWaiter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.read_line().parse().expect("grant time")
     }
 }
 

@@ -24,10 +24,13 @@
 //! The servers are found as for the tests (`LEASEHOLD_POSTGRES_URL`, `LEASEHOLD_MYSQL_URL`).
 //! The summary is also written to `target/tails.txt`.
 
+#[path = "common/child.rs"]
+mod child;
+
+use child::ChildProcess;
 use leasehold::{LockRegistry, RegistryBuilder};
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::{BufRead, Write};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -178,7 +181,7 @@ fn floor_child(spec: &str, commits: bool) {
 /// `commits` false, only the pipe wake-up. What the machine itself adds to any handoff.
 fn floor(spec: &str, rounds: usize, commits: bool) -> Vec<Duration> {
     let mode = if commits { "floor" } else { "wake" };
-    let mut child = ChildProcess::spawn(&format!("{mode}|{spec}"));
+    let mut child = ChildProcess::spawn(CHILD_ENV, &format!("{mode}|{spec}"));
     let mut conn = commits.then(|| RawConn::open(spec));
     let mut pause = IdlePause(micros_now() | 1);
     let mut measured = Vec::with_capacity(rounds);
@@ -188,8 +191,8 @@ fn floor(spec: &str, rounds: usize, commits: bool) -> Vec<Duration> {
         if let Some(conn) = conn.as_mut() {
             conn.commit();
         }
-        child.go();
-        let done = child.report()[0];
+        child.send("go");
+        let done = read_numbers(&mut child)[0];
         if round >= 5 {
             measured.push(Duration::from_micros(done.saturating_sub(started)));
         }
@@ -214,53 +217,14 @@ fn summarize_floor(name: &str, what: &str, measured: &[Duration], out: &mut Stri
     );
 }
 
-struct ChildProcess {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl ChildProcess {
-    fn spawn(spec: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .env(CHILD_ENV, spec)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn the bench child");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut ready = String::new();
-        stdout.read_line(&mut ready).unwrap();
-        assert_eq!(ready.trim(), "ready");
-        ChildProcess {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn go(&mut self) {
-        writeln!(self.stdin, "go").unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    /// The numbers of the child's next line: for a handoff, (grant time in µs since the
-    /// epoch, acquire statements of that `lock()`, when `lock()` was called).
-    fn report(&mut self) -> Vec<u64> {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        line.split_whitespace()
-            .map(|n| n.parse().expect("a number"))
-            .collect()
-    }
-}
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The numbers of the child's next line: for a handoff, (grant time in µs since the epoch,
+/// acquire statements of that `lock()`, when `lock()` was called).
+fn read_numbers(child: &mut ChildProcess) -> Vec<u64> {
+    child
+        .read_line()
+        .split_whitespace()
+        .map(|n| n.parse().expect("a number"))
+        .collect()
 }
 
 /// A pseudo-random pause of 5 to 105 ms, the idle time before each handoff.
@@ -294,7 +258,7 @@ struct Round {
 fn run(spec: &str, rounds: usize) -> Vec<Round> {
     let registry = builder(spec).build().expect("registry");
     let lock = registry.obtain(KEY).unwrap();
-    let mut child = ChildProcess::spawn(spec);
+    let mut child = ChildProcess::spawn(CHILD_ENV, spec);
     let mut pause = IdlePause(micros_now() | 1);
     let mut measured = Vec::with_capacity(rounds);
     let started = Instant::now();
@@ -302,12 +266,12 @@ fn run(spec: &str, rounds: usize) -> Vec<Round> {
     // Warm-up: a few rounds whose figures are dropped (connections, listeners, watchers).
     for round in 0..rounds + 5 {
         let guard = lock.lock().unwrap();
-        child.go();
+        child.send("go");
         pause.sleep();
         let at = started.elapsed();
         let released = micros_now();
         guard.unlock().unwrap();
-        let report = child.report();
+        let report = read_numbers(&mut child);
         let (granted, acquires, called) = (report[0], report[1], report[2]);
         if round >= 5 {
             measured.push(Round {
