@@ -60,8 +60,11 @@
 //!   the file `killed` in the record directory. A marker "inside" of such a pid is abandoned
 //!   for a holder whose token is larger than the dead holder's (a later grant: the dead lease
 //!   ran out first); for a reader (`--rw`), whose token orders its own slot's grants only, for
-//!   one that started to acquire after the reap. Any other marker is a violation, a killed
-//!   holder's included.
+//!   one whose acquire returned after the reap (no overlap in time, but no proof of the
+//!   lease's order: the next writer's token gives that). Any other marker is a violation, a
+//!   killed holder's included.
+//! - Children append every problem (violation, loss, error, timeout) to a file of their own as
+//!   it happens, and the parent adds a killed child's to the totals.
 //! - Every child appends one line per finished critical section (the record's number) to its
 //!   own counts file, after the record's final write and before the release, so while it still
 //!   holds the key (the cost per section is in the summary). The final check is then, for each
@@ -320,6 +323,11 @@ impl Config {
         self.dir.join(format!("counts-{index}"))
     }
 
+    /// Chaos: the file where a child appends its problems as they happen.
+    fn problems_path(&self, index: usize) -> PathBuf {
+        self.dir.join(format!("problems-{index}"))
+    }
+
     /// Chaos: the file where the parent lists the children it killed, once reaped.
     fn killed_path(&self) -> PathBuf {
         self.dir.join("killed")
@@ -504,11 +512,29 @@ struct Tally {
     abandoned: AtomicU64,
     count_ns: AtomicU64,
     details: Mutex<Vec<String>>,
+    /// Chaos: every problem is also appended here at once (`kind detail`), so that a killed
+    /// child's problems still count.
+    problems: Option<Mutex<std::fs::File>>,
 }
 
 impl Tally {
     fn problem(&self, counter: &AtomicU64, detail: String) {
         counter.fetch_add(1, Ordering::SeqCst);
+        if let Some(problems) = &self.problems {
+            use std::io::Write;
+            let kinds = [
+                (&self.violations, "violation"),
+                (&self.lost, "lost"),
+                (&self.errors, "error"),
+                (&self.timeouts, "timeout"),
+            ];
+            let kind = kinds
+                .iter()
+                .find(|(c, _)| std::ptr::eq(*c, counter))
+                .map_or("error", |(_, kind)| kind);
+            let line = format!("{kind} {}\n", detail.replace('\n', " "));
+            let _ = problems.lock().unwrap().write_all(line.as_bytes());
+        }
         let mut details = self.details.lock().unwrap();
         if details.len() < MAX_DETAILS {
             eprintln!("stress: {detail}");
@@ -562,7 +588,20 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
         ))),
         false => None,
     };
-    let tally = Arc::new(Tally::default());
+    let problems = match config.chaos {
+        true => Some(Mutex::new(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(config.problems_path(index))
+                .map_err(|e| format!("child {index}: problems file: {e}"))?,
+        )),
+        false => None,
+    };
+    let tally = Arc::new(Tally {
+        problems,
+        ..Tally::default()
+    });
     let disturbances = match config.mix {
         true => start_disturbances(index, config, end)?,
         false => Vec::new(),
@@ -606,7 +645,6 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                     true => ttls[(random.next() % 3) as usize],
                     false => config.ttl,
                 };
-                let asked_ms = now_ms();
                 let acquired = match (semaphores.get(key), rw_locks.get(key)) {
                     (_, Some(rw)) if random.next().is_multiple_of(4) => rw
                         .try_write_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
@@ -621,6 +659,7 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         .try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
                         .map(|guard| guard.map(Held::Lock)),
                 };
+                let granted_ms = now_ms();
                 let guard = match acquired {
                     Ok(Some(guard)) => guard,
                     Ok(None) => {
@@ -679,7 +718,7 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                     }
                 }
                 if let Held::Read(_) = guard {
-                    read_section(&config, &tally, record, &me, asked_ms);
+                    read_section(&config, &tally, record, &me, granted_ms);
                 } else {
                     critical_section(
                         &config,
@@ -1003,6 +1042,8 @@ pub struct Summary {
     pub pauses: u64,
     pub longest_pause: Duration,
     pub pauses_over_ttl: u64,
+    /// Chaos: what the killed children left: their problems and counts files.
+    pub killed: Vec<ChildReport>,
     /// Chaos: children killed, and started in their place.
     pub kills: u64,
     pub replacements: u64,
@@ -1017,8 +1058,9 @@ impl Summary {
         self.children.iter().map(|c| c.sections).sum()
     }
 
+    /// Over the children that reported and (problems and counts only) the killed ones.
     fn total(&self, field: impl Fn(&ChildReport) -> u64) -> u64 {
-        self.children.iter().map(field).sum()
+        self.children.iter().chain(&self.killed).map(field).sum()
     }
 
     /// Violations of exclusion or fencing, found by the children or by the final count.
@@ -1054,9 +1096,14 @@ impl Summary {
                 self.total(|c| c.abandoned),
                 self.abandoned_at_end,
                 self.unreported,
-                self.total(|c| c.count_ns) as f64
+                self.children.iter().map(|c| c.count_ns).sum::<u64>() as f64
                     / 1000.0
-                    / self.total(|c| c.per_key.iter().sum()).max(1) as f64,
+                    / self
+                        .children
+                        .iter()
+                        .flat_map(|c| &c.per_key)
+                        .sum::<u64>()
+                        .max(1) as f64,
             ),
         };
         format!(
@@ -1191,6 +1238,10 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
                 thread::sleep(pause);
                 signal(pid, "CONT")?;
                 let paused = stopped.elapsed();
+                eprintln!(
+                    "stress: chaos: child {} stopped for {paused:?}",
+                    running[victim].index
+                );
                 summary.pauses += 1;
                 summary.longest_pause = summary.longest_pause.max(paused);
                 if paused >= config.ttl {
@@ -1209,6 +1260,7 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
                     .and_then(|mut file| writeln!(file, "{pid} {}", now_ms()))
                     .map_err(|e| format!("killed file: {e}"))?;
                 let _ = gone.output.join();
+                eprintln!("stress: chaos: child {} (pid {pid}) killed", gone.index);
                 killed.push(gone.index);
                 summary.kills += 1;
                 running.push(start(next_index)?);
@@ -1255,7 +1307,23 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
         }
     }
     summary.elapsed = config.duration.min(started.elapsed());
-    let killed_counts: Vec<Vec<u64>> = killed.iter().map(|&i| read_counts(config, i)).collect();
+    for &index in &killed {
+        let text = std::fs::read_to_string(config.problems_path(index)).unwrap_or_default();
+        let count = |kind: &str| {
+            text.lines()
+                .filter(|line| line.split_whitespace().next() == Some(kind))
+                .count() as u64
+        };
+        summary.killed.push(ChildReport {
+            violations: count("violation"),
+            lost: count("lost"),
+            errors: count("error"),
+            timeouts: count("timeout"),
+            per_key: read_counts(config, index),
+            ..ChildReport::default()
+        });
+    }
+    let killed_counts: Vec<Vec<u64>> = summary.killed.iter().map(|c| c.per_key.clone()).collect();
     let dead = config.killed();
     let kills = summary.kills;
     for key in 0..config.records() {
@@ -1344,18 +1412,20 @@ impl Held {
 }
 
 /// A reader's look at `key`'s record (`--rw`): nobody inside, and unchanged while it reads.
-/// `asked_ms`: when this reader started to acquire (ms since the Unix epoch).
-fn read_section(config: &Config, tally: &Tally, key: usize, me: &str, asked_ms: u64) {
+/// `granted_ms`: when this reader's acquire returned (ms since the Unix epoch).
+fn read_section(config: &Config, tally: &Tally, key: usize, me: &str, granted_ms: u64) {
     let path = config.record_path(key);
     // Chaos: a read token orders the grants of its slot only, so it proves nothing about a
-    // writer; a killed writer's marker is abandoned for a reader that started to acquire after
-    // the parent had reaped that writer (the two never lived at the same time).
+    // writer; a killed writer's marker is abandoned for a reader whose acquire returned after
+    // the parent had reaped that writer (the reader's section never ran while it lived). That
+    // shows no overlap in time; unlike a token it does not show the grant came after the
+    // writer's lease ran out (a reader may have waited since before the kill).
     let abandoned = |record: &Record| {
         config.chaos
             && config
                 .killed()
                 .get(&record.pid)
-                .is_some_and(|&reaped_ms| reaped_ms < asked_ms)
+                .is_some_and(|&reaped_ms| reaped_ms < granted_ms)
     };
     let look = || match Record::read(&path) {
         Ok(record) if record.holder == "-" => Some(record),
