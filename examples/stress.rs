@@ -32,7 +32,7 @@
 //! transaction-mode pooler), `--sabotage 1` (self-check of the detector: each process gets a
 //! table of its own, so the processes do not exclude each other and the run must FAIL with
 //! violations), `--probe N` (8; 0 = off), `--mix 1` (see below), `--permits N` (0 = locks)
-//! and `--rw 1`.
+//! `--rw 1` and `--chaos 1`.
 //!
 //! **Reader/writer locks** (`--rw 1`): every key is a reader/writer lock; one acquire in four
 //! takes the write side and runs the critical section above, the others take the read side
@@ -44,6 +44,40 @@
 //! rewrites as above. A permit number outside 0..N, or two holders of one permit at once, is a
 //! violation; so at most N holders of a key are ever inside. The deadline probe is for locks
 //! only.
+//!
+//! **Chaos** (`--chaos 1`, any mode): while the run lasts, the parent picks a random child every
+//! 2–6 s and either stops it (`SIGSTOP`, every thread of a holder) for 0.5–3 s and continues
+//! it, or kills it (`SIGKILL`), reaps it, and starts a replacement child with a fresh index and
+//! registry (which runs until the common end). A paused child must keep its leases (the pause
+//! is far below the default 10 s time-to-live, renewals run every third of it); a lost lease
+//! fails the run unless some pause lasted a time-to-live or longer. A killed child is handled
+//! without loosening the check for anybody else:
+//!
+//! - Records name the process inside (pid) beside the holder and its token, and are rewritten
+//!   in place, padded to one width, by a single `write` (a kill between a truncation and the
+//!   write would leave an empty record nobody could attribute).
+//! - Only after it has reaped a killed child does the parent append its pid and the time to
+//!   the file `killed` in the record directory. A marker "inside" of such a pid is abandoned
+//!   for a holder whose token is larger than the dead holder's (a later grant: the dead lease
+//!   ran out first); for a reader (`--rw`), whose token orders its own slot's grants only, for
+//!   one whose acquire returned after the reap (no overlap in time, but no proof of the
+//!   lease's order: the next writer's token gives that). Any other marker is a violation, a
+//!   killed holder's included.
+//! - Children append every problem (violation, loss, error, timeout) to a file of their own as
+//!   it happens, and the parent adds a killed child's to the totals.
+//! - Every child appends one line per finished critical section (the record's number) to its
+//!   own counts file, after the record's final write and before the release, so while it still
+//!   holds the key (the cost per section is in the summary). The final check is then, for each
+//!   record: reported ≤ counter ≤ reported + kills, where reported is the survivors' report
+//!   plus the killed children's complete lines (each kill can leave at most the one section on
+//!   a record it held: written but not yet appended); and over all records, the sections
+//!   written but unreported are at most kills × threads (one in flight per thread). A
+//!   survivor's counts file must equal its report. Records still marked by a killed holder at
+//!   the end are allowed (`abandoned_at_end`).
+//!
+//! The summary line then adds pauses, the longest, pauses over the TTL, kills, replacements,
+//! whether lost leases were allowed, abandoned markers taken over and left, the unreported
+//! sections and the count file's cost per section.
 //!
 //! **The deadline probe.** In about one critical section in N, the holder compares its own view
 //! with the row as the database has it (one statement, [`LockRegistry::holder`]): the row must
@@ -116,6 +150,8 @@ pub struct Config {
     pub permits: usize,
     /// Every key is a reader/writer lock (one acquire in four writes).
     pub rw: bool,
+    /// The parent pauses and kills children while the run lasts (module docs, "Chaos").
+    pub chaos: bool,
 }
 
 impl Config {
@@ -141,6 +177,7 @@ impl Config {
             listener_url: None,
             permits: 0,
             rw: false,
+            chaos: false,
         }
     }
 
@@ -193,6 +230,7 @@ impl Config {
             ("MIX", u8::from(self.mix).to_string()),
             ("PERMITS", self.permits.to_string()),
             ("RW", u8::from(self.rw).to_string()),
+            ("CHAOS", u8::from(self.chaos).to_string()),
             (
                 "LISTENER_URL",
                 self.listener_url.clone().unwrap_or_default(),
@@ -261,6 +299,7 @@ impl Config {
         config.listener_url = text("LISTENER_URL").filter(|url| !url.is_empty());
         config.permits = number("PERMITS", 0)? as usize;
         config.rw = number("RW", 0)? != 0;
+        config.chaos = number("CHAOS", 0)? != 0;
         if config.rw && config.permits > 0 {
             return Err("--rw and --permits exclude each other".into());
         }
@@ -278,6 +317,34 @@ impl Config {
     fn record_path(&self, key: usize) -> PathBuf {
         self.dir.join(format!("key-{key}.record"))
     }
+
+    /// Chaos: the file where a child appends one line per finished critical section.
+    fn counts_path(&self, index: usize) -> PathBuf {
+        self.dir.join(format!("counts-{index}"))
+    }
+
+    /// Chaos: the file where a child appends its problems as they happen.
+    fn problems_path(&self, index: usize) -> PathBuf {
+        self.dir.join(format!("problems-{index}"))
+    }
+
+    /// Chaos: the file where the parent lists the children it killed, once reaped.
+    fn killed_path(&self) -> PathBuf {
+        self.dir.join("killed")
+    }
+
+    /// Chaos: the children the parent killed and reaped: pid → when it had reaped it (ms since
+    /// the Unix epoch).
+    fn killed(&self) -> HashMap<u32, u64> {
+        std::fs::read_to_string(self.killed_path())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let (pid, reaped) = line.split_once(' ')?;
+                Some((pid.parse().ok()?, reaped.parse().ok()?))
+            })
+            .collect()
+    }
 }
 
 /// The database a `--path`/`--url` value names.
@@ -292,14 +359,21 @@ fn db_of(target: &str) -> &'static str {
 }
 
 /// One key's shared record: who is inside (`-` for nobody), how many critical sections ended,
-/// the largest fencing token seen, and the process of the last holder.
+/// the largest fencing token seen (while someone is inside: that holder's own token, as a
+/// smaller one is already a violation), and the process (name and pid) of the last holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Record {
     holder: String,
     counter: u64,
     token: u64,
     process: String,
+    pid: u32,
 }
+
+/// Chaos: the width every record is padded to, so that it is rewritten in place by one
+/// `write` without truncating the file first (a holder killed between a truncation and its
+/// write would leave an empty record that no one could attribute).
+const RECORD_WIDTH: usize = 96;
 
 impl Record {
     fn free() -> Record {
@@ -308,6 +382,7 @@ impl Record {
             counter: 0,
             token: 0,
             process: "-".into(),
+            pid: 0,
         }
     }
 
@@ -315,22 +390,35 @@ impl Record {
         let text = std::fs::read_to_string(path).map_err(|e| format!("unreadable: {e}"))?;
         let fields: Vec<&str> = text.split_whitespace().collect();
         match fields[..] {
-            [holder, counter, token, process] => Ok(Record {
+            [holder, counter, token, process, pid] => Ok(Record {
                 holder: holder.into(),
                 counter: counter.parse().map_err(|_| format!("garbled: {text:?}"))?,
                 token: token.parse().map_err(|_| format!("garbled: {text:?}"))?,
                 process: process.into(),
+                pid: pid.parse().map_err(|_| format!("garbled: {text:?}"))?,
             }),
             _ => Err(format!("garbled (half-written?): {text:?}")),
         }
     }
 
-    fn write(&self, path: &Path) -> std::io::Result<()> {
+    /// Writes the record; `in_place` (chaos): padded to [`RECORD_WIDTH`] and written over the
+    /// old one with a single `write`, else truncated and rewritten (the non-atomic original).
+    fn write(&self, path: &Path, in_place: bool) -> std::io::Result<()> {
         let text = format!(
-            "{} {} {} {}\n",
-            self.holder, self.counter, self.token, self.process
+            "{} {} {} {} {}",
+            self.holder, self.counter, self.token, self.process, self.pid
         );
-        std::fs::write(path, text)
+        if !in_place {
+            return std::fs::write(path, text + "\n");
+        }
+        use std::io::Write;
+        let text = format!("{text:<width$}\n", width = RECORD_WIDTH - 1);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        file.write_all(text.as_bytes())
     }
 }
 
@@ -350,6 +438,10 @@ pub struct ChildReport {
     pub acquires: u64,
     /// Deadline probes that compared the holder with its row (violations count separately).
     pub probes: u64,
+    /// Chaos: sections that found the marker of a killed holder and took it as abandoned.
+    pub abandoned: u64,
+    /// Chaos: time spent appending to the counts file, in total (ns).
+    pub count_ns: u64,
     pub per_key: Vec<u64>,
 }
 
@@ -358,7 +450,8 @@ impl ChildReport {
         let per_key: Vec<String> = self.per_key.iter().map(u64::to_string).collect();
         format!(
             "{RESULT_MARK} index={index} sections={} violations={} lost={} errors={} timeouts={} \
-             new_tokens={} process_switches={} grants={} acquires={} probes={} per_key={}",
+             new_tokens={} process_switches={} grants={} acquires={} probes={} abandoned={} \
+             count_ns={} per_key={}",
             self.sections,
             self.violations,
             self.lost,
@@ -369,6 +462,8 @@ impl ChildReport {
             self.grants,
             self.acquires,
             self.probes,
+            self.abandoned,
+            self.count_ns,
             per_key.join(",")
         )
     }
@@ -392,6 +487,8 @@ impl ChildReport {
             grants: number("grants")?,
             acquires: number("acquires")?,
             probes: number("probes")?,
+            abandoned: number("abandoned")?,
+            count_ns: number("count_ns")?,
             per_key: fields
                 .get("per_key")?
                 .split(',')
@@ -412,12 +509,32 @@ struct Tally {
     new_tokens: AtomicU64,
     process_switches: AtomicU64,
     probes: AtomicU64,
+    abandoned: AtomicU64,
+    count_ns: AtomicU64,
     details: Mutex<Vec<String>>,
+    /// Chaos: every problem is also appended here at once (`kind detail`), so that a killed
+    /// child's problems still count.
+    problems: Option<Mutex<std::fs::File>>,
 }
 
 impl Tally {
     fn problem(&self, counter: &AtomicU64, detail: String) {
         counter.fetch_add(1, Ordering::SeqCst);
+        if let Some(problems) = &self.problems {
+            use std::io::Write;
+            let kinds = [
+                (&self.violations, "violation"),
+                (&self.lost, "lost"),
+                (&self.errors, "error"),
+                (&self.timeouts, "timeout"),
+            ];
+            let kind = kinds
+                .iter()
+                .find(|(c, _)| std::ptr::eq(*c, counter))
+                .map_or("error", |(_, kind)| kind);
+            let line = format!("{kind} {}\n", detail.replace('\n', " "));
+            let _ = problems.lock().unwrap().write_all(line.as_bytes());
+        }
         let mut details = self.details.lock().unwrap();
         if details.len() < MAX_DETAILS {
             eprintln!("stress: {detail}");
@@ -458,8 +575,33 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
         .map_err(|e| format!("child {index}: registry: {e}"))?;
     let wait = config.start_at_ms.saturating_sub(now_ms());
     thread::sleep(Duration::from_millis(wait));
-    let end = Instant::now() + config.duration;
-    let tally = Arc::new(Tally::default());
+    // The run ends at the same moment for every child, a replacement started late included.
+    let end_ms = config.start_at_ms + config.duration.as_millis() as u64;
+    let end = Instant::now() + Duration::from_millis(end_ms.saturating_sub(now_ms()));
+    let counts = match config.chaos {
+        true => Some(Arc::new(Mutex::new(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(config.counts_path(index))
+                .map_err(|e| format!("child {index}: counts file: {e}"))?,
+        ))),
+        false => None,
+    };
+    let problems = match config.chaos {
+        true => Some(Mutex::new(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(config.problems_path(index))
+                .map_err(|e| format!("child {index}: problems file: {e}"))?,
+        )),
+        false => None,
+    };
+    let tally = Arc::new(Tally {
+        problems,
+        ..Tally::default()
+    });
     let disturbances = match config.mix {
         true => start_disturbances(index, config, end)?,
         false => Vec::new(),
@@ -468,11 +610,12 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for worker in 0..config.threads {
-        let (registry, tally, per_key, stop) = (
+        let (registry, tally, per_key, stop, counts) = (
             registry.clone(),
             Arc::clone(&tally),
             Arc::clone(&per_key),
             Arc::clone(&stop),
+            counts.clone(),
         );
         let config = config.clone();
         workers.push(thread::spawn(move || {
@@ -516,6 +659,7 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         .try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
                         .map(|guard| guard.map(Held::Lock)),
                 };
+                let granted_ms = now_ms();
                 let guard = match acquired {
                     Ok(Some(guard)) => guard,
                     Ok(None) => {
@@ -574,7 +718,7 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                     }
                 }
                 if let Held::Read(_) = guard {
-                    read_section(&config, &tally, record, &me);
+                    read_section(&config, &tally, record, &me, granted_ms);
                 } else {
                     critical_section(
                         &config,
@@ -585,6 +729,18 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         guard.fencing_token(),
                     );
                     per_key[record].fetch_add(1, Ordering::SeqCst);
+                    // Chaos: reported while still held, so a killed child leaves at most this
+                    // one section per record counted in the record but not in its file.
+                    if let Some(counts) = &counts {
+                        use std::io::Write;
+                        let started = Instant::now();
+                        let line = format!("{record}\n");
+                        if let Err(e) = counts.lock().unwrap().write_all(line.as_bytes()) {
+                            tally.problem(&tally.errors, format!("{me}: counts file: {e}"));
+                        }
+                        let spent = started.elapsed().as_nanos() as u64;
+                        tally.count_ns.fetch_add(spent, Ordering::Relaxed);
+                    }
                 }
                 tally.sections.fetch_add(1, Ordering::SeqCst);
                 if let Err(e) = guard.unlock() {
@@ -625,6 +781,8 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
         grants: stats.grants,
         acquires: stats.acquires,
         probes: load(&tally.probes),
+        abandoned: load(&tally.abandoned),
+        count_ns: load(&tally.count_ns),
         per_key: per_key.iter().map(load).collect(),
     };
     println!("{}", report.line(index));
@@ -801,10 +959,25 @@ fn critical_section(
         }
     };
     if before.holder != "-" {
-        tally.problem(
-            &tally.violations,
-            format!("{me} key {key}: entered while {} was inside", before.holder),
-        );
+        // Chaos: the marker of a holder the parent killed and reaped is abandoned for a holder
+        // of a later grant (a larger token: the dead one's lease ran out first); any other
+        // marker, a killed holder's seen with a token no larger included, is a violation.
+        let dead = config.chaos && config.killed().contains_key(&before.pid);
+        if dead && token > before.token {
+            tally.abandoned.fetch_add(1, Ordering::Relaxed);
+        } else {
+            tally.problem(
+                &tally.violations,
+                format!(
+                    "{me} key {key}: entered with token {token} while {} (pid {}{}, token {}) \
+                     was inside",
+                    before.holder,
+                    before.pid,
+                    if dead { ", killed" } else { "" },
+                    before.token
+                ),
+            );
+        }
     }
     if token < before.token {
         tally.problem(
@@ -826,8 +999,9 @@ fn critical_section(
         counter: before.counter,
         token: token.max(before.token),
         process: process.to_string(),
+        pid: std::process::id(),
     };
-    if let Err(e) = inside.write(&path) {
+    if let Err(e) = inside.write(&path, config.chaos) {
         tally.problem(&tally.errors, format!("{me} key {key}: write record: {e}"));
     }
     thread::yield_now();
@@ -850,7 +1024,7 @@ fn critical_section(
         counter: before.counter + 1,
         ..inside
     };
-    if let Err(e) = done.write(&path) {
+    if let Err(e) = done.write(&path, config.chaos) {
         tally.problem(&tally.errors, format!("{me} key {key}: write record: {e}"));
     }
 }
@@ -864,6 +1038,19 @@ pub struct Summary {
     /// Problems found by the parent: failed children, counters that disagree, records left
     /// with a holder inside.
     pub failures: Vec<String>,
+    /// Chaos: children stopped and continued, the longest stop, stops of a TTL or longer.
+    pub pauses: u64,
+    pub longest_pause: Duration,
+    pub pauses_over_ttl: u64,
+    /// Chaos: what the killed children left: their problems and counts files.
+    pub killed: Vec<ChildReport>,
+    /// Chaos: children killed, and started in their place.
+    pub kills: u64,
+    pub replacements: u64,
+    /// Chaos: records left with a killed holder's marker at the end.
+    pub abandoned_at_end: u64,
+    /// Chaos: sections counted in the records but reported by nobody (killed in flight).
+    pub unreported: u64,
 }
 
 impl Summary {
@@ -871,8 +1058,9 @@ impl Summary {
         self.children.iter().map(|c| c.sections).sum()
     }
 
+    /// Over the children that reported and (problems and counts only) the killed ones.
     fn total(&self, field: impl Fn(&ChildReport) -> u64) -> u64 {
-        self.children.iter().map(field).sum()
+        self.children.iter().chain(&self.killed).map(field).sum()
     }
 
     /// Violations of exclusion or fencing, found by the children or by the final count.
@@ -880,20 +1068,49 @@ impl Summary {
         self.total(|c| c.violations)
     }
 
-    /// `true` when nothing at all went wrong.
+    /// `true` when nothing at all went wrong. A lost lease is allowed only after a child was
+    /// stopped for a time-to-live or longer (chaos), which must cost its leases.
     pub fn passed(&self) -> bool {
-        self.failures.is_empty()
-            && self.total(|c| c.violations + c.lost + c.errors + c.timeouts) == 0
+        let lost = match self.pauses_over_ttl {
+            0 => self.total(|c| c.lost),
+            _ => 0,
+        };
+        self.failures.is_empty() && self.total(|c| c.violations + c.errors + c.timeouts) + lost == 0
     }
 
     pub fn line(&self, config: &Config) -> String {
         let sections = self.sections();
         let rate = sections as f64 / self.elapsed.as_secs_f64().max(1e-9);
+        let chaos = match config.chaos {
+            false => String::new(),
+            true => format!(
+                " chaos=1 pauses={} longest_pause={:.2}s pauses_over_ttl={} kills={} \
+                 replacements={} lost_allowed={} abandoned={} abandoned_at_end={} \
+                 unreported={} count_us_per_section={:.2}",
+                self.pauses,
+                self.longest_pause.as_secs_f64(),
+                self.pauses_over_ttl,
+                self.kills,
+                self.replacements,
+                u8::from(self.pauses_over_ttl > 0),
+                self.total(|c| c.abandoned),
+                self.abandoned_at_end,
+                self.unreported,
+                self.children.iter().map(|c| c.count_ns).sum::<u64>() as f64
+                    / 1000.0
+                    / self
+                        .children
+                        .iter()
+                        .flat_map(|c| &c.per_key)
+                        .sum::<u64>()
+                        .max(1) as f64,
+            ),
+        };
         format!(
             "stress: {} backend={} processes={} threads={} keys={} permits={} rw={} duration={:.2}s \
              critical_sections={sections} rate={rate:.0}/s violations={} lost={} errors={} \
              timeouts={} failures={} grants={} new_tokens={} process_switches={} acquires={} \
-             probes={}",
+             probes={}{chaos}",
             if self.passed() { "PASS" } else { "FAIL" },
             self.backend,
             config.processes,
@@ -916,9 +1133,48 @@ impl Summary {
     }
 }
 
+/// A child process the parent is running, with the thread reading its standard output.
+struct Running {
+    index: usize,
+    child: std::process::Child,
+    output: thread::JoinHandle<String>,
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to `pid` with the system's `kill`.
+fn signal(pid: u32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .arg("-s")
+        .arg(signal)
+        .arg(pid.to_string())
+        .status()
+        .map_err(|e| format!("kill -s {signal} {pid}: {e}"))?;
+    match status.success() {
+        true => Ok(()),
+        false => Err(format!("kill -s {signal} {pid}: {status}")),
+    }
+}
+
+/// Lines per record in a child's counts file (chaos); a torn last line does not count.
+fn read_counts(config: &Config, index: usize) -> Vec<u64> {
+    let mut counts = vec![0; config.records()];
+    let text = std::fs::read_to_string(config.counts_path(index)).unwrap_or_default();
+    for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+        if let Some(count) = line
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .and_then(|r| counts.get_mut(r))
+        {
+            *count += 1;
+        }
+    }
+    counts
+}
+
 /// Creates the table and records, runs `config.processes` children made by `spawn(index)`
 /// (which must end up calling [`child_main`] with the exported configuration), waits for
-/// them, and checks the records.
+/// them, and checks the records. With `config.chaos`, pauses and kills children meanwhile,
+/// replacing each killed one (module docs).
 pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summary, String> {
     let registry = config
         .builder()?
@@ -927,33 +1183,99 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
         .map_err(|e| format!("creating the lock table: {e}"))?;
     for key in 0..config.records() {
         Record::free()
-            .write(&config.record_path(key))
+            .write(&config.record_path(key), config.chaos)
             .map_err(|e| format!("record file in {}: {e}", config.dir.display()))?;
     }
     config.start_at_ms = now_ms() + 1000;
-    let mut children = Vec::new();
-    for index in 0..config.processes {
+    let start = |index: usize| -> Result<Running, String> {
         let mut command = spawn(index);
         config.export(&mut command);
         command.stdout(Stdio::piped()).stdin(Stdio::null());
-        let child = command
+        let mut child = command
             .spawn()
             .map_err(|e| format!("starting child {index}: {e}"))?;
-        children.push(child);
-    }
-    let started = Instant::now();
-    let give_up = started + Duration::from_millis(1000) + config.duration + Duration::from_secs(90);
-    let mut summary = Summary {
-        backend: registry.backend_name().to_string(),
-        ..Summary::default()
-    };
-    for (index, mut child) in children.into_iter().enumerate() {
         let mut stdout = child.stdout.take().expect("piped");
-        let reader = thread::spawn(move || {
+        let output = thread::spawn(move || {
             let mut text = String::new();
             let _ = stdout.read_to_string(&mut text);
             text
         });
+        Ok(Running {
+            index,
+            child,
+            output,
+        })
+    };
+    let mut running = Vec::new();
+    for index in 0..config.processes {
+        running.push(start(index)?);
+    }
+    let started = Instant::now();
+    let begin = started + Duration::from_millis(1000);
+    let give_up = begin + config.duration + Duration::from_secs(90);
+    let mut summary = Summary {
+        backend: registry.backend_name().to_string(),
+        ..Summary::default()
+    };
+    let mut killed = Vec::new();
+    if config.chaos {
+        let mut random = XorShift(0xC4A0_5EED ^ now_ms() ^ u64::from(std::process::id()));
+        let mut next_index = config.processes;
+        let end = begin + config.duration;
+        thread::sleep(begin.saturating_duration_since(Instant::now()));
+        loop {
+            let gap = Duration::from_millis(2000 + random.next() % 4000);
+            if Instant::now() + gap + Duration::from_secs(3) >= end {
+                break;
+            }
+            thread::sleep(gap);
+            let victim = (random.next() % running.len() as u64) as usize;
+            let pid = running[victim].child.id();
+            if random.next().is_multiple_of(2) {
+                let pause = Duration::from_millis(500 + random.next() % 2500);
+                signal(pid, "STOP")?;
+                let stopped = Instant::now();
+                thread::sleep(pause);
+                signal(pid, "CONT")?;
+                let paused = stopped.elapsed();
+                eprintln!(
+                    "stress: chaos: child {} stopped for {paused:?}",
+                    running[victim].index
+                );
+                summary.pauses += 1;
+                summary.longest_pause = summary.longest_pause.max(paused);
+                if paused >= config.ttl {
+                    summary.pauses_over_ttl += 1;
+                }
+            } else {
+                let mut gone = running.swap_remove(victim);
+                let _ = gone.child.kill();
+                let _ = gone.child.wait();
+                // Only now, with the process reaped and unable to write anything more.
+                use std::io::Write;
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(config.killed_path())
+                    .and_then(|mut file| writeln!(file, "{pid} {}", now_ms()))
+                    .map_err(|e| format!("killed file: {e}"))?;
+                let _ = gone.output.join();
+                eprintln!("stress: chaos: child {} (pid {pid}) killed", gone.index);
+                killed.push(gone.index);
+                summary.kills += 1;
+                running.push(start(next_index)?);
+                next_index += 1;
+                summary.replacements += 1;
+            }
+        }
+    }
+    let expected = running.len();
+    for Running {
+        index,
+        mut child,
+        output,
+    } in running
+    {
         let status = loop {
             match child.try_wait() {
                 Ok(Some(status)) => break Some(status),
@@ -965,10 +1287,17 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
                 }
             }
         };
-        let text = reader.join().unwrap_or_default();
+        let text = output.join().unwrap_or_default();
         let report = text.lines().find_map(ChildReport::parse);
         match (status, report) {
-            (Some(status), Some(report)) if status.success() => summary.children.push(report),
+            (Some(status), Some(report)) if status.success() => {
+                if config.chaos && read_counts(config, index) != report.per_key {
+                    summary.failures.push(format!(
+                        "child {index}: its counts file disagrees with its report"
+                    ));
+                }
+                summary.children.push(report)
+            }
             (None, _) => summary
                 .failures
                 .push(format!("child {index} hung and was killed")),
@@ -978,27 +1307,65 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
         }
     }
     summary.elapsed = config.duration.min(started.elapsed());
+    for &index in &killed {
+        let text = std::fs::read_to_string(config.problems_path(index)).unwrap_or_default();
+        let count = |kind: &str| {
+            text.lines()
+                .filter(|line| line.split_whitespace().next() == Some(kind))
+                .count() as u64
+        };
+        summary.killed.push(ChildReport {
+            violations: count("violation"),
+            lost: count("lost"),
+            errors: count("error"),
+            timeouts: count("timeout"),
+            per_key: read_counts(config, index),
+            ..ChildReport::default()
+        });
+    }
+    let killed_counts: Vec<Vec<u64>> = summary.killed.iter().map(|c| c.per_key.clone()).collect();
+    let dead = config.killed();
+    let kills = summary.kills;
     for key in 0..config.records() {
         let reported: u64 = summary
             .children
             .iter()
             .filter_map(|c| c.per_key.get(key))
+            .chain(killed_counts.iter().map(|counts| &counts[key]))
             .sum();
         match Record::read(&config.record_path(key)) {
+            Ok(record) if record.holder != "-" && dead.contains_key(&record.pid) => {
+                summary.abandoned_at_end += 1
+            }
             Ok(record) if record.holder != "-" => summary
                 .failures
                 .push(format!("key {key}: {} is still inside", record.holder)),
+            _ => {}
+        }
+        match Record::read(&config.record_path(key)) {
+            // A killed child may have ended one section on this record, still holding it,
+            // and died before it appended the line: at most one per kill.
             Ok(record)
-                if record.counter != reported && summary.children.len() == config.processes =>
+                if (record.counter < reported || record.counter > reported + kills)
+                    && summary.children.len() == expected =>
             {
                 summary.failures.push(format!(
-                    "key {key}: counter {} but {reported} critical sections: updates were lost",
+                    "key {key}: counter {} but {reported} critical sections reported \
+                     ({kills} killed children): updates were lost",
                     record.counter
                 ))
             }
-            Ok(_) => {}
+            Ok(record) => summary.unreported += record.counter.saturating_sub(reported),
             Err(e) => summary.failures.push(format!("key {key}: record {e}")),
         }
+    }
+    // And at most one per thread of each killed child over all records.
+    if summary.unreported > kills * config.threads as u64 {
+        summary.failures.push(format!(
+            "{} sections ended in the records but not reported, more than {kills} killed \
+             children × {} threads",
+            summary.unreported, config.threads
+        ));
     }
     for failure in &summary.failures {
         eprintln!("stress: {failure}");
@@ -1045,10 +1412,27 @@ impl Held {
 }
 
 /// A reader's look at `key`'s record (`--rw`): nobody inside, and unchanged while it reads.
-fn read_section(config: &Config, tally: &Tally, key: usize, me: &str) {
+/// `granted_ms`: when this reader's acquire returned (ms since the Unix epoch).
+fn read_section(config: &Config, tally: &Tally, key: usize, me: &str, granted_ms: u64) {
     let path = config.record_path(key);
+    // Chaos: a read token orders the grants of its slot only, so it proves nothing about a
+    // writer; a killed writer's marker is abandoned for a reader whose acquire returned after
+    // the parent had reaped that writer (the reader's section never ran while it lived). That
+    // shows no overlap in time; unlike a token it does not show the grant came after the
+    // writer's lease ran out (a reader may have waited since before the kill).
+    let abandoned = |record: &Record| {
+        config.chaos
+            && config
+                .killed()
+                .get(&record.pid)
+                .is_some_and(|&reaped_ms| reaped_ms < granted_ms)
+    };
     let look = || match Record::read(&path) {
         Ok(record) if record.holder == "-" => Some(record),
+        Ok(record) if abandoned(&record) => {
+            tally.abandoned.fetch_add(1, Ordering::Relaxed);
+            Some(record)
+        }
         Ok(record) => {
             let inside = &record.holder;
             tally.problem(
