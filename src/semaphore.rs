@@ -49,7 +49,9 @@
 //! releaser puts the slot in `offers` and waits (on the condition variable) until a waiter
 //! claims it — or until no parked waiter is left to claim it; the claimant then queues on the
 //! slot's lock, still owned by the releaser, and the releaser, once it sees it queued, lets go,
-//! which hands the slot's lease over as a lock's handoff does (see `crate::lock`): same grant,
+//! which hands the slot's lease over as a lock's handoff does (a claimant that leaves before it
+//! was seen queued — its wait ran out on the way in — leaves the release to the database at
+//! once; see `crate::lock`): same grant,
 //! same fencing token, no statement, bounded by `local_handoff_limit` like a lock's. With
 //! `local_handoff(false)` nothing is offered and every holder takes its permit from the
 //! database, with a token of its own. A permit whose lease is not held is never offered. A
@@ -307,6 +309,9 @@ struct LocalState {
     parked: usize,
     /// Slots whose holders wait for a parked thread to claim them (see "Handoff").
     offers: Vec<u32>,
+    /// Slots claimed by a thread that has not yet come back from queueing on the slot's lock:
+    /// while one is here, its holder waits for the claimant to queue.
+    claiming: Vec<u32>,
 }
 
 /// Shared state of one semaphore in one registry.
@@ -351,6 +356,7 @@ impl SemaphoreInner {
                 refused_at: None,
                 parked: 0,
                 offers: Vec::new(),
+                claiming: Vec::new(),
             }),
             changed: Condvar::new(),
         }
@@ -503,7 +509,16 @@ impl SemaphoreInner {
             _ => bound,
         };
         let lock = &self.slots[slot as usize];
-        let taken = MutexGuard::unlocked(state, || lock.try_lock_until_with_ttl(deadline, ttl));
+        state.claiming.push(slot);
+        let taken = MutexGuard::unlocked(state, || {
+            // `return`: as a claimant whose wait ran out on the way in, and whose brief stay
+            // in the slot's queue its holder did not see.
+            fail_point!("semaphore::claim_before_lock", |_| Ok(None));
+            lock.try_lock_until_with_ttl(deadline, ttl)
+        });
+        if let Some(position) = state.claiming.iter().position(|claimed| *claimed == slot) {
+            state.claiming.remove(position);
+        }
         let guard = match taken {
             // That try ran out of its short time: the rounds go on (as after any refusal).
             Err(Error::Timeout { .. }) => None,
@@ -540,11 +555,19 @@ impl SemaphoreInner {
             return false;
         }
         drop(state);
+        // Wait for the claimant to queue on the slot's lock. It may leave without ever being
+        // seen there (its wait ran out on the way in, or it queued and left again): then the
+        // release goes to the database, as if nobody had claimed.
         let lock = &self.slots[slot as usize];
-        while lock.queued_threads() == 0 && Instant::now() < give_up {
+        loop {
+            if lock.queued_threads() > 0 {
+                return true;
+            }
+            if !self.state.lock().claiming.contains(&slot) || Instant::now() >= give_up {
+                return lock.queued_threads() > 0;
+            }
             std::thread::yield_now();
         }
-        true
     }
 
     /// One try of every slot, from `start` on: the first permit granted, or none. Each

@@ -642,3 +642,37 @@ fn a_caller_waiting_for_the_connection_of_an_abandoned_statement_gets_a_new_one(
     );
     scenario.teardown();
 }
+
+/// Issue 26, local handoff of permits: a waiter claims a permit its releasing thread offers,
+/// but leaves before its holder sees it queued on the slot's lock (its wait ran out on the way
+/// in). The release must go to the database at once: the holder waited for a claimant that
+/// would never come, until `operation_timeout`, with its permit held.
+#[test]
+fn a_claimant_that_leaves_before_queueing_does_not_hold_up_the_release() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("claimant_leaves");
+    let registry = f
+        .builder()
+        .operation_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let semaphore = registry.semaphore("claimed", 1).unwrap();
+    let permit = semaphore.acquire().unwrap();
+    let waiter = {
+        let semaphore = semaphore.clone();
+        thread::spawn(move || semaphore.try_acquire_for(GENEROUS).map(|p| p.is_some()))
+    };
+    wait_until("the waiter waits", || semaphore.waiting_threads() == 1);
+    fail::cfg("semaphore::claim_before_lock", "1*return").unwrap();
+    let started = Instant::now();
+    permit.unlock().unwrap();
+    let took = started.elapsed();
+    // Without the fix this took the whole 60 s operation timeout.
+    assert!(
+        took < Duration::from_secs(30),
+        "unlock waited {took:?} for a claimant that had left"
+    );
+    // The waiter goes on waiting and takes the permit from the database.
+    assert!(waiter.join().unwrap().unwrap(), "the waiter got the permit");
+    scenario.teardown();
+}

@@ -107,6 +107,7 @@
 //! | `lock::acquire_before_statement`, `lock::release_before_statement` | the poller's acquire, the last holder's release |
 //! | `backend::acquire_sent`, `backend::renew_sent` | the instant a statement counts as sent; `renew_sent` can `return` a transient failure |
 //! | `leader::agent_watch` | the leader agent about to look at its lease |
+//! | `semaphore::claim_before_lock` | a waiter that claimed a permit offered by a releasing thread, about to queue on the slot's lock |
 
 use crate::backend::{Grant, Path, Store};
 use crate::error::{Error, LossReason};
