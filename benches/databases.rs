@@ -59,6 +59,9 @@
 
 #[path = "common/child.rs"]
 mod child;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[path = "common/urls.rs"]
+mod urls;
 
 use child::ChildProcess;
 use criterion::Criterion;
@@ -67,6 +70,8 @@ use std::io::{BufRead, Write};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use urls::{env_or, without_tls};
 
 const CHILD_ENV: &str = "LEASEHOLD_BENCH_CHILD";
 const HANDOFF_KEY: &str = "bench-handoff";
@@ -967,24 +972,6 @@ fn mysql_values(key: &str, ttl: i64, token: i64, name: &str, order: &[usize]) ->
         name.into(),
     ];
     order.iter().map(|index| all[*index].clone()).collect()
-}
-
-/// `url` with TLS turned off by `parameter`, unless the URL already says something about TLS:
-/// the raw-driver baselines connect without TLS, so the registry must too for the ratios to
-/// compare like with like (with the TLS features, the registry's default is to encrypt when
-/// the server offers it).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn without_tls(url: &str, parameter: &str) -> String {
-    if url.contains("ssl") {
-        return url.to_string();
-    }
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}{parameter}")
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.into())
 }
 
 /// Whether `backend` is to be measured: all are, unless `LEASEHOLD_BENCH_BACKENDS` (a

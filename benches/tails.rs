@@ -26,6 +26,9 @@
 
 #[path = "common/child.rs"]
 mod child;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[path = "common/urls.rs"]
+mod urls;
 
 use child::ChildProcess;
 use leasehold::{LockRegistry, RegistryBuilder};
@@ -33,6 +36,8 @@ use std::fmt::Write as _;
 use std::io::{BufRead, Write};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use urls::{env_or, without_tls};
 
 const CHILD_ENV: &str = "LEASEHOLD_TAILS_CHILD";
 const KEY: &str = "bench-tails-handoff";
@@ -375,21 +380,6 @@ fn summarize(name: &str, rounds: &[Round], out: &mut String) {
         );
         previous = Some(round.at);
     }
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.into())
-}
-
-/// `url` with TLS off unless it says something about TLS, as in the databases bench.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn without_tls(url: &str, parameter: &str) -> String {
-    if url.contains("ssl") {
-        return url.to_string();
-    }
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}{parameter}")
 }
 
 fn main() {
