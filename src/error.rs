@@ -18,8 +18,12 @@ pub type DatabaseError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossReason {
-    /// The database no longer records this holder: the lease expired and another instance took
-    /// it, or the row was deleted by someone else.
+    /// A renewal or the release found that the database records another holder or none while
+    /// this holder's deadline still ran: the row was freed or taken over by someone else (an
+    /// operator's `force_release`, a foreign client, a manual `UPDATE`), or the clocks
+    /// disagree. A statement that finds another holder after the deadline passed reports
+    /// [`Expired`](Self::Expired) instead: the lease had ended by then, and the other grant was
+    /// a normal one.
     NotOwner,
     /// The lease reached its deadline (time the last acquire or renew was sent + time-to-live)
     /// without a successful renewal; the text is the last renewal error, if any.

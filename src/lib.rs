@@ -273,8 +273,10 @@
 //! token + 1, which a synchronous standby has. Renewals meanwhile are retried within the
 //! lease's deadline, each attempt at most half a renewal period, on new connections (several
 //! hosts in the URL find the new primary; see `LockRegistry::postgres`): a lease renewed on
-//! the new primary in time is kept, any other is reported lost at its deadline — before the
-//! new primary can grant it to anyone. An *asynchronous* standby may lack the latest grants and
+//! the new primary in time is kept, any other ends at its deadline — before the new primary can
+//! grant it to anyone (`is_held()` is false from then on; the loss channel and callback follow
+//! when the lease clock runs, `Expired` even if a late renewal finds the new holder first). An
+//! *asynchronous* standby may lack the latest grants and
 //! renewals: their holders learn of it at their next renewal (`NotOwner`), and another instance
 //! may hold the key meanwhile. The README's *High availability* section has the measurements.
 //!

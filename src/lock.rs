@@ -484,7 +484,7 @@ impl LockInner {
             None => store.release(&self.lock_key, lease.token, deadline, turn),
         };
         if let Ok(false) = released {
-            lease.mark_lost(LossReason::NotOwner);
+            lease.found_not_owner();
         }
         match (lease.end(), released) {
             (Some(reason), _) => Err(self.lost(reason)),
@@ -820,7 +820,9 @@ impl LockGuard {
             .min(Instant::now() + core.settings.operation_timeout);
         match self.lease.renew(&*core.store, ttl, deadline) {
             Renewal::Renewed => Ok(()),
-            Renewal::NotOwner => Err(self.lock.lost(LossReason::NotOwner)),
+            Renewal::NotOwner => Err(self
+                .lock
+                .lost(self.lease.loss().unwrap_or(LossReason::NotOwner))),
             Renewal::Failed(e) => match self.lease.check() {
                 Some(reason) => Err(self.lock.lost(reason)),
                 None => Err(e),

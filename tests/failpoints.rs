@@ -554,6 +554,59 @@ fn a_handoff_to_a_shorter_ttl_bounds_the_deadline_once_its_renewal_is_sent() {
     scenario.teardown();
 }
 
+/// A renewal that finds another holder only after the lease's deadline passed reported
+/// `NotOwner`, as if the row had been taken while the lease still ran, whenever it noticed
+/// before the lease clock did (seen once across a PostgreSQL promotion: the report came 3.7 ms
+/// after another instance's normal grant). Here the clock is held back, as if starved, and the
+/// renewal waits at a gate across the deadline while another registry takes the expired row:
+/// the loss is `Expired`, whichever thread notices first.
+#[test]
+fn a_renewal_that_finds_another_holder_after_the_deadline_reports_expiry() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("late_not_owner");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    // The background renewal is held after its send instant (before the deadline) and before
+    // its statement runs.
+    let renewal = Gate::first_at("backend::renew_sent");
+    let clock = Gate::first_at("lease::clock_before_expiry");
+    let guard = registry.obtain("late").unwrap().lock().unwrap();
+    let losses = guard.loss_channel();
+    renewal.wait_entered();
+    clock.wait_entered();
+    assert!(guard.remaining().is_zero(), "the clock saw the expiry");
+    let other = f.registry();
+    let taken = other
+        .obtain("late")
+        .unwrap()
+        .try_lock_for(GENEROUS)
+        .unwrap()
+        .expect("the expired row is granted to another registry");
+    // Only the renewal can report the loss now: it finds the other registry's row.
+    renewal.open();
+    let event = losses.recv_timeout(GENEROUS);
+    clock.open();
+    assert!(
+        matches!(
+            &event,
+            Ok(LeaseLost {
+                reason: LossReason::Expired(_),
+                ..
+            })
+        ),
+        "{event:?}"
+    );
+    assert!(
+        guard.unlock().is_err_and(|e| e.is_lease_lost()),
+        "the unlock reports the loss"
+    );
+    drop(taken);
+    scenario.teardown();
+}
+
 /// Issue 21, finding 5: a renewal whose turn began before `unlock_keeping_for` ran after it,
 /// matched the kept row and set it to now + TTL: a 60 s keep became 3 s.
 #[test]

@@ -535,7 +535,7 @@ impl Lease {
             self.clock_due()
         });
         if renewed == Renewed::NotOwner && !releasing {
-            self.mark_lost(LossReason::NotOwner);
+            self.found_not_owner();
         }
         renewed
     }
@@ -568,6 +568,23 @@ impl Lease {
                 Renewal::Failed(e)
             }
         }
+    }
+
+    /// A statement found that the database records another holder or none: marks the lease lost
+    /// and returns why. The reason is [`LossReason::NotOwner`] only while the deadline has not
+    /// passed; past it the lease had already ended by its deadline ([`LossReason::Expired`]),
+    /// whether or not the lease clock got round to saying so, and another instance's grant after
+    /// that deadline is a normal one. So `NotOwner` always means the row was taken or deleted
+    /// while this holder's deadline still ran (an operator, a foreign client, a clock fault),
+    /// never merely "renewed too late", and the reason does not depend on which thread noticed
+    /// first.
+    pub fn found_not_owner(&self) -> LossReason {
+        let reason = {
+            let state = self.state.lock();
+            Self::loss_in(&state).unwrap_or(LossReason::NotOwner)
+        };
+        self.mark_lost(reason.clone());
+        self.loss().unwrap_or(reason)
     }
 
     /// Marks the lease lost (once, and not after a normal release) and tells the current
