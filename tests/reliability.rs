@@ -380,6 +380,32 @@ mod suite {
         assert!(switches > 0, "the lock never moved between processes");
     }
 
+    /// The stress driver's chaos (`--chaos 1`): while the run lasts, a random child is stopped
+    /// (SIGSTOP, 0.5–3 s) or killed (SIGKILL) and replaced every 2–6 s; the records and the
+    /// per-section counts must still show one holder at a time, a killed holder's record is
+    /// taken over only by a larger token, and with pauses shorter than the time-to-live (10 s)
+    /// no lease is lost. A 12 s run always has at least one such event.
+    pub fn exclusion_holds_while_children_are_killed_and_paused(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(f, &dir);
+        config.processes = 3;
+        config.threads = 2;
+        config.keys = 3;
+        config.chaos = true;
+        config.duration = Duration::from_secs(12);
+        let summary = stress::run(&mut config, &stress_child).unwrap();
+        println!("{}", summary.line(&config));
+        assert!(summary.failures.is_empty(), "{:?}", summary.failures);
+        assert_eq!(summary.violations(), 0, "{}", summary.line(&config));
+        assert!(summary.passed(), "{}", summary.line(&config));
+        assert!(
+            summary.pauses + summary.kills > 0,
+            "no child was stopped or killed: {}",
+            summary.line(&config)
+        );
+        assert_eq!(summary.kills, summary.replacements);
+    }
+
     /// Issue 26: every key a semaphore of 2 permits, a record per permit: never two holders of
     /// one permit (so never more than 2 of a key), across processes and threads.
     pub fn semaphore_permits_hold_under_load_across_processes(f: &Fixture) {
@@ -561,6 +587,7 @@ macro_rules! reliability {
             a_stalled_holder_learns_it_lost_and_its_late_write_is_refused,
             semaphore_permits_hold_under_load_across_processes,
             rw_locks_hold_under_load_across_processes,
+            exclusion_holds_while_children_are_killed_and_paused,
         );
     };
 }
