@@ -43,6 +43,8 @@ trait Spring {
     /// transaction id (without one there is no WAL record and no commit to sync); on InnoDB,
     /// whether it modified a row.
     fn probe_acquire(&mut self, sql: &str, key: &str, client_id: &str) -> (bool, bool);
+    /// Another Spring instance on the same table: its own connection and client id.
+    fn another(&self) -> Box<dyn Spring + Send>;
     /// Drops the test's table.
     fn drop_table(&mut self) {
         let sql = format!("DROP TABLE IF EXISTS {}", self.table());
@@ -210,6 +212,103 @@ fn spring_gets_turns(builder: impl Fn() -> RegistryBuilder, spring: &mut dyn Spr
         "Spring ran {} sections in {RUN:?}",
         spring_tally.sections
     );
+}
+
+/// Issue 25, goal 4, in its own shape and with every setting at its default: two Spring
+/// instances (Spring's statements, polling every 100 ms, each on its own connection and
+/// thread) beside two leasehold registries of two threads each, all on one key, for 12 s.
+/// Prints each instance's sections and longest wait (what the README's fairness section
+/// quotes) and asserts what the defaults guarantee: no overlap, and every instance —
+/// Spring's too — gets the key within a few of the documented bounds, (N − 1) ×
+/// (`local_handoff_limit` + `turn_window` + 2 × `idle_between_tries`) with N = 4 (4.2 s).
+fn two_spring_instances_beside_two_leasehold_instances(
+    builder: impl Fn() -> RegistryBuilder,
+    spring: &mut dyn Spring,
+) {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    use turns::{contend, Tally, Witness};
+    const RUN: Duration = Duration::from_secs(12);
+    const SPRING_POLL: Duration = Duration::from_millis(100);
+    let key = format!("goal4-{}", uuid::Uuid::new_v4());
+    let witness = Arc::new(Witness::default());
+    let end = Instant::now() + RUN;
+    let give_up = end + Duration::from_secs(30);
+    let registries: Vec<LockRegistry> = (0..2).map(|_| builder().build().unwrap()).collect();
+    let leasehold: Vec<_> = registries
+        .iter()
+        .map(|registry| {
+            let workers: Vec<_> = (0..2)
+                .map(|n| {
+                    let (lock, witness) = (registry.obtain(&key).unwrap(), Arc::clone(&witness));
+                    std::thread::spawn(move || {
+                        contend(
+                            n + 1,
+                            end,
+                            &witness,
+                            || Some(lock.lock().unwrap()),
+                            |guard| guard.unlock().unwrap(),
+                        )
+                    })
+                })
+                .collect();
+            workers
+        })
+        .collect();
+    let springs: Vec<_> = (0..2)
+        .map(|n| {
+            let instance = Mutex::new(spring.another());
+            let (key, witness) = (key.clone(), Arc::clone(&witness));
+            std::thread::spawn(move || {
+                contend(
+                    90 + n,
+                    end,
+                    &witness,
+                    || loop {
+                        if instance.lock().unwrap().try_lock(&key) {
+                            return Some(());
+                        }
+                        if Instant::now() > give_up {
+                            return None;
+                        }
+                        std::thread::sleep(SPRING_POLL);
+                    },
+                    |()| assert_eq!(instance.lock().unwrap().unlock(&key), 1),
+                )
+            })
+        })
+        .collect();
+    let leasehold: Vec<Tally> = leasehold
+        .into_iter()
+        .map(|workers| Tally::merge(workers.into_iter().map(|w| w.join().unwrap())))
+        .collect();
+    let springs: Vec<Tally> = springs.into_iter().map(|s| s.join().unwrap()).collect();
+    let bound = 3 * (Duration::from_secs(1) + 2 * SPRING_POLL + 2 * SPRING_POLL);
+    println!(
+        "{}: goal 4 with the defaults, {RUN:?}: Spring {} sections (longest wait {:?}) and {} \
+         ({:?}); leasehold {} ({:?}) and {} ({:?}); documented bound {bound:?}",
+        spring.table(),
+        springs[0].sections,
+        springs[0].longest_wait,
+        springs[1].sections,
+        springs[1].longest_wait,
+        leasehold[0].sections,
+        leasehold[0].longest_wait,
+        leasehold[1].sections,
+        leasehold[1].longest_wait,
+    );
+    assert_eq!(witness.overlaps.load(Ordering::SeqCst), 0);
+    for (name, tally) in [("Spring", &springs[0]), ("Spring", &springs[1])]
+        .into_iter()
+        .chain([("leasehold", &leasehold[0]), ("leasehold", &leasehold[1])])
+    {
+        assert!(tally.sections > 0, "a {name} instance never got the key");
+        assert!(
+            tally.longest_wait <= 3 * bound,
+            "a {name} instance waited {:?}",
+            tally.longest_wait
+        );
+    }
 }
 
 /// Grant, renew, release, a held try, takeover of an expired lease, tokens counting up.
@@ -438,6 +537,16 @@ macro_rules! shared_tests {
         }
 
         #[test]
+        fn two_spring_instances_get_turns_beside_two_leasehold_instances_with_the_defaults() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |spring| {
+                two_spring_instances_beside_two_leasehold_instances(&builder, spring)
+            });
+        }
+
+        #[test]
         fn a_pre_7_0_table_is_upgraded_by_the_statements_named() {
             let Some((builder, mut spring)) = setup() else {
                 return;
@@ -535,6 +644,14 @@ mod postgres_interop {
 
         fn table(&self) -> &str {
             &self.table
+        }
+
+        fn another(&self) -> Box<dyn Spring + Send> {
+            Box::new(SpringPg {
+                client: Client::connect(&url(), NoTls).expect("a second Spring connection"),
+                table: self.table.clone(),
+                client_id: uuid::Uuid::new_v4().to_string(),
+            })
         }
 
         fn execute(&mut self, sql: &str) {
@@ -814,6 +931,16 @@ mod mysql_interop {
         assert_eq!(civil_date(-1), (1969, 12, 31));
     }
 
+    /// A connection as Spring's driver (Connector/J) makes it: it reports found rows, not
+    /// changed rows.
+    fn spring_connection() -> mysql::Result<Conn> {
+        let opts = Opts::from_url(&url()).expect("LEASEHOLD_MYSQL_URL parses");
+        Conn::new(
+            OptsBuilder::from_opts(opts)
+                .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS),
+        )
+    }
+
     struct SpringMysql {
         conn: Conn,
         table: String,
@@ -892,6 +1019,14 @@ mod mysql_interop {
             &self.table
         }
 
+        fn another(&self) -> Box<dyn Spring + Send> {
+            Box::new(SpringMysql {
+                conn: spring_connection().expect("a second Spring connection"),
+                table: self.table.clone(),
+                client_id: uuid::Uuid::new_v4().to_string(),
+            })
+        }
+
         fn execute(&mut self, sql: &str) {
             self.conn.query_drop(sql).unwrap();
         }
@@ -928,11 +1063,7 @@ mod mysql_interop {
 
     fn setup() -> Option<(impl Fn() -> RegistryBuilder + Sync, SpringMysql)> {
         let url = url();
-        // Spring's driver (Connector/J) reports found rows, not changed rows.
-        let opts = Opts::from_url(&url).expect("LEASEHOLD_MYSQL_URL parses");
-        let opts = OptsBuilder::from_opts(opts)
-            .additional_capabilities(CapabilityFlags::CLIENT_FOUND_ROWS);
-        let conn = match Conn::new(opts) {
+        let conn = match spring_connection() {
             Ok(conn) => conn,
             Err(e) => {
                 unreachable("MySQL", &url, &e);
