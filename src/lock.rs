@@ -48,7 +48,12 @@
 //! statement reserves the row for the first half of it ([`Turn::Ends`]: `CREATED_DATE` set to
 //! the reservation's end, which leasehold's grant waits for and Spring's ignores), so a poller
 //! that is not leasehold — Spring's — takes it first, and other leasehold instances after that.
-//! A single long hold (a leader's term) releases normally. Every other release stores the
+//! A single long hold (a leader's term) releases normally. While instances that only poll are
+//! known to take turns too, turns are a quarter of `local_handoff_limit` (at least
+//! `idle_between_tries`): for [`POLLERS_REMEMBERED`] after a grant of this lock had to insert
+//! the row although this registry had released it (leasehold keeps released rows; Spring's
+//! unlock deletes its row), which the grant statement reports (PostgreSQL's second column,
+//! MySQL's affected rows: 1 for an insert, 2 for the update of an expired row). Every other release stores the
 //! turn's age in the row ([`Turn::Continues`]: `EXPIRED_AFTER` = the epoch + the age,
 //! `CREATED_DATE` = now), which MySQL's woken watcher reads back. A release reported to a
 //! waiting thread continues a turn only if it came during that thread's wait.
@@ -60,7 +65,7 @@
 use crate::backend::Turn;
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, LeaseLost, Owner, Renewal};
-use crate::registry::Core;
+use crate::registry::{Core, Settings};
 use crate::wakeups::Nudge;
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -104,6 +109,10 @@ struct LocalState {
     turn_contended: bool,
     /// When this registry last released the key to the database.
     last_released: Option<Instant>,
+    /// When a grant last had to insert the key's row after this registry had released it
+    /// (leasehold keeps released rows, Spring Integration deletes them): an instance that only
+    /// polls is taking turns too, and turns are shortened for a while (see "Turns").
+    pollers_seen: Option<Instant>,
     yield_until: Option<Instant>,
     /// Set by the release listener: the poller should try again now.
     nudged: bool,
@@ -114,6 +123,9 @@ struct LocalState {
     /// over polling from another thread knows from it that the lock was held during its wait.
     refused_at: Option<Instant>,
 }
+
+/// How long turns stay short after a grant found the row deleted by a polling instance.
+pub(crate) const POLLERS_REMEMBERED: Duration = Duration::from_secs(10);
 
 /// Shared state of one key in one registry.
 pub(crate) struct LockInner {
@@ -143,6 +155,7 @@ impl LockInner {
                 db_user: None,
                 chain_started: Instant::now(),
                 last_released: None,
+                pollers_seen: None,
                 holds_in_turn: 0,
                 turn_contended: false,
                 yield_until: None,
@@ -301,6 +314,9 @@ impl LockInner {
                             continue;
                         }
                         Some(grant) => {
+                            if grant.inserted && state.last_released.is_some() {
+                                state.pollers_seen = Some(Instant::now());
+                            }
                             let lease = Lease::start(
                                 Arc::clone(&self.key),
                                 Arc::clone(&self.lock_key),
@@ -324,9 +340,10 @@ impl LockInner {
                             // here, so it looked uncontended), but other instances may have
                             // held the key in between and continued it, and would end it at
                             // every release of theirs if it went on growing.
-                            let turn_over = settings.local_handoff_limit.is_some_and(|limit| {
-                                now.duration_since(state.chain_started) >= limit
-                            });
+                            let turn_over =
+                                Self::turn_limit(settings, state, now).is_some_and(|limit| {
+                                    now.duration_since(state.chain_started) >= limit
+                                });
                             let resumed = !turn_over
                                 && state
                                     .last_released
@@ -429,8 +446,7 @@ impl LockInner {
         let now = Instant::now();
         let settings = &self.core.settings;
         state.turn_contended |= !state.queue.is_empty();
-        let turn_over = settings
-            .local_handoff_limit
+        let turn_over = Self::turn_limit(settings, &state, now)
             .is_some_and(|limit| now.duration_since(state.chain_started) >= limit);
         if settings.local_handoff && !turn_over && lease.is_held() && keep.is_none() {
             if let Some(next) = state.queue.pop_front() {
@@ -474,6 +490,20 @@ impl LockInner {
     /// The release statement (`turn`: see [`Turn`]). A
     /// loss known before it (the deadline passed) or found by it (the row has another holder) is
     /// reported through the lease, once, and returned.
+    /// How long a turn may last now: `local_handoff_limit`, or a quarter of it (at least
+    /// `idle_between_tries`) for [`POLLERS_REMEMBERED`] after a grant found that an instance
+    /// that deletes on unlock had held the key (see "Turns" in the module docs).
+    fn turn_limit(settings: &Settings, state: &LocalState, now: Instant) -> Option<Duration> {
+        let limit = settings.local_handoff_limit?;
+        let pollers = state
+            .pollers_seen
+            .is_some_and(|seen| now.duration_since(seen) < POLLERS_REMEMBERED);
+        Some(match pollers {
+            true => (limit / 4).max(settings.idle_between_tries).min(limit),
+            false => limit,
+        })
+    }
+
     fn release_to_database(&self, lease: &Lease, turn: Turn, keep: Option<Duration>) -> Result<()> {
         lease.begin_release();
         let deadline = Instant::now() + self.core.settings.operation_timeout;

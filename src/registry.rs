@@ -429,6 +429,14 @@ impl RegistryBuilder {
     /// it to the database and local waiters hold off for one `idle_between_tries`, giving
     /// other instances a turn. Defaults to `Some(1 s)`; `None` hands off locally without limit
     /// (fastest, but other instances can starve under continuous local contention).
+    ///
+    /// While instances that only poll take turns with a key, this registry's turns with it
+    /// last a quarter of the limit (at least `idle_between_tries`): for 10 s after one of its
+    /// grants had to insert the key's row although this registry had released it before.
+    /// Leasehold keeps released rows; Spring Integration's `JdbcLockRegistry` deletes its row
+    /// on unlock, so a missing row shows that such an instance held the key meanwhile. On
+    /// PostgreSQL and MySQL with the default statements (a replacement `acquire_sql`, and
+    /// SQLite, never shorten turns); a manual `DELETE` of released rows shortens them for 10 s.
     pub fn local_handoff_limit(mut self, limit: Option<Duration>) -> Self {
         self.local_handoff_limit = limit;
         self

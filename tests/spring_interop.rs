@@ -285,17 +285,19 @@ fn two_spring_instances_beside_two_leasehold_instances(
     let springs: Vec<Tally> = springs.into_iter().map(|s| s.join().unwrap()).collect();
     let bound = 3 * (Duration::from_secs(1) + 2 * SPRING_POLL + 2 * SPRING_POLL);
     println!(
-        "{}: goal 4 with the defaults, {RUN:?}: Spring {} sections (longest wait {:?}) and {} \
-         ({:?}); leasehold {} ({:?}) and {} ({:?}); documented bound {bound:?}",
+        "{}: goal 4 with the defaults, {RUN:?}: sections (longest wait, from when): Spring {}; \
+         leasehold {}; documented bound {bound:?}",
         spring.table(),
-        springs[0].sections,
-        springs[0].longest_wait,
-        springs[1].sections,
-        springs[1].longest_wait,
-        leasehold[0].sections,
-        leasehold[0].longest_wait,
-        leasehold[1].sections,
-        leasehold[1].longest_wait,
+        springs
+            .iter()
+            .map(tallied)
+            .collect::<Vec<_>>()
+            .join(" and "),
+        leasehold
+            .iter()
+            .map(tallied)
+            .collect::<Vec<_>>()
+            .join(" and "),
     );
     assert_eq!(witness.overlaps.load(Ordering::SeqCst), 0);
     for (name, tally) in [("Spring", &springs[0]), ("Spring", &springs[1])]
@@ -309,6 +311,71 @@ fn two_spring_instances_beside_two_leasehold_instances(
             tally.longest_wait
         );
     }
+}
+
+/// Issue 25, goal 4: a grant that had to insert the row after this registry had released it
+/// (leasehold keeps released rows; Spring's unlock deletes its row) shortens this registry's
+/// turns with the key to a quarter of `local_handoff_limit`, so that polling instances wait
+/// less. Two threads of one registry hand the key back and forth for 2.5 s with a 5 s limit:
+/// before a Spring unlock no turn ends (no release reaches the database); after it, one does
+/// (the limit is now 1.25 s).
+fn a_grant_after_a_spring_unlock_shortens_the_turns(
+    builder: impl Fn() -> RegistryBuilder,
+    spring: &mut dyn Spring,
+) {
+    use std::time::Instant;
+    let registry = builder()
+        .local_handoff_limit(Some(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let key = format!("shorter-{}", uuid::Uuid::new_v4());
+    let lock = registry.obtain(&key).unwrap();
+    let ping_pong = |how_long: Duration| -> u64 {
+        // Past the turn gap since the last release: this round's turn starts afresh.
+        std::thread::sleep(Duration::from_millis(500));
+        lock.lock().unwrap().unlock().unwrap();
+        let before = registry.statistics().releases;
+        let end = Instant::now() + how_long;
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let lock = lock.clone();
+                std::thread::spawn(move || {
+                    while Instant::now() < end {
+                        let guard = lock.lock().unwrap();
+                        std::thread::sleep(Duration::from_millis(10));
+                        guard.unlock().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        // The last holder's release, when nobody queues any more, is not a turn end.
+        registry.statistics().releases - before - 1
+    };
+    let without = ping_pong(Duration::from_millis(2500));
+    assert_eq!(without, 0, "a turn ended before its 5 s limit");
+    // A Spring instance takes the released row and deletes it on unlock; the next grant here
+    // (the round's first) inserts it.
+    assert!(spring.try_lock(&key), "Spring takes the released key");
+    assert_eq!(spring.unlock(&key), 1);
+    let after = ping_pong(Duration::from_millis(2500));
+    println!("turn ends before: {without}, after: {after}");
+    assert!(
+        after >= 1,
+        "no turn ended in 2.5 s after a grant found the row deleted by Spring"
+    );
+}
+
+/// An instance's sections and longest wait, for the printed summaries.
+fn tallied(tally: &turns::Tally) -> String {
+    format!(
+        "{} ({:.2} s from {:.1} s)",
+        tally.sections,
+        tally.longest_wait.as_secs_f64(),
+        tally.longest_wait_began.as_secs_f64()
+    )
 }
 
 /// Grant, renew, release, a held try, takeover of an expired lease, tokens counting up.
@@ -543,6 +610,16 @@ macro_rules! shared_tests {
             };
             with_table(&mut spring, |spring| {
                 two_spring_instances_beside_two_leasehold_instances(&builder, spring)
+            });
+        }
+
+        #[test]
+        fn a_grant_after_a_spring_unlock_shortens_the_turns_with_the_key() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |spring| {
+                a_grant_after_a_spring_unlock_shortens_the_turns(&builder, spring)
             });
         }
 

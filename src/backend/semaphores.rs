@@ -98,7 +98,7 @@ impl<B: Backend> SqlStore<B> {
         for _ in 0..3 {
             let (sql, read) = (statements.permits.clone(), params.clone());
             let recorded = self.run(Path::Main, "read a semaphore", deadline, move |conn| {
-                B::acquire(conn, &sql, &read.borrowed())
+                B::read_number(conn, &sql, &read.borrowed())
             })?;
             if let Some(recorded) = recorded {
                 return Ok(recorded);
@@ -131,7 +131,7 @@ impl<B: Backend> SqlStore<B> {
         let sql = B::semaphore_statements(&self.table.table).permits;
         let params = self.params(sem_key, Duration::ZERO, 0);
         self.run(Path::Main, "read a semaphore", deadline, move |conn| {
-            B::acquire(conn, &sql, &params.borrowed())
+            B::read_number(conn, &sql, &params.borrowed())
         })
     }
 }

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 pub(crate) struct Grant {
     pub token: i64,
     pub sent_at: Instant,
+    /// The grant inserted the row: there was none (see `Backend::acquire`).
+    pub inserted: bool,
 }
 
 /// What a batch renewal found for one lease.
@@ -260,11 +262,15 @@ impl<B: Backend> Store for SqlStore<B> {
             let sent_at = Instant::now();
             fail_point!("backend::acquire_sent");
             counters.acquires.fetch_add(1, Ordering::Relaxed);
-            let token = B::acquire(conn, &queries.acquire, &params.borrowed())?;
-            if token.is_some() {
+            let granted = B::acquire(conn, &queries.acquire, &params.borrowed())?;
+            if granted.is_some() {
                 counters.grants.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(token.map(|token| Grant { token, sent_at }))
+            Ok(granted.map(|(token, inserted)| Grant {
+                token,
+                sent_at,
+                inserted,
+            }))
         })
         .and_then(|grant| {
             if let Some(grant) = &grant {
@@ -407,7 +413,7 @@ impl<B: Backend> Store for SqlStore<B> {
             move |conn| {
                 let sent_at = Instant::now();
                 let micros =
-                    B::acquire(conn, B::clock_sql(), &params.borrowed())?.unwrap_or_default();
+                    B::read_number(conn, B::clock_sql(), &params.borrowed())?.unwrap_or_default();
                 Ok((micros, sent_at, Instant::now()))
             },
         )

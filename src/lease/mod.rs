@@ -320,7 +320,7 @@ impl Lease {
             on_lost,
             meter,
         } = owner;
-        let Grant { token, sent_at } = grant;
+        let Grant { token, sent_at, .. } = grant;
         let lease = Arc::new(Lease {
             key,
             lock_key,

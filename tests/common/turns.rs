@@ -11,17 +11,25 @@ pub struct Tally {
     pub sections: u64,
     /// The longest it waited for the lock, from asking to holding.
     pub longest_wait: Duration,
+    /// When that wait began, from the start of the run.
+    pub longest_wait_began: Duration,
 }
 
 impl Tally {
     /// Combines the tallies of one instance's threads.
     pub fn merge(tallies: impl IntoIterator<Item = Tally>) -> Tally {
-        tallies
-            .into_iter()
-            .fold(Tally::default(), |all, one| Tally {
+        tallies.into_iter().fold(Tally::default(), |all, one| {
+            let longest = if one.longest_wait > all.longest_wait {
+                &one
+            } else {
+                &all
+            };
+            Tally {
                 sections: all.sections + one.sections,
-                longest_wait: all.longest_wait.max(one.longest_wait),
-            })
+                longest_wait: longest.longest_wait,
+                longest_wait_began: longest.longest_wait_began,
+            }
+        })
     }
 }
 
@@ -67,10 +75,14 @@ pub fn contend<G>(
 ) -> Tally {
     let mut steps = Steps(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut tally = Tally::default();
+    let began = Instant::now();
     while Instant::now() < end {
         let asked = Instant::now();
         let Some(held) = acquire() else { break };
-        tally.longest_wait = tally.longest_wait.max(asked.elapsed());
+        if asked.elapsed() > tally.longest_wait {
+            tally.longest_wait = asked.elapsed();
+            tally.longest_wait_began = asked.duration_since(began);
+        }
         witness.enter();
         std::thread::sleep(steps.millis(1, 20));
         witness.leave();

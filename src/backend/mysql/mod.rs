@@ -598,8 +598,15 @@ impl Backend for Mysql {
             .collect())
     }
 
-    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
+    fn acquire(
+        conn: &mut Conn<Self>,
+        sql: &str,
+        params: &Params,
+    ) -> Result<Option<(i64, bool)>, Failure> {
         let (statement, values) = conn.bind(sql, params)?;
+        // Whether the grant inserted the row (there was none): one affected row for an insert,
+        // two for the update of an expired row (a replacement that returns the token: unknown).
+        let mut inserted = false;
         let token = if statement.num_columns() > 0 {
             let row: Option<mysql::Row> =
                 conn.conn.exec_first(&statement, values).map_err(classify)?;
@@ -615,6 +622,7 @@ impl Backend for Mysql {
             }
         } else {
             conn.conn.exec_drop(&statement, values).map_err(classify)?;
+            inserted = conn.conn.affected_rows() == 1;
             let id = match (conn.conn.last_insert_id(), conn.conn.affected_rows()) {
                 // Two rows: the row was updated, which only a grant does (a held lock is set
                 // to its own values: one row with CLIENT_FOUND_ROWS). A trigger hid the id.
@@ -637,7 +645,7 @@ impl Backend for Mysql {
                 })?,
             }
         };
-        Ok(Some(token))
+        Ok(Some((token, inserted)))
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {

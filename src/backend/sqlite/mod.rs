@@ -302,12 +302,17 @@ impl Backend for Sqlite {
         Ok(listed)
     }
 
-    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
+    fn acquire(
+        conn: &mut Conn<Self>,
+        sql: &str,
+        params: &Params,
+    ) -> Result<Option<(i64, bool)>, Failure> {
         let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         let mut rows = statement.raw_query();
+        // Whether the row was inserted is not asked for: no Spring registry runs on SQLite.
         let token = match rows.next().map_err(classify)? {
-            Some(row) => Some(row.get::<_, i64>(0).map_err(classify)?),
+            Some(row) => Some((row.get::<_, i64>(0).map_err(classify)?, false)),
             None => None,
         };
         Ok(token)
