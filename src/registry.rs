@@ -598,8 +598,11 @@ impl RegistryBuilder {
     }
 
     /// Replaces the acquire statement. It gets parameters 1–4 and 6 (see [`Statements`]) and must
-    /// return one row with the fencing token when granted, none otherwise. Checked against the
-    /// table by `build()`; [`LockRegistry::statements`] shows the default to start from.
+    /// return one row with the fencing token when granted, none otherwise; a second, boolean
+    /// column may say whether the grant inserted the row (there was none), as PostgreSQL's
+    /// default does (it shortens turns while polling instances take part; see
+    /// [`local_handoff_limit`](Self::local_handoff_limit)). Checked against the table by
+    /// `build()`; [`LockRegistry::statements`] shows the default to start from.
     pub fn acquire_sql(mut self, sql: impl Into<String>) -> Self {
         self.custom.acquire = Some(sql.into());
         self

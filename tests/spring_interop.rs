@@ -828,6 +828,15 @@ mod postgres_interop {
                     .build(),
                 "acquire",
             );
+            // The token, whether the grant inserted, and nothing more.
+            assert_rejected(
+                builder()
+                    .acquire_sql(format!(
+                        "SELECT FENCING_TOKEN, TRUE, 1 FROM {table} WHERE LOCK_KEY = $1"
+                    ))
+                    .build(),
+                "acquire",
+            );
         });
     }
 

@@ -142,9 +142,9 @@ impl<B: Backend> SqlStore<B> {
     /// acquire's result shape.
     pub(super) fn check_custom(&self, custom: &CustomQueries, deadline: Instant) -> Result<()> {
         // Renew and release count affected (or returned) rows, so only acquire's result shape
-        // is fixed: one column, the fencing token.
+        // is fixed: the fencing token, and optionally whether the grant inserted the row.
         let checks = [
-            ("acquire", &custom.acquire, Some(1usize)),
+            ("acquire", &custom.acquire, Some(1..=2usize)),
             ("renew", &custom.renew, None),
             ("release", &custom.release, None),
         ];
@@ -161,14 +161,19 @@ impl<B: Backend> SqlStore<B> {
                 statement,
                 reason: f.source.to_string(),
             })?;
-            if params > 6 || result_columns.is_some_and(|expected| columns != expected) {
+            if params > 6
+                || result_columns
+                    .as_ref()
+                    .is_some_and(|expected| !expected.contains(&columns))
+            {
                 return Err(Error::InvalidStatement {
                     statement,
                     reason: format!(
                         "it takes {params} parameters and returns {columns} columns; use \
                          parameters 1-6 as documented{}",
                         if statement == "acquire" {
-                            " and return the fencing token as the only column"
+                            " and return the fencing token (and, optionally, whether the grant \
+                             inserted the row) as the columns"
                         } else {
                             ""
                         }
