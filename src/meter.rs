@@ -5,7 +5,8 @@
 //!
 //! One [`Meter`] per registry, shared by its locks and leases. Every event is a few relaxed
 //! atomic additions; with `metrics` on, also one call into the installed recorder (a no-op when
-//! none is installed). Nothing here blocks or runs user code.
+//! none is installed) with a metric key built when the registry was (only per-key metrics
+//! under `metrics_key_labels` build theirs per event). Nothing here blocks or runs user code.
 //!
 //! # Metric names (feature `metrics`)
 //!
@@ -49,12 +50,95 @@ pub(crate) struct Meter {
     labels: Labels,
 }
 
+/// The registry's metric keys, built once: an event then hands the recorder a key it already
+/// has (no label strings copied, no key hashed), and costs nothing more than the facade's
+/// call when no recorder is installed. Only the per-key metrics with
+/// `metrics_key_labels(true)` build their key per event.
 #[cfg(feature = "metrics")]
-#[derive(Default)]
 struct Labels {
-    table: String,
-    region: String,
     per_key: bool,
+    grants_database: metrics::Key,
+    grants_local_handoff: metrics::Key,
+    contended_tries: metrics::Key,
+    lost_expired: metrics::Key,
+    lost_not_owner: metrics::Key,
+    renewals: metrics::Key,
+    renewals_failed: metrics::Key,
+    wait_seconds: metrics::Key,
+    hold_seconds: metrics::Key,
+    renewal_seconds: metrics::Key,
+    held_leases: metrics::Key,
+}
+
+/// What the `metrics` macros would pass for a metric registered in this module.
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+#[cfg(feature = "metrics")]
+impl Default for Labels {
+    fn default() -> Labels {
+        Labels::new("", "", false)
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Labels {
+    fn new(table: &str, region: &str, per_key: bool) -> Labels {
+        let table = metrics::SharedString::from(std::sync::Arc::<str>::from(table));
+        let region = metrics::SharedString::from(std::sync::Arc::<str>::from(region));
+        let key = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
+            let mut labels = vec![
+                metrics::Label::new("table", table.clone()),
+                metrics::Label::new("region", region.clone()),
+            ];
+            if let Some((label, value)) = extra {
+                labels.push(metrics::Label::from_static_parts(label, value));
+            }
+            metrics::Key::from_parts(name, labels)
+        };
+        Labels {
+            grants_database: key("leasehold_grants_total", Some(("via", "database"))),
+            grants_local_handoff: key("leasehold_grants_total", Some(("via", "local_handoff"))),
+            contended_tries: key("leasehold_contended_tries_total", None),
+            lost_expired: key("leasehold_leases_lost_total", Some(("reason", "expired"))),
+            lost_not_owner: key("leasehold_leases_lost_total", Some(("reason", "not_owner"))),
+            renewals: key("leasehold_renewals_total", None),
+            renewals_failed: key("leasehold_renewals_failed_total", None),
+            wait_seconds: key("leasehold_wait_seconds", None),
+            hold_seconds: key("leasehold_hold_seconds", None),
+            renewal_seconds: key("leasehold_renewal_seconds", None),
+            held_leases: key("leasehold_held_leases", None),
+            per_key,
+        }
+    }
+
+    /// `registry_key` (a per-key metric's key without `key`), or with `metrics_key_labels`
+    /// the same with the label `key` = `lock_key` (after the others, as before).
+    fn per_key<'k>(
+        &self,
+        registry_key: &'k metrics::Key,
+        lock_key: &str,
+    ) -> std::borrow::Cow<'k, metrics::Key> {
+        if !self.per_key {
+            return std::borrow::Cow::Borrowed(registry_key);
+        }
+        let mut labels: Vec<metrics::Label> = registry_key.labels().cloned().collect();
+        labels.push(metrics::Label::new("key", lock_key.to_string()));
+        std::borrow::Cow::Owned(metrics::Key::from_parts(
+            registry_key.name().to_string(),
+            labels,
+        ))
+    }
+
+    fn counter(key: &metrics::Key, by: u64) {
+        metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA)).increment(by);
+    }
+
+    fn histogram(key: &metrics::Key, value: f64) {
+        metrics::with_recorder(|recorder| recorder.register_histogram(key, &METADATA))
+            .record(value);
+    }
 }
 
 fn nanos(duration: Duration) -> u64 {
@@ -68,11 +152,7 @@ impl Meter {
     pub fn new(table: &str, region: &str, per_key: bool) -> Meter {
         Meter {
             #[cfg(feature = "metrics")]
-            labels: Labels {
-                table: table.to_string(),
-                region: region.to_string(),
-                per_key,
-            },
+            labels: Labels::new(table, region, per_key),
             ..Meter::default()
         }
     }
@@ -88,16 +168,16 @@ impl Meter {
         self.wait_nanos.fetch_add(nanos(waited), Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         {
-            let via = if handed_over {
-                "local_handoff"
-            } else {
-                "database"
+            let labels = &self.labels;
+            let grants = match handed_over {
+                true => &labels.grants_local_handoff,
+                false => &labels.grants_database,
             };
-            let mut labels = self.labels(Some(key));
-            labels.push(("via", via.to_string()));
-            metrics::counter!("leasehold_grants_total", &labels).increment(1);
-            labels.pop();
-            metrics::histogram!("leasehold_wait_seconds", &labels).record(waited.as_secs_f64());
+            Labels::counter(&labels.per_key(grants, key), 1);
+            Labels::histogram(
+                &labels.per_key(&labels.wait_seconds, key),
+                waited.as_secs_f64(),
+            );
         }
     }
 
@@ -106,7 +186,7 @@ impl Meter {
     pub fn contended(&self, key: &str) {
         self.contended_tries.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::counter!("leasehold_contended_tries_total", &self.labels(Some(key))).increment(1);
+        Labels::counter(&self.labels.per_key(&self.labels.contended_tries, key), 1);
     }
 
     /// A holder of `key` let go after `held_for`.
@@ -115,26 +195,29 @@ impl Meter {
         self.hold_nanos
             .fetch_add(nanos(held_for), Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::histogram!("leasehold_hold_seconds", &self.labels(Some(key)))
-            .record(held_for.as_secs_f64());
+        Labels::histogram(
+            &self.labels.per_key(&self.labels.hold_seconds, key),
+            held_for.as_secs_f64(),
+        );
     }
 
     /// A lease of `key` was lost (reported once per lease).
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub fn lost(&self, key: &str, reason: &LossReason) {
-        let (counter, name) = match reason {
-            LossReason::NotOwner => (&self.lost_not_owner, "not_owner"),
-            _ => (&self.lost_expired, "expired"),
+        let not_owner = matches!(reason, LossReason::NotOwner);
+        let counter = match not_owner {
+            true => &self.lost_not_owner,
+            false => &self.lost_expired,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         {
-            let mut labels = self.labels(Some(key));
-            labels.push(("reason", name.to_string()));
-            metrics::counter!("leasehold_leases_lost_total", &labels).increment(1);
+            let lost = match not_owner {
+                true => &self.labels.lost_not_owner,
+                false => &self.labels.lost_expired,
+            };
+            Labels::counter(&self.labels.per_key(lost, key), 1);
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = name;
     }
 
     /// One renew statement took `latency`: `renewed` leases renewed, `failed` with an unknown
@@ -148,10 +231,10 @@ impl Meter {
             .fetch_max(nanos(latency), Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         {
-            let labels = self.labels(None);
-            metrics::counter!("leasehold_renewals_total", &labels).increment(renewed);
-            metrics::counter!("leasehold_renewals_failed_total", &labels).increment(failed);
-            metrics::histogram!("leasehold_renewal_seconds", &labels).record(latency.as_secs_f64());
+            let labels = &self.labels;
+            Labels::counter(&labels.renewals, renewed);
+            Labels::counter(&labels.renewals_failed, failed);
+            Labels::histogram(&labels.renewal_seconds, latency.as_secs_f64());
         }
     }
 
@@ -159,7 +242,10 @@ impl Meter {
     pub fn held(&self, change: i64) {
         let _now = self.held.fetch_add(change, Ordering::Relaxed) + change;
         #[cfg(feature = "metrics")]
-        metrics::gauge!("leasehold_held_leases", &self.labels(None)).set(_now.max(0) as f64);
+        metrics::with_recorder(|recorder| {
+            recorder.register_gauge(&self.labels.held_leases, &METADATA)
+        })
+        .set(_now.max(0) as f64);
     }
 
     /// Adds the figures so far to `stats` (which has the statement counts).
@@ -177,17 +263,5 @@ impl Meter {
         stats.hold_time = time(&self.hold_nanos);
         stats.renewal_time = time(&self.renewal_nanos);
         stats.longest_renewal = time(&self.renewal_nanos_max);
-    }
-
-    #[cfg(feature = "metrics")]
-    fn labels(&self, key: Option<&str>) -> Vec<(&'static str, String)> {
-        let mut labels = vec![
-            ("table", self.labels.table.clone()),
-            ("region", self.labels.region.clone()),
-        ];
-        if let Some(key) = key.filter(|_| self.labels.per_key) {
-            labels.push(("key", key.to_string()));
-        }
-        labels
     }
 }

@@ -88,16 +88,9 @@ fn set_len(path: &Path, len: u64) {
 /// Set in the child process that runs the body of the truncation test.
 const CHILD: &str = "LEASEHOLD_BOARD_CHILD";
 
-/// Truncating or shrinking the board while registries wait on it and release through it
-/// crashed the process with SIGBUS at the next release (the board was read and written
-/// through its mapping). The body runs in a child process, so that a crash fails this test
-/// with the signal's number instead of killing the test binary.
-#[test]
-fn shrinking_the_board_crashes_nothing_and_wake_ups_come_back() {
-    if std::env::var_os(CHILD).is_some() {
-        return truncation_body();
-    }
-    let test = "shrinking_the_board_crashes_nothing_and_wake_ups_come_back";
+/// Runs the test `test` of this binary alone in a child process (with [`CHILD`] set), so that
+/// a crash fails the test with the signal's number and fail points touch no other test.
+fn in_child(test: &str) {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--test-threads", "1", "--nocapture"])
         .env(CHILD, "1")
@@ -114,6 +107,24 @@ fn shrinking_the_board_crashes_nothing_and_wake_ups_come_back() {
         },
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// The board's release sequence (word 0): moves with every announced release.
+fn sequence(board: &Path) -> u32 {
+    let bytes = std::fs::read(board).unwrap();
+    u32::from_ne_bytes(bytes[0..4].try_into().unwrap())
+}
+
+/// Truncating or shrinking the board while registries wait on it and release through it
+/// crashed the process with SIGBUS at the next release (the board was read and written
+/// through its mapping). The body runs in a child process, so that a crash fails this test
+/// with the signal's number instead of killing the test binary.
+#[test]
+fn shrinking_the_board_crashes_nothing_and_wake_ups_come_back() {
+    if std::env::var_os(CHILD).is_some() {
+        return truncation_body();
+    }
+    in_child("shrinking_the_board_crashes_nothing_and_wake_ups_come_back");
 }
 
 fn truncation_body() {
@@ -245,4 +256,107 @@ fn registries_reaching_one_database_by_other_paths_share_its_board() {
         !board_of(&link).exists(),
         "one board, beside the file itself"
     );
+}
+
+/// Every release announced itself on the board (a `stat`, a `pwrite` and two futex calls per
+/// `unlock()`) even when no process listened. Now a release announces only while a listener
+/// is present on the board (an open-file-description lock that listeners hold while they are
+/// subscribed), and a listener is present while a registry's thread waits for a lock.
+#[test]
+fn a_release_announces_on_the_board_only_while_someone_listens() {
+    let f = Fixture::new(Db::Sqlite, "board_listeners").unwrap();
+    let board = board_of(&f.sqlite_path());
+    let (holder, waiter) = (
+        f.registry(),
+        f.builder().idle_between_tries(SLOW_POLL).build().unwrap(),
+    );
+    for _ in 0..3 {
+        holder
+            .obtain("alone")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+    }
+    assert_eq!(sequence(&board), 0, "nobody listened: nothing announced");
+    let (woken, _) = handoff(&holder, &waiter, "watched", || {});
+    assert!(woken, "the waiter's listener was present and woken");
+    assert!(sequence(&board) >= 1, "the release was announced");
+    // The waiter stops listening a tick or two after its last wait; releases then go quiet.
+    let quiet = within(WOKEN_WITHIN, || {
+        let before = sequence(&board);
+        holder
+            .obtain("alone")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        sequence(&board) == before
+    });
+    assert!(
+        quiet,
+        "releases still announced after the listener unsubscribed"
+    );
+}
+
+/// The race of the listener presence (see "Presence" in the board's module docs): a release
+/// that commits and tests for listeners just before a waiter's listener becomes present
+/// announces nothing, and the waiter must still get the lock at once — the listener nudges
+/// its pollers after it became present, so their next attempt sees the committed release.
+/// A fail point holds the listener just before it takes its presence while the holder
+/// releases. Runs in a child process: fail points are process-wide.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_release_just_before_a_listener_becomes_present_still_wakes_its_waiter() {
+    if std::env::var_os(CHILD).is_none() {
+        return in_child("a_release_just_before_a_listener_becomes_present_still_wakes_its_waiter");
+    }
+    let f = Fixture::new(Db::Sqlite, "board_presence_race").unwrap();
+    let board = board_of(&f.sqlite_path());
+    let holder = f.registry();
+    let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+    let (entered_tx, entered) = crossbeam_channel::unbounded::<()>();
+    let (open, open_rx) = crossbeam_channel::unbounded::<()>();
+    let hits = std::sync::atomic::AtomicUsize::new(0);
+    fail::cfg_callback("sqlite_board::listener_before_presence", move || {
+        if hits.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = entered_tx.send(());
+            let _ = open_rx.recv_timeout(SLOW_POLL);
+        }
+    })
+    .unwrap();
+    let guard = holder.obtain("raced").unwrap().lock().unwrap();
+    let granted = Arc::new(AtomicBool::new(false));
+    let handle = {
+        let (waiter, granted) = (waiter.clone(), granted.clone());
+        thread::spawn(move || {
+            let lock = waiter.obtain("raced").unwrap();
+            let guard = lock.try_lock_for(SLOW_POLL * 2).unwrap().expect("granted");
+            granted.store(true, Ordering::SeqCst);
+            guard.unlock().unwrap();
+        })
+    };
+    entered
+        .recv_timeout(WOKEN_WITHIN)
+        .expect("the waiter's listener set out to subscribe");
+    let before = sequence(&board);
+    guard.unlock().unwrap();
+    assert_eq!(
+        sequence(&board),
+        before,
+        "the release found no listener present and announced nothing"
+    );
+    assert!(
+        !granted.load(Ordering::SeqCst),
+        "the waiter sleeps (30 s polls)"
+    );
+    open.send(()).unwrap();
+    assert!(
+        within(WOKEN_WITHIN, || granted.load(Ordering::SeqCst)),
+        "the listener's nudge on subscribing did not make the waiter try"
+    );
+    handle.join().unwrap();
+    fail::remove("sqlite_board::listener_before_presence");
 }

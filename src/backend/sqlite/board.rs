@@ -11,15 +11,48 @@
 //!   slot s, word 1    the turn age (µs, saturated) of the slot's latest release
 //! ```
 //!
-//! - **Release** (`SqlStore::release` after the row was released, and forced releases): write
-//!   the turn age, add one to the slot's count, add one to the sequence, wake every thread
-//!   waiting on the sequence. Releases that end a turn quietly (see
-//!   `RegistryBuilder::turn_window`) announce nothing, as on PostgreSQL.
+//! - **Release** (`SqlStore::release` after the row was released, and forced releases): if a
+//!   listener is present (below), write the turn age, add one to the slot's count, add one to
+//!   the sequence, wake every thread waiting on the sequence. Releases that end a turn quietly
+//!   (see `RegistryBuilder::turn_window`) announce nothing, as on PostgreSQL. While nobody
+//!   listens a release costs an `fstat` and one `fcntl` (and a `stat` of the path once a
+//!   second): the announcement was a quarter of SQLite's `unlock()`.
 //! - **Listener** (one thread per registry, only while one of its threads waits, as on
-//!   PostgreSQL; see [`crate::wakeups`]): keeps a copy of the slot counts; reads the sequence,
+//!   PostgreSQL; see [`crate::wakeups`]): on subscribing, becomes present, then copies the slot
+//!   counts, then nudges every waiting poller of its registry; then reads the sequence,
 //!   compares the counts, reports every slot that moved, then `FUTEX_WAIT`s on the sequence
 //!   with the value it read and a one-second timeout (the tick). A release between the read
-//!   and the wait changes the sequence, so the wait returns at once: nothing is missed.
+//!   and the wait changes the sequence, so the wait returns at once: nothing is missed. On
+//!   unsubscribing it lets its presence go.
+//!
+//! # Presence
+//!
+//! A listener is present on a board file while it holds a shared open-file-description lock
+//! (`F_OFD_SETLK`, `F_RDLCK`) on one byte past the board's end, through a second descriptor
+//! of the file opened for that (a lock never conflicts with its own description, and the
+//! releases of the same process test through the first). A release tests for it after its
+//! statement committed (`F_OFD_GETLK` for a write lock: any listener's lock conflicts) and
+//! announces only if one is there; when the test fails it announces. The kernel drops a lock
+//! when its process ends, and truncating or writing the file leaves it alone, so nothing done
+//! to the board's contents hides a listener, and a crashed one costs nothing.
+//!
+//! No release is missed by a listener's pollers. The kernel orders every lock operation on
+//! the file (one lock list per inode, under one spinlock), so a release's test either sees a
+//! listener's lock or came before the listener took it:
+//! - it saw the lock: the release announces, after the listener became present. If the
+//!   listener copied the counts after the announcement, its copy already holds it and it will
+//!   not report it — but then the release committed before the copy, so before the nudge that
+//!   follows it, and the nudged pollers' next attempts (which start after the nudge: one in
+//!   flight then cuts its next sleep short) find the row released;
+//! - it came before: then the release committed before the test, the test before the lock,
+//!   the lock before the nudge, and again the pollers' next attempts find the row released.
+//!
+//! A poller that starts waiting while its listener is already present is covered by the
+//! listener as before (its first attempt comes after it registered). A listener that follows
+//! a replaced file becomes present on the new one before it lets the old one go and nudges
+//! every poller (below), by the same argument. `tests/sqlite_board.rs` forces the second case
+//! with the fail point `sqlite_board::listener_before_presence` (the listener held just
+//! before it takes its lock while the holder releases).
 //!
 //! A slot is a hash of (table, region, `LOCK_KEY`) modulo [`SLOTS`]: two keys that share one
 //! cost an extra attempt, nothing more. The board only hurries pollers: the row decides who
@@ -46,19 +79,24 @@
 //! lock; the worst is wake-ups that come late (one `idle_between_tries`) or spurious attempts.
 //! - **Truncate or shrink it** (a temporary-directory cleaner, a backup tool restoring an
 //!   empty file): the next process to touch it grows it back and carries on, and releases
-//!   wake waiters as before. Waiters of keys whose counts were cut away make one extra
-//!   attempt; a release whose count was cut away before a listener read it wakes nobody (its
-//!   waiters poll).
+//!   wake waiters as before (presence locks are not part of the contents). Waiters of keys
+//!   whose counts were cut away make one extra attempt; a release whose count was cut away
+//!   before a listener read it wakes nobody (its waiters poll).
 //! - **Delete it or replace it** (`rm`, a rename over it): each process follows the file the
-//!   path names — a release checks it (one `stat`) and a listener does every second, making a
-//!   new file when there is none — so for about a second wake-ups between processes that
-//!   have the old file and those that have the new one are missed (their waiters poll), and a
-//!   listener that moves to the new file makes every waiter of its registry try once.
+//!   path names — a release notices at once that its file lost its last link (an `fstat`)
+//!   and checks the path then, and at least once a second otherwise (one `stat`: a file
+//!   renamed away, or one with another hard link); a listener checks every second; a new
+//!   file is made when there is none — so for about a second wake-ups between processes that
+//!   have the old file and those that have the new one may be missed (their waiters poll), and
+//!   a listener that moves to the new file makes every waiter of its registry try once.
 //! - **Make it unwritable** for some users: their processes warn and poll.
 //! - **Put a symbolic link or anything but a regular file there**: refused (opened with
 //!   `O_NOFOLLOW`, checked to be a regular file), so nobody can aim a process's writes at
 //!   another file; processes keep the board they had, and those that have none warn and poll.
 //! - **Write into it**: at worst spurious attempts (the row decides), or wake-ups missed.
+//! - **Lock its presence byte** (another program's write lock there): releases announce as
+//!   if someone listened; listeners cannot become present (a warning says so), and releases of
+//!   other processes still announce, seeing that lock.
 //!
 //! # Which file: the database's identity
 //!
@@ -68,8 +106,8 @@
 //! and unsafe for SQLite itself (its `-wal` and `-shm` split too): hard links under other
 //! names, and mounts of the database file alone (rather than its directory) at another path.
 //!
-//! Linux only (the futex); elsewhere SQLite waiters poll. This is the crate's only unsafe code:
-//! mapping the file and the futex calls.
+//! Linux only (the futex, open-file-description locks); elsewhere SQLite waiters poll. This is
+//! the crate's only unsafe code: mapping the file, the futex calls, `fstat` and the locks.
 #![allow(unsafe_code)]
 
 use crate::backend::{ListenerEvent, ListenerHandler, ListenerReply};
@@ -78,7 +116,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,6 +128,12 @@ const WORDS: usize = 2 + 2 * SLOTS;
 const SIZE: usize = WORDS * 4;
 /// The first word of the slots.
 const FIRST_SLOT_WORD: usize = 2;
+/// The byte whose lock says that a listener is present (past the board's end: locks need no
+/// data, and truncating the file does not touch them).
+const PRESENCE_BYTE: libc::off_t = SIZE as libc::off_t;
+/// How often a release checks that the path still names the file it announces on, beyond the
+/// `fstat` of every release (see the module docs).
+const PATH_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// The board's file for the database at `database`: beside the file `database` resolves to
 /// (see the module docs); beside `database` as given when it cannot be resolved.
@@ -157,6 +201,10 @@ impl Slots {
 struct Mapped {
     map: *mut u32,
     file: File,
+    /// A second open file description of the same file, on which this process's listener
+    /// holds its presence lock (see [`Presence`]): the releases of this process test for
+    /// presence through `file`, and a lock never conflicts with its own description.
+    presence: File,
     /// The file's device and inode, to notice that the path names another file.
     identity: (u64, u64),
 }
@@ -170,28 +218,25 @@ unsafe impl Sync for Mapped {}
 impl Mapped {
     /// Opens (creating it when missing), grows and maps the board file at `path`.
     fn open(path: &Path) -> io::Result<Mapped> {
-        use std::os::unix::fs::OpenOptionsExt;
-        // Never through a symbolic link: someone who may write the directory could otherwise
-        // aim this process's writes at any file it may write.
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ELOOP) => io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "a symbolic link, which leasehold does not follow there: delete it",
-                ),
-                _ => e,
-            })?;
+        use std::os::unix::fs::MetadataExt;
+        let file = Self::open_file(path)?;
         let metadata = file.metadata()?;
         if !metadata.is_file() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "not a regular file: delete it, leasehold makes a new one",
+            ));
+        }
+        let identity = (metadata.dev(), metadata.ino());
+        // The presence description must be of the same file: the path may have been replaced
+        // in between.
+        let presence = Self::open_file(path)?;
+        let same = presence
+            .metadata()
+            .is_ok_and(|m| (m.dev(), m.ino()) == identity);
+        if !same {
+            return Err(io::Error::other(
+                "the file was replaced while it was opened",
             ));
         }
         // Growing keeps what is there and fills the rest with zeros; two processes growing it
@@ -200,7 +245,6 @@ impl Mapped {
             file.set_len(SIZE as u64)?;
         }
         use std::os::fd::AsRawFd;
-        use std::os::unix::fs::MetadataExt;
         // SAFETY: a fresh shared mapping of `SIZE` bytes of an open file; a mapping may reach
         // past the file's end (the kernel then refuses its accesses, see `Board::grow_back`).
         let map = unsafe {
@@ -219,8 +263,79 @@ impl Mapped {
         Ok(Mapped {
             map: map.cast(),
             file,
-            identity: (metadata.dev(), metadata.ino()),
+            presence,
+            identity,
         })
+    }
+
+    /// Opens the board file at `path` for reading and writing, creating it when missing.
+    fn open_file(path: &Path) -> io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a symbolic link: someone who may write the directory could otherwise
+        // aim this process's writes at any file it may write.
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a symbolic link, which leasehold does not follow there: delete it",
+                ),
+                _ => e,
+            })
+    }
+
+    /// Whether the file is still linked into the file system (`fstat`, no path walk): a
+    /// deleted file, or one replaced by a rename over it, has no link left.
+    fn still_linked(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `fstat` of an open descriptor into a zeroed buffer of the right type.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        let result = unsafe { libc::fstat(self.file.as_raw_fd(), &mut stat) };
+        // An error says nothing: the path is checked then.
+        result == 0 && stat.st_nlink > 0
+    }
+
+    /// The presence lock on `description`: `kind` is `F_RDLCK` (take it), `F_UNLCK` (let it
+    /// go), or with `F_OFD_GETLK`, `F_WRLCK` (the test). Open file description locks (not
+    /// POSIX record locks, which closing any descriptor of the file would drop).
+    fn presence_lock(
+        description: &File,
+        command: libc::c_int,
+        kind: libc::c_int,
+    ) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a zeroed `flock` (l_pid must be 0 for OFD locks), filled in below.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = kind as libc::c_short;
+        lock.l_whence = libc::SEEK_SET as libc::c_short;
+        lock.l_start = PRESENCE_BYTE;
+        lock.l_len = 1;
+        // SAFETY: fcntl with an OFD lock command and a pointer to a live `flock`.
+        let result = unsafe { libc::fcntl(description.as_raw_fd(), command, &mut lock) };
+        if result < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
+    }
+
+    /// Whether any listener (of any process, this one's included) is present on this file.
+    fn anyone_present(&self) -> io::Result<bool> {
+        Self::presence_lock(&self.file, libc::F_OFD_GETLK, libc::F_WRLCK)
+    }
+
+    /// Takes (`true`) or lets go of this process's presence on this file.
+    fn set_present(&self, present: bool) -> io::Result<()> {
+        let kind = if present {
+            libc::F_RDLCK
+        } else {
+            libc::F_UNLCK
+        };
+        Self::presence_lock(&self.presence, libc::F_OFD_SETLK, kind).map(|_| ())
     }
 
     /// The address of word `index` in the mapping, for the kernel only.
@@ -302,12 +417,18 @@ impl Drop for Mapped {
 pub(crate) struct Board {
     path: PathBuf,
     mapped: Mutex<Arc<Mapped>>,
+    /// When the board was opened: the origin of `path_checked`.
+    opened: Instant,
+    /// When a release last checked the path (nanoseconds since `opened`).
+    path_checked: AtomicU64,
     /// A warning said that the file was found short (said once per board).
     warned_short: AtomicBool,
     /// A warning said that the board failed even after growing it (said once per board).
     warned_failing: AtomicBool,
     /// A warning said that the path named another file (said once per board).
     warned_replaced: AtomicBool,
+    /// A warning said that the presence lock was refused (said once per board).
+    warned_presence: AtomicBool,
 }
 
 impl std::fmt::Debug for Board {
@@ -324,9 +445,12 @@ impl Board {
         Ok(Board {
             path,
             mapped: Mutex::new(Arc::new(mapped)),
+            opened: Instant::now(),
+            path_checked: AtomicU64::new(0),
             warned_short: AtomicBool::new(false),
             warned_failing: AtomicBool::new(false),
             warned_replaced: AtomicBool::new(false),
+            warned_presence: AtomicBool::new(false),
         })
     }
 
@@ -413,12 +537,43 @@ impl Board {
         Ok(true)
     }
 
+    /// The mapping a release announces on: the current one while its file is still linked
+    /// (one `fstat`), checking the path (a `stat`, see [`Board::mapping`]) when it is not, and
+    /// at most every [`PATH_CHECK_EVERY`] otherwise (a file renamed away, a hard link left).
+    fn mapping_for_release(&self) -> Arc<Mapped> {
+        let current = self.current();
+        let now = u64::try_from(self.opened.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let checked = self.path_checked.load(Ordering::Relaxed);
+        let due = now.saturating_sub(checked) >= PATH_CHECK_EVERY.as_nanos() as u64;
+        if !due && current.still_linked() {
+            return current;
+        }
+        self.path_checked.store(now, Ordering::Relaxed);
+        self.mapping()
+    }
+
+    /// A key of `slot` was released after a turn of `turn_age` (the release has committed):
+    /// wakes every listener of the file the path names, if any is present. `false` when the
+    /// board fails (after a warning): waiters poll.
+    pub fn release(&self, slot: usize, turn_age: Duration) -> bool {
+        let mapped = self.mapping_for_release();
+        // After the commit (see "Presence" in the module docs); when the test fails, announce.
+        if !mapped.anyone_present().unwrap_or(true) {
+            return true;
+        }
+        self.announce_on(&mapped, slot, turn_age)
+    }
+
     /// A key of `slot` was released after a turn of `turn_age`: wakes every listener of the
-    /// file the path names. `false` when the board fails (after a warning): waiters poll.
-    pub fn announce(&self, slot: usize, turn_age: Duration) -> bool {
+    /// file the path names, present or not. `false` when the board fails (after a warning).
+    #[cfg(test)]
+    fn announce(&self, slot: usize, turn_age: Duration) -> bool {
+        self.announce_on(&self.mapping(), slot, turn_age)
+    }
+
+    fn announce_on(&self, mapped: &Mapped, slot: usize, turn_age: Duration) -> bool {
         let age = u32::try_from(turn_age.as_micros()).unwrap_or(u32::MAX);
-        let mapped = self.mapping();
-        self.with_repair(&mapped, "announce a release", || {
+        self.with_repair(mapped, "announce a release", || {
             mapped
                 .file
                 .write_all_at(&age.to_ne_bytes(), (age_index(slot) * 4) as u64)?;
@@ -448,6 +603,36 @@ impl Board {
         if !self.with_repair(mapped, "wait for releases", || mapped.wait(seen, timeout)) {
             std::thread::sleep(timeout);
         }
+    }
+}
+
+/// A listener's presence on one board file (see "Presence" in the module docs): a shared
+/// lock on [`PRESENCE_BYTE`] through the mapping's second description, held while the
+/// listener is subscribed; let go when it is dropped (and by the kernel when the process
+/// ends).
+struct Presence(Arc<Mapped>);
+
+impl Drop for Presence {
+    fn drop(&mut self) {
+        let _ = self.0.set_present(false);
+    }
+}
+
+impl Board {
+    /// Takes this process's presence on `mapped` (see [`Presence`]). When the kernel refuses
+    /// the lock, releases elsewhere may skip their announcements: a warning says so, once.
+    fn presence(&self, mapped: &Arc<Mapped>) -> Presence {
+        if let Err(error) = mapped.set_present(true) {
+            if !self.warned_presence.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "cannot mark a listener present on the SQLite release board {} ({error}); \
+                     releases of other processes may not wake its waiters, which poll every \
+                     idle_between_tries",
+                    self.path.display()
+                );
+            }
+        }
+        Presence(Arc::clone(mapped))
     }
 }
 
@@ -491,6 +676,10 @@ impl BoardListener {
         while self.requests.recv().is_ok() {
             while self.requests.try_recv().is_ok() {}
             let mut mapped = self.board.mapping();
+            fail_point!("sqlite_board::listener_before_presence");
+            // Present before reading the board and nudging the pollers: a release that did
+            // not see this presence committed before the nudge (see "Presence").
+            let mut _presence = self.board.presence(&mapped);
             self.board.read_slots(&mapped, &mut seen);
             if (self.handler)(ListenerEvent::Subscribed) == ListenerReply::Stop {
                 return;
@@ -541,6 +730,8 @@ impl BoardListener {
                         // Releases announced there before now are unknown, so every waiter
                         // tries once.
                         mapped = named;
+                        // Present on the new file before the old one is let go.
+                        _presence = self.board.presence(&mapped);
                         self.board.read_slots(&mapped, &mut seen);
                         let anything = |_: &str| Some(Duration::ZERO);
                         let event = ListenerEvent::ReleasedAmong {
@@ -719,6 +910,55 @@ mod tests {
         assert_eq!(
             new.sequence(&new.current()),
             Some(seen + 1),
+            "announced on the new file"
+        );
+    }
+
+    #[test]
+    fn a_release_announces_only_while_a_listener_is_present() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        let (a, b) = (
+            Board::open(&database).unwrap(),
+            Board::open(&database).unwrap(),
+        );
+        let sequence = || a.sequence(&a.current()).unwrap();
+        assert!(a.release(3, Duration::ZERO));
+        assert_eq!(sequence(), 0, "nobody present: nothing announced");
+        let present = b.presence(&b.current());
+        assert!(a.release(3, Duration::ZERO));
+        assert_eq!(sequence(), 1, "another board's listener is present");
+        drop(present);
+        assert!(a.release(3, Duration::ZERO));
+        assert_eq!(sequence(), 1, "its presence ended");
+        // The releasing board's own listener counts too (its lock is on another description).
+        let own = a.presence(&a.current());
+        assert!(a.release(3, Duration::ZERO));
+        assert_eq!(sequence(), 2, "the same board's listener is present");
+        drop(own);
+        // A truncated file keeps its locks.
+        let present = b.presence(&b.current());
+        b.current().file.set_len(0).unwrap();
+        assert!(a.release(3, Duration::ZERO), "grown back");
+        assert_eq!(sequence(), 1, "announced on the emptied board");
+        drop(present);
+    }
+
+    /// A release through a deleted board finds the new file at once (its `fstat` shows no
+    /// link), not only at its next path check.
+    #[test]
+    fn a_release_through_a_deleted_board_announces_on_the_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("l.db");
+        let old = Board::open(&database).unwrap();
+        assert!(old.release(0, Duration::ZERO), "path checked now");
+        std::fs::remove_file(board_path(&database)).unwrap();
+        let new = Board::open(&database).unwrap();
+        let _present = new.presence(&new.current());
+        assert!(old.release(0, Duration::ZERO));
+        assert_eq!(
+            new.sequence(&new.current()),
+            Some(1),
             "announced on the new file"
         );
     }

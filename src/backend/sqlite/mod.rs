@@ -420,7 +420,7 @@ impl Backend for Sqlite {
         };
         if let Some(board) = manager.board() {
             let slot = board::slot_of(&table.table, &table.region, lock_key);
-            board.announce(slot, turn_age);
+            board.release(slot, turn_age);
         }
     }
 
