@@ -104,13 +104,48 @@ fn server_address() -> SocketAddr {
 #[test]
 fn a_statement_the_server_does_not_answer_returns_at_its_callers_deadline_on_its_thread() {
     let scenario = fail::FailScenario::setup();
-    let Some(f) = Fixture::new(Db::Mysql, "inline_silence") else {
+    let server = server_address();
+    silent_server("inline_silence", |_, proxy| {
+        Some(proxy.url(&common::mysql_url(), server))
+    });
+    scenario.teardown();
+}
+
+/// The same over TLS (`ssl-mode=REQUIRED`, the TLS-only user of `tests/tls.rs`): the socket
+/// whose timeouts carry the deadline is the TCP socket beneath the TLS stream. Skipped where
+/// that user cannot connect.
+#[cfg(feature = "mysql-tls")]
+#[test]
+fn a_tls_statement_the_server_does_not_answer_returns_at_its_callers_deadline() {
+    let scenario = fail::FailScenario::setup();
+    let server = server_address();
+    silent_server("inline_silence_tls", |f, proxy| {
+        let url = format!("mysql://leasehold_tls:leasehold_tls@{server}/test?ssl-mode=REQUIRED");
+        let direct = LockRegistry::mysql(url.as_str())
+            .prefix(f.prefix.clone())
+            .connect_timeout(Duration::from_secs(15))
+            .build();
+        if let Err(e) = direct {
+            common::skipped(&format!("the TLS-only user cannot connect: {e}"));
+            return None;
+        }
+        Some(proxy.url(&url, server))
+    });
+    scenario.teardown();
+}
+
+/// Builds a registry on the URL `through` gives for the proxy (`None`: skipped) and checks
+/// what the tests above say.
+fn silent_server(test: &str, through: impl Fn(&Fixture, &Silence) -> Option<String>) {
+    let Some(f) = Fixture::new(Db::Mysql, test) else {
         return;
     };
-    let server = server_address();
-    let proxy = Silence::to(server);
+    let proxy = Silence::to(server_address());
+    let Some(url) = through(&f, &proxy) else {
+        return;
+    };
     let operation_timeout = Duration::from_secs(2);
-    let registry = LockRegistry::mysql(proxy.url(&common::mysql_url(), server))
+    let registry = LockRegistry::mysql(url)
         .prefix(f.prefix.clone())
         .pool_size(1)
         .connect_timeout(Duration::from_secs(30))
@@ -163,5 +198,4 @@ fn a_statement_the_server_does_not_answer_returns_at_its_callers_deadline_on_its
         .expect("a free lock, on a new connection");
     next.unlock().unwrap();
     guard.unlock().unwrap();
-    scenario.teardown();
 }
