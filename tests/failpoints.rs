@@ -136,9 +136,44 @@ fn renewals_with_different_ttls_are_serialised_and_the_holder_never_outlives_the
     scenario.teardown();
 }
 
+/// Another session's transaction holding one lock row (`SELECT … FOR UPDATE`): a statement on
+/// that row waits on the server, unanswered, until the transaction ends, and then runs.
+#[cfg(feature = "mysql")]
+struct RowHeld(mysql::Conn);
+
+#[cfg(feature = "mysql")]
+impl RowHeld {
+    fn on(f: &Fixture, key: &str) -> RowHeld {
+        use mysql::prelude::Queryable;
+        let mut session = mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap())
+            .expect("a second session");
+        session.query_drop("START TRANSACTION").unwrap();
+        // The whole primary key: the row alone is locked, not the gap before it (where
+        // other keys' rows would be inserted).
+        let held: Vec<mysql::Row> = session
+            .query(format!(
+                "SELECT LOCK_KEY FROM {} WHERE LOCK_KEY = '{}' AND REGION = '{}' FOR UPDATE",
+                f.table(),
+                leasehold::lock_key_for(key),
+                f.registry().region()
+            ))
+            .unwrap();
+        assert_eq!(held.len(), 1, "the row of {key} exists");
+        RowHeld(session)
+    }
+
+    fn end(mut self) {
+        use mysql::prelude::Queryable;
+        self.0.query_drop("ROLLBACK").unwrap();
+    }
+}
+
 /// Finding 1, variant: a manual renewal with a shorter time-to-live times out for its caller but
-/// runs on the server later (MySQL statements run on statement threads). The holder must count
-/// with it.
+/// runs on the server later. Another session holds its row locked past the caller's deadline
+/// (the caller's socket gives up at the deadline; the server's statement waits on), then lets
+/// go. The holder must count with it. (An unbounded renewal would wait for the row and
+/// succeed once the session lets go anyway, after 10 s.)
+#[cfg(feature = "mysql")]
 #[test]
 fn a_renewal_that_timed_out_still_bounds_the_holders_deadline() {
     let scenario = fail::FailScenario::setup();
@@ -148,19 +183,31 @@ fn a_renewal_that_timed_out_still_bounds_the_holders_deadline() {
     let holder = f
         .builder()
         .time_to_live(Duration::from_secs(60))
-        // Long enough for the lock() below on a busy machine; the gated renewal times out.
+        // Long enough for the lock() below on a busy machine; the held-back renewal times out.
         .operation_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let other = f.registry();
     let guard = holder.obtain("late").unwrap().lock().unwrap();
-    let statement = Gate::first_at("backend::renew_sent");
+    let row = RowHeld::on(&f, "late");
+    let (renewal_done, renewal_done_rx) = crossbeam_channel::bounded(1);
+    let letting_go = thread::spawn(move || {
+        let _ = renewal_done_rx.recv_timeout(Duration::from_secs(10));
+        row.end();
+        Instant::now()
+    });
     let renewed = guard.renew_with_ttl(Duration::from_secs(1));
+    let _ = renewal_done.send(());
+    let ran_at = letting_go.join().unwrap();
     assert!(renewed.is_err(), "the renewal was held back: {renewed:?}");
-    statement.wait_entered();
-    let ran_at = Instant::now();
-    statement.open();
-    // The late statement now sets the row to expire a second after it runs.
+    // The late statement now runs and sets the row to expire a second later.
+    let reader = f.registry();
+    wait_until("the late renewal ran on the server", || {
+        let (now, _) = reader.database_time().unwrap();
+        reader.holder("late").unwrap().is_none_or(|row| {
+            row.expires_at.duration_since(now).unwrap_or_default() < Duration::from_secs(30)
+        })
+    });
     thread::sleep(Duration::from_millis(1500).saturating_sub(ran_at.elapsed()));
     assert_exclusive(&guard, &other);
     drop(guard);
@@ -643,11 +690,13 @@ fn a_renewal_in_flight_does_not_cut_a_kept_row_short() {
     scenario.teardown();
 }
 
-/// A statement given up at its caller's deadline (MySQL runs statements on statement threads)
-/// ends later, and its connection is then discarded. r2d2 closes a discarded connection without
-/// waking the callers waiting for one or opening one for them: with `pool_size(1)`, a release
-/// that began waiting meanwhile waited out its whole deadline (seen one run in three in
-/// `conformance::mysql::a_full_pool_does_not_starve_renewals`, after pollers gave up).
+/// A statement given up at its caller's deadline (its socket's read times out) discards its
+/// connection. r2d2 closes a discarded connection without waking the callers waiting for one or
+/// opening one for them: with `pool_size(1)`, a release that began waiting meanwhile waited out
+/// its whole deadline (seen one run in three in
+/// `conformance::mysql::a_full_pool_does_not_starve_renewals`, after pollers gave up). The
+/// statement is held unanswered by another session holding its row locked.
+#[cfg(feature = "mysql")]
 #[test]
 fn a_caller_waiting_for_the_connection_of_an_abandoned_statement_gets_a_new_one() {
     let scenario = fail::FailScenario::setup();
@@ -660,34 +709,41 @@ fn a_caller_waiting_for_the_connection_of_an_abandoned_statement_gets_a_new_one(
         .operation_timeout(GENEROUS)
         .build()
         .unwrap();
+    // The row of "abandoned" exists, and another session holds it locked.
+    let lock = f.registry().obtain("abandoned").unwrap();
+    lock.lock().unwrap().unlock().unwrap();
+    let row = RowHeld::on(&f, "abandoned");
     let guard = registry.obtain("mine").unwrap().lock().unwrap();
-    // The next acquire's statement keeps the only main connection until the gate opens, past
-    // its caller's deadline.
-    let statement = Gate::first_at("backend::acquire_sent");
+    // The next acquire's statement waits on that row with the only main connection, until its
+    // caller's deadline.
+    let (sent, sent_rx) = crossbeam_channel::bounded(1);
+    on_reaching("backend::acquire_sent", sent);
     let lock = registry.obtain("abandoned").unwrap();
     let abandoned = thread::spawn(move || {
-        lock.try_lock_for(Duration::from_secs(1))
-            .map(|guard| guard.is_some())
+        let gave_up = lock
+            .try_lock_for(Duration::from_secs(5))
+            .map(|guard| guard.is_some());
+        (gave_up, Instant::now())
     });
-    statement.wait_entered();
-    // The release (on this thread) asks for that connection; the acquire's caller gives up
-    // meanwhile (the release has that second to start waiting), and only then does its
-    // statement end, after which its connection is discarded.
+    sent_rx
+        .recv_timeout(GENEROUS)
+        .expect("the acquire was sent");
+    // The release (on this thread) asks for that connection meanwhile.
     let (releasing, releasing_rx) = crossbeam_channel::bounded(1);
     on_reaching("lock::release_before_statement", releasing);
-    let opener = thread::spawn(move || {
-        releasing_rx
-            .recv_timeout(GENEROUS)
-            .expect("the release started");
-        let gave_up = abandoned.join().unwrap();
-        statement.open();
-        gave_up
-    });
+    let started =
+        thread::spawn(move || releasing_rx.recv_timeout(GENEROUS).map(|()| Instant::now()));
     let released = guard.unlock();
-    let gave_up = opener.join().unwrap();
+    let release_started = started.join().unwrap().expect("the release started");
+    let (gave_up, gave_up_at) = abandoned.join().unwrap();
+    row.end();
     assert!(
         !matches!(gave_up, Ok(true)),
         "the acquire was held back: {gave_up:?}"
+    );
+    assert!(
+        release_started < gave_up_at,
+        "inconclusive: the release began only after the acquire gave up (a starved machine?)"
     );
     assert!(
         released.is_ok(),

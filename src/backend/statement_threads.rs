@@ -1,5 +1,7 @@
-//! Threads that run statements of backends that cannot bound a call by a deadline themselves
-//! (MySQL), for callers with deadlines.
+//! Threads that run statements of backends that cannot bound a call by a deadline themselves,
+//! for callers with deadlines: PostgreSQL called from inside an asynchronous runtime (whose
+//! connection cannot start its own there), MySQL outside Unix (no socket to carry the deadline).
+//! Elsewhere both run statements inline ([`super::Backend::runs_inline`]).
 //!
 //! A thread that finished a statement counts itself idle and waits up to
 //! [`IDLE_LIFETIME`] for the next one. A caller claims an idle thread by

@@ -109,12 +109,38 @@
 //! application use") or that a read-only server refuses (1290) drops its connection; one that
 //! Galera aborts on a certification conflict comes back as a deadlock (1213) and is retried.
 //!
-//! Deadlines: the driver cannot bound one call, so statements run on statement threads (see
-//! `SqlStore::run`) and the caller stops waiting at its deadline. Sockets carry read and write
-//! timeouts (unless the URL sets its own): the connect timeout for the connection checked at
-//! build, the longer of it and `operation_timeout` for pooled connections. They end the wait of
-//! a statement thread on a silent server, and of a connection attempt that was accepted but is
-//! never answered.
+//! Deadlines: statements run inline, on their caller's thread (no statement thread, no thread
+//! hop), and the connection's socket carries the caller's deadline. The driver has no per-call
+//! timeout, but `mysql::Conn` exposes its socket's descriptor: before the attempt and before
+//! each later call to the driver ([`MysqlConn::arm`]) the socket's `SO_RCVTIMEO` and
+//! `SO_SNDTIMEO` are set to the time left before the deadline (or to the URL's or the pool's
+//! socket timeout, if shorter). A read or write still waiting at the deadline then fails with
+//! `EAGAIN`, which [`classify`] takes for a broken connection: the connection is discarded
+//! (the driver may be in the middle of a packet, so it never goes back to the pool), replaced
+//! at once for callers waiting for one, and the pool's idle connections go with it, as after
+//! any broken connection. Its drop still writes (closing its statements, `COM_QUIT`), with
+//! 1 ms timeouts (`mark_broken`). Under TLS the descriptor is the TCP socket that the TLS
+//! stream reads and writes; the driver's switch to the server's Unix socket for a local server
+//! (`prefer_socket`) gives a Unix socket, which takes the same options. Once the deadline has
+//! passed, nothing more is sent. A server that did not answer in time may still run the
+//! statement (one waiting for a row lock runs once it gets the row): as before, an acquire
+//! granted after its caller gave up is left to expire, and a renewal's outcome counts as
+//! unknown from its send time.
+//!
+//! What the socket does not bound: a result that trickles in. Each read waits at most for
+//! what was left when its call began, so a server that sends part of an answer shortly before
+//! the deadline and then stops holds the call until up to that long after it, and one that
+//! keeps sending a few bytes within every timeout holds it longer still. The lease statements'
+//! answers are a packet or a few (an OK packet, a row), sent at once; a listing page can be
+//! larger. Outside Unix the descriptor is not reachable and statements run on statement threads
+//! ([`crate::backend::statement_threads`]), whose callers stop waiting at their deadline.
+//!
+//! Sockets also carry read and write timeouts from the start (unless the URL sets its own):
+//! the connect timeout for the connection checked at build, the longer of it and
+//! `operation_timeout` for pooled connections. They end a connection attempt that was accepted
+//! but is never answered, and bound every call as a ceiling. The registry's named-lock
+//! connection for wake-ups ([`wakeups`]) is outside the pools, on its own thread, and keeps
+//! its own timeouts.
 
 mod tls;
 pub(crate) mod wakeups;
@@ -129,7 +155,7 @@ use mysql::prelude::Queryable;
 use mysql::{Opts, OptsBuilder, SslOpts, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tls::{split_mysql, tls_problem, with_tls, MysqlTls};
 
 /// Database "now": UTC, microseconds, fixed for the statement.
@@ -201,13 +227,19 @@ struct Plan {
     order: Option<Vec<usize>>,
 }
 
-/// A connection, the plans of the statements it ran, and the flag `mark_broken` sets.
+/// A connection, the plans of the statements it ran, the flag `mark_broken` sets, and the
+/// deadline its statements must keep (see the module docs, "Deadlines").
 pub(crate) struct MysqlConn {
     conn: mysql::Conn,
     plans: PerStatement<Plan>,
     broken: bool,
     /// Shared by the registry's connections.
     ids: Arc<InsertIds>,
+    /// The current attempt's deadline (`set_deadline`); `None` until the first.
+    deadline: Option<Instant>,
+    /// The socket's read and write timeouts from the URL or the pool's settings: a
+    /// statement's reads and writes wait no longer than these either.
+    configured: (Option<Duration>, Option<Duration>),
 }
 
 /// What a registry knows of its lock table's triggers (see the module docs, "Triggers").
@@ -229,7 +261,7 @@ impl InsertIds {
 
     /// Whether an acquire that reported no id must ask the session: the table has id-hiding
     /// triggers, as known or as found now when the last look is older than [`Self::RECHECK`].
-    fn hidden(&self, conn: &mut mysql::Conn) -> bool {
+    fn hidden(&self, conn: &mut MysqlConn) -> bool {
         if self.hidden.load(Ordering::Relaxed) {
             return true;
         }
@@ -243,8 +275,13 @@ impl InsertIds {
             }
             *checked = Some(std::time::Instant::now());
         }
-        // A look that fails changes nothing: the acquire's own answer stands.
-        self.look(conn, table).is_ok_and(|(_, hiders)| hiders > 0)
+        // A look that fails changes nothing: the acquire's own answer stands (but a look
+        // that broke the connection gets it discarded).
+        let looked = conn.arm().and_then(|()| self.look(&mut conn.conn, table));
+        if matches!(&looked, Err(f) if f.kind == FailureKind::Broken) {
+            conn.broken = true;
+        }
+        looked.is_ok_and(|(_, hiders)| hiders > 0)
     }
 
     /// Counts the triggers of `table`: those named as the deletion floor's, and those that
@@ -273,12 +310,43 @@ impl InsertIds {
 }
 
 impl MysqlConn {
-    /// Prepares `sql` (the driver caches the prepared statement) with its values.
+    /// Bounds the socket's reads and writes by the time left before the deadline, just before
+    /// a call to the driver (each call re-arms: a call that follows one answered late waits
+    /// only for what is left). A read still unanswered then fails (`EAGAIN`), which
+    /// [`classify`] takes for a broken connection: it is discarded, never used again in an
+    /// unknown state. Once the deadline has passed, nothing is sent (a transient failure: the
+    /// retry loop then reports the timeout).
+    fn arm(&mut self) -> Result<(), Failure> {
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Failure::new(
+                FailureKind::Transient,
+                "the deadline passed before the statement was sent",
+                "deadline passed",
+            ));
+        }
+        let (read, write) = self.configured;
+        let within = |configured: Option<Duration>| configured.map_or(left, |c| c.min(left));
+        set_socket_timeouts(&self.conn, within(read), within(write)).map_err(|e| {
+            Failure::new(
+                FailureKind::Broken,
+                format!("could not set the MySQL socket's timeouts: {e}"),
+                e,
+            )
+        })
+    }
+
+    /// Prepares `sql` (the driver caches the prepared statement) with its values, the socket
+    /// armed for the call that follows ([`MysqlConn::arm`]).
     fn bind(
         &mut self,
         sql: &str,
         params: &Params,
     ) -> Result<(mysql::Statement, Vec<Value>), Failure> {
+        self.arm()?;
         let plan = match self.plans.get(sql) {
             Some(plan) => plan,
             None => {
@@ -401,11 +469,17 @@ impl r2d2::ManageConnection for MysqlManager {
     type Error = mysql::Error;
 
     fn connect(&self) -> Result<MysqlConn, mysql::Error> {
+        let opts = &self.opts[0];
         Ok(MysqlConn {
             conn: open_writable(&self.opts, self.prefer_tls)?,
             plans: PerStatement::new(),
             broken: false,
             ids: Arc::clone(&self.ids),
+            deadline: None,
+            configured: (
+                opts.get_read_timeout().copied(),
+                opts.get_write_timeout().copied(),
+            ),
         })
     }
 
@@ -424,6 +498,7 @@ pub(crate) struct Mysql;
 /// The session's `LAST_INSERT_ID()`: what the last statement set with `LAST_INSERT_ID(expr)`,
 /// whatever its triggers did (a trigger's changes end with it).
 fn session_insert_id(conn: &mut MysqlConn) -> Result<u64, Failure> {
+    conn.arm()?;
     let id: Option<u64> = conn
         .conn
         .query_first("SELECT LAST_INSERT_ID()")
@@ -435,6 +510,10 @@ impl Backend for Mysql {
     type Manager = MysqlManager;
 
     const NAME: &'static str = "MySQL";
+    /// Inline where the socket can carry the deadline (see the module docs, "Deadlines").
+    fn runs_inline() -> bool {
+        cfg!(unix)
+    }
     const DDL_FILE: &'static str = "sql/mysql.sql";
     const DDL: &'static str = include_str!("../../../sql/mysql.sql");
     const FLOOR_DDL_FILE: &'static str = "sql/mysql_floor.sql";
@@ -631,7 +710,7 @@ impl Backend for Mysql {
                     session_insert_id(conn)?
                 }
                 // One row: held, or inserted with the id hidden by a trigger.
-                (0, _) if conn.ids.hidden(&mut conn.conn) => session_insert_id(conn)?,
+                (0, _) if Arc::clone(&conn.ids).hidden(conn) => session_insert_id(conn)?,
                 (id, _) => id,
             };
             match id {
@@ -751,6 +830,17 @@ impl Backend for Mysql {
 
     fn mark_broken(conn: &mut Conn<Self>) {
         conn.broken = true;
+        // Dropping it writes (statements closed, `COM_QUIT`); on a server that stopped
+        // reading, those must not wait out a timeout on the caller's thread.
+        let _ = set_socket_timeouts(&conn.conn, DROP_TIMEOUT, DROP_TIMEOUT);
+    }
+
+    /// Arms the socket for the attempt's first call (the DDL and table checks of `build()`
+    /// included); the lease statements re-arm before each call ([`MysqlConn::arm`]). A
+    /// deadline already passed is reported by that call's own arming, or by the retry loop.
+    fn set_deadline(conn: &mut Conn<Self>, deadline: Instant) {
+        conn.deadline = Some(deadline);
+        let _ = conn.arm();
     }
 
     const LISTENER_WATCHES_KEYS: bool = true;
@@ -846,10 +936,11 @@ impl Backend for Mysql {
         params: &Params,
         pairs: usize,
     ) -> Result<BatchRows, Failure> {
+        conn.arm()?;
         conn.conn
             .query_drop("START TRANSACTION")
             .map_err(classify)?;
-        let renewed = (|| {
+        let renewed: Result<BatchRows, Failure> = (|| {
             let (lock, values) = conn.bind(&sql[0], params)?;
             let rows: Vec<(String, i64)> = conn.conn.exec(&lock, values).map_err(classify)?;
             if !rows.is_empty() {
@@ -872,16 +963,24 @@ impl Backend for Mysql {
                     .filter(|pair| !rows.contains(pair))
                     .collect();
             }
+            conn.arm()?;
             conn.conn.query_drop("COMMIT").map_err(classify)?;
             Ok(BatchRows {
                 renewed: rows,
                 busy,
             })
         })();
-        if renewed.is_err() {
-            let _ = conn.conn.query_drop("ROLLBACK");
+        match renewed {
+            Err(mut failure) if failure.kind != FailureKind::Broken => {
+                // A connection left inside a transaction must not go back to the pool.
+                let rolled_back = conn.arm().is_ok() && conn.conn.query_drop("ROLLBACK").is_ok();
+                if !rolled_back {
+                    failure.kind = FailureKind::Broken;
+                }
+                Err(failure)
+            }
+            other => other,
         }
-        renewed
     }
 }
 
@@ -966,6 +1065,14 @@ fn classify(error: mysql::Error) -> Failure {
                 ),
             }
         }
+        mysql::Error::IoError(_) | mysql::Error::CodecError(_) if timed_out(&error) => {
+            (
+                FailureKind::Broken,
+                format!(
+                    "no answer from MySQL before the deadline (the socket's timeout ran out;                      the connection is discarded): {error}"
+                ),
+            )
+        }
         mysql::Error::IoError(_)
         | mysql::Error::CodecError(_)
         | mysql::Error::DriverError(
@@ -981,6 +1088,52 @@ fn classify(error: mysql::Error) -> Failure {
         other => (FailureKind::Fatal, format!("MySQL client error: {other}")),
     };
     Failure::new(kind, hint, error)
+}
+
+/// Whether `error` is a socket timeout (`EAGAIN` from `SO_RCVTIMEO`/`SO_SNDTIMEO`: see
+/// [`MysqlConn::arm`]), as the driver reports it: an I/O error, or one wrapped by its codec.
+fn timed_out(error: &mysql::Error) -> bool {
+    let io = match error {
+        mysql::Error::IoError(e) => Some(e),
+        mysql::Error::CodecError(e) => {
+            std::error::Error::source(e).and_then(|e| e.downcast_ref::<std::io::Error>())
+        }
+        _ => None,
+    };
+    io.is_some_and(|e| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )
+    })
+}
+
+/// How long the writes of a connection being discarded may wait (see `mark_broken`).
+const DROP_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// Sets the read and write timeouts (`SO_RCVTIMEO`, `SO_SNDTIMEO`) of `conn`'s socket: the TCP
+/// socket under TLS too (the driver's TLS stream reads and writes it), or the Unix socket.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn set_socket_timeouts(conn: &mysql::Conn, read: Duration, write: Duration) -> std::io::Result<()> {
+    use std::os::unix::io::{AsRawFd, FromRawFd};
+    // SAFETY: the descriptor is `conn`'s open socket, which `conn` (borrowed for this call)
+    // keeps open; `ManuallyDrop` keeps the wrapper from closing it. The wrapper only sets two
+    // socket-level options, which a Unix socket has as a TCP socket does.
+    let socket =
+        std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(conn.as_raw_fd()) });
+    socket.set_read_timeout(Some(read))?;
+    socket.set_write_timeout(Some(write))
+}
+
+/// Without a socket to reach, statements run on statement threads (`runs_inline` is false).
+#[cfg(not(unix))]
+fn set_socket_timeouts(
+    _conn: &mysql::Conn,
+    _read: Duration,
+    _write: Duration,
+) -> std::io::Result<()> {
+    Ok(())
 }
 
 /// Where `opts` connects, for messages.
@@ -1202,8 +1355,8 @@ fn host_opts(
         .additional_capabilities(capabilities)
         .tcp_connect_timeout(Some(connect_timeout));
     // The driver has no per-call timeout: socket timeouts are what stop a server that accepts
-    // connections but never answers from holding a connection attempt (or a statement thread)
-    // forever; callers with shorter deadlines do not wait for them (statement threads). The
+    // connections but never answers from holding a connection attempt forever; statements
+    // set them to their caller's deadline (`MysqlConn::arm`), within these. The
     // first connection is bounded by the connect timeout (each of its attempts by what is left
     // of it, the first by 2 s at most: see `first_connection`), pooled ones by the longer of it
     // and the operation timeout. Timeouts given in the URL win, within those bounds for the
