@@ -191,7 +191,9 @@
 //!              mutex, FIFO queue,     ├─ renewal workers (per registry, up to renewal_pool_size):
 //!              one DB poller)         │    renew due leases together, a statement per batch
 //!                                     └─ Store (SqlStore<Backend>): pools, deadlines, retries;
-//!                                          statement threads for MySQL
+//!                                          statements on the caller's thread (MySQL's bounded
+//!                                          by socket timeouts; statement threads only where
+//!                                          no bound is available)
 //!                                          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
 //!  A listener thread per registry turns other instances' releases into wake-ups, subscribed
 //!  only while a thread of the registry waits (see `wakeups`): PostgreSQL `LISTEN`/`NOTIFY`,
@@ -294,7 +296,9 @@
 //! clock. A local handoff keeps the token (see [`LockGuard::fencing_token`]).
 
 // The only unsafe code is SQLite's release board (`backend/sqlite/board.rs`: a shared file
-// mapping and the futex on it), which allows it for itself.
+// mapping, the futex and the presence lock on it) and MySQL's socket timeouts
+// (`set_socket_timeouts` in `backend/mysql/mod.rs`: a borrowed descriptor), each allowing it
+// for itself.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // docs.rs (`--cfg docsrs`) marks what each feature adds.

@@ -57,7 +57,7 @@
 //! | `admin.rs` | the administration statements: holder, listing, forced release, cleanup, keep-for release |
 //! | `retry.rs` | the retry loop: deadlines, pauses, discarding broken connections |
 //! | `pools.rs` | connection pools and the first connection |
-//! | `statement_threads.rs` | threads that run statements for callers with deadlines (drivers without per-call timeouts: MySQL) |
+//! | `statement_threads.rs` | threads that run statements for callers with deadlines where the driver cannot bound a call (MySQL off Unix; PostgreSQL inside an async runtime) |
 //! | `schema.rs` | the DDL and the table, name-column and floor checks of `build()` |
 //! | `semaphores.rs` | the semaphore table: creating it, recording and reading a semaphore's permits |
 //! | `statistics.rs` | statement counters ([`Statistics`]) |

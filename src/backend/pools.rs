@@ -20,8 +20,8 @@
 //! slot freed, but no waiting caller is woken and nothing is opened in its place (with
 //! `min_idle` 0): a caller that began waiting while the pool was full sleeps until its own
 //! timeout, though the pool has room. That happens when the connection comes back from a
-//! thread that is not itself waiting: a statement thread whose caller gave up at its deadline
-//! (MySQL), or a caller that returns at its deadline after a broken attempt. So the pools here
+//! thread that is not itself waiting: a statement thread whose caller gave up at its deadline,
+//! or a caller that returns at its deadline after a broken attempt (MySQL's socket timeout). So the pools here
 //! count their waiting callers ([`Pool`]), and whoever drops a broken connection asks for a
 //! replacement while any caller waits ([`Pool::discarded`]): the new connection wakes one.
 //!
