@@ -512,8 +512,8 @@ impl RegistryBuilder {
     /// The most connections in the renewal pool, used only by background renewals. Defaults to
     /// 2. A registry renews its leases one batch statement at a time, so one connection is busy
     /// at most; the second lets the next attempt go out at once while an attempt that got no
-    /// answer in time still holds the first (on MySQL the driver cannot cut a call short, and
-    /// it runs to its end on a statement thread). Raise it if renewals log that they did not
+    /// answer in time still holds the first (a connection given up at a deadline is discarded
+    /// and replaced, which takes a moment). Raise it if renewals log that they did not
     /// complete in time while the server is healthy. Must be at least 1.
     pub fn renewal_pool_size(mut self, size: u32) -> Self {
         self.renewal_pool_size = size;
