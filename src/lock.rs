@@ -51,9 +51,11 @@
 //! renewing it, but a renewal may have found another holder, or the deadline passed) or the
 //! turn is over: then that thread releases it to the database first and asks like any other.
 //! A key is hot when its last database grant was asked for within `linger` of this
-//! registry's own release (`release_done`) and no attempt of that wait was refused (another
-//! instance took the key in between: a ping-pong between instances, which lingers would only
-//! delay); a linger that runs out unused makes it cold, so a
+//! registry's own release (`release_done`), by another thread than the one that let go
+//! (`released_by`: a single thread locking a key in a loop keeps the plain release, its
+//! statements and the row free between its holds), and no attempt of that wait was refused
+//! (another instance took the key in between: a ping-pong between instances, which lingers
+//! would only delay); a linger that runs out unused makes it cold, so a
 //! key taken now and then is released at once, as before. Lingers are ended by the registry's
 //! [`Lingerer`]: one thread per registry (started with the first linger, gone after a second
 //! without one) that sleeps until the earliest linger ends and then releases that key if it is
@@ -146,6 +148,8 @@ struct LocalState {
     refused_at: Option<Instant>,
     /// When this registry's last release statement of the key answered.
     release_done: Option<Instant>,
+    /// The thread whose unlock last let go of the key.
+    released_by: Option<ThreadId>,
     /// The key is hot: its last database grant was asked for within `linger` of this
     /// registry's own release, so a release nobody queues on lingers (see "Linger").
     hot: bool,
@@ -195,6 +199,7 @@ impl LockInner {
                 nudged: false,
                 inherited_turn: None,
                 release_done: None,
+                released_by: None,
                 hot: false,
                 lingering: None,
                 linger_queued: false,
@@ -425,12 +430,14 @@ impl LockInner {
                                 state.holds_in_turn += 1;
                             }
                             state.yield_until = None;
-                            // Asked for within `linger` of this registry's own release, and
-                            // not refused meanwhile (another instance holding it in between, as
-                            // in a ping-pong between instances, which a linger would only
-                            // slow down): the key is hot, and its next release without local
-                            // waiters lingers.
+                            // Asked for within `linger` of this registry's own release by
+                            // another thread than the one that let go (a single thread locking
+                            // in a loop keeps the plain release), and not refused meanwhile
+                            // (another instance held it in between, as in a ping-pong between
+                            // instances, which a linger would only slow down): the key is hot,
+                            // and its next release without local waiters lingers.
                             state.hot = !waited
+                                && state.released_by != Some(me)
                                 && state.release_done.is_some_and(|done| {
                                     asked.saturating_duration_since(done) < settings.linger
                                 });
@@ -492,12 +499,18 @@ impl LockInner {
 
     /// Called by a guard whose depth reaches this thread's last hold.
     fn release(self: &Arc<Self>, lease: &Arc<Lease>) -> Result<()> {
-        self.release_keeping(lease, None)
+        self.release_keeping(lease, None, true)
     }
 
     /// [`release`](Self::release); with `keep`, the row stays held until its grant + `keep`
-    /// (see [`LockGuard::unlock_keeping_for`]) and the lease is never handed over locally.
-    fn release_keeping(self: &Arc<Self>, lease: &Arc<Lease>, keep: Option<Duration>) -> Result<()> {
+    /// (see [`LockGuard::unlock_keeping_for`]) and the lease is never handed over locally;
+    /// `linger`: whether the release may linger (not for a refused `unlock_keeping_for`).
+    fn release_keeping(
+        self: &Arc<Self>,
+        lease: &Arc<Lease>,
+        keep: Option<Duration>,
+        linger: bool,
+    ) -> Result<()> {
         let mut state = self.state.lock();
         state.depth -= 1;
         if state.depth > 0 {
@@ -507,6 +520,7 @@ impl LockInner {
             };
         }
         state.owner = None;
+        state.released_by = Some(std::thread::current().id());
         let now = Instant::now();
         let settings = &self.core.settings;
         state.turn_contended |= !state.queue.is_empty();
@@ -523,7 +537,7 @@ impl LockInner {
                 return Ok(());
             }
             // Nobody queues: a hot key lingers (see "Linger" in the module docs).
-            if self.may_linger && state.hot && !settings.linger.is_zero() {
+            if linger && self.may_linger && state.hot && !settings.linger.is_zero() {
                 let until = now + settings.linger;
                 state.lingering = Some(until);
                 lease.handed_over();
@@ -1145,6 +1159,13 @@ impl LockGuard {
     /// ```
     pub fn unlock_keeping_for(mut self, keep: Duration) -> Result<()> {
         if keep > crate::MAX_TIME_TO_LIVE {
+            // Released as by `unlock`, but at once: a caller who asked to keep the row did
+            // not mean a local thread to have it (no linger).
+            self.released = true;
+            self.measure_release();
+            if let Err(e) = self.lock.release_keeping(&self.lease, None, false) {
+                log::warn!("releasing lock {:?}: {e}", self.lock.key);
+            }
             return Err(Error::setting(
                 "keep",
                 format!(
@@ -1155,7 +1176,7 @@ impl LockGuard {
         }
         self.released = true;
         self.measure_release();
-        self.lock.release_keeping(&self.lease, Some(keep))
+        self.lock.release_keeping(&self.lease, Some(keep), false)
     }
 }
 

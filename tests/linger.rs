@@ -19,19 +19,46 @@ mod suite {
 
     const LINGER: Duration = Duration::from_secs(1);
 
-    /// Locks and unlocks `lock` until an unlock lingers (the registry ran no release statement
-    /// for it); returns that grant's fencing token.
+    /// Locks and unlocks `lock`, each time on a new thread (a key one thread locks in a loop
+    /// never lingers), until an unlock lingers (the registry ran no release statement for
+    /// it); returns that grant's fencing token.
     fn make_it_linger(registry: &LockRegistry, lock: &Lock) -> u64 {
         for _ in 0..20 {
             let before = registry.statistics().releases;
-            let guard = lock.lock().unwrap();
-            let token = guard.fencing_token();
-            guard.unlock().unwrap();
+            let lock = lock.clone();
+            let token = thread::spawn(move || {
+                let guard = lock.lock().unwrap();
+                let token = guard.fencing_token();
+                guard.unlock().unwrap();
+                token
+            })
+            .join()
+            .unwrap();
             if registry.statistics().releases == before {
                 return token;
             }
         }
-        panic!("no unlock of a key locked again at once lingered in 20 tries");
+        panic!("no unlock of a key locked again at once by another thread lingered in 20 tries");
+    }
+
+    /// One thread locking a key in a loop keeps the plain release: the row is free between
+    /// its holds, for other instances and outside observers alike.
+    pub fn a_key_one_thread_locks_in_a_loop_does_not_linger(f: &Fixture) {
+        let registry = f.builder().linger(LINGER).build().unwrap();
+        let lock = registry.obtain("one-thread").unwrap();
+        let before = registry.statistics();
+        for _ in 0..5 {
+            lock.lock().unwrap().unlock().unwrap();
+        }
+        let after = registry.statistics();
+        assert_eq!(after.releases, before.releases + 5);
+        assert!(f
+            .registry()
+            .obtain("one-thread")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .is_some());
     }
 
     pub fn a_lingering_lease_is_retaken_by_a_local_thread_without_a_statement(f: &Fixture) {
@@ -87,9 +114,9 @@ mod suite {
         assert_eq!(after.local_handoffs, before.local_handoffs);
     }
 
-    /// One thread of instance A locks and unlocks a key as fast as it can — every release but
-    /// the first lingers and is taken again at once, so the row is never free — while B asks
-    /// for the key now and then. A's turn ends at `local_handoff_limit`, with the turn window
+    /// Two threads of instance A lock and unlock a key as fast as they can — a release either
+    /// hands the key to the other thread or lingers and is taken again at once, so the row is
+    /// never free — while B asks for the key now and then. A's turn ends at `local_handoff_limit`, with the turn window
     /// (a turn kept by lingers counts as contended), so B gets the key within the bound.
     pub fn another_instance_gets_a_key_kept_by_lingers_within_the_turn_bound(f: &Fixture) {
         kept_by_lingers(f, true);
@@ -115,16 +142,20 @@ mod suite {
         };
         let (a, b) = (builder().build().unwrap(), builder().build().unwrap());
         let stop = Arc::new(AtomicBool::new(false));
-        let hog = {
-            let lock = a.obtain("kept").unwrap();
-            let stop = Arc::clone(&stop);
-            thread::spawn(move || {
-                let started = Instant::now();
-                while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(60) {
-                    lock.lock().unwrap().unlock().unwrap();
-                }
+        let hogs: Vec<_> = (0..2)
+            .map(|_| {
+                let lock = a.obtain("kept").unwrap();
+                let stop = Arc::clone(&stop);
+                thread::spawn(move || {
+                    let started = Instant::now();
+                    while !stop.load(Ordering::SeqCst)
+                        && started.elapsed() < Duration::from_secs(60)
+                    {
+                        lock.lock().unwrap().unlock().unwrap();
+                    }
+                })
             })
-        };
+            .collect();
         let bound = LIMIT + 2 * IDLE + 2 * IDLE;
         let lock = b.obtain("kept").unwrap();
         let mut waits = Vec::new();
@@ -140,7 +171,9 @@ mod suite {
             );
         }
         stop.store(true, Ordering::SeqCst);
-        hog.join().unwrap();
+        for hog in hogs {
+            hog.join().unwrap();
+        }
         let stats = a.statistics();
         println!(
             "{:?} notifications={notifications}: B waited {waits:?} (bound {bound:?}); A: {} \
@@ -212,6 +245,7 @@ macro_rules! linger {
     ($db:expr) => {
         crate::suite_for!($db;
             a_lingering_lease_is_retaken_by_a_local_thread_without_a_statement,
+            a_key_one_thread_locks_in_a_loop_does_not_linger,
             linger_zero_releases_at_every_unlock,
             another_instance_gets_a_key_kept_by_lingers_within_the_turn_bound,
             a_polling_instance_gets_a_key_kept_by_lingers_within_the_turn_bound,
