@@ -467,8 +467,10 @@ impl RegistryBuilder {
     /// returns); at most 1 s.
     ///
     /// It applies only to a key this registry has shown it comes back to: one whose last
-    /// database grant was asked for within `linger` of this registry's own release of it (a
-    /// hot key). A linger that runs out unused releases the key (on a thread of the registry)
+    /// database grant was asked for within `linger` of this registry's own release of it, by
+    /// another of its threads, with no attempt refused in between (a hot key: several threads
+    /// of this registry share it; not one thread locking it in a loop, whose row stays free
+    /// between its holds, nor a key passed back and forth with another instance). A linger that runs out unused releases the key (on a thread of the registry)
     /// and makes it cold again, so a key locked now and then is released at once as without
     /// it. While a key lingers it is still held on the database (its lease is renewed as
     /// usual), so another instance waits for it up to `linger` longer, and a thread of this
