@@ -34,9 +34,9 @@
 //! instances polling at that interval get their turn.
 //!
 //! **Release to the database** happens when nobody queues and the key does not linger (or the
-//! limit is reached, or the lease is no longer held), and when a linger ends: the lease stops its renewals, reports a deadline already passed,
-//! and the **release** statement runs with `db_user` set, so no local thread polls while it is
-//! in flight.
+//! limit is reached, or the lease is no longer held), and when a linger ends: the lease stops
+//! its renewals, reports a deadline already passed, and the **release** statement runs with
+//! `db_user` set, so no local thread polls while it is in flight.
 //!
 //! **Linger** (`RegistryBuilder::linger`, default 5 ms, off with zero; plain locks only, not
 //! a semaphore's permits or a reader/writer lock's rows). Under contention from several
@@ -55,8 +55,8 @@
 //! (`released_by`: a single thread locking a key in a loop keeps the plain release, its
 //! statements and the row free between its holds), and no attempt of that wait was refused
 //! (another instance took the key in between: a ping-pong between instances, which lingers
-//! would only delay); a linger that runs out unused makes it cold, so a
-//! key taken now and then is released at once, as before. Lingers are ended by the registry's
+//! would only delay); a linger that runs out unused makes it cold, so a key taken now and then
+//! is released at once, as before. Lingers are ended by the registry's
 //! [`Lingerer`]: one thread per registry (started with the first linger, gone after a second
 //! without one) that sleeps until the earliest linger ends and then releases that key if it is
 //! still lingering (a key lingering again since is due again later); it holds keys by `Weak`,
