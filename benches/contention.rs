@@ -6,6 +6,10 @@
 //! - `leasehold`: two registries with default settings (an instance is a registry: its own
 //!   pools, client id and listener; one process keeps the harness simple and the figures
 //!   comparable, at the price of sharing the process's lease clock);
+//! - `leasehold_linger_2ms`, `leasehold_linger_1ms`: the same with shorter lingers than the
+//!   default 5 ms;
+//! - `leasehold_without_linger`: the same with `linger(Duration::ZERO)` (every release nobody
+//!   here queues on runs its statement at once: the defaults before lingering releases);
 //! - `leasehold_without_turns`: the same with `turn_window(None)` and `local_handoff_limit(None)`
 //!   (no fair turns: what the fairness for polling instances costs);
 //! - `raw_row`: a bare lease row per key — `UPDATE … SET holder, expires = now + 30 s WHERE
@@ -122,15 +126,30 @@ fn bench_leasehold(
     if sections == 0.0 {
         return; // filtered out
     }
+    let shares: Vec<String> = stats
+        .iter()
+        .map(|s| {
+            let mine = (s.grants + s.local_handoffs) as f64;
+            format!("{:.0} %", 100.0 * mine / sections)
+        })
+        .collect();
     println!(
         "{name}: per critical section {:.2} acquire statements ({:.2} refused), {:.2} grants, \
-         {:.2} local handoffs, {:.2} releases",
+         {:.2} local handoffs (re-takes from a linger included), {:.2} releases; sections per \
+         instance {}",
         sum(|s| s.acquires) as f64 / sections,
         sum(|s| s.contended_tries) as f64 / sections,
         sum(|s| s.grants) as f64 / sections,
         sum(|s| s.local_handoffs) as f64 / sections,
         sum(|s| s.releases) as f64 / sections,
+        shares.join(" / "),
     );
+}
+
+fn with_linger(builder: leasehold::RegistryBuilder, millis: u64) -> leasehold::RegistryBuilder {
+    builder
+        .create_table(true)
+        .linger(Duration::from_millis(millis))
 }
 
 fn without_turns(builder: leasehold::RegistryBuilder) -> leasehold::RegistryBuilder {
@@ -339,6 +358,15 @@ fn main() {
     bench_leasehold(&mut c, "sqlite/leasehold", || {
         LockRegistry::sqlite(&path).create_table(true)
     });
+    bench_leasehold(&mut c, "sqlite/leasehold_linger_2ms", || {
+        with_linger(LockRegistry::sqlite(&path), 2)
+    });
+    bench_leasehold(&mut c, "sqlite/leasehold_linger_1ms", || {
+        with_linger(LockRegistry::sqlite(&path), 1)
+    });
+    bench_leasehold(&mut c, "sqlite/leasehold_without_linger", || {
+        with_linger(LockRegistry::sqlite(&path), 0)
+    });
     bench_leasehold(&mut c, "sqlite/leasehold_without_turns", || {
         without_turns(LockRegistry::sqlite(&path))
     });
@@ -356,6 +384,15 @@ fn main() {
                     .prefix("BENCH_")
                     .create_table(true)
             });
+            bench_leasehold(&mut c, "postgres/leasehold_linger_2ms", || {
+                with_linger(LockRegistry::postgres(url.clone()).prefix("BENCH_"), 2)
+            });
+            bench_leasehold(&mut c, "postgres/leasehold_linger_1ms", || {
+                with_linger(LockRegistry::postgres(url.clone()).prefix("BENCH_"), 1)
+            });
+            bench_leasehold(&mut c, "postgres/leasehold_without_linger", || {
+                with_linger(LockRegistry::postgres(url.clone()).prefix("BENCH_"), 0)
+            });
             bench_leasehold(&mut c, "postgres/leasehold_without_turns", || {
                 without_turns(LockRegistry::postgres(url.clone()).prefix("BENCH_"))
             });
@@ -372,6 +409,15 @@ fn main() {
                 LockRegistry::mysql(url.clone())
                     .prefix("BENCH_")
                     .create_table(true)
+            });
+            bench_leasehold(&mut c, "mysql/leasehold_linger_2ms", || {
+                with_linger(LockRegistry::mysql(url.clone()).prefix("BENCH_"), 2)
+            });
+            bench_leasehold(&mut c, "mysql/leasehold_linger_1ms", || {
+                with_linger(LockRegistry::mysql(url.clone()).prefix("BENCH_"), 1)
+            });
+            bench_leasehold(&mut c, "mysql/leasehold_without_linger", || {
+                with_linger(LockRegistry::mysql(url.clone()).prefix("BENCH_"), 0)
             });
             bench_leasehold(&mut c, "mysql/leasehold_without_turns", || {
                 without_turns(LockRegistry::mysql(url.clone()).prefix("BENCH_"))

@@ -10,9 +10,11 @@
 //! | none | none | none | free here | becomes the *poller*: sets `db_user`, runs **acquire** |
 //! | none | none | a thread | another thread is polling or releasing | waits on the condvar |
 //! | thread T | some | – | T holds it | T: reentrant (depth + 1); others queue and wait |
+//! | none | some (`lingering`) | none | released here, still held on the database | takes it at once: no statement (see **Linger**) |
 //!
-//! Invariant: a lease is present exactly when an owner is — a grant sets both, and a release
-//! either moves ownership to the next queued thread or clears both.
+//! Invariant: a lease is present exactly when an owner is, or while it lingers — a grant sets
+//! both, and a release moves ownership to the next queued thread, starts a linger (owner
+//! cleared, lease kept), or clears both.
 //!
 //! Every thread inside an acquire of the key sits in a FIFO `queue`. Only the poller talks to
 //! the database for this key, so N waiting threads cost one statement per
@@ -31,10 +33,41 @@
 //! releases to the database and local waiters hold off for one `idle_between_tries`, so other
 //! instances polling at that interval get their turn.
 //!
-//! **Release to the database** happens when nobody queues (or the limit is reached, or the
-//! lease is no longer held): the lease stops its renewals, reports a deadline already passed,
-//! and the **release** statement runs with `db_user` set, so no local thread polls while it is
-//! in flight.
+//! **Release to the database** happens when nobody queues and the key does not linger (or the
+//! limit is reached, or the lease is no longer held), and when a linger ends: the lease stops
+//! its renewals, reports a deadline already passed, and the **release** statement runs with
+//! `db_user` set, so no local thread polls while it is in flight.
+//!
+//! **Linger** (`RegistryBuilder::linger`, default 5 ms, off with zero; plain locks only, not
+//! a semaphore's permits or a reader/writer lock's rows). Under contention from several
+//! threads on several keys most releases find nobody queued here, so the key went back to the
+//! database and the next holder — often a thread of this registry microseconds later — took
+//! it from there again: a release and a grant per critical section. A *hot* key instead
+//! lingers: a release with nobody queued (handoffs on, the turn not over, the lease held, no
+//! `keep`) clears the owner but keeps the lease in place, `lingering` = now + `linger`, and
+//! returns without a statement. A thread of this registry that comes for the key meanwhile
+//! takes the lease as a local handoff (same grant and fencing token; counted in
+//! `local_handoffs`) — unless the lease was lost while it lingered (the renewal thread kept
+//! renewing it, but a renewal may have found another holder, or the deadline passed) or the
+//! turn is over: then that thread releases it to the database first and asks like any other.
+//! A key is hot when its last database grant was asked for within `linger` of this
+//! registry's own release (`release_done`), by another thread than the one that let go
+//! (`released_by`: a single thread locking a key in a loop keeps the plain release, its
+//! statements and the row free between its holds), and no attempt of that wait was refused
+//! (another instance took the key in between: a ping-pong between instances, which lingers
+//! would only delay); a linger that runs out unused makes it cold, so a key taken now and then
+//! is released at once, as before. Lingers are ended by the registry's
+//! [`Lingerer`]: one thread per registry (started with the first linger, gone after a second
+//! without one) that sleeps until the earliest linger ends and then releases that key if it is
+//! still lingering (a key lingering again since is due again later); it holds keys by `Weak`,
+//! and a key whose last handle goes (the registry and its `Lock`s dropped) releases a
+//! lingering lease in its `Drop`. A release run by the linger thread has no caller: a failure
+//! is logged and the row runs out after its time-to-live; a loss it finds is reported through
+//! the lease (callback, meter). **Fairness**: a linger delays other instances by at most
+//! `linger`, and a re-take from it continues the turn (a hold, counted against
+//! `local_handoff_limit`) and marks the turn contended, since another instance may be waiting
+//! without this registry knowing (a refused poll writes nothing): a turn kept going by lingers
+//! ends with the turn window, like one with local waiters.
 //!
 //! **Turns** (fairness between instances, `RegistryBuilder::turn_window`). A registry's *turn*
 //! with a key is the time it keeps the key busy without a break long enough for others to
@@ -122,6 +155,17 @@ struct LocalState {
     /// When an acquire statement for this key last found it held elsewhere. A waiter that took
     /// over polling from another thread knows from it that the lock was held during its wait.
     refused_at: Option<Instant>,
+    /// When this registry's last release statement of the key answered.
+    release_done: Option<Instant>,
+    /// The thread whose unlock last let go of the key.
+    released_by: Option<ThreadId>,
+    /// The key is hot: its last database grant was asked for within `linger` of this
+    /// registry's own release, so a release nobody queues on lingers (see "Linger").
+    hot: bool,
+    /// Set while the lease lingers (no owner, `lease` kept): when the linger ends.
+    lingering: Option<Instant>,
+    /// The registry's [`Lingerer`] has an entry for this key.
+    linger_queued: bool,
 }
 
 /// How long turns stay short after a grant found the row deleted by a polling instance.
@@ -134,11 +178,16 @@ pub(crate) struct LockInner {
     core: Arc<Core>,
     state: Mutex<LocalState>,
     changed: Condvar,
+    /// Whether a release may linger: a plain lock's key (not a semaphore's permit or a side of
+    /// a reader/writer lock, whose rows other code reasons about).
+    may_linger: bool,
 }
 
 impl LockInner {
     pub fn new(key: &str, core: Arc<Core>) -> Self {
-        Self::with_lock_key(key, crate::key::lock_key_for(key), core)
+        let mut inner = Self::with_lock_key(key, crate::key::lock_key_for(key), core);
+        inner.may_linger = true;
+        inner
     }
 
     /// A key whose row is `lock_key` rather than the key's UUID (a semaphore's permit).
@@ -162,8 +211,14 @@ impl LockInner {
                 refused_at: None,
                 nudged: false,
                 inherited_turn: None,
+                release_done: None,
+                released_by: None,
+                hot: false,
+                lingering: None,
+                linger_queued: false,
             }),
             changed: Condvar::new(),
+            may_linger: false,
         }
     }
 
@@ -261,7 +316,28 @@ impl LockInner {
                 return Ok(Some((lease, retune, true)));
             }
             if state.owner.is_none() {
-                debug_assert!(state.lease.is_none(), "a lease always has an owner");
+                if let Some(lease) = state.lease.clone() {
+                    debug_assert!(state.lingering.is_some(), "an ownerless lease lingers");
+                    let turn_over = Self::turn_limit(settings, state, now)
+                        .is_some_and(|limit| now.duration_since(state.chain_started) >= limit);
+                    // A lease lost while it lingered (its deadline passed, a renewal found
+                    // another holder) is never handed on: it is released and this thread
+                    // asks the database like any other.
+                    if !turn_over && lease.check().is_none() {
+                        state.lingering = None;
+                        state.owner = Some(me);
+                        state.depth = 1;
+                        state.holds_in_turn += 1;
+                        // Other instances may be waiting without this registry knowing (a
+                        // refused poll writes nothing): a turn kept going by lingers ends
+                        // with the turn window, as one with local waiters does.
+                        state.turn_contended = true;
+                        let retune = lease.ttl() != ttl;
+                        return Ok(Some((lease, retune, true)));
+                    }
+                    self.end_linger(state);
+                    continue;
+                }
                 let yielding = state.yield_until.filter(|until| *until > now);
                 if state.db_user.is_none() && yielding.is_none() {
                     let attempt_deadline = match wait {
@@ -277,6 +353,7 @@ impl LockInner {
                     // short, even one that arrives while the attempt is in flight.
                     state.nudged = false;
                     state.db_user = Some(me);
+                    let asked = Instant::now();
                     let granted = MutexGuard::unlocked(state, || {
                         fail_point!("lock::acquire_before_statement");
                         self.core
@@ -369,6 +446,17 @@ impl LockInner {
                                 state.holds_in_turn += 1;
                             }
                             state.yield_until = None;
+                            // Asked for within `linger` of this registry's own release by
+                            // another thread than the one that let go (a single thread locking
+                            // in a loop keeps the plain release), and not refused meanwhile
+                            // (another instance held it in between, as in a ping-pong between
+                            // instances, which a linger would only slow down): the key is hot,
+                            // and its next release without local waiters lingers.
+                            state.hot = !waited
+                                && state.released_by != Some(me)
+                                && state.release_done.is_some_and(|done| {
+                                    asked.saturating_duration_since(done) < settings.linger
+                                });
                             return Ok(Some((lease, false, false)));
                         }
                         None => {
@@ -426,14 +514,19 @@ impl LockInner {
     }
 
     /// Called by a guard whose depth reaches this thread's last hold.
-    fn release(&self, lease: &Arc<Lease>) -> Result<()> {
-        self.release_keeping(lease, None)
+    fn release(self: &Arc<Self>, lease: &Arc<Lease>) -> Result<()> {
+        self.release_keeping(lease, None, true)
     }
 
     /// [`release`](Self::release); with `keep`, the row stays held until its grant + `keep`
-    /// (see [`LockGuard::unlock_keeping_for`]) and the lease is never handed over locally.
-    fn release_keeping(&self, lease: &Arc<Lease>, keep: Option<Duration>) -> Result<()> {
-        let me = std::thread::current().id();
+    /// (see [`LockGuard::unlock_keeping_for`]) and the lease is never handed over locally;
+    /// `linger`: whether the release may linger (not for a refused `unlock_keeping_for`).
+    fn release_keeping(
+        self: &Arc<Self>,
+        lease: &Arc<Lease>,
+        keep: Option<Duration>,
+        linger: bool,
+    ) -> Result<()> {
         let mut state = self.state.lock();
         state.depth -= 1;
         if state.depth > 0 {
@@ -443,6 +536,7 @@ impl LockInner {
             };
         }
         state.owner = None;
+        state.released_by = Some(std::thread::current().id());
         let now = Instant::now();
         let settings = &self.core.settings;
         state.turn_contended |= !state.queue.is_empty();
@@ -457,7 +551,34 @@ impl LockInner {
                 self.changed.notify_all();
                 return Ok(());
             }
+            // Nobody queues: a hot key lingers (see "Linger" in the module docs).
+            if linger && self.may_linger && state.hot && !settings.linger.is_zero() {
+                let until = now + settings.linger;
+                state.lingering = Some(until);
+                lease.handed_over();
+                if !state.linger_queued {
+                    state.linger_queued = true;
+                    self.core.lingerer.add(until, Arc::downgrade(self));
+                }
+                return Ok(());
+            }
         }
+        self.release_now(&mut state, lease, keep)
+    }
+
+    /// Releases `lease` to the database (the state is unlocked around the statement), ending
+    /// the turn with the turn window if the turn is over and was contended.
+    fn release_now(
+        &self,
+        state: &mut MutexGuard<'_, LocalState>,
+        lease: &Arc<Lease>,
+        keep: Option<Duration>,
+    ) -> Result<()> {
+        let me = std::thread::current().id();
+        let now = Instant::now();
+        let settings = &self.core.settings;
+        let turn_over = Self::turn_limit(settings, state, now)
+            .is_some_and(|limit| now.duration_since(state.chain_started) >= limit);
         // The end of a long turn: leave the key to other instances for the turn window, without
         // waking notified waiters, so that instances that only poll get it too. Otherwise the
         // notified waiters of other instances continue this turn.
@@ -475,16 +596,45 @@ impl LockInner {
         };
         state.last_released = Some(now);
         state.lease = None;
+        state.lingering = None;
         state.db_user = Some(me);
-        let outcome = MutexGuard::unlocked(&mut state, || {
+        let outcome = MutexGuard::unlocked(state, || {
             panic::catch_unwind(AssertUnwindSafe(|| {
                 self.release_to_database(lease, turn, keep)
             }))
         });
         state.db_user = None;
+        state.release_done = Some(Instant::now());
         self.changed.notify_all();
-        drop(state);
         outcome.unwrap_or_else(|panic| panic::resume_unwind(panic))
+    }
+
+    /// Ends a linger now (run out, or found lost or past the turn by a thread that came for
+    /// the key): releases the lease to the database. Its outcome has no caller to go to: a
+    /// failure is logged (a loss has been reported through the lease already).
+    fn end_linger(&self, state: &mut MutexGuard<'_, LocalState>) {
+        let lease = state.lease.clone().expect("a linger keeps its lease");
+        if let Err(e) = self.release_now(state, &lease, None) {
+            log::warn!("releasing {:?} after it lingered: {e}", self.key);
+        }
+    }
+
+    /// The registry's [`Lingerer`] reached this key's linger: release the lease unless a thread
+    /// took it, or it lingers again until later (then it is due again then).
+    fn linger_due(self: &Arc<Self>) {
+        let mut state = self.state.lock();
+        state.linger_queued = false;
+        let Some(until) = state.lingering else {
+            return;
+        };
+        if until > Instant::now() {
+            state.linger_queued = true;
+            self.core.lingerer.add(until, Arc::downgrade(self));
+            return;
+        }
+        // Nobody came: the key is cold until a quick re-grant shows otherwise.
+        state.hot = false;
+        self.end_linger(&mut state);
     }
 
     /// The release statement (`turn`: see [`Turn`]). A
@@ -537,6 +687,133 @@ impl LockInner {
             released: false,
             held_since: None,
             _not_send: PhantomData,
+        }
+    }
+}
+
+impl Drop for LockInner {
+    /// The last handle on the key went (the registry and every `Lock` of it dropped) while
+    /// its lease lingered: release the row now rather than leave it to its time-to-live.
+    fn drop(&mut self) {
+        let state = self.state.get_mut();
+        let Some(lease) = state.lease.take() else {
+            return;
+        };
+        state.lingering = None;
+        let turn = Turn::Continues(state.chain_started.elapsed());
+        if let Err(e) = self.release_to_database(&lease, turn, None) {
+            log::warn!("releasing {:?}, which lingered, on drop: {e}", self.key);
+        }
+    }
+}
+
+/// Ends the lingers of one registry's locks (see "Linger" in the module docs): a queue of
+/// keys by the end of their linger, and one thread, started when a key lingers and ending
+/// after [`Lingerer::IDLE_TICK`] without one, that releases a key whose linger ran out unused.
+/// It holds its keys by `Weak`: a key whose last handle goes releases itself on drop.
+#[derive(Default)]
+pub(crate) struct Lingerer {
+    queue: Mutex<LingerQueue>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct LingerQueue {
+    due: std::collections::BinaryHeap<std::cmp::Reverse<Due>>,
+    /// The thread is running.
+    running: bool,
+    /// Until when the thread sleeps (`None`: waiting for work): an entry due later than this
+    /// needs no wake-up.
+    sleeps_until: Option<Instant>,
+    added: u64,
+}
+
+struct Due {
+    at: Instant,
+    order: u64,
+    lock: Weak<LockInner>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.order) == (other.at, other.order)
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.order).cmp(&(other.at, other.order))
+    }
+}
+
+impl Lingerer {
+    /// How long the thread waits without a lingering key before it ends.
+    const IDLE_TICK: Duration = Duration::from_secs(1);
+
+    /// `lock` lingers until `at`. Called with the key's state locked (the thread never locks
+    /// a key's state while it holds the queue).
+    fn add(self: &Arc<Self>, at: Instant, lock: Weak<LockInner>) {
+        let mut queue = self.queue.lock();
+        queue.added += 1;
+        let order = queue.added;
+        queue.due.push(std::cmp::Reverse(Due { at, order, lock }));
+        if queue.running {
+            if queue.sleeps_until.is_none_or(|until| at < until) {
+                self.wake.notify_one();
+            }
+            return;
+        }
+        let this = Arc::clone(self);
+        let started = std::thread::Builder::new()
+            .name("leasehold-linger".into())
+            .spawn(move || this.run());
+        match started {
+            Ok(_) => queue.running = true,
+            // Left queued: the next linger tries to start the thread again, and a thread that
+            // comes for the key ends an overdue linger itself.
+            Err(e) => log::error!("could not start the thread that ends lingers: {e}"),
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        let mut queue = self.queue.lock();
+        loop {
+            let now = Instant::now();
+            let next = queue.due.peek().map(|due| due.0.at);
+            match next {
+                None => {
+                    queue.sleeps_until = None;
+                    let idle = self.wake.wait_for(&mut queue, Self::IDLE_TICK);
+                    if idle.timed_out() && queue.due.is_empty() {
+                        queue.running = false;
+                        return;
+                    }
+                }
+                Some(at) if at > now => {
+                    queue.sleeps_until = Some(at);
+                    self.wake.wait_until(&mut queue, at);
+                }
+                Some(_) => {
+                    let due = queue.due.pop().expect("peeked").0;
+                    queue.sleeps_until = Some(now);
+                    drop(queue);
+                    if let Some(lock) = due.lock.upgrade() {
+                        let ended = panic::catch_unwind(AssertUnwindSafe(|| lock.linger_due()));
+                        if ended.is_err() {
+                            log::error!("ending the linger of {:?} panicked", lock.key);
+                        }
+                    }
+                    queue = self.queue.lock();
+                }
+            }
         }
     }
 }
@@ -910,6 +1187,13 @@ impl LockGuard {
     /// ```
     pub fn unlock_keeping_for(mut self, keep: Duration) -> Result<()> {
         if keep > crate::MAX_TIME_TO_LIVE {
+            // Released as by `unlock`, but at once: a caller who asked to keep the row did
+            // not mean a local thread to have it (no linger).
+            self.released = true;
+            self.measure_release();
+            if let Err(e) = self.lock.release_keeping(&self.lease, None, false) {
+                log::warn!("releasing lock {:?}: {e}", self.lock.key);
+            }
             return Err(Error::setting(
                 "keep",
                 format!(
@@ -920,7 +1204,7 @@ impl LockGuard {
         }
         self.released = true;
         self.measure_release();
-        self.lock.release_keeping(&self.lease, Some(keep))
+        self.lock.release_keeping(&self.lease, Some(keep), false)
     }
 }
 

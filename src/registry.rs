@@ -6,7 +6,7 @@ use crate::backend::{
 use crate::cache::HandleCache;
 use crate::error::{Error, Result};
 use crate::lease::{callback_thread, KeeperSettings, LeaseLost, LossSink, LostCallback, Renewer};
-use crate::lock::{Lock, LockInner};
+use crate::lock::{Lingerer, Lock, LockInner};
 use crate::meter::Meter;
 use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
@@ -22,6 +22,10 @@ pub const MAX_IDLE_BETWEEN_TRIES: Duration = Duration::from_secs(3600);
 /// The longest `operation_timeout` and `connect_timeout` accepted: a day. Deadlines are
 /// instants computed from them, so an absurd value must be refused, not overflow.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The default [`RegistryBuilder::linger`].
+const DEFAULT_LINGER: Duration = Duration::from_millis(5);
+/// The longest [`RegistryBuilder::linger`] accepted.
+const MAX_LINGER: Duration = Duration::from_secs(1);
 /// The longest region accepted, in characters (the column is `VARCHAR(100)`).
 pub const MAX_REGION_CHARS: usize = 100;
 /// The longest table prefix accepted: the longest name made from it, `{prefix}LOCK_FLOOR` (the
@@ -36,6 +40,9 @@ pub(crate) struct Settings {
     pub local_handoff_limit: Option<Duration>,
     /// `false`: every holder takes the lock from the database (a token of its own).
     pub local_handoff: bool,
+    /// How long a released lease nobody here queues on is kept for a thread of this registry
+    /// that may come for it (see "Linger" in the `lock` module docs); zero: released at once.
+    pub linger: Duration,
     /// How long a registry that ended a long turn leaves the key to other instances.
     pub turn_window: Option<Duration>,
     pub operation_timeout: Duration,
@@ -93,6 +100,8 @@ pub(crate) struct Core {
     pub renewer: Arc<Renewer>,
     /// What the registry measures (see [`crate::meter`]).
     pub meter: Arc<Meter>,
+    /// Ends the lingers of this registry's locks (see "Linger" in the `lock` module docs).
+    pub lingerer: Arc<Lingerer>,
 }
 
 /// Where the lock table lives.
@@ -315,6 +324,7 @@ pub struct RegistryBuilder {
     renew_every: Option<Duration>,
     local_handoff_limit: Option<Duration>,
     local_handoff: bool,
+    linger: Duration,
     turn_window: Option<Option<Duration>>,
     operation_timeout: Duration,
     connect_timeout: Duration,
@@ -344,6 +354,7 @@ impl RegistryBuilder {
             renew_every: None,
             local_handoff_limit: Some(Duration::from_secs(1)),
             local_handoff: true,
+            linger: DEFAULT_LINGER,
             turn_window: None,
             operation_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
@@ -453,6 +464,39 @@ impl RegistryBuilder {
     /// none), and another instance may take the lock in between.
     pub fn local_handoff(mut self, enabled: bool) -> Self {
         self.local_handoff = enabled;
+        self
+    }
+
+    /// How long a lease released while no thread of this registry queues on it is kept, so that
+    /// a thread of this registry that comes for the key within that while takes it without a
+    /// statement (the same grant and fencing token, like a local handoff). Defaults to 5 ms (on PostgreSQL and MariaDB, a few
+    /// round trips: shorter lingers ran out before the next local thread came under the load
+    /// of `benches/contention.rs`); `Duration::ZERO` turns it off (every such release runs its statement before `unlock()`
+    /// returns); at most 1 s.
+    ///
+    /// It applies only to a key this registry has shown it comes back to: one whose last
+    /// database grant was asked for within `linger` of this registry's own release of it, by
+    /// another of its threads, with no attempt refused in between (a hot key: several threads
+    /// of this registry share it; not one thread locking it in a loop, whose row stays free
+    /// between its holds, nor a key passed back and forth with another instance). A linger that runs out unused releases the key (on a thread of the registry)
+    /// and makes it cold again, so a key locked now and then is released at once as without
+    /// it. While a key lingers it is still held on the database (its lease is renewed as
+    /// usual), so another instance waits for it up to `linger` longer, and a thread of this
+    /// registry re-taking it continues the current turn: it counts against
+    /// `local_handoff_limit`, and a turn kept going by lingers ends with the turn window (as one
+    /// with local waiters does), so other instances, pollers too, get the key within the
+    /// bound of [`turn_window`](Self::turn_window). No linger with `local_handoff(false)`,
+    /// for `unlock_keeping_for`, or for semaphores and reader/writer locks.
+    ///
+    /// What it changes for `unlock()`: a lingering release runs after `unlock()` returned, so
+    /// its outcome cannot be returned: a failed release is logged (`warn`) and the row runs out
+    /// after its time-to-live, as after a failed `unlock()`; a loss found then goes to the loss
+    /// callback and the meter. `unlock()` still returns `Err(LeaseLost)` for a lease lost
+    /// before it. Dropping the registry (its last handle and every `Lock` of the key) releases
+    /// a lingering key at once; a process that exits without dropping them leaves it to its
+    /// time-to-live if it exits within `linger` of the unlock.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
         self
     }
 
@@ -727,6 +771,7 @@ impl RegistryBuilder {
         };
         let meter = Arc::new(Meter::new(&table, &self.region, self.metrics_key_labels));
         let core = Arc::new(Core {
+            lingerer: Arc::default(),
             meter,
             renewer,
             store,
@@ -784,8 +829,19 @@ impl RegistryBuilder {
                 format!("{limit:?} is longer than {MAX_TIME_TO_LIVE:?}; use None for no limit"),
             ));
         }
+        if self.linger > MAX_LINGER {
+            return Err(Error::setting(
+                "linger",
+                format!(
+                    "{:?} is longer than {MAX_LINGER:?}: other instances wait this much longer \
+                     for a key this registry keeps; a few milliseconds at most is the point",
+                    self.linger
+                ),
+            ));
+        }
         let settings = Settings {
             time_to_live: self.time_to_live,
+            linger: self.linger,
             idle_between_tries: self.idle_between_tries,
             local_handoff_limit: self.local_handoff_limit,
             local_handoff: self.local_handoff,
