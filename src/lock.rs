@@ -58,10 +58,13 @@
 //! would only delay); a linger that runs out unused makes it cold, so a key taken now and then
 //! is released at once, as before. Lingers are ended by the registry's
 //! [`Lingerer`]: one thread per registry (started with the first linger, gone after a second
-//! without one) that sleeps until the earliest linger ends and then releases that key if it is
-//! still lingering (a key lingering again since is due again later); it holds keys by `Weak`,
+//! without one) that sleeps until the earliest linger ends and then has that key released if
+//! it is still lingering (a key lingering again since is due again later), each such release on
+//! a short-lived thread of its own (`leasehold-linger-end`), so that a release statement that
+//! waits (a row another session holds locked, a server that stops answering; bounded by
+//! `operation_timeout`) delays only its own key, never another key's linger; it holds keys by `Weak`,
 //! and a key whose last handle goes (the registry and its `Lock`s dropped) releases a
-//! lingering lease in its `Drop`. A release run by the linger thread has no caller: a failure
+//! lingering lease in its `Drop`. A release run for a linger's end has no caller: a failure
 //! is logged and the row runs out after its time-to-live; a loss it finds is reported through
 //! the lease (callback, meter). **Fairness**: a linger delays other instances by at most
 //! `linger`, and a re-take from it continues the turn (a hold, counted against
@@ -637,9 +640,6 @@ impl LockInner {
         self.end_linger(&mut state);
     }
 
-    /// The release statement (`turn`: see [`Turn`]). A
-    /// loss known before it (the deadline passed) or found by it (the row has another holder) is
-    /// reported through the lease, once, and returned.
     /// How long a turn may last now: `local_handoff_limit`, or a quarter of it (at least
     /// `idle_between_tries`) for [`POLLERS_REMEMBERED`] after a grant found that an instance
     /// that deletes on unlock had held the key (see "Turns" in the module docs).
@@ -654,6 +654,9 @@ impl LockInner {
         })
     }
 
+    /// The release statement (`turn`: see [`Turn`]). A
+    /// loss known before it (the deadline passed) or found by it (the row has another holder) is
+    /// reported through the lease, once, and returned.
     fn release_to_database(&self, lease: &Lease, turn: Turn, keep: Option<Duration>) -> Result<()> {
         lease.begin_release();
         let deadline = Instant::now() + self.core.settings.operation_timeout;
@@ -783,6 +786,27 @@ impl Lingerer {
         }
     }
 
+    /// Ends `lock`'s linger — usually a release statement — on a thread of its own, so that a
+    /// statement that waits (a row another session holds locked, a server that stops
+    /// answering; each bounded by `operation_timeout`) delays only its own key's release, never
+    /// the end of another key's linger. Inline only if no thread can be started.
+    fn end_on_its_own_thread(lock: Arc<LockInner>) {
+        let end = |lock: Arc<LockInner>| {
+            let ended = panic::catch_unwind(AssertUnwindSafe(|| lock.linger_due()));
+            if ended.is_err() {
+                log::error!("ending the linger of {:?} panicked", lock.key);
+            }
+        };
+        let spare = Arc::clone(&lock);
+        let started = std::thread::Builder::new()
+            .name("leasehold-linger-end".into())
+            .spawn(move || end(lock));
+        if let Err(e) = started {
+            log::warn!("could not start a thread to end a linger ({e}); ending it here");
+            end(spare);
+        }
+    }
+
     fn run(self: Arc<Self>) {
         let mut queue = self.queue.lock();
         loop {
@@ -806,10 +830,7 @@ impl Lingerer {
                     queue.sleeps_until = Some(now);
                     drop(queue);
                     if let Some(lock) = due.lock.upgrade() {
-                        let ended = panic::catch_unwind(AssertUnwindSafe(|| lock.linger_due()));
-                        if ended.is_err() {
-                            log::error!("ending the linger of {:?} panicked", lock.key);
-                        }
+                        Self::end_on_its_own_thread(lock);
                     }
                     queue = self.queue.lock();
                 }

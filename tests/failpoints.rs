@@ -601,6 +601,69 @@ fn a_handoff_to_a_shorter_ttl_bounds_the_deadline_once_its_renewal_is_sent() {
     scenario.teardown();
 }
 
+/// Locks and unlocks `lock`, each time on a new thread, until an unlock lingers (no release
+/// statement ran for it); see `tests/linger.rs`.
+fn make_it_linger(registry: &LockRegistry, lock: &leasehold::Lock) {
+    for _ in 0..20 {
+        let before = registry.statistics().releases;
+        let lock = lock.clone();
+        thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
+            .join()
+            .unwrap();
+        if registry.statistics().releases == before {
+            return;
+        }
+    }
+    panic!("no unlock lingered in 20 tries");
+}
+
+/// The end of a linger runs the key's release statement for the registry. One that waits (a
+/// row another session holds locked, a server that stops answering — here held at the fail
+/// point before the statement) held up the end of every other key's linger behind it on the
+/// registry's linger thread, so that key stayed held on the database for another instance.
+#[test]
+fn a_release_stuck_at_the_end_of_a_linger_holds_up_no_other_keys_linger() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("stuck_linger_end");
+    let registry = f.builder().linger(Duration::from_secs(1)).build().unwrap();
+    // Only a release that ends a linger stops here (they run on the registry's linger
+    // threads), and only the first.
+    let (entered_tx, entered) = crossbeam_channel::unbounded();
+    let (open, open_rx) = crossbeam_channel::unbounded::<()>();
+    let hits = AtomicUsize::new(0);
+    fail::cfg_callback("lock::release_before_statement", move || {
+        let on_linger_thread = thread::current()
+            .name()
+            .is_some_and(|name| name.starts_with("leasehold-linger"));
+        if on_linger_thread && hits.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = entered_tx.send(());
+            let _ = open_rx.recv_timeout(GENEROUS);
+        }
+    })
+    .unwrap();
+    let stuck = registry.obtain("stuck").unwrap();
+    make_it_linger(&registry, &stuck);
+    entered
+        .recv_timeout(GENEROUS)
+        .expect("the end of the first linger reached its release");
+    let other = registry.obtain("other").unwrap();
+    make_it_linger(&registry, &other);
+    // The other key's linger ends within a second; its row is then free for another instance,
+    // while the first key's release still waits.
+    let outsider = f.registry();
+    let taken = outsider
+        .obtain("other")
+        .unwrap()
+        .try_lock_for(Duration::from_secs(10))
+        .unwrap();
+    let _ = open.send(());
+    assert!(
+        taken.is_some(),
+        "the other key stayed held behind the stuck release of the first"
+    );
+    scenario.teardown();
+}
+
 /// A renewal that finds another holder only after the lease's deadline passed reported
 /// `NotOwner`, as if the row had been taken while the lease still ran, whenever it noticed
 /// before the lease clock did (seen once across a PostgreSQL promotion: the report came 3.7 ms
