@@ -324,8 +324,11 @@ fn a_grant_after_a_spring_unlock_shortens_the_turns(
     spring: &mut dyn Spring,
 ) {
     use std::time::Instant;
+    // Without lingers: every release that is not a local handoff runs its statement before
+    // `unlock()` returns, so the count below is exact.
     let registry = builder()
         .local_handoff_limit(Some(Duration::from_secs(5)))
+        .linger(Duration::ZERO)
         .build()
         .unwrap();
     let key = format!("shorter-{}", uuid::Uuid::new_v4());
