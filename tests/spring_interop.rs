@@ -692,6 +692,8 @@ mod postgres_interop {
             match inserted {
                 Ok(_) => true,
                 Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => false,
+                // A transient failure (Spring's lock loop tries again at its next poll).
+                Err(e) if e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) => false,
                 Err(e) => panic!("Spring's insert failed: {e}"),
             }
         }
@@ -1041,24 +1043,26 @@ mod mysql_interop {
             let (table, lock_key) = (&self.table, lock_key_for(key));
             let now = SystemTime::now();
             let expires = now + SPRING_TTL;
-            self.conn
-                .exec_drop(
-                    format!(
-                        "UPDATE {table} SET CLIENT_ID=?, EXPIRED_AFTER=? WHERE REGION=? \
+            let updated = self.conn.exec_drop(
+                format!(
+                    "UPDATE {table} SET CLIENT_ID=?, EXPIRED_AFTER=? WHERE REGION=? \
                          AND LOCK_KEY=? AND (CLIENT_ID=? OR EXPIRED_AFTER<?)"
-                    ),
-                    (
-                        &self.client_id,
-                        utc(expires),
-                        "DEFAULT",
-                        &lock_key,
-                        &self.client_id,
-                        utc(now),
-                    ),
-                )
-                .unwrap();
-            if self.conn.affected_rows() > 0 {
-                return true;
+                ),
+                (
+                    &self.client_id,
+                    utc(expires),
+                    "DEFAULT",
+                    &lock_key,
+                    &self.client_id,
+                    utc(now),
+                ),
+            );
+            match updated {
+                Ok(()) if self.conn.affected_rows() > 0 => return true,
+                Ok(()) => {}
+                // Transient (a deadlock, a lock wait timeout): Spring tries again later.
+                Err(mysql::Error::MySqlError(e)) if matches!(e.code, 1205 | 1213) => return false,
+                Err(e) => panic!("Spring's update failed: {e}"),
             }
             let inserted = self.conn.exec_drop(
                 format!(
@@ -1076,6 +1080,10 @@ mod mysql_interop {
             match inserted {
                 Ok(()) => true,
                 Err(mysql::Error::MySqlError(e)) if e.code == 1062 => false,
+                // A deadlock with a concurrent insert of the same key (1213) or a lock wait
+                // timeout (1205): Spring's lock loop treats these transient failures as "not
+                // this time" and tries again at its next poll.
+                Err(mysql::Error::MySqlError(e)) if matches!(e.code, 1205 | 1213) => false,
                 Err(e) => panic!("Spring's insert failed: {e}"),
             }
         }
