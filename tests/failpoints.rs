@@ -31,11 +31,16 @@ struct Gate {
 
 impl Gate {
     fn first_at(name: &str) -> Gate {
+        Gate::first_at_matching(name, || true)
+    }
+
+    /// Holds the first thread that reaches `name` while `matching()` is true for it.
+    fn first_at_matching(name: &str, matching: impl Fn() -> bool + Send + Sync + 'static) -> Gate {
         let (entered_tx, entered) = crossbeam_channel::unbounded();
         let (open, open_rx) = crossbeam_channel::unbounded::<()>();
         let hits = AtomicUsize::new(0);
         fail::cfg_callback(name, move || {
-            if hits.fetch_add(1, Ordering::SeqCst) == 0 {
+            if matching() && hits.fetch_add(1, Ordering::SeqCst) == 0 {
                 let _ = entered_tx.send(());
                 let _ = open_rx.recv_timeout(GENEROUS);
             }
@@ -628,24 +633,14 @@ fn a_release_stuck_at_the_end_of_a_linger_holds_up_no_other_keys_linger() {
     let registry = f.builder().linger(Duration::from_secs(1)).build().unwrap();
     // Only a release that ends a linger stops here (they run on the registry's linger
     // threads), and only the first.
-    let (entered_tx, entered) = crossbeam_channel::unbounded();
-    let (open, open_rx) = crossbeam_channel::unbounded::<()>();
-    let hits = AtomicUsize::new(0);
-    fail::cfg_callback("lock::release_before_statement", move || {
-        let on_linger_thread = thread::current()
+    let release = Gate::first_at_matching("lock::release_before_statement", || {
+        thread::current()
             .name()
-            .is_some_and(|name| name.starts_with("leasehold-linger"));
-        if on_linger_thread && hits.fetch_add(1, Ordering::SeqCst) == 0 {
-            let _ = entered_tx.send(());
-            let _ = open_rx.recv_timeout(GENEROUS);
-        }
-    })
-    .unwrap();
+            .is_some_and(|name| name.starts_with("leasehold-linger"))
+    });
     let stuck = registry.obtain("stuck").unwrap();
     make_it_linger(&registry, &stuck);
-    entered
-        .recv_timeout(GENEROUS)
-        .expect("the end of the first linger reached its release");
+    release.wait_entered();
     let other = registry.obtain("other").unwrap();
     make_it_linger(&registry, &other);
     // The other key's linger ends within a second; its row is then free for another instance,
@@ -656,7 +651,7 @@ fn a_release_stuck_at_the_end_of_a_linger_holds_up_no_other_keys_linger() {
         .unwrap()
         .try_lock_for(Duration::from_secs(10))
         .unwrap();
-    let _ = open.send(());
+    release.open();
     assert!(
         taken.is_some(),
         "the other key stayed held behind the stuck release of the first"
