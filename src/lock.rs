@@ -712,7 +712,8 @@ impl Drop for LockInner {
 
 /// Ends the lingers of one registry's locks (see "Linger" in the module docs): a queue of
 /// keys by the end of their linger, and one thread, started when a key lingers and ending
-/// after [`Lingerer::IDLE_TICK`] without one, that releases a key whose linger ran out unused.
+/// after [`Lingerer::IDLE_TICK`] without one, that has a key whose linger ran out unused
+/// released, each release on a short-lived thread of its own.
 /// It holds its keys by `Weak`: a key whose last handle goes releases itself on drop.
 #[derive(Default)]
 pub(crate) struct Lingerer {
