@@ -670,6 +670,63 @@ mod mysql_resources {
         handle.join().unwrap();
     }
 
+    /// A holder whose named lock is free — it had not taken it yet (a lease younger than the
+    /// take delay), or lost it with its connection, as here — still wakes a waiter elsewhere:
+    /// the waiter's watcher finds the name free and reads the release off the row.
+    #[test]
+    fn a_release_without_the_named_lock_still_wakes_a_waiter_elsewhere() {
+        let Some(f) = Fixture::new(Db::Mysql, "notify_name_lost") else {
+            return;
+        };
+        let name = lock_name(&f, "job");
+        let mut admin =
+            mysql::Conn::new(mysql::Opts::from_url(&common::mysql_url()).unwrap()).unwrap();
+        let holder = f.registry();
+        let guard = holder.obtain("job").unwrap().lock().unwrap();
+        let owner = |admin: &mut mysql::Conn| {
+            admin
+                .exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (&name,))
+                .unwrap()
+                .flatten()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while owner(&mut admin).is_none() && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        let session = owner(&mut admin).expect("the holder took the key's named lock");
+        // The named-lock connection goes; the holder learns of it only at its next call.
+        admin.exec_drop("KILL ?", (session,)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while owner(&mut admin).is_some() && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            owner(&mut admin).is_none(),
+            "the killed session kept the name"
+        );
+        let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+        let before = waiter.statistics().acquires;
+        let (granted, handle) = wait_for(waiter.clone(), "job");
+        until_listening(&waiter, before);
+        // The watcher's first `GET_LOCK` found the name free and was reported (one more try,
+        // perhaps after `until_listening` returned); from then on it finds the name free at
+        // every probe and the row held, and must not make the waiter try again.
+        thread::sleep(Duration::from_secs(1));
+        let tries = waiter.statistics().acquires;
+        thread::sleep(Duration::from_secs(3));
+        assert_eq!(
+            waiter.statistics().acquires,
+            tries,
+            "the waiter tried while the row stayed held"
+        );
+        guard.unlock().unwrap();
+        assert!(
+            set_within(&granted, WOKEN_WITHIN),
+            "the waiter slept until its next poll"
+        );
+        handle.join().unwrap();
+    }
+
     /// `unlock_keeping_for` ends the lease but leaves the row held: the holder lets its named
     /// lock go (it used to keep it as long as the registry lived).
     #[test]

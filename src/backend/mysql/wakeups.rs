@@ -4,26 +4,35 @@
 //! moment the session holding `name` lets it go. So:
 //!
 //! - **Holders** (one *named-lock connection* per registry, opened when the registry first
-//!   holds a lock and closed after `idle_connection_timeout` without one): after each grant the
-//!   registry takes the key's named lock on that connection (`GET_LOCK(name, 0.05)`, in the
-//!   background, never delaying the lock call; tried again every 100 ms while the lease lasts
-//!   if a watcher held it for an instant or the connection failed); after the release
-//!   statement committed it lets it go (`RELEASE_LOCK`). A session may hold many named locks, so one connection serves
-//!   every lease of the registry. A release that ends a fair turn quietly (see
-//!   `RegistryBuilder::turn_window`) keeps the named lock for [`QUIET_HOLD`], so that the
-//!   instances it stepped aside for — pollers, Spring Integration — get there first.
+//!   holds a lock and closed after `idle_connection_timeout` without one): once a lease has
+//!   lasted [`TAKE_DELAY`] (2 ms), the registry takes the key's named lock on that connection
+//!   (`GET_LOCK(name, 0.05)`, in the background, never delaying the lock call; tried again
+//!   every 100 ms while the lease lasts if a watcher held it for an instant or the connection
+//!   failed); after the release statement committed it lets it go (`RELEASE_LOCK`). A lease
+//!   released sooner never takes it: an uncontended `lock()` + `unlock()` costs no named-lock
+//!   statement, and its waiters elsewhere learn of the release from the row (below). A session
+//!   may hold many named locks, so one connection serves every lease of the registry. A
+//!   release that ends a fair turn quietly (see `RegistryBuilder::turn_window`) keeps the
+//!   named lock for [`QUIET_HOLD`], so that the instances it stepped aside for — pollers,
+//!   Spring Integration — get there first.
 //! - **Waiters** (the registry's listener, only while one of its threads waits, as on
 //!   PostgreSQL; see [`crate::wakeups`]): one *watcher* thread with its own connection per
 //!   key that a thread of the registry waits for, at most [`MAX_WATCHED_KEYS`] per registry
-//!   (beyond that, waiters poll). A watcher blocks in `GET_LOCK(name, 1)`; when that returns 1
-//!   it reads the age of the turn the release ended off the row ([`turn_age_sql`]), tells the
-//!   registry (which tries the row at once, continuing that turn), and lets the name go.
+//!   (beyond that, waiters poll). A watcher probes the name (`GET_LOCK(name, 0)`); when
+//!   someone holds it, it blocks in `GET_LOCK(name, 1)`, and when that returns 1 (the holder
+//!   let go) it reads the key's last release off the row ([`turn_age_sql`]), tells the
+//!   registry (which tries the row at once, continuing the turn the release ended), and lets
+//!   the name go. Whether it waited is told by the answers, never by how long they took.
 //!
 //! The row stays the only judge of who holds the lock: a wake-up only makes a waiter try
-//! sooner. When nobody holds the named lock (a holder that crashed — its session ended — a
-//! Spring Integration holder, a holder whose `GET_LOCK` lost a race), `GET_LOCK` returns at
-//! once without a release to report: a watcher reports such a return only as its first, and
-//! otherwise backs off (1 ms, doubling up to [`MAX_BACKOFF`]), leaving the waiter to its polls.
+//! sooner. When nobody holds the named lock (a lease younger than [`TAKE_DELAY`], a holder
+//! whose named-lock connection failed or that crashed — its session ended — a Spring
+//! Integration holder, a holder whose `GET_LOCK` lost a race), the probe takes it at once: a
+//! watcher reports that as a possible release only the first time, and otherwise reads the
+//! row, reports a release found there that is newer than its previous probe and than the
+//! release it reported last, and backs off (1 ms, doubling up to [`MAX_BACKOFF`]). A release
+//! without a named lock therefore reaches waiters within one back-off step, and a holder
+//! without one (Spring Integration's) costs its waiters no attempt at all until it lets go.
 //!
 //! A name is `lh1:` and the MD5 of (table, region, `LOCK_KEY`) in hex: 36 characters, under
 //! MySQL's limit of 64. Names are server-wide; keys of two databases on one server sharing a
@@ -44,10 +53,14 @@ pub(crate) const MAX_WATCHED_KEYS: usize = 16;
 pub(crate) const QUIET_HOLD: Duration = Duration::from_millis(250);
 /// How long a holder waits for a named lock that a watcher holds for an instant.
 const TAKE_WAIT: &str = "0.05";
+/// How long a lease lasts before its holder takes the key's named lock.
+pub(crate) const TAKE_DELAY: Duration = Duration::from_millis(2);
 /// The longest pause of a watcher between `GET_LOCK`s that returned at once.
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
 /// One blocking `GET_LOCK` of a watcher, in seconds: how soon it notices it is not needed.
 const WATCH_SLICE: &str = "1";
+/// A watcher's first look at a name: takes it if it is free, without waiting.
+const PROBE: &str = "SELECT GET_LOCK(?, 0)";
 
 /// The named lock of a key.
 pub(crate) fn lock_name(table: &str, region: &str, lock_key: &str) -> String {
@@ -119,9 +132,10 @@ struct Holder {
 enum Name {
     /// Taken on the connection; `Some(at)`: to be let go at `at`.
     Taken(Option<Instant>),
-    /// Not taken yet (a watcher held it for an instant, or the connection failed): tried
-    /// again at this instant, for as long as the lease lasts. Until then, other instances'
-    /// watchers find it free and their waiters poll.
+    /// Not taken yet (the lease is younger than [`TAKE_DELAY`], a watcher held it for an
+    /// instant, or the connection failed): tried at this instant, for as long as the lease
+    /// lasts. Until then, other instances' watchers find it free and learn of the release
+    /// from the row, at their next back-off step.
     Wanted(Instant),
 }
 
@@ -152,7 +166,13 @@ impl Holder {
                     Some(Name::Taken(_)) => {
                         self.names.insert(name, Name::Taken(None));
                     }
-                    _ => self.take(name),
+                    Some(Name::Wanted(_)) => {}
+                    // Taken once the lease outlived `TAKE_DELAY`: a lease released before
+                    // then costs no named-lock statement (see the module docs).
+                    None => {
+                        self.names
+                            .insert(name, Name::Wanted(Instant::now() + TAKE_DELAY));
+                    }
                 },
                 Ok(Command::Drop(name, delay)) => match self.names.get(&name).copied() {
                     Some(Name::Taken(_)) => {
@@ -352,6 +372,28 @@ impl Listener {
     }
 }
 
+/// A key's last release, read off its row (see [`turn_age_sql`]).
+#[derive(Debug, Clone, Copy)]
+struct Release {
+    /// The age of the turn it ended; zero for a quiet release.
+    turn_age: Duration,
+    /// How long ago it was, on the server's clock.
+    since: Duration,
+    /// When it was (µs after the epoch, the server's clock): tells one release from the next.
+    at: i64,
+}
+
+impl Release {
+    /// How long the key had been busy without a break when `release` ended it, as of now;
+    /// zero when unknown (no release read, a quiet release, a release that is not recent).
+    fn turn_age(release: Option<Release>) -> Duration {
+        match release {
+            Some(r) if !r.turn_age.is_zero() && r.since <= RECENT_RELEASE => r.turn_age + r.since,
+            _ => Duration::ZERO,
+        }
+    }
+}
+
 /// Blocks on one key's named lock and reports its releases.
 struct Watcher {
     manager: MysqlManager,
@@ -367,46 +409,56 @@ struct Watcher {
 /// What a released row tells of the turn its release ended: the release stores the turn's age
 /// after the epoch in `EXPIRED_AFTER` (the row stays expired for everyone) and its own time in
 /// `CREATED_DATE` — or, for a turn that ended quietly, age zero and the end of the row's
-/// reservation for pollers, a time to come. Returns (age, time since the release) in µs.
+/// reservation for pollers, a time to come. Returns (age, time since the release, the
+/// release's time after the epoch) in µs.
 fn turn_age_sql(table: &str) -> String {
     format!(
         "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', EXPIRED_AFTER), \
-         TIMESTAMPDIFF(MICROSECOND, CREATED_DATE, UTC_TIMESTAMP(6)) \
+         TIMESTAMPDIFF(MICROSECOND, CREATED_DATE, UTC_TIMESTAMP(6)), \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', CREATED_DATE) \
          FROM {table} WHERE LOCK_KEY = ? AND REGION = ? AND CLIENT_ID IS NULL"
     )
 }
+
+/// How much older than a watcher's previous `GET_LOCK` a release found on the row may be and
+/// still be reported (the server's clock against this host's, and the statements between).
+const RELEASE_SLACK: Duration = Duration::from_millis(5);
 
 /// A release older than this is not the one a watcher was woken by (a watcher that took a
 /// free name for a release, on a busy machine): it reports no turn to continue.
 const RECENT_RELEASE: Duration = Duration::from_secs(1);
 
 impl Watcher {
-    /// How long the key had been busy without a break when it was released, as of now, read
-    /// off its row; zero when unknown (no row, a Spring Integration holder's delete, a quiet
-    /// release, a release that is not recent, a failed read).
-    fn turn_age(&self, conn: &mut mysql::Conn) -> Duration {
-        let read = conn.exec_first::<(Option<i64>, Option<i64>), _, _>(
+    /// The key's last release as its row tells it. `None` when the row is held, gone (a
+    /// Spring Integration holder's delete), still reserved for pollers (a quiet release's
+    /// time lies ahead), or could not be read.
+    fn last_release(&self, conn: &mut mysql::Conn) -> Option<Release> {
+        let read = conn.exec_first::<(Option<i64>, Option<i64>, Option<i64>), _, _>(
             self.turn_age.as_str(),
             (&self.lock_key, &self.region),
         );
-        let Ok(Some((Some(age), Some(since)))) = read else {
-            return Duration::ZERO;
+        let Ok(Some((Some(age), Some(since), Some(at)))) = read else {
+            return None;
         };
         let (Ok(age), Ok(since)) = (u64::try_from(age), u64::try_from(since)) else {
-            return Duration::ZERO;
+            return None;
         };
-        let since = Duration::from_micros(since);
-        match age {
-            0 => Duration::ZERO,
-            _ if since > RECENT_RELEASE => Duration::ZERO,
-            age => Duration::from_micros(age) + since,
-        }
+        Some(Release {
+            turn_age: Duration::from_micros(age),
+            since: Duration::from_micros(since),
+            at,
+        })
     }
 
     fn run(self) {
         let mut conn: Option<mysql::Conn> = None;
         let mut first = true;
         let mut backoff = Duration::ZERO;
+        // When the previous `GET_LOCK` began: a release since then, found on the row although
+        // the name was free, is one this watcher has not reported...
+        let mut previous = Instant::now();
+        // ... unless it is the one reported last.
+        let mut reported: Option<i64> = None;
         let get = format!("SELECT GET_LOCK(?, {WATCH_SLICE})");
         while !self.stop.load(Ordering::Acquire) {
             if conn.is_none() {
@@ -421,15 +473,29 @@ impl Watcher {
             }
             let Some(open) = conn.as_mut() else { continue };
             let started = Instant::now();
-            let got = open.exec_first::<Option<i64>, _, _>(get.as_str(), (&self.name,));
-            let blocked = started.elapsed() >= Duration::from_millis(2);
+            // Free now (no wait), or held by someone: then wait for it. Whether this watcher
+            // waited is known from the answers, not from how long they took (a busy machine
+            // makes an instant answer slow).
+            let mut got = open.exec_first::<Option<i64>, _, _>(PROBE, (&self.name,));
+            let blocked = matches!(got, Ok(Some(Some(0))));
+            if blocked {
+                got = open.exec_first::<Option<i64>, _, _>(get.as_str(), (&self.name,));
+            }
+            let since_previous = std::mem::replace(&mut previous, started).elapsed();
             match got {
                 Ok(Some(Some(1))) => {
-                    if first || blocked {
-                        let turn_age = self.turn_age(open);
+                    let release = self.last_release(open);
+                    // A free name without a wait: the holder had not taken it (a lease
+                    // younger than `TAKE_DELAY`, a lost connection, a holder that crashed or
+                    // is not leasehold). The row says whether it was released meanwhile.
+                    let unannounced = release.is_some_and(|r| {
+                        r.since <= since_previous + RELEASE_SLACK && reported != Some(r.at)
+                    });
+                    if first || blocked || unannounced {
+                        reported = release.map(|r| r.at);
                         let event = ListenerEvent::Released {
                             lock_key: &self.lock_key,
-                            turn_age,
+                            turn_age: Release::turn_age(release),
                         };
                         if (self.handler)(event) == ListenerReply::Stop {
                             return;
