@@ -361,6 +361,7 @@ fn env_or(name: &str, default: &str) -> String {
 /// The backends that answer, each with its connection census.
 fn targets(dir: &std::path::Path, sizes: &[usize], full: bool) -> Vec<Target> {
     let path = dir.join("many.db");
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(unused_mut))]
     let mut targets = vec![Target {
         name: "SQLite",
         builder: Box::new(move || {

@@ -198,6 +198,7 @@ fn process_handoffs(
     total
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn prefix() -> String {
     let stamp = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -165,6 +165,7 @@ fn loss_callbacks_run_once_each_on_the_registrys_own_thread() {
 }
 
 /// Another session holds one lock row locked, as `BEGIN; SELECT … FOR UPDATE` in psql does.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 enum RowLocker {
     #[cfg(feature = "postgres")]
     Postgres(postgres::Transaction<'static>),
@@ -172,6 +173,7 @@ enum RowLocker {
     Mysql(mysql::Conn),
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl RowLocker {
     fn lock(f: &Fixture, key: &str) -> RowLocker {
         let lock_key = leasehold::lock_key_for(key);
@@ -221,7 +223,7 @@ impl RowLocker {
 /// whole batch's leases were lost. Now the batch skips the locked row: its lease alone is
 /// retried and, the row staying locked, lost as expired (the outcome was unknown), while the
 /// other leases are renewed.
-#[allow(dead_code)]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn a_locked_row_costs_only_its_own_lease(db: Db, test: &str) {
     let Some(f) = Fixture::new(db, test) else {
         return;

@@ -8,7 +8,9 @@
 mod common;
 
 mod suite {
-    use crate::common::{Db, Fixture};
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    use crate::common::Db;
+    use crate::common::Fixture;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
