@@ -18,21 +18,23 @@
 //! - **Waiters** (the registry's listener, only while one of its threads waits, as on
 //!   PostgreSQL; see [`crate::wakeups`]): one *watcher* thread with its own connection per
 //!   key that a thread of the registry waits for, at most [`MAX_WATCHED_KEYS`] per registry
-//!   (beyond that, waiters poll). A watcher probes the name (`GET_LOCK(name, 0)`); when
-//!   someone holds it, it blocks in `GET_LOCK(name, 1)`, and when that returns 1 (the holder
-//!   let go) it reads the key's last release off the row ([`turn_age_sql`]), tells the
-//!   registry (which tries the row at once, continuing the turn the release ended), and lets
-//!   the name go. Whether it waited is told by the answers, never by how long they took.
+//!   (beyond that, waiters poll). A watcher blocks in `GET_LOCK(name, 1)`; when that returns 1
+//!   it reads the key's last release off the row ([`turn_age_sql`]) and, if that release is
+//!   newer than the watcher's previous `GET_LOCK` and than the release it reported last, tells
+//!   the registry (which tries the row at once, continuing the turn the release ended); then
+//!   it lets the name go. The row decides, never how long `GET_LOCK` took: another watcher
+//!   holding the name for an instant is no release, and on a busy machine an instant answer
+//!   can be slow.
 //!
 //! The row stays the only judge of who holds the lock: a wake-up only makes a waiter try
 //! sooner. When nobody holds the named lock (a lease younger than [`TAKE_DELAY`], a holder
 //! whose named-lock connection failed or that crashed — its session ended — a Spring
-//! Integration holder, a holder whose `GET_LOCK` lost a race), the probe takes it at once: a
-//! watcher reports that as a possible release only the first time, and otherwise reads the
-//! row, reports a release found there that is newer than its previous probe and than the
-//! release it reported last, and backs off (1 ms, doubling up to [`MAX_BACKOFF`]). A release
-//! without a named lock therefore reaches waiters within one back-off step, and a holder
-//! without one (Spring Integration's) costs its waiters no attempt at all until it lets go.
+//! Integration holder, a holder whose `GET_LOCK` lost a race), `GET_LOCK` returns at once: a
+//! watcher reports that as a possible release only the first time, and otherwise backs off
+//! (1 ms, doubling up to [`MAX_BACKOFF`]) between looks at the row. A release without a named
+//! lock therefore reaches waiters within one back-off step, and a holder without one (Spring
+//! Integration's) costs its waiters no attempt until their polls. A lease that was lost (not
+//! released) leaves its row held until it expires: its waiters take it over at their polls.
 //!
 //! A name is `lh1:` and the MD5 of (table, region, `LOCK_KEY`) in hex: 36 characters, under
 //! MySQL's limit of 64. Names are server-wide; keys of two databases on one server sharing a
@@ -59,8 +61,6 @@ pub(crate) const TAKE_DELAY: Duration = Duration::from_millis(2);
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
 /// One blocking `GET_LOCK` of a watcher, in seconds: how soon it notices it is not needed.
 const WATCH_SLICE: &str = "1";
-/// A watcher's first look at a name: takes it if it is free, without waiting.
-const PROBE: &str = "SELECT GET_LOCK(?, 0)";
 
 /// The named lock of a key.
 pub(crate) fn lock_name(table: &str, region: &str, lock_key: &str) -> String {
@@ -473,25 +473,20 @@ impl Watcher {
             }
             let Some(open) = conn.as_mut() else { continue };
             let started = Instant::now();
-            // Free now (no wait), or held by someone: then wait for it. Whether this watcher
-            // waited is known from the answers, not from how long they took (a busy machine
-            // makes an instant answer slow).
-            let mut got = open.exec_first::<Option<i64>, _, _>(PROBE, (&self.name,));
-            let blocked = matches!(got, Ok(Some(Some(0))));
-            if blocked {
-                got = open.exec_first::<Option<i64>, _, _>(get.as_str(), (&self.name,));
-            }
+            let got = open.exec_first::<Option<i64>, _, _>(get.as_str(), (&self.name,));
             let since_previous = std::mem::replace(&mut previous, started).elapsed();
             match got {
                 Ok(Some(Some(1))) => {
-                    let release = self.last_release(open);
-                    // A free name without a wait: the holder had not taken it (a lease
+                    // The name was let go, or was free (the holder had not taken it: a lease
                     // younger than `TAKE_DELAY`, a lost connection, a holder that crashed or
-                    // is not leasehold). The row says whether it was released meanwhile.
+                    // is not leasehold), or another watcher held it for an instant: the row
+                    // says whether a release came meanwhile. How long `GET_LOCK` took says
+                    // nothing (a busy machine makes an instant answer slow).
+                    let release = self.last_release(open);
                     let unannounced = release.is_some_and(|r| {
                         r.since <= since_previous + RELEASE_SLACK && reported != Some(r.at)
                     });
-                    if first || blocked || unannounced {
+                    if first || unannounced {
                         reported = release.map(|r| r.at);
                         let event = ListenerEvent::Released {
                             lock_key: &self.lock_key,
