@@ -296,9 +296,9 @@
 //! clock. A local handoff keeps the token (see [`LockGuard::fencing_token`]).
 
 // The only unsafe code is SQLite's release board (`backend/sqlite/board.rs`: a shared file
-// mapping, the futex and the presence lock on it) and MySQL's socket timeouts
-// (`set_socket_timeouts` in `backend/mysql/mod.rs`: a borrowed descriptor), each allowing it
-// for itself.
+// mapping, the futex and the presence lock on it) and MySQL's sockets (`set_socket_timeouts`
+// in `backend/mysql/mod.rs` and `shut_down` in `backend/mysql/watchdog.rs`: a borrowed
+// descriptor), each allowing it for itself.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // docs.rs (`--cfg docsrs`) marks what each feature adds.

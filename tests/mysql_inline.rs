@@ -17,34 +17,57 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// A loopback proxy to the MySQL server that forwards until [`Silence::freeze`], then holds
-/// whatever either side sends (forwarded again after [`Silence::thaw`]).
+/// whatever either side sends (forwarded again after [`Silence::thaw`]); or, after
+/// [`Silence::trickle`], forwards the server's answers one byte every [`TRICKLE`].
 struct Silence {
     address: SocketAddr,
     frozen: Arc<AtomicBool>,
+    trickling: Arc<AtomicBool>,
 }
+
+/// The pause before each byte a trickling proxy forwards: shorter than the socket's read
+/// timeout (the deadline, 2 s), so that every read gets a byte in time.
+const TRICKLE: Duration = Duration::from_millis(1500);
 
 impl Silence {
     fn to(server: SocketAddr) -> Silence {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
         let frozen = Arc::new(AtomicBool::new(false));
+        let trickling = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&frozen);
+        let slow = Arc::clone(&trickling);
         thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
                 let Ok(upstream) = TcpStream::connect(server) else {
                     continue;
                 };
-                for (from, to) in [
-                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
-                    (upstream, client),
+                // Only the server's answers trickle: a request trickling to the server would
+                // leave the client's read without a byte for longer than its timeout.
+                let never = Arc::new(AtomicBool::new(false));
+                for (from, to, trickling) in [
+                    (
+                        client.try_clone().unwrap(),
+                        upstream.try_clone().unwrap(),
+                        never,
+                    ),
+                    (upstream, client, Arc::clone(&slow)),
                 ] {
                     let flag = Arc::clone(&flag);
-                    thread::spawn(move || forward(from, to, &flag));
+                    thread::spawn(move || forward(from, to, &flag, &trickling));
                 }
             }
         });
-        Silence { address, frozen }
+        Silence {
+            address,
+            frozen,
+            trickling,
+        }
+    }
+
+    fn trickle(&self) {
+        self.trickling.store(true, Ordering::SeqCst);
     }
 
     fn freeze(&self) {
@@ -53,6 +76,7 @@ impl Silence {
 
     fn thaw(&self) {
         self.frozen.store(false, Ordering::SeqCst);
+        self.trickling.store(false, Ordering::SeqCst);
     }
 
     /// `url` with its server replaced by this proxy, over TCP only (the driver would otherwise
@@ -65,10 +89,11 @@ impl Silence {
     }
 }
 
-/// Copies `from` to `to`, holding the bytes read while `frozen` until it is not.
-fn forward(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool) {
+/// Copies `from` to `to`, holding the bytes read while `frozen` until it is not, and passing
+/// them on a byte every [`TRICKLE`] while `trickling`.
+fn forward(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool, trickling: &AtomicBool) {
     let mut buffer = [0u8; 16 * 1024];
-    loop {
+    'copy: loop {
         let n = match from.read(&mut buffer) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
@@ -76,7 +101,15 @@ fn forward(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool) {
         while frozen.load(Ordering::SeqCst) {
             thread::sleep(Duration::from_millis(5));
         }
-        if to.write_all(&buffer[..n]).is_err() {
+        let mut sent = 0;
+        while sent < n && trickling.load(Ordering::SeqCst) {
+            thread::sleep(TRICKLE);
+            if to.write_all(&buffer[sent..=sent]).is_err() {
+                break 'copy;
+            }
+            sent += 1;
+        }
+        if to.write_all(&buffer[sent..n]).is_err() {
             break;
         }
     }
@@ -105,7 +138,22 @@ fn server_address() -> SocketAddr {
 fn a_statement_the_server_does_not_answer_returns_at_its_callers_deadline_on_its_thread() {
     let scenario = fail::FailScenario::setup();
     let server = server_address();
-    silent_server("inline_silence", |_, proxy| {
+    silent_server("inline_silence", Silence::freeze, |_, proxy| {
+        Some(proxy.url(&common::mysql_url(), server))
+    });
+    scenario.teardown();
+}
+
+/// An answer that trickles in — a byte at a time, each within the socket's read timeout —
+/// does not hold the call past its deadline either: the deadline watchdog shuts the socket
+/// down (`backend/mysql/watchdog.rs`). Fails before it: each read waited at most what was left
+/// when the call began, and the trickle (at least a dozen bytes, 1.5 s apart) held the acquire
+/// for 20 s and more.
+#[test]
+fn a_statement_whose_answer_trickles_in_returns_at_its_callers_deadline() {
+    let scenario = fail::FailScenario::setup();
+    let server = server_address();
+    silent_server("inline_trickle", Silence::trickle, |_, proxy| {
         Some(proxy.url(&common::mysql_url(), server))
     });
     scenario.teardown();
@@ -119,7 +167,7 @@ fn a_statement_the_server_does_not_answer_returns_at_its_callers_deadline_on_its
 fn a_tls_statement_the_server_does_not_answer_returns_at_its_callers_deadline() {
     let scenario = fail::FailScenario::setup();
     let server = server_address();
-    silent_server("inline_silence_tls", |f, proxy| {
+    silent_server("inline_silence_tls", Silence::freeze, |f, proxy| {
         let url = format!("mysql://leasehold_tls:leasehold_tls@{server}/test?ssl-mode=REQUIRED");
         let direct = LockRegistry::mysql(url.as_str())
             .prefix(f.prefix.clone())
@@ -136,7 +184,11 @@ fn a_tls_statement_the_server_does_not_answer_returns_at_its_callers_deadline() 
 
 /// Builds a registry on the URL `through` gives for the proxy (`None`: skipped) and checks
 /// what the tests above say.
-fn silent_server(test: &str, through: impl Fn(&Fixture, &Silence) -> Option<String>) {
+fn silent_server(
+    test: &str,
+    misbehave: fn(&Silence),
+    through: impl Fn(&Fixture, &Silence) -> Option<String>,
+) {
     let Some(f) = Fixture::new(Db::Mysql, test) else {
         return;
     };
@@ -163,7 +215,7 @@ fn silent_server(test: &str, through: impl Fn(&Fixture, &Silence) -> Option<Stri
     })
     .unwrap();
 
-    proxy.freeze();
+    misbehave(&proxy);
     let started = Instant::now();
     let outcome = registry.obtain("silent").unwrap().try_lock();
     let waited = started.elapsed();

@@ -127,12 +127,15 @@
 //! granted after its caller gave up is left to expire, and a renewal's outcome counts as
 //! unknown from its send time.
 //!
-//! What the socket does not bound: a result that trickles in. Each read waits at most for
-//! what was left when its call began, so a server that sends part of an answer shortly before
-//! the deadline and then stops holds the call until up to that long after it, and one that
-//! keeps sending a few bytes within every timeout holds it longer still. The lease statements'
-//! answers are a packet or a few (an OK packet, a row), sent at once; a listing page can be
-//! larger. Outside Unix the descriptor is not reachable and statements run on statement threads
+//! What the socket alone does not bound: a result that trickles in. Each read waits at most
+//! for what was left when its call began, so a server that kept sending a few bytes within
+//! every timeout could hold a call long after its deadline. The deadline watchdog
+//! ([`watchdog`]: one thread per process, which only ever calls `shutdown(2)`) shuts the
+//! socket of an attempt still running at its deadline down, which ends the read at once; the
+//! connection is then discarded on its way back to the pool (`tests/mysql_inline.rs`, a proxy
+//! that trickles the server's answers a byte every 1.5 s).
+//!
+//! Outside Unix the descriptor is not reachable and statements run on statement threads
 //! ([`crate::backend::statement_threads`]), whose callers stop waiting at their deadline.
 //!
 //! Sockets also carry read and write timeouts from the start (unless the URL sets its own):
@@ -144,6 +147,7 @@
 
 mod tls;
 pub(crate) mod wakeups;
+mod watchdog;
 use crate::backend::pools::Finding;
 use crate::backend::{
     AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
@@ -240,6 +244,25 @@ pub(crate) struct MysqlConn {
     /// The socket's read and write timeouts from the URL or the pool's settings: a
     /// statement's reads and writes wait no longer than these either.
     configured: (Option<Duration>, Option<Duration>),
+    /// The watchdog's watch of the current attempt's deadline (see [`watchdog`]).
+    watch: Option<watchdog::Watch>,
+}
+
+impl MysqlConn {
+    /// Ends the current attempt's watch; a watch that fired (its socket was shut down in the
+    /// middle of whatever it was doing) marks the connection broken.
+    fn end_watch(&mut self) {
+        if self.watch.take().is_some_and(watchdog::Watch::end) {
+            self.broken = true;
+        }
+    }
+}
+
+impl Drop for MysqlConn {
+    fn drop(&mut self) {
+        // Before the socket closes, so the watchdog never shuts a reused descriptor down.
+        self.end_watch();
+    }
 }
 
 /// What a registry knows of its lock table's triggers (see the module docs, "Triggers").
@@ -480,6 +503,7 @@ impl r2d2::ManageConnection for MysqlManager {
                 opts.get_read_timeout().copied(),
                 opts.get_write_timeout().copied(),
             ),
+            watch: None,
         })
     }
 
@@ -488,6 +512,8 @@ impl r2d2::ManageConnection for MysqlManager {
     }
 
     fn has_broken(&self, conn: &mut MysqlConn) -> bool {
+        // On its way back to the pool: its attempt is over.
+        conn.end_watch();
         conn.broken
     }
 }
@@ -840,6 +866,12 @@ impl Backend for Mysql {
     /// deadline already passed is reported by that call's own arming, or by the retry loop.
     fn set_deadline(conn: &mut Conn<Self>, deadline: Instant) {
         conn.deadline = Some(deadline);
+        conn.end_watch();
+        #[cfg(unix)]
+        {
+            use std::os::unix::io::AsRawFd;
+            conn.watch = watchdog::Watch::start(conn.conn.as_raw_fd(), deadline);
+        }
         let _ = conn.arm();
     }
 
