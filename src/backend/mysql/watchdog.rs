@@ -36,7 +36,14 @@ struct Watched {
     /// Watches whose deadline came while they were watched.
     fired: HashSet<u64>,
     started: bool,
+    /// When the thread wakes next on its own (`None`: not before it is notified). A new watch
+    /// notifies it only if its deadline comes sooner, so a registry starting one attempt
+    /// after another wakes the thread about once per [`GLANCE`], not once per attempt.
+    planned: Option<Instant>,
 }
+
+/// The longest the thread sleeps while it has watches (or had them a moment ago).
+const GLANCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Watchdog {
     watched: Mutex<Watched>,
@@ -73,13 +80,9 @@ impl Watch {
         }
         watched.next_id += 1;
         let id = watched.next_id;
-        let earliest = watched
-            .sockets
-            .keys()
-            .next()
-            .is_none_or(|(at, _)| deadline < *at);
         watched.sockets.insert((deadline, id), socket);
-        if earliest {
+        if watched.planned.is_none_or(|planned| deadline < planned) {
+            watched.planned = Some(deadline);
             dog.changed.notify_one();
         }
         Some(Watch { id, deadline })
@@ -95,18 +98,40 @@ impl Watch {
 
 fn run(dog: &Watchdog) {
     let mut watched = dog.watched.lock();
+    let mut idle_since: Option<Instant> = None;
     loop {
-        let Some((&(deadline, id), &socket)) = watched.sockets.iter().next() else {
-            dog.changed.wait(&mut watched);
-            continue;
-        };
-        if Instant::now() < deadline {
-            dog.changed.wait_until(&mut watched, deadline);
-            continue;
+        let now = Instant::now();
+        let first = watched
+            .sockets
+            .iter()
+            .next()
+            .map(|(&key, &socket)| (key, socket));
+        match first {
+            Some(((deadline, id), socket)) if deadline <= now => {
+                watched.sockets.remove(&(deadline, id));
+                watched.fired.insert(id);
+                shut_down(socket);
+                continue;
+            }
+            Some(((deadline, _), _)) => {
+                idle_since = None;
+                watched.planned = Some(deadline.min(now + GLANCE));
+            }
+            // No watch for a glance: sleep until the next one notifies.
+            None if idle_since.is_some_and(|since| now >= since + GLANCE) => {
+                watched.planned = None;
+            }
+            None => {
+                idle_since.get_or_insert(now);
+                watched.planned = Some(now + GLANCE);
+            }
         }
-        watched.sockets.remove(&(deadline, id));
-        watched.fired.insert(id);
-        shut_down(socket);
+        match watched.planned {
+            Some(at) => {
+                dog.changed.wait_until(&mut watched, at);
+            }
+            None => dog.changed.wait(&mut watched),
+        }
     }
 }
 
