@@ -111,10 +111,10 @@
 //!
 //! Deadlines: statements run inline, on their caller's thread (no statement thread, no thread
 //! hop), and the connection's socket carries the caller's deadline. The driver has no per-call
-//! timeout, but `mysql::Conn` exposes its socket's descriptor: before the attempt and before
-//! each later call to the driver ([`MysqlConn::arm`]) the socket's `SO_RCVTIMEO` and
-//! `SO_SNDTIMEO` are set to the time left before the deadline (or to the URL's or the pool's
-//! socket timeout, if shorter). A read or write still waiting at the deadline then fails with
+//! timeout, but `mysql::Conn` exposes its socket's descriptor: when the attempt begins
+//! ([`MysqlConn::arm`]; before each call to the driver if the watchdog below is not running)
+//! the socket's `SO_RCVTIMEO` and `SO_SNDTIMEO` are set to the time left before the deadline
+//! (or to the URL's or the pool's socket timeout, if shorter). A read or write still waiting at the deadline then fails with
 //! `EAGAIN`, which [`classify`] takes for a broken connection: the connection is discarded
 //! (the driver may be in the middle of a packet, so it never goes back to the pool), replaced
 //! at once for callers waiting for one, and the pool's idle connections go with it, as after
@@ -246,6 +246,9 @@ pub(crate) struct MysqlConn {
     configured: (Option<Duration>, Option<Duration>),
     /// The watchdog's watch of the current attempt's deadline (see [`watchdog`]).
     watch: Option<watchdog::Watch>,
+    /// The deadline the socket's timeouts were last set for: while watched, the later calls of
+    /// an attempt leave them as they are.
+    armed: Option<Instant>,
 }
 
 impl MysqlConn {
@@ -334,8 +337,10 @@ impl InsertIds {
 
 impl MysqlConn {
     /// Bounds the socket's reads and writes by the time left before the deadline, just before
-    /// a call to the driver (each call re-arms: a call that follows one answered late waits
-    /// only for what is left). A read still unanswered then fails (`EAGAIN`), which
+    /// a call to the driver: once per attempt while the deadline watchdog watches it (which
+    /// ends any call still running at the deadline), else before each call (a call that
+    /// follows one answered late waits only for what is left). A read still unanswered then
+    /// fails (`EAGAIN`), which
     /// [`classify`] takes for a broken connection: it is discarded, never used again in an
     /// unknown state. Once the deadline has passed, nothing is sent (a transient failure: the
     /// retry loop then reports the timeout).
@@ -351,8 +356,14 @@ impl MysqlConn {
                 "deadline passed",
             ));
         }
+        // Watched, and armed when the attempt began (`set_deadline`): the socket's timeouts
+        // are no shorter than needed, and the watchdog ends the call at the deadline.
+        if self.watch.is_some() && self.armed == Some(deadline) {
+            return Ok(());
+        }
         let (read, write) = self.configured;
         let within = |configured: Option<Duration>| configured.map_or(left, |c| c.min(left));
+        self.armed = Some(deadline);
         set_socket_timeouts(&self.conn, within(read), within(write)).map_err(|e| {
             Failure::new(
                 FailureKind::Broken,
@@ -504,6 +515,7 @@ impl r2d2::ManageConnection for MysqlManager {
                 opts.get_write_timeout().copied(),
             ),
             watch: None,
+            armed: None,
         })
     }
 

@@ -42,7 +42,7 @@
 
 use super::MysqlManager;
 use crate::backend::{ListenerEvent, ListenerHandler, ListenerReply};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use mysql::prelude::Queryable;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,43 +79,79 @@ pub(crate) fn lock_name(table: &str, region: &str, lock_key: &str) -> String {
     name
 }
 
-/// What the registry's named-lock thread is asked to do.
-enum Command {
-    /// Take the name (a lease was granted).
-    Take(String),
-    /// Let the name go after the delay (a lease ended).
-    Drop(String, Duration),
+/// What the registry's threads leave for its named-lock thread, under one mutex (never held
+/// during a statement: a caller's `take` or `drop_after` never waits for the server).
+#[derive(Default)]
+struct Pending {
+    /// Grants the thread has not seen yet, with the instant their name is due to be taken
+    /// (the grant + [`TAKE_DELAY`]). A lease that ends before the thread gets to it is simply
+    /// removed: it costs no statement and no wake-up of the thread.
+    young: HashMap<String, Instant>,
+    /// Ended leases whose grant the thread had seen: let the name go after the delay.
+    ended: Vec<(String, Duration)>,
+    /// When the thread wakes next on its own (`None`: only when notified). A grant notifies
+    /// it only if its name is due sooner, so a registry locking in a loop wakes the thread
+    /// about once per `TAKE_DELAY`, not twice per lease.
+    planned: Option<Instant>,
+    /// The registry is gone: the thread ends.
+    stopped: bool,
+}
+
+struct Shared {
+    pending: parking_lot::Mutex<Pending>,
+    changed: parking_lot::Condvar,
 }
 
 /// The holder side of one registry: a thread with the named-lock connection.
 pub(crate) struct NamedLocks {
-    commands: Sender<Command>,
+    shared: Arc<Shared>,
 }
 
 impl NamedLocks {
-    /// Starts the named-lock thread; it ends when the last `NamedLocks` clone is dropped.
+    /// Starts the named-lock thread; it ends when the `NamedLocks` is dropped.
     pub fn start(manager: MysqlManager, idle_timeout: Duration) -> NamedLocks {
-        let (commands, received) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared {
+            pending: parking_lot::Mutex::new(Pending::default()),
+            changed: parking_lot::Condvar::new(),
+        });
         let holder = Holder {
             manager,
             idle_timeout,
             conn: None,
             names: HashMap::new(),
         };
+        let theirs = Arc::clone(&shared);
         let _ = std::thread::Builder::new()
             .name("leasehold-names".into())
-            .spawn(move || holder.run(received));
-        NamedLocks { commands }
+            .spawn(move || holder.run(&theirs));
+        NamedLocks { shared }
     }
 
     /// A lease on the key of `name` was granted.
     pub fn take(&self, name: String) {
-        let _ = self.commands.send(Command::Take(name));
+        let due = Instant::now() + TAKE_DELAY;
+        let mut pending = self.shared.pending.lock();
+        pending.young.entry(name).or_insert(due);
+        if pending.planned.is_none_or(|planned| due < planned) {
+            pending.planned = Some(due);
+            self.shared.changed.notify_one();
+        }
     }
 
     /// A lease on the key of `name` ended (released, lost, or handed on quietly with `delay`).
     pub fn drop_after(&self, name: String, delay: Duration) {
-        let _ = self.commands.send(Command::Drop(name, delay));
+        let mut pending = self.shared.pending.lock();
+        if pending.young.remove(&name).is_none() {
+            pending.ended.push((name, delay));
+            self.shared.changed.notify_one();
+        }
+    }
+}
+
+impl Drop for NamedLocks {
+    fn drop(&mut self) {
+        self.shared.pending.lock().stopped = true;
+        self.shared.changed.notify_one();
     }
 }
 
@@ -132,10 +168,11 @@ struct Holder {
 enum Name {
     /// Taken on the connection; `Some(at)`: to be let go at `at`.
     Taken(Option<Instant>),
-    /// Not taken yet (the lease is younger than [`TAKE_DELAY`], a watcher held it for an
-    /// instant, or the connection failed): tried at this instant, for as long as the lease
-    /// lasts. Until then, other instances' watchers find it free and learn of the release
-    /// from the row, at their next back-off step.
+    /// Not taken yet (a watcher held it for an instant, or the connection failed): tried
+    /// again at this instant, for as long as the lease lasts. Until then, other instances'
+    /// watchers find it free and learn of the release from the row, at their next back-off
+    /// step (as for a lease younger than [`TAKE_DELAY`], whose grant is still in
+    /// [`Pending::young`]).
     Wanted(Instant),
 }
 
@@ -143,38 +180,58 @@ enum Name {
 const RETRY_TAKE: Duration = Duration::from_millis(100);
 
 impl Holder {
-    fn run(mut self, commands: Receiver<Command>) {
+    fn run(mut self, shared: &Shared) {
         let mut idle_since = Instant::now();
         loop {
-            let next = self
-                .names
-                .values()
-                .filter_map(|name| match *name {
-                    Name::Taken(at) => at,
-                    Name::Wanted(at) => Some(at),
-                })
-                .min();
-            let wake_at = match (next, self.conn.is_some() && self.names.is_empty()) {
-                (Some(at), _) => at,
-                (None, true) => idle_since + self.idle_timeout,
-                (None, false) => Instant::now() + Duration::from_secs(3600),
+            // What came in, taken under the mutex; the statements run after it is let go.
+            let (ended, due) = {
+                let mut pending = shared.pending.lock();
+                loop {
+                    if pending.stopped {
+                        return;
+                    }
+                    let now = Instant::now();
+                    let due: Vec<String> = pending
+                        .young
+                        .iter()
+                        .filter(|(_, at)| **at <= now)
+                        .map(|(name, _)| name.clone())
+                        .collect();
+                    for name in &due {
+                        pending.young.remove(name);
+                    }
+                    let own = self
+                        .names
+                        .values()
+                        .filter_map(|name| match *name {
+                            Name::Taken(at) => at,
+                            Name::Wanted(at) => Some(at),
+                        })
+                        .min();
+                    if !due.is_empty()
+                        || !pending.ended.is_empty()
+                        || own.is_some_and(|at| at <= now)
+                    {
+                        break (std::mem::take(&mut pending.ended), due);
+                    }
+                    let idle = (self.conn.is_some() && self.names.is_empty())
+                        .then(|| idle_since + self.idle_timeout);
+                    let next = [own, pending.young.values().min().copied(), idle]
+                        .into_iter()
+                        .flatten()
+                        .min();
+                    pending.planned = next;
+                    match next {
+                        Some(at) if at <= now => break (Vec::new(), Vec::new()),
+                        Some(at) => {
+                            shared.changed.wait_until(&mut pending, at);
+                        }
+                        None => shared.changed.wait(&mut pending),
+                    }
+                }
             };
-            match commands.recv_timeout(wake_at.saturating_duration_since(Instant::now())) {
-                Ok(Command::Take(name)) => match self.names.get(&name).copied() {
-                    // Taken again before the drop came due (the key's next holder is this
-                    // registry).
-                    Some(Name::Taken(_)) => {
-                        self.names.insert(name, Name::Taken(None));
-                    }
-                    Some(Name::Wanted(_)) => {}
-                    // Taken once the lease outlived `TAKE_DELAY`: a lease released before
-                    // then costs no named-lock statement (see the module docs).
-                    None => {
-                        self.names
-                            .insert(name, Name::Wanted(Instant::now() + TAKE_DELAY));
-                    }
-                },
-                Ok(Command::Drop(name, delay)) => match self.names.get(&name).copied() {
+            for (name, delay) in ended {
+                match self.names.get(&name).copied() {
                     Some(Name::Taken(_)) => {
                         self.names
                             .insert(name, Name::Taken(Some(Instant::now() + delay)));
@@ -183,12 +240,20 @@ impl Holder {
                         self.names.remove(&name);
                     }
                     None => {}
-                },
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            for name in due {
+                match self.names.get(&name).copied() {
+                    // Taken again before the drop came due (the key's next holder is this
+                    // registry).
+                    Some(Name::Taken(_)) => {
+                        self.names.insert(name, Name::Taken(None));
+                    }
+                    _ => self.take(name),
+                }
             }
             let now = Instant::now();
-            let due: Vec<(String, Name)> = self
+            let own_due: Vec<(String, Name)> = self
                 .names
                 .iter()
                 .filter(|(_, name)| match **name {
@@ -197,7 +262,7 @@ impl Holder {
                 })
                 .map(|(key, name)| (key.clone(), *name))
                 .collect();
-            for (key, name) in due {
+            for (key, name) in own_due {
                 match name {
                     Name::Taken(_) => {
                         self.names.remove(&key);
