@@ -1375,41 +1375,7 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
 
 /// What a worker holds: a lock, a permit of a semaphore (`--permits`), or a side of a
 /// reader/writer lock (`--rw`).
-enum Held {
-    Lock(leasehold::LockGuard),
-    Permit(leasehold::Permit),
-    Read(leasehold::ReadGuard),
-    Write(leasehold::WriteGuard),
-}
-
-impl Held {
-    fn fencing_token(&self) -> u64 {
-        match self {
-            Held::Lock(guard) => guard.fencing_token(),
-            Held::Permit(permit) => permit.fencing_token(),
-            Held::Read(guard) => guard.fencing_token(),
-            Held::Write(guard) => guard.fencing_token(),
-        }
-    }
-
-    fn renew_with_ttl(&self, ttl: Duration) -> leasehold::Result<()> {
-        match self {
-            Held::Lock(guard) => guard.renew_with_ttl(ttl),
-            Held::Permit(permit) => permit.renew_with_ttl(ttl),
-            Held::Read(guard) => guard.renew_with_ttl(ttl),
-            Held::Write(guard) => guard.renew_with_ttl(ttl),
-        }
-    }
-
-    fn unlock(self) -> leasehold::Result<()> {
-        match self {
-            Held::Lock(guard) => guard.unlock(),
-            Held::Permit(permit) => permit.unlock(),
-            Held::Read(guard) => guard.unlock(),
-            Held::Write(guard) => guard.unlock(),
-        }
-    }
-}
+type Held = leasehold::AnyGuard;
 
 /// A reader's look at `key`'s record (`--rw`): nobody inside, and unchanged while it reads.
 /// `granted_ms`: when this reader's acquire returned (ms since the Unix epoch).

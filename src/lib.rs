@@ -433,6 +433,7 @@ macro_rules! acquire_methods {
 }
 
 mod admin;
+mod any_guard;
 mod backend;
 mod cache;
 mod error;
@@ -447,6 +448,7 @@ mod semaphore;
 mod wakeups;
 
 pub use admin::{Holder, Listing, LockRow, LockState, Rows, MAX_PAGE_ROWS};
+pub use any_guard::AnyGuard;
 pub use backend::{Statements, Statistics};
 pub use error::{DatabaseError, Error, LossReason, Result, TlsProblem};
 pub use key::{lock_key_for, MAX_KEY_BYTES};

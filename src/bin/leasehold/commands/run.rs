@@ -8,62 +8,18 @@ use crate::exit::{self, Failure};
 use crate::output::rounded;
 use crate::report::Reporter;
 use crate::supervisor::{code_of, forward_signals, spawn, supervise, Watchdog};
-use leasehold::crossbeam_channel::Receiver;
-use leasehold::{Error, LeaseLost, LockGuard, Permit, ReadGuard, WriteGuard};
+use leasehold::{AnyGuard, Error};
 use std::time::Duration;
 
 /// What the command runs under: the lock, a permit of the semaphore, or a side of the
 /// reader/writer lock.
-enum Held {
-    Lock(LockGuard),
-    Permit(Permit),
-    Read(ReadGuard),
-    Write(WriteGuard),
-}
+type Held = AnyGuard;
 
-impl Held {
-    fn fencing_token(&self) -> u64 {
-        match self {
-            Held::Lock(guard) => guard.fencing_token(),
-            Held::Permit(permit) => permit.fencing_token(),
-            Held::Read(guard) => guard.fencing_token(),
-            Held::Write(guard) => guard.fencing_token(),
-        }
-    }
-
-    fn remaining(&self) -> Duration {
-        match self {
-            Held::Lock(guard) => guard.remaining(),
-            Held::Permit(permit) => permit.remaining(),
-            Held::Read(guard) => guard.remaining(),
-            Held::Write(guard) => guard.remaining(),
-        }
-    }
-
-    fn loss_channel(&self) -> Receiver<LeaseLost> {
-        match self {
-            Held::Lock(guard) => guard.loss_channel(),
-            Held::Permit(permit) => permit.loss_channel(),
-            Held::Read(guard) => guard.loss_channel(),
-            Held::Write(guard) => guard.loss_channel(),
-        }
-    }
-
-    fn unlock(self) -> leasehold::Result<()> {
-        match self {
-            Held::Lock(guard) => guard.unlock(),
-            Held::Permit(permit) => permit.unlock(),
-            Held::Read(guard) => guard.unlock(),
-            Held::Write(guard) => guard.unlock(),
-        }
-    }
-
-    /// `--keep-for`, which the arguments allow only for a lock.
-    fn unlock_keeping_for(self, keep: Duration) -> leasehold::Result<()> {
-        match self {
-            Held::Lock(guard) => guard.unlock_keeping_for(keep),
-            other => other.unlock(),
-        }
+/// `--keep-for`, which the arguments allow only for a lock.
+fn unlock_keeping_for(held: Held, keep: Duration) -> leasehold::Result<()> {
+    match held {
+        Held::Lock(guard) => guard.unlock_keeping_for(keep),
+        other => other.unlock(),
     }
 }
 
@@ -230,7 +186,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     let code = code_of(ended.status);
     reporter.say(format_args!("the command ended with exit code {code}"));
     let released = match args.keep_for {
-        Some(keep) => guard.unlock_keeping_for(keep),
+        Some(keep) => unlock_keeping_for(guard, keep),
         None => guard.unlock(),
     };
     match released {
