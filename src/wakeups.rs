@@ -361,4 +361,44 @@ mod tests {
             ListenerReply::Unsubscribe
         );
     }
+
+    /// Keys whose last poller left keep their entries for the next wait, until they outnumber
+    /// the others: then they go, and a key waited for again is woken as before.
+    #[test]
+    fn left_keys_are_kept_for_the_next_wait_then_pruned() {
+        let (wakeups, _requests) = enabled();
+        let (a, weak) = poller();
+        let (_held, held_weak) = poller();
+        let held: Arc<str> = Arc::from("held");
+        wakeups.register(&held, held_weak);
+        let keys: Vec<Arc<str>> = (0..200).map(|i| Arc::from(format!("k{i}"))).collect();
+        for key in &keys[..60] {
+            wakeups.register(key, weak.clone());
+            wakeups.unregister(key, &weak);
+        }
+        assert_eq!(wakeups.state.lock().pollers.len(), 61, "left keys kept");
+        assert_eq!(wakeups.state.lock().empty, 60);
+        for key in &keys[60..] {
+            wakeups.register(key, weak.clone());
+            wakeups.unregister(key, &weak);
+        }
+        let (entries, empty) = {
+            let state = wakeups.state.lock();
+            (state.pollers.len(), state.empty)
+        };
+        assert!(
+            entries <= 66 && entries - empty == 1,
+            "{entries} entries, {empty} empty"
+        );
+        // A kept key waited for again counts as waited for, and is woken.
+        wakeups.register(&keys[199], weak.clone());
+        wakeups.register(&keys[199], weak.clone());
+        assert_eq!(wakeups.state.lock().empty, empty.saturating_sub(1));
+        wakeups.handle(ListenerEvent::Released {
+            lock_key: &keys[199],
+            turn_age: std::time::Duration::ZERO,
+        });
+        assert_eq!(a.count(), 1);
+        wakeups.unregister(&keys[199], &weak);
+    }
 }
