@@ -311,8 +311,10 @@ impl LockInner {
     ) -> Result<Option<(Arc<Lease>, bool, bool)>> {
         let settings = &self.core.settings;
         let waiting_since = Instant::now();
+        // The first pass reads no clock again: it is the start of the wait.
+        let mut first_pass = Some(waiting_since);
         loop {
-            let now = Instant::now();
+            let now = first_pass.take().unwrap_or_else(Instant::now);
             if state.owner == Some(me) {
                 let lease = state.lease.clone().expect("an owner always has a lease");
                 let retune = lease.ttl() != ttl;
@@ -356,7 +358,7 @@ impl LockInner {
                     // short, even one that arrives while the attempt is in flight.
                     state.nudged = false;
                     state.db_user = Some(me);
-                    let asked = Instant::now();
+                    let asked = now;
                     let granted = MutexGuard::unlocked(state, || {
                         fail_point!("lock::acquire_before_statement");
                         self.core
@@ -364,6 +366,8 @@ impl LockInner {
                             .acquire(&self.lock_key, &self.key, ttl, attempt_deadline)
                     });
                     state.db_user = None;
+                    // When the answer came: the grant's usability and the turn are judged by it.
+                    let arrived = Instant::now();
                     // An attempt of this wait (this thread's, or that of the poller it took over
                     // from) found the lock held.
                     let seen_held = state.refused_at.is_some_and(|at| at >= waiting_since);
@@ -380,9 +384,7 @@ impl LockInner {
                     match granted {
                         // The statement waited so long (a row lock, a stalled server) that the
                         // lease would be over on arrival: not a usable grant; it runs out.
-                        Some(grant)
-                            if Lease::grant_deadline(grant.sent_at, ttl) <= Instant::now() =>
-                        {
+                        Some(grant) if Lease::grant_deadline(grant.sent_at, ttl) <= arrived => {
                             log::warn!(
                                 "the grant of {:?} arrived after its time-to-live ({ttl:?}) ran \
                                  out; trying again",
@@ -412,7 +414,7 @@ impl LockInner {
                             state.lease = Some(Arc::clone(&lease));
                             state.owner = Some(me);
                             state.depth = 1;
-                            let now = Instant::now();
+                            let now = arrived;
                             let waited = state.refused_at.is_some_and(|at| at >= waiting_since);
                             let gap = settings.turn_gap();
                             // A quick re-grant continues this registry's turn, unless that turn
@@ -539,7 +541,8 @@ impl LockInner {
             };
         }
         state.owner = None;
-        state.released_by = Some(std::thread::current().id());
+        let me = std::thread::current().id();
+        state.released_by = Some(me);
         let now = Instant::now();
         let settings = &self.core.settings;
         state.turn_contended |= !state.queue.is_empty();
@@ -566,19 +569,20 @@ impl LockInner {
                 return Ok(());
             }
         }
-        self.release_now(&mut state, lease, keep)
+        self.release_now(&mut state, lease, keep, me, now)
     }
 
     /// Releases `lease` to the database (the state is unlocked around the statement), ending
     /// the turn with the turn window if the turn is over and was contended.
+    /// `me`: the calling thread; `now`: the time of the call.
     fn release_now(
         &self,
         state: &mut MutexGuard<'_, LocalState>,
         lease: &Arc<Lease>,
         keep: Option<Duration>,
+        me: ThreadId,
+        now: Instant,
     ) -> Result<()> {
-        let me = std::thread::current().id();
-        let now = Instant::now();
         let settings = &self.core.settings;
         let turn_over = Self::turn_limit(settings, state, now)
             .is_some_and(|limit| now.duration_since(state.chain_started) >= limit);
@@ -617,7 +621,8 @@ impl LockInner {
     /// failure is logged (a loss has been reported through the lease already).
     fn end_linger(&self, state: &mut MutexGuard<'_, LocalState>) {
         let lease = state.lease.clone().expect("a linger keeps its lease");
-        if let Err(e) = self.release_now(state, &lease, None) {
+        let (me, now) = (std::thread::current().id(), Instant::now());
+        if let Err(e) = self.release_now(state, &lease, None, me, now) {
             log::warn!("releasing {:?} after it lingered: {e}", self.key);
         }
     }

@@ -37,6 +37,7 @@
 use crate::backend::{ListenerEvent, ListenerReply};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -67,8 +68,12 @@ enum Subscription {
 }
 
 struct State {
-    /// The pollers of each key that has any, by `LOCK_KEY`.
+    /// The pollers of each key, by `LOCK_KEY`. A key whose last poller left keeps its (empty)
+    /// entry, so that a key locked again and again costs no allocation and one lookup per
+    /// registration; empty entries are dropped once they outnumber the others (and 64).
     pollers: HashMap<Arc<str>, Vec<Weak<dyn Nudge>>>,
+    /// How many entries of `pollers` are empty.
+    empty: usize,
     subscription: Subscription,
     /// Whether a poller went to sleep since the listener's last tick. (Registering alone does
     /// not count: every waiting call registers before its first attempt, and a registry whose
@@ -87,6 +92,7 @@ impl Wakeups {
             demand,
             state: Mutex::new(State {
                 pollers: HashMap::new(),
+                empty: 0,
                 subscription: Subscription::Off,
                 slept_since_tick: false,
             }),
@@ -114,7 +120,17 @@ impl Wakeups {
             return false;
         }
         let mut state = self.state.lock();
-        let pollers = state.pollers.entry(Arc::clone(lock_key)).or_default();
+        let state = &mut *state;
+        let pollers = match state.pollers.entry(Arc::clone(lock_key)) {
+            Entry::Occupied(entry) => {
+                let pollers = entry.into_mut();
+                if pollers.is_empty() {
+                    state.empty -= 1;
+                }
+                pollers
+            }
+            Entry::Vacant(entry) => entry.insert(Vec::new()),
+        };
         let new_key = pollers.is_empty();
         if !pollers.iter().any(|known| known.ptr_eq(&poller)) {
             pollers.push(poller);
@@ -132,10 +148,16 @@ impl Wakeups {
     /// `poller` stopped waiting for `lock_key`.
     pub fn unregister(&self, lock_key: &str, poller: &Weak<dyn Nudge>) {
         let mut state = self.state.lock();
+        let state = &mut *state;
         if let Some(pollers) = state.pollers.get_mut(lock_key) {
+            let had_any = !pollers.is_empty();
             pollers.retain(|known| !known.ptr_eq(poller));
-            if pollers.is_empty() {
-                state.pollers.remove(lock_key);
+            if had_any && pollers.is_empty() {
+                state.empty += 1;
+                if state.empty > 64 && state.empty > state.pollers.len() - state.empty {
+                    state.pollers.retain(|_, pollers| !pollers.is_empty());
+                    state.empty = 0;
+                }
             }
         }
     }
@@ -172,6 +194,7 @@ impl Wakeups {
                 ListenerEvent::ReleasedAmong { released } => state
                     .pollers
                     .iter()
+                    .filter(|(_, pollers)| !pollers.is_empty())
                     .filter_map(|(lock_key, pollers)| Some((released(lock_key)?, pollers)))
                     .flat_map(|(turn_age, pollers)| {
                         pollers
@@ -199,7 +222,7 @@ impl Wakeups {
                         .collect()
                 }
                 ListenerEvent::Tick => {
-                    let idle = state.pollers.is_empty() && !state.slept_since_tick;
+                    let idle = state.pollers.len() == state.empty && !state.slept_since_tick;
                     state.slept_since_tick = false;
                     if idle && state.subscription == Subscription::On {
                         state.subscription = Subscription::Off;
@@ -337,5 +360,45 @@ mod tests {
             wakeups.handle(ListenerEvent::Tick),
             ListenerReply::Unsubscribe
         );
+    }
+
+    /// Keys whose last poller left keep their entries for the next wait, until they outnumber
+    /// the others: then they go, and a key waited for again is woken as before.
+    #[test]
+    fn left_keys_are_kept_for_the_next_wait_then_pruned() {
+        let (wakeups, _requests) = enabled();
+        let (a, weak) = poller();
+        let (_held, held_weak) = poller();
+        let held: Arc<str> = Arc::from("held");
+        wakeups.register(&held, held_weak);
+        let keys: Vec<Arc<str>> = (0..200).map(|i| Arc::from(format!("k{i}"))).collect();
+        for key in &keys[..60] {
+            wakeups.register(key, weak.clone());
+            wakeups.unregister(key, &weak);
+        }
+        assert_eq!(wakeups.state.lock().pollers.len(), 61, "left keys kept");
+        assert_eq!(wakeups.state.lock().empty, 60);
+        for key in &keys[60..] {
+            wakeups.register(key, weak.clone());
+            wakeups.unregister(key, &weak);
+        }
+        let (entries, empty) = {
+            let state = wakeups.state.lock();
+            (state.pollers.len(), state.empty)
+        };
+        assert!(
+            entries <= 66 && entries - empty == 1,
+            "{entries} entries, {empty} empty"
+        );
+        // A kept key waited for again counts as waited for, and is woken.
+        wakeups.register(&keys[199], weak.clone());
+        wakeups.register(&keys[199], weak.clone());
+        assert_eq!(wakeups.state.lock().empty, empty.saturating_sub(1));
+        wakeups.handle(ListenerEvent::Released {
+            lock_key: &keys[199],
+            turn_age: std::time::Duration::ZERO,
+        });
+        assert_eq!(a.count(), 1);
+        wakeups.unregister(&keys[199], &weak);
     }
 }

@@ -171,7 +171,7 @@ impl<B: Backend> SqlStore<B> {
     /// error saying why: a lease whose renewals cannot run is not handed out.
     pub(super) fn secure_renewal(
         &self,
-        lock_key: &str,
+        lock_key: &std::sync::Arc<str>,
         grant: &Grant,
         deadline: Instant,
     ) -> Result<()> {

@@ -58,7 +58,9 @@ pub(crate) struct Params<'a> {
 /// [`Params`] owned, so that an attempt can run on a statement thread.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedParams {
-    pub(super) lock_key: String,
+    /// Shared with the caller where it holds the key as an `Arc` (the lock's acquire and
+    /// release): no allocation per statement.
+    pub(super) lock_key: Arc<str>,
     pub(super) region: Arc<str>,
     pub(super) client_id: Arc<str>,
     pub(super) ttl_micros: i64,

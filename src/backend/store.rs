@@ -84,8 +84,8 @@ pub(crate) trait Store: Send + Sync {
     /// lock's name, stored where the table has a `LOCK_NAME` column.
     fn acquire(
         &self,
-        lock_key: &str,
-        name: &str,
+        lock_key: &Arc<str>,
+        name: &Arc<str>,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Option<Grant>>;
@@ -113,7 +113,13 @@ pub(crate) trait Store: Send + Sync {
     ) -> Result<(Instant, Vec<Batched>)>;
     /// Releases; `Ok(false)` when the lease had already been lost. `turn`: whether notified
     /// waiters continue the turn, or the turn ends and the row is reserved for pollers.
-    fn release(&self, lock_key: &str, token: i64, deadline: Instant, turn: Turn) -> Result<bool>;
+    fn release(
+        &self,
+        lock_key: &Arc<str>,
+        token: i64,
+        deadline: Instant,
+        turn: Turn,
+    ) -> Result<bool>;
     /// `SQLite`, `PostgreSQL`, `MySQL`.
     fn backend_name(&self) -> &'static str;
     /// The statements this store runs.
@@ -232,7 +238,12 @@ impl<B: Backend> SqlStore<B> {
         Ok(store)
     }
 
-    pub(super) fn params(&self, lock_key: &str, ttl: Duration, token: i64) -> OwnedParams {
+    pub(super) fn params(
+        &self,
+        lock_key: impl Into<Arc<str>>,
+        ttl: Duration,
+        token: i64,
+    ) -> OwnedParams {
         OwnedParams {
             lock_key: lock_key.into(),
             region: Arc::clone(&self.region),
@@ -247,15 +258,15 @@ impl<B: Backend> SqlStore<B> {
 impl<B: Backend> Store for SqlStore<B> {
     fn acquire(
         &self,
-        lock_key: &str,
-        name: &str,
+        lock_key: &Arc<str>,
+        name: &Arc<str>,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Option<Grant>> {
-        let mut params = self.params(lock_key, ttl, 0);
+        let mut params = self.params(Arc::clone(lock_key), ttl, 0);
         // A name the column cannot hold (PostgreSQL text has no NUL) is stored as none.
         if !name.contains('\0') {
-            params.name = name.into();
+            params.name = Arc::clone(name);
         }
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         self.run(Path::Main, "acquire", deadline, move |conn| {
@@ -321,7 +332,7 @@ impl<B: Backend> Store for SqlStore<B> {
             _ => return renew_each(self, leases, ttl, deadline),
         };
         let pairs = pairs_json(leases.iter().map(|(key, token)| (*key, *token)));
-        let params = self.params(&pairs, ttl, 0);
+        let params = self.params(pairs.as_str(), ttl, 0);
         let (batch, counters) = (Arc::clone(batch), Arc::clone(&self.counters));
         let count = leases.len();
         let outcome = self.run(Path::Renewal, "background renewal", deadline, move |conn| {
@@ -364,8 +375,14 @@ impl<B: Backend> Store for SqlStore<B> {
         Ok((sent_at, found))
     }
 
-    fn release(&self, lock_key: &str, token: i64, deadline: Instant, turn: Turn) -> Result<bool> {
-        let mut params = self.params(lock_key, Duration::ZERO, token);
+    fn release(
+        &self,
+        lock_key: &Arc<str>,
+        token: i64,
+        deadline: Instant,
+        turn: Turn,
+    ) -> Result<bool> {
+        let mut params = self.params(Arc::clone(lock_key), Duration::ZERO, token);
         params.ttl_micros = turn.param();
         let turn_age = turn.age();
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));

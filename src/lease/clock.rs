@@ -7,7 +7,9 @@
 //! moves earlier ([`hurry`]), wakes it only when that moment is sooner than its wake-up.
 //! It wakes a sixteenth of a renewal period before a lease is due and then hands over every
 //! lease due within the next eighth, so leases due in the same window travel in one batch.
-//! Ended leases are dropped from its list on each scan, and by `watch` when the list doubles.
+//! Ended leases are dropped from its list on each scan, and by `watch` when the list doubles;
+//! `watch` also drops the gone ones at the end of the list (the last lease of a thread that
+//! locks in a loop), which frees their memory for the next.
 
 use super::{Lease, Renewer};
 use crate::error::LossReason;
@@ -43,6 +45,16 @@ pub(crate) fn watch(lease: &Arc<Lease>) {
     let (watched, wake) = state();
     let due = lease.clock_due();
     let mut list = watched.lock();
+    // Leases gone since they were watched, at the end of the list (a thread locking one key
+    // after another leaves its last one there): dropped now, so that their memory is freed
+    // for the next lease (reused warm) instead of at the next prune.
+    while list
+        .leases
+        .last()
+        .is_some_and(|lease| lease.strong_count() == 0)
+    {
+        list.leases.pop();
+    }
     if list.leases.len() >= list.prune_at {
         list.leases
             .retain(|lease| lease.upgrade().is_some_and(|lease| !lease.is_over()));

@@ -74,9 +74,11 @@ impl SqliteManager {
     }
 }
 
-/// A connection plus the flag `mark_broken` sets.
+/// A connection plus the flag `mark_broken` sets. The connection is boxed: r2d2 moves its
+/// connections by value at every checkout and return (several times each), and a
+/// `rusqlite::Connection` is a few hundred bytes, copied with `memcpy` at each move.
 pub(crate) struct SqliteConn {
-    conn: Connection,
+    conn: Box<Connection>,
     broken: bool,
 }
 
@@ -93,7 +95,7 @@ impl r2d2::ManageConnection for SqliteManager {
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(SqliteConn {
-            conn,
+            conn: Box::new(conn),
             broken: false,
         })
     }
