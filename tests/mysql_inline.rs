@@ -219,7 +219,11 @@ fn silent_server(
     let started = Instant::now();
     let outcome = registry.obtain("silent").unwrap().try_lock();
     let waited = started.elapsed();
-    assert!(outcome.is_err(), "no answer, yet: {outcome:?}");
+    assert!(
+        outcome.is_err(),
+        "the acquire returned {outcome:?}: it got its whole answer instead of ending at its \
+         deadline"
+    );
     assert!(
         waited < Duration::from_secs(15),
         "the acquire waited {waited:?}: past its deadline ({operation_timeout:?}), as long as \
