@@ -10,7 +10,11 @@
 //!   every 100 ms while the lease lasts if a watcher held it for an instant or the connection
 //!   failed); after the release statement committed it lets it go (`RELEASE_LOCK`). A lease
 //!   released sooner never takes it: an uncontended `lock()` + `unlock()` costs no named-lock
-//!   statement, and its waiters elsewhere learn of the release from the row (below). A session
+//!   statement, and its waiters elsewhere learn of the release from the row (below). The
+//!   named-lock thread does not wake for every grant: it glances at the young leases on a
+//!   timer that backs off from 2 ms to [`MAX_GLANCE`] (16 ms) while the glances find none
+//!   that lasted (see `Holder::run`), so while this registry's leases come and go faster
+//!   than [`TAKE_DELAY`] a longer one is named up to [`MAX_GLANCE`] after its grant. A session
 //!   may hold many named locks, so one connection serves every lease of the registry. A
 //!   release that ends a fair turn quietly (see `RegistryBuilder::turn_window`) keeps the
 //!   named lock for [`QUIET_HOLD`], so that the instances it stepped aside for — pollers,
@@ -57,6 +61,9 @@ pub(crate) const QUIET_HOLD: Duration = Duration::from_millis(250);
 const TAKE_WAIT: &str = "0.05";
 /// How long a lease lasts before its holder takes the key's named lock.
 pub(crate) const TAKE_DELAY: Duration = Duration::from_millis(2);
+/// The longest pause of the named-lock thread between two glances at the young grants that
+/// found none due (see [`Holder::run`]): the latest a lease is named after its grant.
+const MAX_GLANCE: Duration = Duration::from_millis(16);
 /// The longest pause of a watcher between `GET_LOCK`s that returned at once.
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
 /// One blocking `GET_LOCK` of a watcher, in seconds: how soon it notices it is not needed.
@@ -73,8 +80,10 @@ pub(crate) fn lock_name(table: &str, region: &str, lock_key: &str) -> String {
     let digest = hasher.finalize();
     let mut name = String::with_capacity(36);
     name.push_str("lh1:");
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     for byte in digest.iter() {
-        name.push_str(&format!("{byte:02x}"));
+        name.push(char::from(HEX[usize::from(byte >> 4)]));
+        name.push(char::from(HEX[usize::from(byte & 15)]));
     }
     name
 }
@@ -89,12 +98,19 @@ struct Pending {
     young: HashMap<String, Instant>,
     /// Ended leases whose grant the thread had seen: let the name go after the delay.
     ended: Vec<(String, Duration)>,
-    /// When the thread wakes next on its own (`None`: only when notified). A grant notifies
-    /// it only if its name is due sooner, so a registry locking in a loop wakes the thread
-    /// about once per `TAKE_DELAY`, not twice per lease.
-    planned: Option<Instant>,
+    /// `Some(at)`: the thread looks at [`Pending::young`] by `at` without being told (it is
+    /// *glancing*, see [`Holder::run`]), so a grant need not wake it. `None`: it sleeps until
+    /// notified (or until a timer of its own that may be far off), and a grant wakes it.
+    glance: Option<Instant>,
+    /// Leases that ended unseen (shorter than [`TAKE_DELAY`]) since the thread's last look:
+    /// while there are such, it keeps glancing, backing off.
+    short: u64,
     /// The registry is gone: the thread ends.
     stopped: bool,
+    /// How often the thread has looked at the map (tests count its wake-ups with it).
+    looks: u64,
+    /// How many names it took.
+    taken: u64,
 }
 
 struct Shared {
@@ -129,11 +145,13 @@ impl NamedLocks {
 
     /// A lease on the key of `name` was granted.
     pub fn take(&self, name: String) {
-        let due = Instant::now() + TAKE_DELAY;
+        let now = Instant::now();
         let mut pending = self.shared.pending.lock();
-        pending.young.entry(name).or_insert(due);
-        if pending.planned.is_none_or(|planned| due < planned) {
-            pending.planned = Some(due);
+        pending.young.entry(name).or_insert(now + TAKE_DELAY);
+        if pending.glance.is_none() {
+            // The thread sleeps until told: tell it, and mark that it will look (so the next
+            // grant, a moment later, does not wake it again).
+            pending.glance = Some(now + TAKE_DELAY);
             self.shared.changed.notify_one();
         }
     }
@@ -144,6 +162,8 @@ impl NamedLocks {
         if pending.young.remove(&name).is_none() {
             pending.ended.push((name, delay));
             self.shared.changed.notify_one();
+        } else {
+            pending.short += 1;
         }
     }
 }
@@ -180,8 +200,22 @@ enum Name {
 const RETRY_TAKE: Duration = Duration::from_millis(100);
 
 impl Holder {
+    /// The thread. It wakes when told (a grant while it was not glancing, an ended lease
+    /// whose name it took, the registry gone) and at the earliest of its own instants: a
+    /// name to let go or to try again, the connection's idle timeout, and its next *glance*
+    /// at the young grants. It glances while leases come and go: a look that finds a grant
+    /// due takes its name, and the next glance comes at the next grant's due; a look that
+    /// finds leases that ended unseen (shorter than [`TAKE_DELAY`]) doubles the pause
+    /// before the next glance, up to [`MAX_GLANCE`]; a look that finds no grant since the
+    /// previous one ends the glancing (the pause starts afresh at [`TAKE_DELAY`]), and the
+    /// next grant wakes the thread. So a registry that locks and unlocks in a loop, every
+    /// lease shorter than [`TAKE_DELAY`], wakes the thread about once per [`MAX_GLANCE`]
+    /// (grants do not wake it while it glances), a lease that follows a quiet spell or a
+    /// lease that lasted is named [`TAKE_DELAY`] after its grant, and one that follows
+    /// short leases at most [`MAX_GLANCE`] after it.
     fn run(mut self, shared: &Shared) {
         let mut idle_since = Instant::now();
+        let mut pause = TAKE_DELAY;
         loop {
             // What came in, taken under the mutex; the statements run after it is let go.
             let (ended, due) = {
@@ -190,6 +224,7 @@ impl Holder {
                     if pending.stopped {
                         return;
                     }
+                    pending.looks += 1;
                     let now = Instant::now();
                     let due: Vec<String> = pending
                         .young
@@ -208,19 +243,37 @@ impl Holder {
                             Name::Wanted(at) => Some(at),
                         })
                         .min();
+                    if !due.is_empty() {
+                        pause = TAKE_DELAY;
+                        pending.taken += due.len() as u64;
+                    }
                     if !due.is_empty()
                         || !pending.ended.is_empty()
                         || own.is_some_and(|at| at <= now)
                     {
+                        // Glancing goes on: the statements run first, then the thread looks
+                        // again without waiting for a grant to tell it.
+                        pending.glance = Some(now);
                         break (std::mem::take(&mut pending.ended), due);
                     }
+                    // Nothing due: when to look again. Back off while leases end unseen;
+                    // stop glancing (start afresh) when none came since the last look.
+                    let short = std::mem::take(&mut pending.short);
+                    if short > 0 {
+                        pause = (pause * 2).min(MAX_GLANCE);
+                    }
+                    let glance = match pending.young.values().min().copied() {
+                        Some(first) => Some(first.max(now + pause.saturating_sub(TAKE_DELAY))),
+                        None if short > 0 => Some(now + pause),
+                        None => {
+                            pause = TAKE_DELAY;
+                            None
+                        }
+                    };
+                    pending.glance = glance;
                     let idle = (self.conn.is_some() && self.names.is_empty())
                         .then(|| idle_since + self.idle_timeout);
-                    let next = [own, pending.young.values().min().copied(), idle]
-                        .into_iter()
-                        .flatten()
-                        .min();
-                    pending.planned = next;
+                    let next = [own, glance, idle].into_iter().flatten().min();
                     match next {
                         Some(at) if at <= now => break (Vec::new(), Vec::new()),
                         Some(at) => {
@@ -582,6 +635,135 @@ impl Watcher {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manager whose server refuses every connection: the thread's statements fail at once
+    /// (a name it tries to take is wanted again later), which is all these tests need.
+    fn unreachable_manager() -> MysqlManager {
+        MysqlManager {
+            opts: vec![mysql::Opts::from_url("mysql://root@127.0.0.1:1/test").unwrap()],
+            prefer_tls: false,
+            named_locks: Default::default(),
+            ids: Default::default(),
+        }
+    }
+
+    /// Leases that end before [`TAKE_DELAY`], one after another (a registry locking and
+    /// unlocking in a loop): the named-lock thread glances at them on a timer that backs off
+    /// to [`MAX_GLANCE`] instead of waking about every [`TAKE_DELAY`], and grants do not wake
+    /// it while it glances. A lease the test thread was kept from ending in time (a loaded
+    /// machine) is taken, which starts the back-off afresh: the bound allows for that.
+    #[test]
+    fn short_leases_in_a_loop_wake_the_named_lock_thread_rarely() {
+        let named = NamedLocks::start(unreachable_manager(), Duration::from_secs(60));
+        let name = lock_name("T_LOCK", "DEFAULT", "loop");
+        let started = Instant::now();
+        let mut cycles = 0u64;
+        while started.elapsed() < Duration::from_millis(600) {
+            named.take(name.clone());
+            named.drop_after(name.clone(), Duration::ZERO);
+            cycles += 1;
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let elapsed = started.elapsed();
+        let (looks, taken) = {
+            let pending = named.shared.pending.lock();
+            (pending.looks, pending.taken)
+        };
+        // Each take restarts the back-off: 2, 4, 8, 16 ms, about five looks before the pause
+        // is back at its longest.
+        let bound =
+            elapsed.as_millis() as u64 / (MAX_GLANCE.as_millis() as u64 / 2) + 6 * taken + 10;
+        assert!(
+            looks <= bound,
+            "{cycles} short leases in {elapsed:?} woke the named-lock thread {looks} times \
+             ({taken} names taken); at most {bound} expected"
+        );
+    }
+
+    /// A lease that lasted (its name taken) and then a quiet spell: the back-off does not
+    /// carry over, so the next grant wakes the thread and its name is due [`TAKE_DELAY`]
+    /// after it, as a waiter elsewhere expects (a watcher that finds the name free learns of
+    /// the release only at its next look at the row).
+    #[test]
+    fn a_grant_after_a_lease_that_lasted_is_looked_at_when_due() {
+        let named = NamedLocks::start(unreachable_manager(), Duration::from_secs(60));
+        let short = lock_name("T_LOCK", "DEFAULT", "short");
+        let long = lock_name("T_LOCK", "DEFAULT", "long");
+        // Short leases first, so that the thread backs off ...
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(100) {
+            named.take(short.clone());
+            named.drop_after(short.clone(), Duration::ZERO);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // ... then one that lasts until its name was taken, and a quiet spell.
+        named.take(long.clone());
+        let waited = Instant::now();
+        while named.shared.pending.lock().taken == 0 {
+            assert!(
+                waited.elapsed() < Duration::from_secs(30),
+                "the name was never taken"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let before = named.shared.pending.lock().looks;
+        named.drop_after(long.clone(), Duration::ZERO);
+        // The thread lets the name go and then stops glancing (no grant came meanwhile): it
+        // looks about twice, not every few milliseconds for a while.
+        let waited = Instant::now();
+        while named.shared.pending.lock().glance.is_some() {
+            assert!(
+                waited.elapsed() < Duration::from_secs(30),
+                "the thread kept glancing"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let (taken, looks) = {
+            let pending = named.shared.pending.lock();
+            (pending.taken, pending.looks)
+        };
+        assert!(
+            looks - before <= 6,
+            "after the last lease ended the thread looked {} times",
+            looks - before
+        );
+        named.take(long.clone());
+        // The name is due at most `TAKE_DELAY` after this instant.
+        let granted = Instant::now();
+        // The thread's first look after the grant plans the next one at the grant's due (or
+        // takes the name, when it looks that late).
+        let waited = Instant::now();
+        let glance = loop {
+            {
+                let pending = named.shared.pending.lock();
+                if pending.taken > taken {
+                    break None;
+                }
+                if pending.looks > looks {
+                    break pending.glance;
+                }
+            }
+            assert!(
+                waited.elapsed() < Duration::from_secs(30),
+                "the thread never looked"
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        };
+        if let Some(glance) = glance {
+            assert!(
+                glance <= granted + TAKE_DELAY,
+                "after a quiet spell the next look at a grant came {:?} after it",
+                glance - granted
+            );
         }
     }
 }
