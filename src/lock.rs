@@ -84,6 +84,11 @@
 //! statement reserves the row for the first half of it ([`Turn::Ends`]: `CREATED_DATE` set to
 //! the reservation's end, which leasehold's grant waits for and Spring's ignores), so a poller
 //! that is not leasehold — Spring's — takes it first, and other leasehold instances after that.
+//! The registry comes back sooner once another instance has had the key: a release reported
+//! while it stays away (its threads waiting then listen for releases) whose turn began after
+//! the registry's own quiet release ends the staying away, and the waiter that comes back
+//! continues that turn. Spring's releases report nothing, so the instances that only poll
+//! keep their half of the window.
 //! A single long hold (a leader's term) releases normally. While instances that only poll are
 //! known to take turns too, turns are a quarter of `local_handoff_limit` (at least
 //! `idle_between_tries`): for [`POLLERS_REMEMBERED`] after a grant of this lock had to insert
@@ -313,6 +318,8 @@ impl LockInner {
         let waiting_since = Instant::now();
         // The first pass reads no clock again: it is the start of the wait.
         let mut first_pass = Some(waiting_since);
+        // Whether this wait's step aside (after this registry's turn end) was cut short.
+        let mut came_back = false;
         loop {
             let now = first_pass.take().unwrap_or_else(Instant::now);
             if state.owner == Some(me) {
@@ -342,6 +349,13 @@ impl LockInner {
                     }
                     self.end_linger(state);
                     continue;
+                }
+                // The step aside after a turn end is over early once another instance has had
+                // the key since: a release of a turn that began after this registry's quiet
+                // one was reported (see "Turns").
+                if state.yield_until.is_some() && Self::another_turn_since_ours(state) {
+                    state.yield_until = None;
+                    came_back = true;
                 }
                 let yielding = state.yield_until.filter(|until| *until > now);
                 if state.db_user.is_none() && yielding.is_none() {
@@ -415,7 +429,10 @@ impl LockInner {
                             state.owner = Some(me);
                             state.depth = 1;
                             let now = arrived;
-                            let waited = state.refused_at.is_some_and(|at| at >= waiting_since);
+                            // Coming back from a step aside cut short by another instance's
+                            // release is a wait for a key held elsewhere too.
+                            let waited =
+                                came_back || state.refused_at.is_some_and(|at| at >= waiting_since);
                             let gap = settings.turn_gap();
                             // A quick re-grant continues this registry's turn, unless that turn
                             // is already over: it was not ended at the release (nobody queued
@@ -492,14 +509,44 @@ impl LockInner {
                         .yield_until
                         .filter(|y| *y > now)
                         .map_or(deadline, |y| y.min(deadline));
+                    self.hear_releases_while_stepping_aside(state, now, registered);
                     self.changed.wait_until(state, until);
                 }
                 Wait::Forever => match state.yield_until.filter(|y| *y > now) {
                     Some(until) => {
+                        self.hear_releases_while_stepping_aside(state, now, registered);
                         self.changed.wait_until(state, until);
                     }
                     None => self.changed.wait(state),
                 },
+            }
+        }
+    }
+
+    /// Whether a release was reported (since this registry's own last release) whose turn
+    /// began after that release: another instance has had the key since this registry let
+    /// go. A quiet release (a turn end) reports no turn, so this registry's own does not count.
+    fn another_turn_since_ours(state: &LocalState) -> bool {
+        let (Some((heard, age)), Some(ours)) = (state.inherited_turn, state.last_released) else {
+            return false;
+        };
+        heard.checked_sub(age).is_some_and(|began| began > ours)
+    }
+
+    /// A thread that waits while the registry steps aside after a turn end listens for
+    /// releases, so that another instance's release ends the step aside (see "Turns").
+    fn hear_releases_while_stepping_aside(
+        self: &Arc<Self>,
+        state: &mut MutexGuard<'_, LocalState>,
+        now: Instant,
+        registered: &mut bool,
+    ) {
+        if state.yield_until.is_some_and(|until| until > now) && state.db_user.is_none() {
+            if !*registered {
+                *registered = self.core.wakeups.register(&self.lock_key, self.as_poller());
+            }
+            if *registered {
+                self.core.wakeups.before_sleep();
             }
         }
     }

@@ -348,6 +348,55 @@ mod suite {
         assert!(again.try_lock().unwrap().is_none(), "still reserved");
     }
 
+    /// Issue 25, goal 2: a registry that stepped aside after ending its turn comes back as
+    /// soon as another instance has had the key and let it go (its release is heard), not only
+    /// when its turn window is over: the step aside was for the others, and they had their
+    /// turn. Before, the waiter stayed away for the whole window (here 10 s; the reservation,
+    /// the first half of it, still keeps every leasehold instance out).
+    pub fn a_step_aside_ends_when_another_instance_has_had_the_key(f: &Fixture) {
+        let limit = Duration::from_secs(2);
+        let window = Duration::from_secs(10);
+        let ours = f
+            .builder()
+            .local_handoff_limit(Some(limit))
+            .turn_window(Some(window))
+            .build()
+            .unwrap();
+        let other = f.registry();
+        end_a_turn(&ours, "aside", limit);
+        let ended = Instant::now();
+        let waiter = {
+            let lock = ours.obtain("aside").unwrap();
+            thread::spawn(move || {
+                let guard = lock.lock().unwrap();
+                let at = Instant::now();
+                guard.unlock().unwrap();
+                at
+            })
+        };
+        let guard = other
+            .obtain("aside")
+            .unwrap()
+            .try_lock_for(window + GENEROUS)
+            .unwrap()
+            .expect("granted once the reservation is over");
+        let reserved_until = Instant::now();
+        guard.unlock().unwrap();
+        let back = waiter.join().unwrap();
+        assert!(
+            reserved_until >= ended + window / 2 - Duration::from_millis(500),
+            "the other instance got the key {:?} after the turn end, inside the reservation",
+            reserved_until - ended
+        );
+        assert!(
+            back + Duration::from_secs(2) < ended + window,
+            "the registry came back {:?} after its turn end ({:?} after the other instance's \
+             grant): it stayed away for (nearly) its whole turn window of {window:?}",
+            back - ended,
+            back.saturating_duration_since(reserved_until)
+        );
+    }
+
     pub fn waiting_threads_share_one_poller(f: &Fixture) {
         let holder = f.registry();
         let guard = holder.obtain("crowded").unwrap().lock().unwrap();
@@ -851,6 +900,7 @@ macro_rules! conformance {
             local_handoff_keeps_the_grant_and_sends_no_statement,
             another_instance_gets_a_turn_under_continuous_local_contention,
             a_turn_end_reserves_the_row_for_polling_instances,
+            a_step_aside_ends_when_another_instance_has_had_the_key,
             waiting_threads_share_one_poller,
             reentrant_acquire_on_one_thread_never_deadlocks,
             held_or_waited_handles_survive_cache_eviction,
