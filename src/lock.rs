@@ -149,6 +149,10 @@ struct LocalState {
     /// (leasehold keeps released rows, Spring Integration deletes them): an instance that only
     /// polls is taking turns too, and turns are shortened for a while (see "Turns").
     pollers_seen: Option<Instant>,
+    /// A grant of the current turn had to insert the row (a new key, or a row deleted by an
+    /// instance that deletes on unlock while nobody here looked): the turn is a short one,
+    /// since polling instances may be waiting (see "Turns").
+    turn_found_no_row: bool,
     yield_until: Option<Instant>,
     /// Set by the release listener: the poller should try again now.
     nudged: bool,
@@ -169,6 +173,33 @@ struct LocalState {
     lingering: Option<Instant>,
     /// The registry's [`Lingerer`] has an entry for this key.
     linger_queued: bool,
+}
+
+/// `idle` spread over ±25 % at random: the sleep of a poller between attempts. Pollers with
+/// one interval — this registry's beside another instance's, or Spring Integration's, whose
+/// `idleBetweenTries` is 100 ms like leasehold's default — would otherwise keep the phase they
+/// happen to start with: one that polls a few milliseconds after another finds every release
+/// taken by it first, for as long as both wait.
+pub(crate) fn jittered(idle: Duration) -> Duration {
+    use std::cell::Cell;
+    use std::hash::BuildHasher;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id())
+                | 1,
+        );
+    }
+    // xorshift64: a fraction in [0, 1) from its top 53 bits.
+    let bits = STATE.with(|state| {
+        let mut x = state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(x);
+        x
+    });
+    let fraction = (bits >> 11) as f64 / (1u64 << 53) as f64;
+    idle.mul_f64(0.75 + 0.5 * fraction)
 }
 
 /// How long turns stay short after a grant found the row deleted by a polling instance.
@@ -208,6 +239,7 @@ impl LockInner {
                 chain_started: Instant::now(),
                 last_released: None,
                 pollers_seen: None,
+                turn_found_no_row: false,
                 holds_in_turn: 0,
                 turn_contended: false,
                 yield_until: None,
@@ -396,7 +428,13 @@ impl LockInner {
                             continue;
                         }
                         Some(grant) => {
-                            if grant.inserted && state.last_released.is_some() {
+                            // An attempt of this wait found the key held.
+                            let waited = state.refused_at.is_some_and(|at| at >= waiting_since);
+                            // The row was gone although this registry had released it (it
+                            // keeps released rows) or an attempt of this wait found it held:
+                            // an instance that deletes its row on unlock (Spring) held the key
+                            // meanwhile.
+                            if grant.inserted && (state.last_released.is_some() || waited) {
                                 state.pollers_seen = Some(Instant::now());
                             }
                             let lease = Lease::start(
@@ -415,7 +453,6 @@ impl LockInner {
                             state.owner = Some(me);
                             state.depth = 1;
                             let now = arrived;
-                            let waited = state.refused_at.is_some_and(|at| at >= waiting_since);
                             let gap = settings.turn_gap();
                             // A quick re-grant continues this registry's turn, unless that turn
                             // is already over: it was not ended at the release (nobody queued
@@ -443,12 +480,15 @@ impl LockInner {
                                 state.chain_started = started;
                                 state.holds_in_turn = 2;
                                 state.turn_contended = true;
+                                state.turn_found_no_row = grant.inserted;
                             } else if waited || !resumed {
                                 state.chain_started = now;
                                 state.holds_in_turn = 1;
                                 state.turn_contended = waited;
+                                state.turn_found_no_row = grant.inserted;
                             } else {
                                 state.holds_in_turn += 1;
+                                state.turn_found_no_row |= grant.inserted;
                             }
                             state.yield_until = None;
                             // Asked for within `linger` of this registry's own release by
@@ -467,7 +507,7 @@ impl LockInner {
                         None => {
                             state.refused_at = Some(Instant::now());
                             self.core.meter.contended(&self.key);
-                            let next_poll = Instant::now() + settings.idle_between_tries;
+                            let next_poll = Instant::now() + jittered(settings.idle_between_tries);
                             let wake_at = match wait {
                                 Wait::No | Wait::Once(_) => return Ok(None),
                                 Wait::Until(deadline) if deadline <= Instant::now() => {
@@ -650,9 +690,10 @@ impl LockInner {
     /// that deletes on unlock had held the key (see "Turns" in the module docs).
     fn turn_limit(settings: &Settings, state: &LocalState, now: Instant) -> Option<Duration> {
         let limit = settings.local_handoff_limit?;
-        let pollers = state
-            .pollers_seen
-            .is_some_and(|seen| now.duration_since(seen) < POLLERS_REMEMBERED);
+        let pollers = state.turn_found_no_row
+            || state
+                .pollers_seen
+                .is_some_and(|seen| now.duration_since(seen) < POLLERS_REMEMBERED);
         Some(match pollers {
             true => (limit / 4).max(settings.idle_between_tries).min(limit),
             false => limit,
