@@ -18,7 +18,9 @@
 //!
 //! Every thread inside an acquire of the key sits in a FIFO `queue`. Only the poller talks to
 //! the database for this key, so N waiting threads cost one statement per
-//! `idle_between_tries`, not N. Between polls the poller sleeps with `db_user` still set.
+//! `idle_between_tries`, not N. Between polls the poller sleeps with `db_user` still set, for
+//! `idle_between_tries` ± 25 % at random ([`jittered`]), so that it does not keep the phase of
+//! another instance's poller with the same interval (see "Turns").
 //!
 //! **Handoff.** When the holder releases while threads queue, ownership passes directly to the
 //! oldest of them (the owner field is set to its thread before it even wakes, so the releaser
@@ -87,9 +89,21 @@
 //! A single long hold (a leader's term) releases normally. While instances that only poll are
 //! known to take turns too, turns are a quarter of `local_handoff_limit` (at least
 //! `idle_between_tries`): for [`POLLERS_REMEMBERED`] after a grant of this lock had to insert
-//! the row although this registry had released it (leasehold keeps released rows; Spring's
-//! unlock deletes its row), which the grant statement reports (PostgreSQL's second column,
-//! MySQL's affected rows: 1 for an insert, 2 for the update of an expired row). Every other release stores the
+//! the row although this registry had released it, or although an attempt of the same wait
+//! had found it held (leasehold keeps released rows; only an instance that deletes its row on
+//! unlock, Spring's, can have removed it meanwhile), which the grant statement reports
+//! (PostgreSQL's second column, MySQL's affected rows: 1 for an insert, 2 for the update of
+//! an expired row). A turn begun by a grant that inserted the row without either sign (a new
+//! key, or a row deleted while nobody here looked: the start of a round, when nothing is known
+//! yet about who else waits) is a quarter too, that turn only (`turn_found_no_row`); on the
+//! row leasehold keeps, later turns have the full limit again unless pollers show themselves.
+//! A refused attempt of a Spring instance cannot be seen (its `UPDATE` matches nothing and its
+//! `INSERT` fails on the duplicate key: nothing is written). Pollers of one interval — a
+//! waiter here and another instance's, Spring's included, whose `idleBetweenTries` is 100 ms
+//! like the default — would keep the phase they start with, and one a few milliseconds behind
+//! another would find every release taken first for as long as both wait (seen on MariaDB: a
+//! waiter polling 1–10 ms after a Spring instance 17 times in a row); a poller's sleep is
+//! therefore spread ±25 %. Every other release stores the
 //! turn's age in the row ([`Turn::Continues`]: `EXPIRED_AFTER` = the epoch + the age,
 //! `CREATED_DATE` = now), which MySQL's woken watcher reads back. A release reported to a
 //! waiting thread continues a turn only if it came during that thread's wait.
