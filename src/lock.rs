@@ -18,7 +18,9 @@
 //!
 //! Every thread inside an acquire of the key sits in a FIFO `queue`. Only the poller talks to
 //! the database for this key, so N waiting threads cost one statement per
-//! `idle_between_tries`, not N. Between polls the poller sleeps with `db_user` still set.
+//! `idle_between_tries`, not N. Between polls the poller sleeps with `db_user` still set, for
+//! `idle_between_tries` ± 25 % at random ([`jittered`]), so that it does not keep the phase of
+//! another instance's poller with the same interval (see "Turns").
 //!
 //! **Handoff.** When the holder releases while threads queue, ownership passes directly to the
 //! oldest of them (the owner field is set to its thread before it even wakes, so the releaser
@@ -92,9 +94,21 @@
 //! A single long hold (a leader's term) releases normally. While instances that only poll are
 //! known to take turns too, turns are a quarter of `local_handoff_limit` (at least
 //! `idle_between_tries`): for [`POLLERS_REMEMBERED`] after a grant of this lock had to insert
-//! the row although this registry had released it (leasehold keeps released rows; Spring's
-//! unlock deletes its row), which the grant statement reports (PostgreSQL's second column,
-//! MySQL's affected rows: 1 for an insert, 2 for the update of an expired row). Every other release stores the
+//! the row although this registry had released it, or although an attempt of the same wait
+//! had found it held (leasehold keeps released rows; only an instance that deletes its row on
+//! unlock, Spring's, can have removed it meanwhile), which the grant statement reports
+//! (PostgreSQL's second column, MySQL's affected rows: 1 for an insert, 2 for the update of
+//! an expired row). A turn begun by a grant that inserted the row without either sign (a new
+//! key, or a row deleted while nobody here looked: the start of a round, when nothing is known
+//! yet about who else waits) is a quarter too, that turn only (`turn_found_no_row`); on the
+//! row leasehold keeps, later turns have the full limit again unless pollers show themselves.
+//! A refused attempt of a Spring instance cannot be seen (its `UPDATE` matches nothing and its
+//! `INSERT` fails on the duplicate key: nothing is written). Pollers of one interval — a
+//! waiter here and another instance's, Spring's included, whose `idleBetweenTries` is 100 ms
+//! like the default — would keep the phase they start with, and one a few milliseconds behind
+//! another would find every release taken first for as long as both wait (seen on MariaDB: a
+//! waiter polling 1–10 ms after a Spring instance 17 times in a row); a poller's sleep is
+//! therefore spread ±25 %. Every other release stores the
 //! turn's age in the row ([`Turn::Continues`]: `EXPIRED_AFTER` = the epoch + the age,
 //! `CREATED_DATE` = now), which MySQL's woken watcher reads back. A release reported to a
 //! waiting thread continues a turn only if it came during that thread's wait.
@@ -154,6 +168,10 @@ struct LocalState {
     /// (leasehold keeps released rows, Spring Integration deletes them): an instance that only
     /// polls is taking turns too, and turns are shortened for a while (see "Turns").
     pollers_seen: Option<Instant>,
+    /// A grant of the current turn had to insert the row (a new key, or a row deleted by an
+    /// instance that deletes on unlock while nobody here looked): the turn is a short one,
+    /// since polling instances may be waiting (see "Turns").
+    turn_found_no_row: bool,
     yield_until: Option<Instant>,
     /// Set by the release listener: the poller should try again now.
     nudged: bool,
@@ -174,6 +192,33 @@ struct LocalState {
     lingering: Option<Instant>,
     /// The registry's [`Lingerer`] has an entry for this key.
     linger_queued: bool,
+}
+
+/// `idle` spread over ±25 % at random: the sleep of a poller between attempts. Pollers with
+/// one interval — this registry's beside another instance's, or Spring Integration's, whose
+/// `idleBetweenTries` is 100 ms like leasehold's default — would otherwise keep the phase they
+/// happen to start with: one that polls a few milliseconds after another finds every release
+/// taken by it first, for as long as both wait.
+pub(crate) fn jittered(idle: Duration) -> Duration {
+    use std::cell::Cell;
+    use std::hash::BuildHasher;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id())
+                | 1,
+        );
+    }
+    // xorshift64: a fraction in [0, 1) from its top 53 bits.
+    let bits = STATE.with(|state| {
+        let mut x = state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(x);
+        x
+    });
+    let fraction = (bits >> 11) as f64 / (1u64 << 53) as f64;
+    idle.mul_f64(0.75 + 0.5 * fraction)
 }
 
 /// How long turns stay short after a grant found the row deleted by a polling instance.
@@ -213,6 +258,7 @@ impl LockInner {
                 chain_started: Instant::now(),
                 last_released: None,
                 pollers_seen: None,
+                turn_found_no_row: false,
                 holds_in_turn: 0,
                 turn_contended: false,
                 yield_until: None,
@@ -410,7 +456,13 @@ impl LockInner {
                             continue;
                         }
                         Some(grant) => {
-                            if grant.inserted && state.last_released.is_some() {
+                            // An attempt of this wait found the key held.
+                            let waited = state.refused_at.is_some_and(|at| at >= waiting_since);
+                            // The row was gone although this registry had released it (it
+                            // keeps released rows) or an attempt of this wait found it held:
+                            // an instance that deletes its row on unlock (Spring) held the key
+                            // meanwhile.
+                            if grant.inserted && (state.last_released.is_some() || waited) {
                                 state.pollers_seen = Some(Instant::now());
                             }
                             let lease = Lease::start(
@@ -431,8 +483,7 @@ impl LockInner {
                             let now = arrived;
                             // Coming back from a step aside cut short by another instance's
                             // release is a wait for a key held elsewhere too.
-                            let waited =
-                                came_back || state.refused_at.is_some_and(|at| at >= waiting_since);
+                            let waited = came_back || waited;
                             let gap = settings.turn_gap();
                             // A quick re-grant continues this registry's turn, unless that turn
                             // is already over: it was not ended at the release (nobody queued
@@ -460,12 +511,15 @@ impl LockInner {
                                 state.chain_started = started;
                                 state.holds_in_turn = 2;
                                 state.turn_contended = true;
+                                state.turn_found_no_row = grant.inserted;
                             } else if waited || !resumed {
                                 state.chain_started = now;
                                 state.holds_in_turn = 1;
                                 state.turn_contended = waited;
+                                state.turn_found_no_row = grant.inserted;
                             } else {
                                 state.holds_in_turn += 1;
+                                state.turn_found_no_row |= grant.inserted;
                             }
                             state.yield_until = None;
                             // Asked for within `linger` of this registry's own release by
@@ -484,7 +538,7 @@ impl LockInner {
                         None => {
                             state.refused_at = Some(Instant::now());
                             self.core.meter.contended(&self.key);
-                            let next_poll = Instant::now() + settings.idle_between_tries;
+                            let next_poll = Instant::now() + jittered(settings.idle_between_tries);
                             let wake_at = match wait {
                                 Wait::No | Wait::Once(_) => return Ok(None),
                                 Wait::Until(deadline) if deadline <= Instant::now() => {
@@ -697,9 +751,10 @@ impl LockInner {
     /// that deletes on unlock had held the key (see "Turns" in the module docs).
     fn turn_limit(settings: &Settings, state: &LocalState, now: Instant) -> Option<Duration> {
         let limit = settings.local_handoff_limit?;
-        let pollers = state
-            .pollers_seen
-            .is_some_and(|seen| now.duration_since(seen) < POLLERS_REMEMBERED);
+        let pollers = state.turn_found_no_row
+            || state
+                .pollers_seen
+                .is_some_and(|seen| now.duration_since(seen) < POLLERS_REMEMBERED);
         Some(match pollers {
             true => (limit / 4).max(settings.idle_between_tries).min(limit),
             false => limit,

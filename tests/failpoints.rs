@@ -843,3 +843,50 @@ fn a_claimant_that_leaves_before_queueing_does_not_hold_up_the_release() {
     assert!(waiter.join().unwrap().unwrap(), "the waiter got the permit");
     scenario.teardown();
 }
+
+/// Issue 25, goal 4: a waiter's sleeps between attempts are spread around
+/// `idle_between_tries` (±25 %), so that it cannot stay in lock-step with another instance
+/// that polls at the same interval a few milliseconds before it (Spring Integration's
+/// `idleBetweenTries` is 100 ms, like leasehold's default) and takes every release first.
+/// Without wake-ups nothing cuts a sleep short: before, no gap between two of a waiter's
+/// attempts was shorter than the interval; now about 30 % of them are more than 10 % shorter.
+#[test]
+fn a_waiters_sleeps_between_attempts_are_spread_around_the_interval() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("poll_spread");
+    let holder = f.registry();
+    let guard = holder.obtain("spread").unwrap().lock().unwrap();
+    const IDLE: Duration = Duration::from_millis(100);
+    let waiter = f
+        .builder()
+        .idle_between_tries(IDLE)
+        .notifications(false)
+        .build()
+        .unwrap();
+    let lock = waiter.obtain("spread").unwrap();
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&attempts);
+    fail::cfg_callback("lock::acquire_before_statement", move || {
+        seen.lock().unwrap().push(Instant::now())
+    })
+    .unwrap();
+    let got = lock.try_lock_for(Duration::from_secs(3)).unwrap();
+    fail::remove("lock::acquire_before_statement");
+    assert!(got.is_none(), "the key was held all along");
+    guard.unlock().unwrap();
+    let attempts = attempts.lock().unwrap().clone();
+    // The last sleep ends at the caller's deadline: not a full one.
+    let gaps: Vec<Duration> = attempts
+        .windows(2)
+        .map(|pair| pair[1] - pair[0])
+        .take(attempts.len().saturating_sub(2))
+        .collect();
+    assert!(gaps.len() >= 10, "only {} attempts in 3 s", attempts.len());
+    let shortest = gaps.iter().min().unwrap();
+    assert!(
+        *shortest < IDLE.mul_f64(0.9),
+        "every one of {} sleeps between attempts lasted the interval or longer (shortest {shortest:?})",
+        gaps.len()
+    );
+    scenario.teardown();
+}

@@ -313,6 +313,50 @@ fn two_spring_instances_beside_two_leasehold_instances(
     }
 }
 
+/// Two threads of `registry` hand `lock`'s key back and forth for `how_long` (holds of 10 ms,
+/// no pause), after a pause past the turn gap and one lock and unlock of their own; returns
+/// the turns that ended meanwhile (releases to the database before the last).
+fn turn_ends_in_ping_pong(
+    registry: &LockRegistry,
+    lock: &leasehold::Lock,
+    how_long: Duration,
+) -> u64 {
+    use std::time::Instant;
+    // Past the turn gap since the last release: this round's turn starts afresh.
+    std::thread::sleep(Duration::from_millis(500));
+    lock.lock().unwrap().unlock().unwrap();
+    let before = registry.statistics().releases;
+    let end = Instant::now() + how_long;
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                while Instant::now() < end {
+                    let guard = lock.lock().unwrap();
+                    std::thread::sleep(Duration::from_millis(10));
+                    guard.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    // The last holder's release, when nobody queues any more, is not a turn end.
+    registry.statistics().releases - before - 1
+}
+
+/// A registry for the turn tests below: a 5 s `local_handoff_limit` (a quarter of it is 1.25 s)
+/// and no lingers, so that every release that is not a local handoff runs its statement before
+/// `unlock()` returns and the counts are exact.
+fn turn_counting_registry(builder: impl Fn() -> RegistryBuilder) -> LockRegistry {
+    builder()
+        .local_handoff_limit(Some(Duration::from_secs(5)))
+        .linger(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
 /// Issue 25, goal 4: a grant that had to insert the row after this registry had released it
 /// (leasehold keeps released rows; Spring's unlock deletes its row) shortens this registry's
 /// turns with the key to a quarter of `local_handoff_limit`, so that polling instances wait
@@ -323,51 +367,95 @@ fn a_grant_after_a_spring_unlock_shortens_the_turns(
     builder: impl Fn() -> RegistryBuilder,
     spring: &mut dyn Spring,
 ) {
-    use std::time::Instant;
-    // Without lingers: every release that is not a local handoff runs its statement before
-    // `unlock()` returns, so the count below is exact.
-    let registry = builder()
-        .local_handoff_limit(Some(Duration::from_secs(5)))
-        .linger(Duration::ZERO)
-        .build()
-        .unwrap();
+    let registry = turn_counting_registry(builder);
     let key = format!("shorter-{}", uuid::Uuid::new_v4());
     let lock = registry.obtain(&key).unwrap();
-    let ping_pong = |how_long: Duration| -> u64 {
-        // Past the turn gap since the last release: this round's turn starts afresh.
-        std::thread::sleep(Duration::from_millis(500));
-        lock.lock().unwrap().unlock().unwrap();
-        let before = registry.statistics().releases;
-        let end = Instant::now() + how_long;
-        let threads: Vec<_> = (0..2)
-            .map(|_| {
-                let lock = lock.clone();
-                std::thread::spawn(move || {
-                    while Instant::now() < end {
-                        let guard = lock.lock().unwrap();
-                        std::thread::sleep(Duration::from_millis(10));
-                        guard.unlock().unwrap();
-                    }
-                })
-            })
-            .collect();
-        for thread in threads {
-            thread.join().unwrap();
-        }
-        // The last holder's release, when nobody queues any more, is not a turn end.
-        registry.statistics().releases - before - 1
-    };
-    let without = ping_pong(Duration::from_millis(2500));
+    // The row exists before the rounds (a grant that inserts it begins a short turn).
+    lock.lock().unwrap().unlock().unwrap();
+    let without = turn_ends_in_ping_pong(&registry, &lock, Duration::from_millis(2500));
     assert_eq!(without, 0, "a turn ended before its 5 s limit");
     // A Spring instance takes the released row and deletes it on unlock; the next grant here
     // (the round's first) inserts it.
     assert!(spring.try_lock(&key), "Spring takes the released key");
     assert_eq!(spring.unlock(&key), 1);
-    let after = ping_pong(Duration::from_millis(2500));
+    let after = turn_ends_in_ping_pong(&registry, &lock, Duration::from_millis(2500));
     println!("turn ends before: {without}, after: {after}");
     assert!(
         after >= 1,
         "no turn ended in 2.5 s after a grant found the row deleted by Spring"
+    );
+}
+
+/// Issue 25, goal 4, at the start of a round: a registry that never released the key learns
+/// of a Spring holder too. One of its threads waits while a Spring instance holds the key (a
+/// refused attempt: the row exists and is held); Spring's unlock deletes the row, so the
+/// waiter's grant inserts it — only an instance that deletes on unlock can have removed it
+/// meanwhile. The registry's turns with the key are then a quarter of the limit: a ping-pong
+/// of 2.5 s with a 5 s limit ends one. (Before, only a registry that had released the key
+/// itself took an inserting grant for a sign of pollers, so at the start of a round every
+/// registry's turns were a full limit.)
+fn a_grant_after_a_refusal_that_finds_the_row_deleted_shortens_the_turns(
+    builder: impl Fn() -> RegistryBuilder,
+    spring: &mut dyn Spring,
+) {
+    let registry = turn_counting_registry(builder);
+    let key = format!("refused-{}", uuid::Uuid::new_v4());
+    let lock = registry.obtain(&key).unwrap();
+    assert!(spring.try_lock(&key), "Spring takes the new key");
+    let waiter = {
+        let lock = lock.clone();
+        std::thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
+    };
+    while registry.statistics().contended_tries == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(spring.unlock(&key), 1);
+    waiter.join().unwrap();
+    let ends = turn_ends_in_ping_pong(&registry, &lock, Duration::from_millis(2500));
+    println!("turn ends after a refused wait that found the row deleted: {ends}");
+    assert!(
+        ends >= 1,
+        "no turn ended in 2.5 s after a waiter found the row Spring held deleted"
+    );
+}
+
+/// Issue 25, goal 4, at the start of a round: a turn begun by a grant that had to insert the
+/// row (a new key, or one an instance that deletes on unlock let go while nobody here looked)
+/// is a quarter of `local_handoff_limit`, since nothing is known yet about who else waits;
+/// a later turn, on the row that leasehold keeps, has the full limit again. Two threads hand a
+/// new key back and forth for 2.5 s with a 5 s limit: one turn ends; in a second round on the
+/// same row, none.
+fn a_turn_begun_by_inserting_the_row_is_short(builder: impl Fn() -> RegistryBuilder) {
+    use std::time::Instant;
+    let registry = turn_counting_registry(builder);
+    let key = format!("new-{}", uuid::Uuid::new_v4());
+    let lock = registry.obtain(&key).unwrap();
+    let end = Instant::now() + Duration::from_millis(2500);
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                while Instant::now() < end {
+                    let guard = lock.lock().unwrap();
+                    std::thread::sleep(Duration::from_millis(10));
+                    guard.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let first = registry.statistics().releases - 1;
+    let later = turn_ends_in_ping_pong(&registry, &lock, Duration::from_millis(2500));
+    println!("turn ends on a new key: {first}, later on its row: {later}");
+    assert!(
+        first >= 1,
+        "the first turn on a new key lasted the full limit"
+    );
+    assert_eq!(
+        later, 0,
+        "a turn on the kept row ended before its 5 s limit"
     );
 }
 
@@ -623,6 +711,28 @@ macro_rules! shared_tests {
             };
             with_table(&mut spring, |spring| {
                 a_grant_after_a_spring_unlock_shortens_the_turns(&builder, spring)
+            });
+        }
+
+        #[test]
+        fn a_grant_after_a_refusal_that_finds_the_row_deleted_shortens_the_turns_with_the_key() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |spring| {
+                a_grant_after_a_refusal_that_finds_the_row_deleted_shortens_the_turns(
+                    &builder, spring,
+                )
+            });
+        }
+
+        #[test]
+        fn a_turn_begun_by_inserting_the_row_is_a_short_one() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |_| {
+                a_turn_begun_by_inserting_the_row_is_short(&builder)
             });
         }
 
