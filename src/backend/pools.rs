@@ -52,6 +52,8 @@ use super::{Backend, Grant, SqlStore, Store};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::{Failure, FailureKind};
 use crate::error::{Error, Result, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
+use parking_lot::Mutex;
+use scheduled_thread_pool::ScheduledThreadPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,31 +85,115 @@ pub(crate) struct PoolSettings {
 /// it opens none now. A connection lives until it breaks or stays idle too long, never
 /// replaced for its age alone (r2d2's default `max_lifetime` would do that every 30 minutes,
 /// and a renewal that must open a new connection can be refused by a full server).
+///
+/// `park`: keep the connection last given back parked for the next caller (see the module
+/// docs, "The parked connection"); the function flags a connection broken, so that r2d2 closes
+/// it when the parked one has stayed idle for `idle_timeout`.
 pub(super) fn build_pool<M: r2d2::ManageConnection>(
     manager: M,
     size: u32,
     pool: &PoolSettings,
+    park: Option<fn(&mut M::Connection)>,
 ) -> Pool<M> {
-    let pool = r2d2::Pool::builder()
+    let mut builder = r2d2::Pool::builder()
         .max_size(size)
         .min_idle(Some(0))
         .idle_timeout(Some(pool.idle_timeout))
         .max_lifetime(None)
         .test_on_check_out(false)
         .connection_timeout(pool.connect_timeout)
-        .error_handler(Box::new(r2d2::NopErrorHandler))
-        .build_unchecked(manager);
+        .error_handler(Box::new(r2d2::NopErrorHandler));
+    // r2d2's own default: three timer threads per pool, which also run the parked
+    // connection's idle check.
+    let workers = park.map(|_| {
+        Arc::new(
+            ScheduledThreadPool::builder()
+                .num_threads(3)
+                .thread_name_pattern("r2d2-worker-{}")
+                .build(),
+        )
+    });
+    if let Some(workers) = &workers {
+        builder = builder.thread_pool(Arc::clone(workers));
+    }
+    let parked = park.zip(workers).map(|(discard, workers)| {
+        let parked = Arc::new(Mutex::new(Parked {
+            conn: None,
+            used: false,
+            idle_checks: 0,
+        }));
+        let (idle_timeout, rate) = (pool.idle_timeout, idle_check_rate(pool.idle_timeout));
+        let weak = Arc::downgrade(&parked);
+        // The job holds the slot weakly: it does nothing once the pool is gone, and the timer
+        // threads end with r2d2's pool, their last owner.
+        workers.execute_at_fixed_rate(rate, rate, move || {
+            if let Some(parked) = weak.upgrade() {
+                close_if_idle(&parked, rate, idle_timeout, discard);
+            }
+        });
+        parked
+    });
     Pool {
-        pool,
+        pool: builder.build_unchecked(manager),
         waiting: Arc::default(),
+        parked,
     }
 }
 
+/// How often the parked connection's idle check runs: half the idle timeout, at most 15 s
+/// (at least 10 ms), so that it closes between `idle_timeout` and 1.5 × `idle_timeout`, or 30 s
+/// after it for long timeouts — r2d2's own bound for its idle connections (see
+/// [`close_if_idle`]).
+fn idle_check_rate(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(15))
+}
+
+/// The idle check of a parked connection, every `rate`: a connection that stayed parked,
+/// unused, through enough checks in a row to cover `idle_timeout` is flagged (`discard`) and
+/// given back to r2d2, which closes it, as it closes its own idle connections.
+fn close_if_idle<M: r2d2::ManageConnection>(
+    parked: &Mutex<Parked<M>>,
+    rate: Duration,
+    idle_timeout: Duration,
+    discard: fn(&mut M::Connection),
+) {
+    let conn = {
+        let mut parked = parked.lock();
+        if parked.conn.is_none() || parked.used {
+            // In use, or parked again since the last check.
+            parked.used = false;
+            parked.idle_checks = 0;
+            return;
+        }
+        parked.idle_checks = parked.idle_checks.saturating_add(1);
+        if rate.saturating_mul(parked.idle_checks) < idle_timeout {
+            return;
+        }
+        parked.idle_checks = 0;
+        parked.conn.take()
+    };
+    if let Some(mut conn) = conn {
+        discard(&mut conn);
+    }
+}
+
+/// The parked connection of a pool that parks one (see the module docs).
+struct Parked<M: r2d2::ManageConnection> {
+    /// Checked out of r2d2 and not in use: the next caller takes it.
+    conn: Option<r2d2::PooledConnection<M>>,
+    /// A connection was parked since the last idle check.
+    used: bool,
+    /// Idle checks in a row that found the same connection parked and unused.
+    idle_checks: u32,
+}
+
 /// An r2d2 pool and how many callers wait in it for a connection (see the module docs,
-/// "Connections discarded while callers wait"). Clones share both.
+/// "Connections discarded while callers wait"), and its parked connection where it keeps one.
+/// Clones share all three.
 pub(crate) struct Pool<M: r2d2::ManageConnection> {
     pool: r2d2::Pool<M>,
     waiting: Arc<AtomicUsize>,
+    parked: Option<Arc<Mutex<Parked<M>>>>,
 }
 
 impl<M: r2d2::ManageConnection> Clone for Pool<M> {
@@ -115,27 +201,57 @@ impl<M: r2d2::ManageConnection> Clone for Pool<M> {
         Pool {
             pool: self.pool.clone(),
             waiting: Arc::clone(&self.waiting),
+            parked: self.parked.clone(),
         }
     }
 }
 
 impl<M: r2d2::ManageConnection> Pool<M> {
-    /// A connection, waiting at most `timeout` for one; counted as waiting meanwhile.
+    /// A connection, waiting at most `timeout` for one; counted as waiting meanwhile. The parked
+    /// connection, if there is one.
     pub(super) fn get_timeout(
         &self,
         timeout: Duration,
     ) -> Result<r2d2::PooledConnection<M>, r2d2::Error> {
-        // Counted before r2d2 sees the pool full, so that a connection discarded after that
-        // look finds the count raised (r2d2's lock orders the two).
-        self.waiting.fetch_add(1, Ordering::SeqCst);
+        if let Some(parked) = &self.parked {
+            let mut parked = parked.lock();
+            if let Some(conn) = parked.conn.take() {
+                return Ok(conn);
+            }
+            // Counted under the slot's lock: from here on nothing is parked until this caller
+            // leaves r2d2 (see `give_back`), so it cannot wait for a connection parked meanwhile.
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+        } else {
+            // Counted before r2d2 sees the pool full, so that a connection discarded after that
+            // look finds the count raised (r2d2's lock orders the two).
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+        }
         let conn = self.pool.get_timeout(timeout);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         conn
     }
 
-    /// An idle connection, if there is one; never waits.
+    /// An idle connection (the parked one first), if there is one; never waits.
     pub(super) fn try_get(&self) -> Option<r2d2::PooledConnection<M>> {
+        if let Some(conn) = self.parked.as_ref().and_then(|parked| parked.lock().conn.take()) {
+            return Some(conn);
+        }
         self.pool.try_get()
+    }
+
+    /// Gives back a healthy connection: parks it where the pool parks one, nothing is parked
+    /// yet and no caller is inside r2d2's checkout (which would wait for it there); else to
+    /// r2d2, which wakes a waiting caller.
+    pub(super) fn give_back(&self, conn: r2d2::PooledConnection<M>) {
+        if let Some(parked) = &self.parked {
+            let mut parked = parked.lock();
+            if parked.conn.is_none() && self.waiting.load(Ordering::SeqCst) == 0 {
+                parked.conn = Some(conn);
+                parked.used = true;
+                return;
+            }
+        }
+        drop(conn);
     }
 
     pub(super) fn state(&self) -> r2d2::State {

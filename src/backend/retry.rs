@@ -144,10 +144,10 @@ where
         let broken = abandoned || matches!(outcome, Err(f) if f.kind == FailureKind::Broken);
         if broken {
             B::mark_broken(&mut conn);
-        }
-        drop(conn);
-        if broken {
+            drop(conn);
             pool.discarded();
+        } else {
+            pool.give_back(conn);
         }
     };
     B::set_deadline(&mut conn, deadline);

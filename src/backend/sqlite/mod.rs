@@ -461,6 +461,8 @@ impl Backend for Sqlite {
     }
 
     const ROW_LOCKS: bool = false;
+
+    const PARKS_CONNECTION: bool = true;
 }
 
 /// Binds parameters 1 to the statement's highest parameter number, so a statement may use any
