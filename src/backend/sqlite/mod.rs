@@ -421,7 +421,7 @@ impl Backend for Sqlite {
             return;
         };
         if let Some(board) = manager.board() {
-            let slot = board::slot_of(&table.table, &table.region, lock_key);
+            let slot = || board::slot_of(&table.table, &table.region, lock_key);
             board.release(slot, turn_age);
         }
     }
