@@ -25,6 +25,47 @@
 //! count their waiting callers ([`Pool`]), and whoever drops a broken connection asks for a
 //! replacement while any caller waits ([`Pool::discarded`]): the new connection wakes one.
 //!
+//! # The parked connection (SQLite)
+//!
+//! An r2d2 checkout and its return cost an uncontended SQLite `lock()` + `unlock()` about as
+//! much as the rest of the registry's own work together (r2d2 reads the clock five times per
+//! checkout and return, takes its lock twice, clones its pool handle and signals its condition
+//! variable), against a statement of a few microseconds. So SQLite's main pool
+//! ([`Backend::PARKS_CONNECTION`](super::Backend::PARKS_CONNECTION)) keeps the connection
+//! given back last *parked*: still checked out of r2d2, in a slot of the pool ([`Pool`]: a
+//! `parking_lot` mutex around an `Option` of it) that the next caller takes before asking r2d2.
+//!
+//! - **Who touches it.** Any caller thread of the registry: [`Pool::get_timeout`] and
+//!   [`Pool::try_get`] take the parked connection if there is one; [`Pool::give_back`] parks a
+//!   healthy connection when the slot is empty and nobody waits, and otherwise gives it to
+//!   r2d2 as before. The slot's lock is held only to move the connection in or out, never
+//!   during a statement. r2d2's timer threads run the idle check (below).
+//! - **Pool size.** r2d2 counts the parked connection as checked out, so it still counts
+//!   toward `pool_size`; at most one connection is parked, the others idle in r2d2 as before.
+//! - **Waiting callers.** A caller that finds the slot empty counts itself waiting (`waiting`,
+//!   raised under the slot's lock) before it enters r2d2's checkout, and a connection is parked
+//!   only while that count is zero (read under the same lock): so while any caller waits in
+//!   r2d2 (the pool is full, or a connection is being opened), every connection goes back to
+//!   r2d2, which hands it to a waiter, and none sits parked while a caller sleeps.
+//! - **Broken connections** are never parked: a connection whose attempt failed as broken, or
+//!   was given up at its deadline, is flagged and dropped into r2d2, which closes it, as before.
+//!   Discarding a pool's idle connections after a failure ([`super::retry`]) discards the
+//!   parked one too (it comes first from [`Pool::try_get`]).
+//! - **Idle timeout.** r2d2 cannot see a parked connection idle, so the pool's own job on
+//!   r2d2's timer threads (the pool is given the same three threads r2d2 would start itself)
+//!   looks at the slot every half `idle_timeout` (at most 15 s, at least 10 ms): a connection
+//!   found parked and unused at enough looks in a row to cover `idle_timeout` is flagged broken
+//!   and given back, and r2d2 closes it. So it closes between `idle_timeout` and 1.5 ×
+//!   `idle_timeout` after its last use, or up to 30 s after it for timeouts of 30 s and more:
+//!   within r2d2's own bound for its idle connections. Parking reads no clock (a flag marks
+//!   that the slot was used since the last look). `max_lifetime` is off for every pool, so age
+//!   alone never closes a connection, parked or not.
+//! - **Shutdown.** The job holds the slot weakly; the registry's pools hold it strongly, so
+//!   dropping them gives the parked connection back to r2d2, which closes it with the pool.
+//!
+//! PostgreSQL's and MySQL's pools park nothing: a server may close a connection idle behind
+//! the pool's back, and their round trips dwarf the checkout.
+//!
 //! # A full server
 //!
 //! A server that has no connection slot left (PostgreSQL's `max_connections`, or a role's
@@ -233,7 +274,11 @@ impl<M: r2d2::ManageConnection> Pool<M> {
 
     /// An idle connection (the parked one first), if there is one; never waits.
     pub(super) fn try_get(&self) -> Option<r2d2::PooledConnection<M>> {
-        if let Some(conn) = self.parked.as_ref().and_then(|parked| parked.lock().conn.take()) {
+        if let Some(conn) = self
+            .parked
+            .as_ref()
+            .and_then(|parked| parked.lock().conn.take())
+        {
             return Some(conn);
         }
         self.pool.try_get()
@@ -740,5 +785,109 @@ mod tests {
         assert_eq!(unknown_host("127.0.0.1", 5432), None);
         assert_eq!(unknown_host("[::1]", 5432), None);
         assert_eq!(unknown_host("localhost", 5432), None);
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod parking {
+    use super::*;
+    use crate::backend::sqlite::{Sqlite, SqliteManager};
+    use crate::backend::{Backend, Conn};
+
+    fn sqlite_pool(
+        dir: &tempfile::TempDir,
+        size: u32,
+        idle_timeout: Duration,
+    ) -> Pool<SqliteManager> {
+        let settings = PoolSettings {
+            pool_size: size,
+            renewal_pool_size: 1,
+            idle_timeout,
+            connect_timeout: Duration::from_secs(10),
+            operation_timeout: Duration::from_secs(10),
+            prepared_statements: false,
+            listener_url: None,
+        };
+        let manager = SqliteManager::new(dir.path().join("parking.db"));
+        let discard = <Sqlite as Backend>::mark_broken as fn(&mut Conn<Sqlite>);
+        build_pool(manager, size, &settings, Some(discard))
+    }
+
+    #[test]
+    fn a_connection_given_back_is_parked_and_closed_once_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let idle = Duration::from_millis(200);
+        let pool = sqlite_pool(&dir, 2, idle);
+        let conn = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        pool.give_back(conn);
+        // Parked: still checked out of r2d2, not idle there.
+        let state = pool.state();
+        assert_eq!((state.connections, state.idle_connections), (1, 0));
+        let again = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            pool.state().connections,
+            1,
+            "the parked connection was not reused"
+        );
+        pool.give_back(again);
+        // Closed between the timeout and 1.5 times it (the idle check runs on r2d2's timer
+        // threads, which a loaded machine may delay).
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while pool.state().connections > 0 && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            pool.state().connections,
+            0,
+            "the parked connection stayed open"
+        );
+        assert!(
+            pool.try_get().is_none(),
+            "a closed connection is still parked"
+        );
+        // The next caller opens a new one.
+        let conn = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        pool.give_back(conn);
+        assert_eq!(pool.state().connections, 1);
+    }
+
+    #[test]
+    fn a_caller_waiting_in_r2d2_is_given_the_connection_instead_of_the_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = sqlite_pool(&dir, 1, Duration::from_secs(60));
+        let held = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        let waiter = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let conn = pool.get_timeout(Duration::from_secs(20));
+                let got = conn.is_ok();
+                drop(conn);
+                got
+            })
+        };
+        while pool.waiting.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Someone waits in r2d2: the connection goes to r2d2, which hands it to the waiter,
+        // instead of into the slot.
+        pool.give_back(held);
+        assert!(pool.parked.as_ref().unwrap().lock().conn.is_none());
+        assert!(waiter.join().unwrap(), "the waiter timed out");
+    }
+
+    #[test]
+    fn discarding_idle_connections_finds_the_parked_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = sqlite_pool(&dir, 2, Duration::from_secs(60));
+        let conn = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        pool.give_back(conn);
+        let mut parked = pool.try_get().expect("the parked connection");
+        Sqlite::mark_broken(&mut parked);
+        drop(parked);
+        assert_eq!(
+            pool.state().connections,
+            0,
+            "a discarded connection stayed open"
+        );
     }
 }
