@@ -62,6 +62,8 @@
 //!   alone never closes a connection, parked or not.
 //! - **Shutdown.** The job holds the slot weakly; the registry's pools hold it strongly, so
 //!   dropping them gives the parked connection back to r2d2, which closes it with the pool.
+//!   The timer threads end with r2d2's pool, their last owner, at once (r2d2's own would
+//!   first wait for their next scheduled run, up to 30 s).
 //!
 //! PostgreSQL's and MySQL's pools park nothing: a server may close a connection idle behind
 //! the pool's back, and their round trips dwarf the checkout.
@@ -94,7 +96,7 @@ use super::{Backend, Grant, SqlStore, Store};
 use super::{Failure, FailureKind};
 use crate::error::{Error, Result, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
 use parking_lot::Mutex;
-use scheduled_thread_pool::ScheduledThreadPool;
+use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -144,13 +146,15 @@ pub(super) fn build_pool<M: r2d2::ManageConnection>(
         .test_on_check_out(false)
         .connection_timeout(pool.connect_timeout)
         .error_handler(Box::new(r2d2::NopErrorHandler));
-    // r2d2's own default: three timer threads per pool, which also run the parked
-    // connection's idle check.
+    // r2d2's own default (three timer threads per pool), which also run the parked
+    // connection's idle check; except that they end as soon as the pool is dropped, where
+    // r2d2's own would wait for the next run of their idle check (up to 30 s) first.
     let workers = park.map(|_| {
         Arc::new(
             ScheduledThreadPool::builder()
                 .num_threads(3)
                 .thread_name_pattern("r2d2-worker-{}")
+                .on_drop_behavior(OnPoolDropBehavior::DiscardPendingScheduled)
                 .build(),
         )
     });
