@@ -213,6 +213,7 @@
 //! | listener | 1 per registry with `notifications` on | while a local thread waits, wakes the local poller of a key released elsewhere: PostgreSQL `LISTEN`s; SQLite waits on the release board's futex; MySQL starts watchers |
 //! | watcher | MySQL: 1 per key a local thread waits for (at most 16 per registry) | blocks in `GET_LOCK` on the key's named lock, with a connection of its own |
 //! | named locks | MySQL: 1 per registry that has held a lock | takes a key's named lock after each grant and lets it go after the release, on one connection for all keys (closed when idle) |
+//! | pool timers | r2d2's, 3 per pool | close connections idle for `idle_connection_timeout`; on SQLite also the main pool's parked connection (see `backend::pools`) |
 //!
 //! | module | job |
 //! |--------|-----|

@@ -336,16 +336,20 @@ impl LockInner {
             Some(taken) => taken,
             None => return Ok(None),
         };
-        self.core
-            .meter
-            .granted(&self.key, handed_over, called.elapsed());
+        // One clock read for both: the wait's end is the hold's start.
+        let granted_at = Instant::now();
+        self.core.meter.granted(
+            &self.key,
+            handed_over,
+            granted_at.saturating_duration_since(called),
+        );
         if retune {
             // Handed over from a holder with another time-to-live: the renewal thread renews with this
             // one at once; the call itself runs no statement and cannot fail.
             lease.request_ttl(ttl);
         }
         let mut guard = self.guard(lease);
-        guard.held_since = Some(Instant::now());
+        guard.held_since = Some(granted_at);
         Ok(Some(guard))
     }
 

@@ -570,7 +570,9 @@ impl RegistryBuilder {
     /// plus the main connection until it has been idle this long. The pools check every 30 s,
     /// so a connection closes up to 30 s after the timeout. PostgreSQL's release listener
     /// closes its connection when no thread has waited for this long. On SQLite a connection
-    /// is an open file and its page cache. Must be within 1 ms..=[`MAX_TIMEOUT`].
+    /// is an open file and its page cache; the main connection used last stays parked for the
+    /// next statement and is looked at every half timeout (at most 15 s), so it closes within
+    /// 1.5 × the timeout (30 s after it for long ones). Must be within 1 ms..=[`MAX_TIMEOUT`].
     pub fn idle_connection_timeout(mut self, timeout: Duration) -> Self {
         self.idle_connection_timeout = timeout;
         self

@@ -230,3 +230,37 @@ fn a_path_that_cannot_hold_a_database_fails_at_once_naming_the_cause_and_the_pat
         );
     }
 }
+
+/// With one main connection for four threads, a thread that waits in the pool while another
+/// holds the connection gets it when it comes back: a connection is parked only while no
+/// caller waits in r2d2's checkout, which would otherwise sleep until its deadline while the
+/// others took turns on the parked connection.
+#[test]
+fn callers_waiting_for_the_only_connection_are_given_it() {
+    let (_dir, path, _first) = fresh_table();
+    let registry = LockRegistry::sqlite(&path)
+        .pool_size(1)
+        .operation_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|thread| {
+            let lock = registry
+                .obtain(&format!("one-connection-{thread}"))
+                .unwrap();
+            std::thread::spawn(move || {
+                for cycle in 0..150 {
+                    let guard = lock
+                        .lock()
+                        .unwrap_or_else(|e| panic!("thread {thread}, cycle {cycle}: {e}"));
+                    guard
+                        .unlock()
+                        .unwrap_or_else(|e| panic!("thread {thread}, cycle {cycle}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}

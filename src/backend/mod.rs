@@ -303,6 +303,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// renews with the plain statement anyway (cheaper there; it waits for a locked row, which
     /// costs only that lease, and its retries take the batch).
     const LONE_RENEWAL_PLAIN: bool = false;
+
+    /// Whether the main pool keeps the connection last given back parked for the next caller,
+    /// outside r2d2's checkout (see `pools`, "The parked connection"): SQLite's, whose
+    /// connections are local files that no server closes behind the pool's back.
+    const PARKS_CONNECTION: bool = false;
 }
 
 /// What a batch renewal found: the pairs renewed, and the pairs still this client's whose rows

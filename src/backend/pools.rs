@@ -25,6 +25,49 @@
 //! count their waiting callers ([`Pool`]), and whoever drops a broken connection asks for a
 //! replacement while any caller waits ([`Pool::discarded`]): the new connection wakes one.
 //!
+//! # The parked connection (SQLite)
+//!
+//! An r2d2 checkout and its return cost an uncontended SQLite `lock()` + `unlock()` about as
+//! much as the rest of the registry's own work together (r2d2 reads the clock five times per
+//! checkout and return, takes its lock twice, clones its pool handle and signals its condition
+//! variable), against a statement of a few microseconds. So SQLite's main pool
+//! ([`Backend::PARKS_CONNECTION`](super::Backend::PARKS_CONNECTION)) keeps the connection
+//! given back last *parked*: still checked out of r2d2, in a slot of the pool ([`Pool`]: a
+//! `parking_lot` mutex around an `Option` of it) that the next caller takes before asking r2d2.
+//!
+//! - **Who touches it.** Any caller thread of the registry: [`Pool::get_timeout`] and
+//!   [`Pool::try_get`] take the parked connection if there is one; [`Pool::give_back`] parks a
+//!   healthy connection when the slot is empty and nobody waits, and otherwise gives it to
+//!   r2d2 as before. The slot's lock is held only to move the connection in or out, never
+//!   during a statement. r2d2's timer threads run the idle check (below).
+//! - **Pool size.** r2d2 counts the parked connection as checked out, so it still counts
+//!   toward `pool_size`; at most one connection is parked, the others idle in r2d2 as before.
+//! - **Waiting callers.** A caller that finds the slot empty counts itself waiting (`waiting`,
+//!   raised under the slot's lock) before it enters r2d2's checkout, and a connection is parked
+//!   only while that count is zero (read under the same lock): so while any caller waits in
+//!   r2d2 (the pool is full, or a connection is being opened), every connection goes back to
+//!   r2d2, which hands it to a waiter, and none sits parked while a caller sleeps.
+//! - **Broken connections** are never parked: a connection whose attempt failed as broken, or
+//!   was given up at its deadline, is flagged and dropped into r2d2, which closes it, as before.
+//!   Discarding a pool's idle connections after a failure ([`super::retry`]) discards the
+//!   parked one too (it comes first from [`Pool::try_get`]).
+//! - **Idle timeout.** r2d2 cannot see a parked connection idle, so the pool's own job on
+//!   r2d2's timer threads (the pool is given the same three threads r2d2 would start itself)
+//!   looks at the slot every half `idle_timeout` (at most 15 s, at least 10 ms): a connection
+//!   found parked and unused at enough looks in a row to cover `idle_timeout` is flagged broken
+//!   and given back, and r2d2 closes it. So it closes between `idle_timeout` and 1.5 ×
+//!   `idle_timeout` after its last use, or up to 30 s after it for timeouts of 30 s and more:
+//!   within r2d2's own bound for its idle connections. Parking reads no clock (a flag marks
+//!   that the slot was used since the last look). `max_lifetime` is off for every pool, so age
+//!   alone never closes a connection, parked or not.
+//! - **Shutdown.** The job holds the slot weakly; the registry's pools hold it strongly, so
+//!   dropping them gives the parked connection back to r2d2, which closes it with the pool.
+//!   The timer threads end with r2d2's pool, their last owner, at once (r2d2's own would
+//!   first wait for their next scheduled run, up to 30 s).
+//!
+//! PostgreSQL's and MySQL's pools park nothing: a server may close a connection idle behind
+//! the pool's back, and their round trips dwarf the checkout.
+//!
 //! # A full server
 //!
 //! A server that has no connection slot left (PostgreSQL's `max_connections`, or a role's
@@ -52,6 +95,8 @@ use super::{Backend, Grant, SqlStore, Store};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::{Failure, FailureKind};
 use crate::error::{Error, Result, TOO_MANY_CLIENTS, TOO_MANY_CLIENTS_FIX};
+use parking_lot::Mutex;
+use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,31 +128,117 @@ pub(crate) struct PoolSettings {
 /// it opens none now. A connection lives until it breaks or stays idle too long, never
 /// replaced for its age alone (r2d2's default `max_lifetime` would do that every 30 minutes,
 /// and a renewal that must open a new connection can be refused by a full server).
+///
+/// `park`: keep the connection last given back parked for the next caller (see the module
+/// docs, "The parked connection"); the function flags a connection broken, so that r2d2 closes
+/// it when the parked one has stayed idle for `idle_timeout`.
 pub(super) fn build_pool<M: r2d2::ManageConnection>(
     manager: M,
     size: u32,
     pool: &PoolSettings,
+    park: Option<fn(&mut M::Connection)>,
 ) -> Pool<M> {
-    let pool = r2d2::Pool::builder()
+    let mut builder = r2d2::Pool::builder()
         .max_size(size)
         .min_idle(Some(0))
         .idle_timeout(Some(pool.idle_timeout))
         .max_lifetime(None)
         .test_on_check_out(false)
         .connection_timeout(pool.connect_timeout)
-        .error_handler(Box::new(r2d2::NopErrorHandler))
-        .build_unchecked(manager);
+        .error_handler(Box::new(r2d2::NopErrorHandler));
+    // r2d2's own default (three timer threads per pool), which also run the parked
+    // connection's idle check; except that they end as soon as the pool is dropped, where
+    // r2d2's own would wait for the next run of their idle check (up to 30 s) first.
+    let workers = park.map(|_| {
+        Arc::new(
+            ScheduledThreadPool::builder()
+                .num_threads(3)
+                .thread_name_pattern("r2d2-worker-{}")
+                .on_drop_behavior(OnPoolDropBehavior::DiscardPendingScheduled)
+                .build(),
+        )
+    });
+    if let Some(workers) = &workers {
+        builder = builder.thread_pool(Arc::clone(workers));
+    }
+    let parked = park.zip(workers).map(|(discard, workers)| {
+        let parked = Arc::new(Mutex::new(Parked {
+            conn: None,
+            used: false,
+            idle_checks: 0,
+        }));
+        let (idle_timeout, rate) = (pool.idle_timeout, idle_check_rate(pool.idle_timeout));
+        let weak = Arc::downgrade(&parked);
+        // The job holds the slot weakly: it does nothing once the pool is gone, and the timer
+        // threads end with r2d2's pool, their last owner.
+        workers.execute_at_fixed_rate(rate, rate, move || {
+            if let Some(parked) = weak.upgrade() {
+                close_if_idle(&parked, rate, idle_timeout, discard);
+            }
+        });
+        parked
+    });
     Pool {
-        pool,
+        pool: builder.build_unchecked(manager),
         waiting: Arc::default(),
+        parked,
     }
 }
 
+/// How often the parked connection's idle check runs: half the idle timeout, at most 15 s
+/// (at least 10 ms), so that it closes between `idle_timeout` and 1.5 × `idle_timeout`, or 30 s
+/// after it for long timeouts — r2d2's own bound for its idle connections (see
+/// [`close_if_idle`]).
+fn idle_check_rate(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(15))
+}
+
+/// The idle check of a parked connection, every `rate`: a connection that stayed parked,
+/// unused, through enough checks in a row to cover `idle_timeout` is flagged (`discard`) and
+/// given back to r2d2, which closes it, as it closes its own idle connections.
+fn close_if_idle<M: r2d2::ManageConnection>(
+    parked: &Mutex<Parked<M>>,
+    rate: Duration,
+    idle_timeout: Duration,
+    discard: fn(&mut M::Connection),
+) {
+    let conn = {
+        let mut parked = parked.lock();
+        if parked.conn.is_none() || parked.used {
+            // In use, or parked again since the last check.
+            parked.used = false;
+            parked.idle_checks = 0;
+            return;
+        }
+        parked.idle_checks = parked.idle_checks.saturating_add(1);
+        if rate.saturating_mul(parked.idle_checks) < idle_timeout {
+            return;
+        }
+        parked.idle_checks = 0;
+        parked.conn.take()
+    };
+    if let Some(mut conn) = conn {
+        discard(&mut conn);
+    }
+}
+
+/// The parked connection of a pool that parks one (see the module docs).
+struct Parked<M: r2d2::ManageConnection> {
+    /// Checked out of r2d2 and not in use: the next caller takes it.
+    conn: Option<r2d2::PooledConnection<M>>,
+    /// A connection was parked since the last idle check.
+    used: bool,
+    /// Idle checks in a row that found the same connection parked and unused.
+    idle_checks: u32,
+}
+
 /// An r2d2 pool and how many callers wait in it for a connection (see the module docs,
-/// "Connections discarded while callers wait"). Clones share both.
+/// "Connections discarded while callers wait"), and its parked connection where it keeps one.
+/// Clones share all three.
 pub(crate) struct Pool<M: r2d2::ManageConnection> {
     pool: r2d2::Pool<M>,
     waiting: Arc<AtomicUsize>,
+    parked: Option<Arc<Mutex<Parked<M>>>>,
 }
 
 impl<M: r2d2::ManageConnection> Clone for Pool<M> {
@@ -115,27 +246,61 @@ impl<M: r2d2::ManageConnection> Clone for Pool<M> {
         Pool {
             pool: self.pool.clone(),
             waiting: Arc::clone(&self.waiting),
+            parked: self.parked.clone(),
         }
     }
 }
 
 impl<M: r2d2::ManageConnection> Pool<M> {
-    /// A connection, waiting at most `timeout` for one; counted as waiting meanwhile.
+    /// A connection, waiting at most `timeout` for one; counted as waiting meanwhile. The parked
+    /// connection, if there is one.
     pub(super) fn get_timeout(
         &self,
         timeout: Duration,
     ) -> Result<r2d2::PooledConnection<M>, r2d2::Error> {
-        // Counted before r2d2 sees the pool full, so that a connection discarded after that
-        // look finds the count raised (r2d2's lock orders the two).
-        self.waiting.fetch_add(1, Ordering::SeqCst);
+        if let Some(parked) = &self.parked {
+            let mut parked = parked.lock();
+            if let Some(conn) = parked.conn.take() {
+                return Ok(conn);
+            }
+            // Counted under the slot's lock: from here on nothing is parked until this caller
+            // leaves r2d2 (see `give_back`), so it cannot wait for a connection parked meanwhile.
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+        } else {
+            // Counted before r2d2 sees the pool full, so that a connection discarded after that
+            // look finds the count raised (r2d2's lock orders the two).
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+        }
         let conn = self.pool.get_timeout(timeout);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         conn
     }
 
-    /// An idle connection, if there is one; never waits.
+    /// An idle connection (the parked one first), if there is one; never waits.
     pub(super) fn try_get(&self) -> Option<r2d2::PooledConnection<M>> {
+        if let Some(conn) = self
+            .parked
+            .as_ref()
+            .and_then(|parked| parked.lock().conn.take())
+        {
+            return Some(conn);
+        }
         self.pool.try_get()
+    }
+
+    /// Gives back a healthy connection: parks it where the pool parks one, nothing is parked
+    /// yet and no caller is inside r2d2's checkout (which would wait for it there); else to
+    /// r2d2, which wakes a waiting caller.
+    pub(super) fn give_back(&self, conn: r2d2::PooledConnection<M>) {
+        if let Some(parked) = &self.parked {
+            let mut parked = parked.lock();
+            if parked.conn.is_none() && self.waiting.load(Ordering::SeqCst) == 0 {
+                parked.conn = Some(conn);
+                parked.used = true;
+                return;
+            }
+        }
+        drop(conn);
     }
 
     pub(super) fn state(&self) -> r2d2::State {
@@ -624,5 +789,109 @@ mod tests {
         assert_eq!(unknown_host("127.0.0.1", 5432), None);
         assert_eq!(unknown_host("[::1]", 5432), None);
         assert_eq!(unknown_host("localhost", 5432), None);
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod parking {
+    use super::*;
+    use crate::backend::sqlite::{Sqlite, SqliteManager};
+    use crate::backend::{Backend, Conn};
+
+    fn sqlite_pool(
+        dir: &tempfile::TempDir,
+        size: u32,
+        idle_timeout: Duration,
+    ) -> Pool<SqliteManager> {
+        let settings = PoolSettings {
+            pool_size: size,
+            renewal_pool_size: 1,
+            idle_timeout,
+            connect_timeout: Duration::from_secs(10),
+            operation_timeout: Duration::from_secs(10),
+            prepared_statements: false,
+            listener_url: None,
+        };
+        let manager = SqliteManager::new(dir.path().join("parking.db"));
+        let discard = <Sqlite as Backend>::mark_broken as fn(&mut Conn<Sqlite>);
+        build_pool(manager, size, &settings, Some(discard))
+    }
+
+    #[test]
+    fn a_connection_given_back_is_parked_and_closed_once_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let idle = Duration::from_millis(200);
+        let pool = sqlite_pool(&dir, 2, idle);
+        let conn = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        pool.give_back(conn);
+        // Parked: still checked out of r2d2, not idle there.
+        let state = pool.state();
+        assert_eq!((state.connections, state.idle_connections), (1, 0));
+        let again = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            pool.state().connections,
+            1,
+            "the parked connection was not reused"
+        );
+        pool.give_back(again);
+        // Closed between the timeout and 1.5 times it (the idle check runs on r2d2's timer
+        // threads, which a loaded machine may delay).
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while pool.state().connections > 0 && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            pool.state().connections,
+            0,
+            "the parked connection stayed open"
+        );
+        assert!(
+            pool.try_get().is_none(),
+            "a closed connection is still parked"
+        );
+        // The next caller opens a new one.
+        let conn = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        pool.give_back(conn);
+        assert_eq!(pool.state().connections, 1);
+    }
+
+    #[test]
+    fn a_caller_waiting_in_r2d2_is_given_the_connection_instead_of_the_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = sqlite_pool(&dir, 1, Duration::from_secs(60));
+        let held = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        let waiter = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let conn = pool.get_timeout(Duration::from_secs(20));
+                let got = conn.is_ok();
+                drop(conn);
+                got
+            })
+        };
+        while pool.waiting.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Someone waits in r2d2: the connection goes to r2d2, which hands it to the waiter,
+        // instead of into the slot.
+        pool.give_back(held);
+        assert!(pool.parked.as_ref().unwrap().lock().conn.is_none());
+        assert!(waiter.join().unwrap(), "the waiter timed out");
+    }
+
+    #[test]
+    fn discarding_idle_connections_finds_the_parked_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = sqlite_pool(&dir, 2, Duration::from_secs(60));
+        let conn = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        pool.give_back(conn);
+        let mut parked = pool.try_get().expect("the parked connection");
+        Sqlite::mark_broken(&mut parked);
+        drop(parked);
+        assert_eq!(
+            pool.state().connections,
+            0,
+            "a discarded connection stayed open"
+        );
     }
 }

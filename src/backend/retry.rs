@@ -121,9 +121,10 @@ fn discard_idle<B: Backend>(pool: &Pool<B::Manager>) {
 /// One attempt on `conn`: on the calling thread when [`Backend::runs_inline`], else
 /// on a statement thread, waiting at most until `deadline` (`None`: no answer in time). A
 /// connection whose attempt failed as broken, or was abandoned, is flagged for discarding, and
-/// once dropped, replaced for callers waiting in `pool` ([`Pool::discarded`]). Either way the
-/// connection is back in its pool before the caller has the answer, so that a statement
-/// following at once reuses it instead of opening another.
+/// once dropped, replaced for callers waiting in `pool` ([`Pool::discarded`]); a healthy one
+/// goes back through [`Pool::give_back`] (which parks it on SQLite's main pool, see `pools`).
+/// Either way the connection is back in its pool before the caller has the answer, so that a
+/// statement following at once reuses it instead of opening another.
 fn attempt_once<B, T, F>(
     pool: &Pool<B::Manager>,
     mut conn: r2d2::PooledConnection<B::Manager>,
@@ -144,10 +145,10 @@ where
         let broken = abandoned || matches!(outcome, Err(f) if f.kind == FailureKind::Broken);
         if broken {
             B::mark_broken(&mut conn);
-        }
-        drop(conn);
-        if broken {
+            drop(conn);
             pool.discarded();
+        } else {
+            pool.give_back(conn);
         }
     };
     B::set_deadline(&mut conn, deadline);

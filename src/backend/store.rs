@@ -200,8 +200,9 @@ impl<B: Backend> SqlStore<B> {
     where
         B::Manager: Clone,
     {
-        let renewal_pool = build_pool(manager.clone(), pool.renewal_pool_size, pool);
-        let main = build_pool(manager.clone(), pool.pool_size, pool);
+        let renewal_pool = build_pool(manager.clone(), pool.renewal_pool_size, pool, None);
+        let park = B::PARKS_CONNECTION.then_some(B::mark_broken as fn(&mut super::Conn<B>));
+        let main = build_pool(manager.clone(), pool.pool_size, pool, park);
         let mut store = SqlStore {
             pool: main,
             renewal_pool,

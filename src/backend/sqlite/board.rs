@@ -554,14 +554,15 @@ impl Board {
 
     /// A key of `slot` was released after a turn of `turn_age` (the release has committed):
     /// wakes every listener of the file the path names, if any is present. `false` when the
-    /// board fails (after a warning): waiters poll.
-    pub fn release(&self, slot: usize, turn_age: Duration) -> bool {
+    /// board fails (after a warning): waiters poll. The slot is computed ([`slot_of`]) only
+    /// when a listener is present: most releases find none and skip the hashing.
+    pub fn release(&self, slot: impl FnOnce() -> usize, turn_age: Duration) -> bool {
         let mapped = self.mapping_for_release();
         // After the commit (see "Presence" in the module docs); when the test fails, announce.
         if !mapped.anyone_present().unwrap_or(true) {
             return true;
         }
-        self.announce_on(&mapped, slot, turn_age)
+        self.announce_on(&mapped, slot(), turn_age)
     }
 
     /// A key of `slot` was released after a turn of `turn_age`: wakes every listener of the
@@ -923,23 +924,23 @@ mod tests {
             Board::open(&database).unwrap(),
         );
         let sequence = || a.sequence(&a.current()).unwrap();
-        assert!(a.release(3, Duration::ZERO));
+        assert!(a.release(|| 3, Duration::ZERO));
         assert_eq!(sequence(), 0, "nobody present: nothing announced");
         let present = b.presence(&b.current());
-        assert!(a.release(3, Duration::ZERO));
+        assert!(a.release(|| 3, Duration::ZERO));
         assert_eq!(sequence(), 1, "another board's listener is present");
         drop(present);
-        assert!(a.release(3, Duration::ZERO));
+        assert!(a.release(|| 3, Duration::ZERO));
         assert_eq!(sequence(), 1, "its presence ended");
         // The releasing board's own listener counts too (its lock is on another description).
         let own = a.presence(&a.current());
-        assert!(a.release(3, Duration::ZERO));
+        assert!(a.release(|| 3, Duration::ZERO));
         assert_eq!(sequence(), 2, "the same board's listener is present");
         drop(own);
         // A truncated file keeps its locks.
         let present = b.presence(&b.current());
         b.current().file.set_len(0).unwrap();
-        assert!(a.release(3, Duration::ZERO), "grown back");
+        assert!(a.release(|| 3, Duration::ZERO), "grown back");
         assert_eq!(sequence(), 1, "announced on the emptied board");
         drop(present);
     }
@@ -951,11 +952,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let database = dir.path().join("l.db");
         let old = Board::open(&database).unwrap();
-        assert!(old.release(0, Duration::ZERO), "path checked now");
+        assert!(old.release(|| 0, Duration::ZERO), "path checked now");
         std::fs::remove_file(board_path(&database)).unwrap();
         let new = Board::open(&database).unwrap();
         let _present = new.presence(&new.current());
-        assert!(old.release(0, Duration::ZERO));
+        assert!(old.release(|| 0, Duration::ZERO));
         assert_eq!(
             new.sequence(&new.current()),
             Some(1),

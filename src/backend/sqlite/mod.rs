@@ -421,7 +421,7 @@ impl Backend for Sqlite {
             return;
         };
         if let Some(board) = manager.board() {
-            let slot = board::slot_of(&table.table, &table.region, lock_key);
+            let slot = || board::slot_of(&table.table, &table.region, lock_key);
             board.release(slot, turn_age);
         }
     }
@@ -461,6 +461,8 @@ impl Backend for Sqlite {
     }
 
     const ROW_LOCKS: bool = false;
+
+    const PARKS_CONNECTION: bool = true;
 }
 
 /// Binds parameters 1 to the statement's highest parameter number, so a statement may use any
