@@ -403,7 +403,9 @@ impl LockInner {
                 // The step aside after a turn end is over early once another instance has had
                 // the key since: a release of a turn that began after this registry's quiet
                 // one was reported (see "Turns").
-                if state.yield_until.is_some() && Self::another_turn_since_ours(state) {
+                if state.yield_until.is_some_and(|until| until > now)
+                    && Self::another_turn_since_ours(state)
+                {
                     state.yield_until = None;
                     came_back = true;
                 }
@@ -1043,7 +1045,7 @@ impl Lock {
 
     /// Blocks until the lock is granted, with the registry's default time-to-live.
     ///
-    /// Polls the database every `idle_between_tries` while another instance holds the lock, and
+    /// Polls the database every `idle_between_tries` (± 25 %) while another instance holds the lock, and
     /// wakes at once when another thread of this registry releases it. Returns `Err` only when
     /// the database keeps failing for `operation_timeout` or refuses for good.
     pub fn lock(&self) -> Result<LockGuard> {

@@ -380,9 +380,11 @@ impl RegistryBuilder {
     }
 
     /// How long a waiter sleeps between database attempts while another instance holds the
-    /// lock. Defaults to 100 ms. A release by another thread of this registry wakes waiters at
+    /// lock. Defaults to 100 ms. Each sleep is this ± 25 % at random, so that a waiter does
+    /// not keep the phase of another instance's polls of the same interval (Spring's, say) and
+    /// lose every release to it. A release by another thread of this registry wakes waiters at
     /// once; a release by another instance is seen at the next attempt (about half this on
-    /// average). Must be within 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`].
+    /// average) unless wake-ups tell sooner. Must be within 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`].
     pub fn idle_between_tries(mut self, idle: Duration) -> Self {
         self.idle_between_tries = idle;
         self
@@ -443,9 +445,13 @@ impl RegistryBuilder {
     ///
     /// While instances that only poll take turns with a key, this registry's turns with it
     /// last a quarter of the limit (at least `idle_between_tries`): for 10 s after one of its
-    /// grants had to insert the key's row although this registry had released it before.
-    /// Leasehold keeps released rows; Spring Integration's `JdbcLockRegistry` deletes its row
-    /// on unlock, so a missing row shows that such an instance held the key meanwhile. On
+    /// grants had to insert the key's row although this registry had released it before, or
+    /// although an attempt of the same wait had found the row held. Leasehold keeps released
+    /// rows; Spring Integration's `JdbcLockRegistry` deletes its row on unlock, so a missing
+    /// row shows that such an instance held the key meanwhile. A turn begun by a grant that
+    /// inserted the row without either sign (a new key, a row deleted while nobody here
+    /// looked) is a quarter too, that turn only: a registry alone with a new key whose threads
+    /// contend for it steps aside once, for `turn_window`, a quarter of the limit in. On
     /// PostgreSQL and MySQL with the default statements (a replacement `acquire_sql`, and
     /// SQLite, never shorten turns); a manual `DELETE` of released rows shortens them for 10 s.
     pub fn local_handoff_limit(mut self, limit: Option<Duration>) -> Self {

@@ -72,7 +72,9 @@ struct State {
     /// entry, so that a key locked again and again costs no allocation and one lookup per
     /// registration; empty entries are dropped once they outnumber the others (and 64). Hashed
     /// with foldhash (seeded per process): SipHash cost a lock() and its unlock() about 400
-    /// instructions here.
+    /// instructions here. foldhash does not resist keys chosen to collide, which these cannot
+    /// be: a `LOCK_KEY` is an MD5-derived UUID of the caller's key (see
+    /// [`lock_key_for`](crate::lock_key_for)), and only this process's own waiters are in it.
     pollers: HashMap<Arc<str>, Vec<Weak<dyn Nudge>>, foldhash::fast::RandomState>,
     /// How many entries of `pollers` are empty.
     empty: usize,

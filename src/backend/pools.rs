@@ -202,23 +202,25 @@ fn close_if_idle<M: r2d2::ManageConnection>(
     idle_timeout: Duration,
     discard: fn(&mut M::Connection),
 ) {
-    let conn = {
-        let mut parked = parked.lock();
-        if parked.conn.is_none() || parked.used {
-            // In use, or parked again since the last check.
-            parked.used = false;
-            parked.idle_checks = 0;
-            return;
-        }
-        parked.idle_checks = parked.idle_checks.saturating_add(1);
-        if rate.saturating_mul(parked.idle_checks) < idle_timeout {
-            return;
-        }
+    let mut parked = parked.lock();
+    if parked.conn.is_none() || parked.used {
+        // In use, or parked again since the last check.
+        parked.used = false;
         parked.idle_checks = 0;
-        parked.conn.take()
-    };
-    if let Some(mut conn) = conn {
+        return;
+    }
+    parked.idle_checks = parked.idle_checks.saturating_add(1);
+    if rate.saturating_mul(parked.idle_checks) < idle_timeout {
+        return;
+    }
+    parked.idle_checks = 0;
+    // Given back to r2d2 under the slot's lock: a caller that finds the slot empty meanwhile
+    // enters r2d2 only once r2d2 no longer counts the connection, so it opens a new one
+    // rather than wait (with `pool_size(1)`, until its deadline) for a place that nothing
+    // would announce. r2d2 never takes the slot's lock, so the order cannot deadlock.
+    if let Some(mut conn) = parked.conn.take() {
         discard(&mut conn);
+        drop(conn);
     }
 }
 
@@ -892,6 +894,43 @@ mod parking {
             pool.state().connections,
             0,
             "a discarded connection stayed open"
+        );
+    }
+
+    static CLOSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// A discard that takes its time (a slow close), and says when it began.
+    fn slow_discard(conn: &mut Conn<Sqlite>) {
+        Sqlite::mark_broken(conn);
+        CLOSING.store(true, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    /// The idle check gives the parked connection back to r2d2 under the slot's lock: a
+    /// caller that comes meanwhile to a pool of one finds r2d2 with room once it gets in, and
+    /// opens a connection. When the check let go of the lock first, the caller found the slot
+    /// empty and r2d2 full, and slept until its deadline: r2d2 announces no place freed by a
+    /// broken connection.
+    #[test]
+    fn a_caller_during_the_idle_close_of_the_only_connection_gets_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let idle = Duration::from_secs(60);
+        let pool = sqlite_pool(&dir, 1, idle);
+        let conn = pool.get_timeout(Duration::from_secs(10)).unwrap();
+        pool.give_back(conn);
+        let slot = Arc::clone(pool.parked.as_ref().unwrap());
+        // The first look sees the connection used since the last one; the second closes it.
+        close_if_idle(&slot, idle, idle, slow_discard);
+        let closer = std::thread::spawn(move || close_if_idle(&slot, idle, idle, slow_discard));
+        while !CLOSING.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let got = pool.get_timeout(Duration::from_secs(10));
+        closer.join().unwrap();
+        assert!(
+            got.is_ok(),
+            "a caller during the idle close waited until its deadline: {:?}",
+            got.err()
         );
     }
 }
