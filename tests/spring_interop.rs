@@ -313,19 +313,9 @@ fn two_spring_instances_beside_two_leasehold_instances(
     }
 }
 
-/// Two threads of `registry` hand `lock`'s key back and forth for `how_long` (holds of 10 ms,
-/// no pause), after a pause past the turn gap and one lock and unlock of their own; returns
-/// the turns that ended meanwhile (releases to the database before the last).
-fn turn_ends_in_ping_pong(
-    registry: &LockRegistry,
-    lock: &leasehold::Lock,
-    how_long: Duration,
-) -> u64 {
+/// Two threads hand `lock`'s key back and forth for `how_long`, holds of 10 ms and no pause.
+fn hand_back_and_forth(lock: &leasehold::Lock, how_long: Duration) {
     use std::time::Instant;
-    // Past the turn gap since the last release: this round's turn starts afresh.
-    std::thread::sleep(Duration::from_millis(500));
-    lock.lock().unwrap().unlock().unwrap();
-    let before = registry.statistics().releases;
     let end = Instant::now() + how_long;
     let threads: Vec<_> = (0..2)
         .map(|_| {
@@ -342,6 +332,21 @@ fn turn_ends_in_ping_pong(
     for thread in threads {
         thread.join().unwrap();
     }
+}
+
+/// Two threads of `registry` hand `lock`'s key back and forth for `how_long` (holds of 10 ms,
+/// no pause), after a pause past the turn gap and one lock and unlock of their own; returns
+/// the turns that ended meanwhile (releases to the database before the last).
+fn turn_ends_in_ping_pong(
+    registry: &LockRegistry,
+    lock: &leasehold::Lock,
+    how_long: Duration,
+) -> u64 {
+    // Past the turn gap since the last release: this round's turn starts afresh.
+    std::thread::sleep(Duration::from_millis(500));
+    lock.lock().unwrap().unlock().unwrap();
+    let before = registry.statistics().releases;
+    hand_back_and_forth(lock, how_long);
     // The last holder's release, when nobody queues any more, is not a turn end.
     registry.statistics().releases - before - 1
 }
@@ -426,26 +431,10 @@ fn a_grant_after_a_refusal_that_finds_the_row_deleted_shortens_the_turns(
 /// new key back and forth for 2.5 s with a 5 s limit: one turn ends; in a second round on the
 /// same row, none.
 fn a_turn_begun_by_inserting_the_row_is_short(builder: impl Fn() -> RegistryBuilder) {
-    use std::time::Instant;
     let registry = turn_counting_registry(builder);
     let key = format!("new-{}", uuid::Uuid::new_v4());
     let lock = registry.obtain(&key).unwrap();
-    let end = Instant::now() + Duration::from_millis(2500);
-    let threads: Vec<_> = (0..2)
-        .map(|_| {
-            let lock = lock.clone();
-            std::thread::spawn(move || {
-                while Instant::now() < end {
-                    let guard = lock.lock().unwrap();
-                    std::thread::sleep(Duration::from_millis(10));
-                    guard.unlock().unwrap();
-                }
-            })
-        })
-        .collect();
-    for thread in threads {
-        thread.join().unwrap();
-    }
+    hand_back_and_forth(&lock, Duration::from_millis(2500));
     let first = registry.statistics().releases - 1;
     let later = turn_ends_in_ping_pong(&registry, &lock, Duration::from_millis(2500));
     println!("turn ends on a new key: {first}, later on its row: {later}");
