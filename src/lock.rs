@@ -92,16 +92,25 @@
 //! continues that turn. Spring's releases report nothing, so the instances that only poll
 //! keep their half of the window.
 //! A single long hold (a leader's term) releases normally. While instances that only poll are
-//! known to take turns too, turns are a quarter of `local_handoff_limit` (at least
-//! `idle_between_tries`): for [`POLLERS_REMEMBERED`] after a grant of this lock had to insert
+//! known to take turns too, turns last one `idle_between_tries` (at most
+//! `local_handoff_limit`): for [`POLLERS_REMEMBERED`] after a grant of this lock had to insert
 //! the row although this registry had released it, or although an attempt of the same wait
 //! had found it held (leasehold keeps released rows; only an instance that deletes its row on
 //! unlock, Spring's, can have removed it meanwhile), which the grant statement reports
 //! (PostgreSQL's second column, MySQL's affected rows: 1 for an insert, 2 for the update of
 //! an expired row). A turn begun by a grant that inserted the row without either sign (a new
 //! key, or a row deleted while nobody here looked: the start of a round, when nothing is known
-//! yet about who else waits) is a quarter too, that turn only (`turn_found_no_row`); on the
-//! row leasehold keeps, later turns have the full limit again unless pollers show themselves.
+//! yet about who else waits) is as short, that turn only (`turn_found_no_row`); on the row
+//! leasehold keeps, later turns have the full limit again unless pollers show themselves.
+//! Why one poll interval: a polling instance that just had the key (Spring's, whose
+//! `idleBetweenTries` is 100 ms like the default) was refused right after its unlock, when a
+//! leasehold waiter took the key, and polls next about one interval later; a turn of one
+//! interval ends, and reserves the row, just before that poll, so that another polling
+//! instance that waits — whose polls fall anywhere in the interval — usually comes first.
+//! With a quarter of the limit (250 ms by default; the rule before) the instance that had the
+//! key polled early in the next reservation, won it again more often than not, and another
+//! Spring instance waited up to 3.4 s in 2 + 2 rounds on MariaDB (issue 25's goal 4: 2.5 s);
+//! with one interval, 1.8 s (README, *Guarantees*, "Fairness").
 //! A refused attempt of a Spring instance cannot be seen (its `UPDATE` matches nothing and its
 //! `INSERT` fails on the duplicate key: nothing is written). Pollers of one interval — a
 //! waiter here and another instance's, Spring's included, whose `idleBetweenTries` is 100 ms
@@ -701,6 +710,7 @@ impl LockInner {
             .filter(|_| turn_over && state.holds_in_turn > 1 && state.turn_contended);
         if let Some(window) = window {
             state.yield_until = Some(now + window);
+            self.core.meter.turn_ended(&self.key);
         }
         let turn = match window {
             Some(window) => Turn::Ends {
@@ -752,8 +762,8 @@ impl LockInner {
         self.end_linger(&mut state);
     }
 
-    /// How long a turn may last now: `local_handoff_limit`, or a quarter of it (at least
-    /// `idle_between_tries`) for [`POLLERS_REMEMBERED`] after a grant found that an instance
+    /// How long a turn may last now: `local_handoff_limit`, or `idle_between_tries` (at most
+    /// the limit) for [`POLLERS_REMEMBERED`] after a grant found that an instance
     /// that deletes on unlock had held the key (see "Turns" in the module docs).
     fn turn_limit(settings: &Settings, state: &LocalState, now: Instant) -> Option<Duration> {
         let limit = settings.local_handoff_limit?;
@@ -762,7 +772,7 @@ impl LockInner {
                 .pollers_seen
                 .is_some_and(|seen| now.duration_since(seen) < POLLERS_REMEMBERED);
         Some(match pollers {
-            true => (limit / 4).max(settings.idle_between_tries).min(limit),
+            true => settings.idle_between_tries.min(limit),
             false => limit,
         })
     }

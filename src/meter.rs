@@ -18,6 +18,7 @@
 //! |------|------|--------|------|
 //! | `leasehold_grants_total` | counter | `via` = `database` / `local_handoff`, key | locks granted to a caller |
 //! | `leasehold_contended_tries_total` | counter | key | acquire statements that found the lock held elsewhere |
+//! | `leasehold_turns_ended_total` | counter | key | releases that ended a contended turn, leaving the key to other instances for `turn_window` |
 //! | `leasehold_leases_lost_total` | counter | `reason` = `expired` / `not_owner`, key | leases lost |
 //! | `leasehold_renewals_total` | counter | | leases renewed in the background or by hand |
 //! | `leasehold_renewals_failed_total` | counter | | renewals whose outcome is unknown (no answer, an error, a row locked by another session) |
@@ -37,6 +38,7 @@ pub(crate) struct Meter {
     grants_database: AtomicU64,
     local_handoffs: AtomicU64,
     contended_tries: AtomicU64,
+    turns_ended: AtomicU64,
     lost_expired: AtomicU64,
     lost_not_owner: AtomicU64,
     renewed: AtomicU64,
@@ -60,6 +62,7 @@ struct Labels {
     grants_database: metrics::Key,
     grants_local_handoff: metrics::Key,
     contended_tries: metrics::Key,
+    turns_ended: metrics::Key,
     lost_expired: metrics::Key,
     lost_not_owner: metrics::Key,
     renewals: metrics::Key,
@@ -101,6 +104,7 @@ impl Labels {
             grants_database: key("leasehold_grants_total", Some(("via", "database"))),
             grants_local_handoff: key("leasehold_grants_total", Some(("via", "local_handoff"))),
             contended_tries: key("leasehold_contended_tries_total", None),
+            turns_ended: key("leasehold_turns_ended_total", None),
             lost_expired: key("leasehold_leases_lost_total", Some(("reason", "expired"))),
             lost_not_owner: key("leasehold_leases_lost_total", Some(("reason", "not_owner"))),
             renewals: key("leasehold_renewals_total", None),
@@ -189,6 +193,14 @@ impl Meter {
         Labels::counter(&self.labels.per_key(&self.labels.contended_tries, key), 1);
     }
 
+    /// A release of `key` ended a contended turn (see `RegistryBuilder::turn_window`).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub fn turn_ended(&self, key: &str) {
+        self.turns_ended.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        Labels::counter(&self.labels.per_key(&self.labels.turns_ended, key), 1);
+    }
+
     /// A holder of `key` let go after `held_for`.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub fn released(&self, key: &str, held_for: Duration) {
@@ -254,6 +266,7 @@ impl Meter {
         let time = |counter: &AtomicU64| Duration::from_nanos(read(counter));
         stats.local_handoffs = read(&self.local_handoffs);
         stats.contended_tries = read(&self.contended_tries);
+        stats.turns_ended = read(&self.turns_ended);
         stats.leases_lost_expired = read(&self.lost_expired);
         stats.leases_lost_not_owner = read(&self.lost_not_owner);
         stats.leases_renewed = read(&self.renewed);

@@ -444,14 +444,17 @@ impl RegistryBuilder {
     /// (fastest, but other instances can starve under continuous local contention).
     ///
     /// While instances that only poll take turns with a key, this registry's turns with it
-    /// last a quarter of the limit (at least `idle_between_tries`): for 10 s after one of its
+    /// last one `idle_between_tries` (at most the limit): for 10 s after one of its
     /// grants had to insert the key's row although this registry had released it before, or
     /// although an attempt of the same wait had found the row held. Leasehold keeps released
     /// rows; Spring Integration's `JdbcLockRegistry` deletes its row on unlock, so a missing
     /// row shows that such an instance held the key meanwhile. A turn begun by a grant that
     /// inserted the row without either sign (a new key, a row deleted while nobody here
-    /// looked) is a quarter too, that turn only: a registry alone with a new key whose threads
-    /// contend for it steps aside once, for `turn_window`, a quarter of the limit in. On
+    /// looked) is as short, that turn only: a registry alone with a new key whose threads
+    /// contend for it steps aside once, for `turn_window`, `idle_between_tries` in. A turn of
+    /// one poll interval ends just before the next poll of a polling instance that just had
+    /// the key, so that another polling instance usually gets the next one (README,
+    /// *Guarantees*, "Fairness"). On
     /// PostgreSQL and MySQL with the default statements (a replacement `acquire_sql`, and
     /// SQLite, never shorten turns); a manual `DELETE` of released rows shortens them for 10 s.
     pub fn local_handoff_limit(mut self, limit: Option<Duration>) -> Self {

@@ -136,7 +136,35 @@ fn grants_waits_holds_renewals_and_losses_reach_the_recorder_and_the_statistics(
     expiring.loss_channel().recv_timeout(GENEROUS).unwrap();
     drop(expiring);
 
+    // A turn end: two threads of a registry with a short `local_handoff_limit` hand a key
+    // back and forth until a release leaves it to other instances.
+    let turner = f
+        .builder()
+        .local_handoff_limit(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let turned = turner.obtain("turned").unwrap();
+    let until = Instant::now() + GENEROUS;
+    let players: Vec<_> = (0..2)
+        .map(|_| {
+            let (turned, turner) = (turned.clone(), turner.clone());
+            thread::spawn(move || {
+                while turner.statistics().turns_ended == 0 && Instant::now() < until {
+                    let guard = turned.lock().unwrap();
+                    thread::sleep(Duration::from_millis(10));
+                    guard.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for player in players {
+        player.join().unwrap();
+    }
+    let turns_ended = turner.statistics().turns_ended;
+    assert!(turns_ended >= 1, "no turn ended in {GENEROUS:?}");
+
     let stats = node.statistics();
+    assert_eq!(stats.turns_ended, 0, "{stats:?}");
     assert_eq!(stats.local_handoffs, 1, "{stats:?}");
     assert_eq!(stats.grants, 2, "{stats:?}");
     assert_eq!(stats.leases_lost_not_owner, 1, "{stats:?}");
@@ -170,6 +198,10 @@ fn grants_waits_holds_renewals_and_losses_reach_the_recorder_and_the_statistics(
         .keys()
         .filter(|key| key.starts_with("leasehold_contended_tries_total"))
         .all(|key| !key.contains("key=")));
+    assert_eq!(
+        seen.counter("leasehold_turns_ended_total", &[&table]),
+        turns_ended
+    );
     let lost = "leasehold_leases_lost_total";
     assert_eq!(seen.counter(lost, &["reason=not_owner", "key=renewed"]), 1);
     assert_eq!(seen.counter(lost, &["reason=expired"]), 1);

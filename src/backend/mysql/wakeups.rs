@@ -23,22 +23,44 @@
 //!   PostgreSQL; see [`crate::wakeups`]): one *watcher* thread with its own connection per
 //!   key that a thread of the registry waits for, at most [`MAX_WATCHED_KEYS`] per registry
 //!   (beyond that, waiters poll). A watcher blocks in `GET_LOCK(name, 1)`; when that returns 1
-//!   it reads the key's last release off the row ([`turn_age_sql`]) and, if that release is
-//!   newer than the watcher's previous `GET_LOCK` and than the release it reported last, tells
-//!   the registry (which tries the row at once, continuing the turn the release ended); then
-//!   it lets the name go. The row decides, never how long `GET_LOCK` took: another watcher
-//!   holding the name for an instant is no release, and on a busy machine an instant answer
-//!   can be slow.
+//!   it reads the key's row ([`look_sql`]) and, if it shows a release newer than the
+//!   watcher's previous `GET_LOCK` and than the release it reported last, tells the registry
+//!   (which tries the row at once, continuing the turn the release ended); then it lets the
+//!   name go. The row decides, never how long `GET_LOCK` took: another watcher holding the
+//!   name for an instant is no release, and on a busy machine an instant answer can be slow.
 //!
 //! The row stays the only judge of who holds the lock: a wake-up only makes a waiter try
 //! sooner. When nobody holds the named lock (a lease younger than [`TAKE_DELAY`], a holder
 //! whose named-lock connection failed or that crashed — its session ended — a Spring
-//! Integration holder, a holder whose `GET_LOCK` lost a race), `GET_LOCK` returns at once: a
-//! watcher reports that as a possible release only the first time, and otherwise backs off
-//! (1 ms, doubling up to [`MAX_BACKOFF`]) between looks at the row. A release without a named
-//! lock therefore reaches waiters within one back-off step, and a holder without one (Spring
-//! Integration's) costs its waiters no attempt until their polls. A lease that was lost (not
-//! released) leaves its row held until it expires: its waiters take it over at their polls.
+//! Integration holder, a holder whose `GET_LOCK` lost a race), `GET_LOCK` returns at once.
+//! What the watcher does then depends on the row:
+//!
+//! ```text
+//!                 GET_LOCK answered at once, and the row is held
+//!   blocking ─────────────────────────────────────────────────────► looking
+//!   GET_LOCK(name, 1)                                               one SELECT of the row
+//!      ▲  ▲                                                         every LOOK or more
+//!      │  └──────────────── the holder took its name ──────────────────┤
+//!      └──── the row released, deleted or run out: reported ───────────┘
+//! ```
+//!
+//! - *Blocking*: a release found on the row is reported if it is new (see above); a row
+//!   that is gone, or held but run out, is reported if the watcher saw it held since its last
+//!   report; the very first `GET_LOCK` reports whatever it finds (a possible release).
+//! - *Looking* (the row is held without its named lock): the watcher no longer takes the
+//!   name; every [`LOOK`] (4 ms) it reads the row and whether anyone holds the name
+//!   (`IS_USED_LOCK`), one statement on its own connection. A holder that takes its name (a
+//!   leasehold lease that lasted) sends it back to blocking. A row that is deleted (Spring
+//!   Integration's unlock), runs out (a holder that stopped renewing) or is released is
+//!   reported at once. While the row stays exactly as it was (same holder, grant and expiry)
+//!   for [`ACTIVE`] (50 ms), the pause doubles up to [`MAX_BACKOFF`]; any change (Spring
+//!   Integration deletes and inserts its row for each lock) starts it again at [`LOOK`].
+//!
+//! So a Spring Integration holder's unlock reaches leasehold's waiters within a few
+//! milliseconds — Spring inserts its row again for its next lock right after the delete, and
+//! whoever tries first in between gets the key — at the price of about 250 primary-key reads a
+//! second per watching registry while such a holder keeps taking and letting go of a key that
+//! one of its threads waits for (10 a second once the holder keeps the row unchanged).
 //!
 //! A name is `lh1:` and the MD5 of (table, region, `LOCK_KEY`) in hex: 36 characters, under
 //! MySQL's limit of 64. Names are server-wide; keys of two databases on one server sharing a
@@ -474,7 +496,7 @@ impl Listener {
             let watcher = Watcher {
                 manager: self.manager.clone(),
                 name: lock_name(&self.table, &self.region, &lock_key),
-                turn_age: turn_age_sql(&self.table),
+                look: look_sql(&self.table),
                 region: self.region.clone(),
                 lock_key: lock_key.clone(),
                 handler: Arc::clone(&self.handler),
@@ -490,7 +512,7 @@ impl Listener {
     }
 }
 
-/// A key's last release, read off its row (see [`turn_age_sql`]).
+/// A key's last release, read off its row (see [`look_sql`]).
 #[derive(Debug, Clone, Copy)]
 struct Release {
     /// The age of the turn it ended; zero for a quiet release.
@@ -512,29 +534,62 @@ impl Release {
     }
 }
 
+/// A held row as one look saw it: its holder, grant time and expiry. Any change (another
+/// grant, a renewal, Spring Integration's delete and insert between two looks) makes another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Holding {
+    client_id: Option<String>,
+    created: Option<i64>,
+    expires: Option<i64>,
+}
+
+/// What one look at a key's row found.
+#[derive(Debug)]
+enum Row {
+    /// No row: it was never inserted, or it was deleted (Spring Integration's unlock, an
+    /// operator's cleanup). Nobody holds the key.
+    Gone,
+    /// Released by leasehold (`CLIENT_ID` is NULL): the release, or `None` while the row is
+    /// still reserved for pollers (a quiet release's time lies ahead).
+    Released(Option<Release>),
+    /// Held. `expired`: its time-to-live ran out (and no reservation holds it), so a grant
+    /// takes it over. `named`: some session holds the key's named lock (a leasehold holder
+    /// announces its release through it; at the look after a `GET_LOCK` of the watcher's own
+    /// it is the watcher itself).
+    Held {
+        holding: Holding,
+        expired: bool,
+        named: bool,
+    },
+}
+
 /// Blocks on one key's named lock and reports its releases.
 struct Watcher {
     manager: MysqlManager,
     name: String,
-    /// See [`turn_age_sql`].
-    turn_age: String,
+    /// See [`look_sql`].
+    look: String,
     region: String,
     lock_key: String,
     handler: ListenerHandler,
     stop: Arc<AtomicBool>,
 }
 
-/// What a released row tells of the turn its release ended: the release stores the turn's age
-/// after the epoch in `EXPIRED_AFTER` (the row stays expired for everyone) and its own time in
-/// `CREATED_DATE` — or, for a turn that ended quietly, age zero and the end of the row's
-/// reservation for pollers, a time to come. Returns (age, time since the release, the
-/// release's time after the epoch) in µs.
-fn turn_age_sql(table: &str) -> String {
+/// One look at a key's row, with whether its named lock is held. A release stores the turn's
+/// age after the epoch in `EXPIRED_AFTER` (the row stays expired for everyone) and its own
+/// time in `CREATED_DATE` — or, for a turn that ended quietly, age zero and the end of the
+/// row's reservation for pollers, a time to come. Returns (released, age or expiry, time
+/// since the release or grant, the release's or grant's time, expired, named, holder), times
+/// in µs after the epoch; no row when there is none.
+fn look_sql(table: &str) -> String {
     format!(
-        "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', EXPIRED_AFTER), \
+        "SELECT CLIENT_ID IS NULL, \
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', EXPIRED_AFTER), \
          TIMESTAMPDIFF(MICROSECOND, CREATED_DATE, UTC_TIMESTAMP(6)), \
-         TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', CREATED_DATE) \
-         FROM {table} WHERE LOCK_KEY = ? AND REGION = ? AND CLIENT_ID IS NULL"
+         TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', CREATED_DATE), \
+         EXPIRED_AFTER < UTC_TIMESTAMP(6) AND CREATED_DATE <= UTC_TIMESTAMP(6), \
+         IS_USED_LOCK(?) IS NOT NULL, CLIENT_ID \
+         FROM {table} WHERE LOCK_KEY = ? AND REGION = ?"
     )
 }
 
@@ -546,26 +601,68 @@ const RELEASE_SLACK: Duration = Duration::from_millis(5);
 /// free name for a release, on a busy machine): it reports no turn to continue.
 const RECENT_RELEASE: Duration = Duration::from_secs(1);
 
+/// The pause between a watcher's looks at a row held without its named lock (a Spring
+/// Integration holder, a lease younger than [`TAKE_DELAY`]) while the row keeps changing.
+pub(crate) const LOOK: Duration = Duration::from_millis(4);
+
+/// A held row unchanged for this long is no longer looked at every [`LOOK`]: the pause
+/// doubles up to [`MAX_BACKOFF`] (a long hold, a crashed holder's row running out).
+const ACTIVE: Duration = Duration::from_millis(50);
+
 impl Watcher {
-    /// The key's last release as its row tells it. `None` when the row is held, gone (a
-    /// Spring Integration holder's delete), still reserved for pollers (a quiet release's
-    /// time lies ahead), or could not be read.
-    fn last_release(&self, conn: &mut mysql::Conn) -> Option<Release> {
-        let read = conn.exec_first::<(Option<i64>, Option<i64>, Option<i64>), _, _>(
-            self.turn_age.as_str(),
-            (&self.lock_key, &self.region),
+    /// Looks at the key's row; `None` when it could not be read.
+    fn look(&self, conn: &mut mysql::Conn) -> Option<Row> {
+        type Columns = (
+            Option<bool>,
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+            Option<bool>,
+            Option<bool>,
+            Option<String>,
         );
-        let Ok(Some((Some(age), Some(since), Some(at)))) = read else {
-            return None;
+        let read = conn.exec_first::<Columns, _, _>(
+            self.look.as_str(),
+            (&self.name, &self.lock_key, &self.region),
+        );
+        let Some((released, expires, since, created, expired, named, client_id)) = read.ok()?
+        else {
+            return Some(Row::Gone);
         };
-        let (Ok(age), Ok(since)) = (u64::try_from(age), u64::try_from(since)) else {
-            return None;
-        };
-        Some(Release {
-            turn_age: Duration::from_micros(age),
-            since: Duration::from_micros(since),
-            at,
+        if released == Some(true) {
+            let release = match (expires, since, created) {
+                (Some(age), Some(since), Some(at)) => {
+                    match (u64::try_from(age), u64::try_from(since)) {
+                        (Ok(age), Ok(since)) => Some(Release {
+                            turn_age: Duration::from_micros(age),
+                            since: Duration::from_micros(since),
+                            at,
+                        }),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            return Some(Row::Released(release));
+        }
+        Some(Row::Held {
+            holding: Holding {
+                client_id,
+                created,
+                expires,
+            },
+            expired: expired == Some(true),
+            named: named == Some(true),
         })
+    }
+
+    /// Tells the registry that the key may be free; `false` when the registry is gone.
+    fn report(&self, turn_age: Duration) -> bool {
+        let event = ListenerEvent::Released {
+            lock_key: &self.lock_key,
+            turn_age,
+        };
+        (self.handler)(event) != ListenerReply::Stop
     }
 
     fn run(self) {
@@ -577,6 +674,12 @@ impl Watcher {
         let mut previous = Instant::now();
         // ... unless it is the one reported last.
         let mut reported: Option<i64> = None;
+        // A holder was seen since the last report: the row gone, or run out, is news.
+        let mut held_since_report = false;
+        // The row as last seen held without its named lock, and when it last changed: while
+        // this is set the watcher *looks* at the row every `LOOK` instead of blocking in
+        // `GET_LOCK`, which returns at once for such a holder.
+        let mut unnamed: Option<(Holding, Instant)> = None;
         let get = format!("SELECT GET_LOCK(?, {WATCH_SLICE})");
         while !self.stop.load(Ordering::Acquire) {
             if conn.is_none() {
@@ -590,6 +693,49 @@ impl Watcher {
                 }
             }
             let Some(open) = conn.as_mut() else { continue };
+            if let Some((seen, changed)) = unnamed.take() {
+                // Looking: one statement a look, no named lock taken.
+                std::thread::sleep(backoff);
+                let free = match self.look(open) {
+                    None => {
+                        conn = None;
+                        continue;
+                    }
+                    // The holder took its name (a leasehold lease that lasted): block on it.
+                    Some(Row::Held { named: true, .. }) => continue,
+                    Some(Row::Held {
+                        holding,
+                        expired: false,
+                        ..
+                    }) => {
+                        if holding != seen {
+                            backoff = LOOK;
+                            unnamed = Some((holding, Instant::now()));
+                        } else {
+                            if changed.elapsed() >= ACTIVE {
+                                backoff = (backoff * 2).min(MAX_BACKOFF);
+                            }
+                            unnamed = Some((seen, changed));
+                        }
+                        continue;
+                    }
+                    // Deleted (Spring Integration's unlock) or run out: nobody holds it.
+                    Some(Row::Gone) | Some(Row::Held { expired: true, .. }) => Duration::ZERO,
+                    // Released by its holder: reported unless it was already, or it is a
+                    // quiet release whose reservation for pollers lasts (back to blocking).
+                    Some(Row::Released(Some(release))) if reported != Some(release.at) => {
+                        reported = Some(release.at);
+                        Release::turn_age(Some(release))
+                    }
+                    Some(Row::Released(_)) => continue,
+                };
+                held_since_report = false;
+                backoff = Duration::ZERO;
+                if !self.report(free) {
+                    return;
+                }
+                continue;
+            }
             let started = Instant::now();
             let got = open.exec_first::<Option<i64>, _, _>(get.as_str(), (&self.name,));
             let since_previous = std::mem::replace(&mut previous, started).elapsed();
@@ -600,36 +746,59 @@ impl Watcher {
                     // is not leasehold), or another watcher held it for an instant: the row
                     // says whether a release came meanwhile. How long `GET_LOCK` took says
                     // nothing (a busy machine makes an instant answer slow).
-                    let release = self.last_release(open);
-                    let unannounced = release.is_some_and(|r| {
-                        r.since <= since_previous + RELEASE_SLACK && reported != Some(r.at)
-                    });
-                    if first || unannounced {
-                        reported = release.map(|r| r.at);
-                        let event = ListenerEvent::Released {
-                            lock_key: &self.lock_key,
-                            turn_age: Release::turn_age(release),
-                        };
-                        if (self.handler)(event) == ListenerReply::Stop {
-                            return;
+                    let row = self.look(open);
+                    let news = match &row {
+                        Some(Row::Released(release)) => {
+                            let unannounced = release.is_some_and(|r| {
+                                r.since <= since_previous + RELEASE_SLACK && reported != Some(r.at)
+                            });
+                            (first || unannounced).then(|| {
+                                reported = release.map(|r| r.at);
+                                Release::turn_age(*release)
+                            })
                         }
-                        backoff = Duration::ZERO;
-                    } else {
-                        backoff = (backoff * 2).max(Duration::from_millis(1)).min(MAX_BACKOFF);
-                    }
+                        // Deleted, or run out, since a holder was seen.
+                        Some(Row::Gone) | Some(Row::Held { expired: true, .. }) => {
+                            (first || held_since_report).then_some(Duration::ZERO)
+                        }
+                        Some(Row::Held { holding, .. }) => {
+                            held_since_report = true;
+                            // Held without its name: look at the row from now on.
+                            unnamed = Some((holding.clone(), Instant::now()));
+                            first.then_some(Duration::ZERO)
+                        }
+                        None => first.then_some(Duration::ZERO),
+                    };
                     first = false;
+                    match news {
+                        Some(turn_age) => {
+                            held_since_report = false;
+                            if !self.report(turn_age) {
+                                return;
+                            }
+                            backoff = Duration::ZERO;
+                        }
+                        None if unnamed.is_some() => backoff = LOOK,
+                        None => {
+                            backoff = (backoff * 2).max(Duration::from_millis(1)).min(MAX_BACKOFF)
+                        }
+                    }
                     if open
                         .exec_drop("SELECT RELEASE_LOCK(?)", (&self.name,))
                         .is_err()
                     {
                         conn = None;
+                        unnamed = None;
                     }
-                    if !backoff.is_zero() {
+                    if unnamed.is_none() && !backoff.is_zero() {
                         std::thread::sleep(backoff);
                     }
                 }
                 // Timed out: the holder still holds it.
-                Ok(Some(Some(_))) => first = false,
+                Ok(Some(Some(_))) => {
+                    first = false;
+                    held_since_report = true;
+                }
                 Ok(_) | Err(_) => {
                     conn = None;
                     std::thread::sleep(Duration::from_millis(100));
