@@ -117,7 +117,13 @@
 //! like the default — would keep the phase they start with, and one a few milliseconds behind
 //! another would find every release taken first for as long as both wait (seen on MariaDB: a
 //! waiter polling 1–10 ms after a Spring instance 17 times in a row); a poller's sleep is
-//! therefore spread ±25 %. Every other release stores the
+//! therefore spread ±25 %. While polling instances take turns (the same sign as for the
+//! shorter turns), a waiter whose wake-ups cannot see their releases polls four times as
+//! often ([`LockInner::poll_interval`]): a Spring unlock deletes the row, notifies nobody, and
+//! the same instance inserts it again a few milliseconds later for its next lock, so only an
+//! attempt in between gets the key. MySQL's watchers read such a row every few milliseconds
+//! and report the delete (`backend::mysql::wakeups`); PostgreSQL's listener hears only
+//! leasehold's own releases. Every other release stores the
 //! turn's age in the row ([`Turn::Continues`]: `EXPIRED_AFTER` = the epoch + the age,
 //! `CREATED_DATE` = now), which MySQL's woken watcher reads back. A release reported to a
 //! waiting thread continues a turn only if it came during that thread's wait.
@@ -553,7 +559,7 @@ impl LockInner {
                         None => {
                             state.refused_at = Some(Instant::now());
                             self.core.meter.contended(&self.key);
-                            let next_poll = Instant::now() + jittered(settings.idle_between_tries);
+                            let next_poll = Instant::now() + jittered(self.poll_interval(state));
                             let wake_at = match wait {
                                 Wait::No | Wait::Once(_) => return Ok(None),
                                 Wait::Until(deadline) if deadline <= Instant::now() => {
@@ -760,6 +766,23 @@ impl LockInner {
         // Nobody came: the key is cold until a quick re-grant shows otherwise.
         state.hot = false;
         self.end_linger(&mut state);
+    }
+
+    /// How long the poller sleeps between attempts (before the jitter): `idle_between_tries`,
+    /// or a quarter of it (at least 1 ms) while instances that only poll take turns with the
+    /// key (see "Turns") and the wake-ups cannot see their releases (every backend's but
+    /// MySQL's watchers): a Spring Integration holder deletes its row on unlock, announces
+    /// nothing and inserts it again for its next lock a few milliseconds later, and only an
+    /// attempt in between gets the key.
+    fn poll_interval(&self, state: &LocalState) -> Duration {
+        let idle = self.core.settings.idle_between_tries;
+        let pollers = state
+            .pollers_seen
+            .is_some_and(|seen| seen.elapsed() < POLLERS_REMEMBERED);
+        match pollers && !self.core.wakeups.sees_rows() {
+            true => (idle / 4).max(Duration::from_millis(1)).min(idle),
+            false => idle,
+        }
     }
 
     /// How long a turn may last now: `local_handoff_limit`, or `idle_between_tries` (at most

@@ -384,7 +384,12 @@ impl RegistryBuilder {
     /// not keep the phase of another instance's polls of the same interval (Spring's, say) and
     /// lose every release to it. A release by another thread of this registry wakes waiters at
     /// once; a release by another instance is seen at the next attempt (about half this on
-    /// average) unless wake-ups tell sooner. Must be within 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`].
+    /// average) unless wake-ups tell sooner. While instances that only poll (Spring
+    /// Integration's) take turns with a key (see [`local_handoff_limit`](Self::local_handoff_limit)),
+    /// a waiter polls every quarter of this (at least 1 ms), unless its wake-ups see their
+    /// releases (MySQL's, when `notifications` are on): such an instance announces nothing and
+    /// takes the key again a few milliseconds after its unlock. Must be within
+    /// 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`].
     pub fn idle_between_tries(mut self, idle: Duration) -> Self {
         self.idle_between_tries = idle;
         self

@@ -116,6 +116,12 @@ impl Wakeups {
         self.enabled.load(Ordering::Acquire)
     }
 
+    /// Whether the listener looks at each waited-for key's row itself (MySQL's watchers), and
+    /// so also reports releases that no holder announces: Spring Integration's deletes.
+    pub fn sees_rows(&self) -> bool {
+        self.is_enabled() && self.watches_keys.load(Ordering::Acquire)
+    }
+
     /// `poller` is about to ask the database for `lock_key` and will wait if the lock is held;
     /// returns whether it is registered (then it must call [`Wakeups::unregister`] when it
     /// stops waiting). Registering again changes nothing.
