@@ -110,7 +110,7 @@
 //! With a quarter of the limit (250 ms by default; the rule before) the instance that had the
 //! key polled early in the next reservation, won it again more often than not, and another
 //! Spring instance waited up to 3.4 s in 2 + 2 rounds on MariaDB (issue 25's goal 4: 2.5 s);
-//! with one interval, 1.8 s (README, *Guarantees*, "Fairness").
+//! with one interval, 1.9 s (README, *Guarantees*, "Fairness").
 //! A refused attempt of a Spring instance cannot be seen (its `UPDATE` matches nothing and its
 //! `INSERT` fails on the duplicate key: nothing is written). Pollers of one interval — a
 //! waiter here and another instance's, Spring's included, whose `idleBetweenTries` is 100 ms

@@ -59,8 +59,8 @@
 //! So a Spring Integration holder's unlock reaches leasehold's waiters within a few
 //! milliseconds — Spring inserts its row again for its next lock right after the delete, and
 //! whoever tries first in between gets the key — at the price of about 250 primary-key reads a
-//! second per watching registry while such a holder keeps taking and letting go of a key that
-//! one of its threads waits for (10 a second once the holder keeps the row unchanged).
+//! second per watched key (at most [`MAX_WATCHED_KEYS`] a registry) while such a holder keeps
+//! taking and letting go of it (10 a second once the holder keeps the row unchanged).
 //!
 //! A name is `lh1:` and the MD5 of (table, region, `LOCK_KEY`) in hex: 36 characters, under
 //! MySQL's limit of 64. Names are server-wide; keys of two databases on one server sharing a
@@ -603,7 +603,7 @@ const RECENT_RELEASE: Duration = Duration::from_secs(1);
 
 /// The pause between a watcher's looks at a row held without its named lock (a Spring
 /// Integration holder, a lease younger than [`TAKE_DELAY`]) while the row keeps changing.
-pub(crate) const LOOK: Duration = Duration::from_millis(4);
+const LOOK: Duration = Duration::from_millis(4);
 
 /// A held row unchanged for this long is no longer looked at every [`LOOK`]: the pause
 /// doubles up to [`MAX_BACKOFF`] (a long hold, a crashed holder's row running out).
