@@ -108,6 +108,15 @@ impl<T> PerStatement<T> {
             .map(|(_, kept)| kept)
     }
 
+    /// What was kept for `sql`, to change.
+    #[cfg(feature = "mysql")]
+    pub fn get_mut(&mut self, sql: &str) -> Option<&mut T> {
+        self.entries
+            .iter_mut()
+            .find(|(text, _)| &**text == sql)
+            .map(|(_, kept)| kept)
+    }
+
     /// Keeps `value` for `sql`, which must not be kept yet; returns it.
     pub fn insert(&mut self, sql: &str, value: T) -> &T {
         debug_assert!(self.get(sql).is_none(), "kept twice: {sql}");

@@ -95,9 +95,16 @@
 //! renewal pool in one place; `r2d2_mysql` would also pull in C zlib, and the driver's own pool
 //! pings on checkout and resets sessions on return (two extra round trips per statement).
 //!
-//! The driver caches prepared statements per connection (`stmt_cache_size`, 32 by default; a
-//! registry uses four). Connections are checked once when the registry is built, so a wrong
-//! password or database name is reported as such instead of as a pool timeout.
+//! Prepared statements: each connection prepares a statement the first time it runs it and
+//! then calls it by its handle (`Plan`), without the driver's `prep` on every call. The
+//! driver's own per-connection cache (`stmt_cache_size` in the URL, 32 by default; a registry
+//! uses a handful) may close a handle when more statements pass through it; the server refuses
+//! a closed handle before running anything, and the statement is prepared again
+//! (`MysqlConn::run`). `stmt_cache_size=0` is safe too: each statement is prepared once per
+//! connection and closed with it.
+//!
+//! Connections are checked once when the registry is built, so a wrong password or database
+//! name is reported as such instead of as a pool timeout.
 //!
 //! Several servers (a Galera cluster, a primary and its replicas):
 //! `mysql://user@db1:3306,db2:3306,db3:3306/locks?…` lists hosts separated by commas, each with
@@ -226,10 +233,26 @@ impl MysqlManager {
 
 /// A statement in `?` form and the parameter (index into [`NAMES`]) each `?` takes; `None` for
 /// a statement written with plain `?`, which takes parameters 1, 2, 3, … in order.
+///
+/// `statement` is the statement the connection prepared for it, kept so that a call does not
+/// go through the driver's `prep` again: that parses the text for named parameters and hashes
+/// it for the driver's cache on every call (about 37,000 instructions for the acquire
+/// statement, the largest part of what the registry added to an uncontended `lock()` +
+/// `unlock()`). The driver's cache may still close it when more than `stmt_cache_size`
+/// statements pass through it; the server then refuses it before it runs
+/// ([`UNKNOWN_STATEMENT`]) and [`MysqlConn::run`] prepares it again. With `stmt_cache_size=0`
+/// the driver caches and closes nothing, and this is the only copy: prepared once per
+/// connection instead of once per call (each of which stayed open on the server until the
+/// connection closed).
 struct Plan {
     query: String,
     order: Option<Vec<usize>>,
+    statement: Option<mysql::Statement>,
 }
+
+/// "Unknown prepared statement handler": a statement that was closed (by the driver's cache,
+/// see [`Plan`]); the server checks the handle before anything runs.
+const UNKNOWN_STATEMENT: u16 = 1243;
 
 /// A connection, the plans of the statements it ran, the flag `mark_broken` sets, and the
 /// deadline its statements must keep (see the module docs, "Deadlines").
@@ -373,22 +396,29 @@ impl MysqlConn {
         })
     }
 
-    /// Prepares `sql` (the driver caches the prepared statement) with its values, the socket
-    /// armed for the call that follows ([`MysqlConn::arm`]).
+    /// The statement prepared for `sql` on this connection (prepared now if it has none, see
+    /// [`Plan`]) with its values, the socket armed for the call that follows
+    /// ([`MysqlConn::arm`]).
     fn bind(
         &mut self,
         sql: &str,
         params: &Params,
     ) -> Result<(mysql::Statement, Vec<Value>), Failure> {
         self.arm()?;
-        let plan = match self.plans.get(sql) {
-            Some(plan) => plan,
+        if self.plans.get(sql).is_none() {
+            let plan = plan(sql)?;
+            self.plans.insert(sql, plan);
+        }
+        let MysqlConn { plans, conn, .. } = self;
+        let plan = plans.get_mut(sql).expect("kept above");
+        let statement = match &plan.statement {
+            Some(statement) => statement.clone(),
             None => {
-                let plan = plan(sql)?;
-                self.plans.insert(sql, plan)
+                let statement = conn.prep(&plan.query).map_err(classify)?;
+                plan.statement = Some(statement.clone());
+                statement
             }
         };
-        let statement = self.conn.prep(&plan.query).map_err(classify)?;
         let values = match &plan.order {
             Some(order) => order.iter().map(|&index| value(params, index)).collect(),
             None => (0..usize::from(statement.num_params()).min(NAMES.len()))
@@ -396,6 +426,28 @@ impl MysqlConn {
                 .collect(),
         };
         Ok((statement, values))
+    }
+
+    /// Runs the statement of `sql` with `params` through `call`. One that the driver's cache
+    /// closed since it was kept ([`Plan`]) is refused before it runs; it is prepared again and
+    /// called once more.
+    fn run<T>(
+        &mut self,
+        sql: &str,
+        params: &Params,
+        mut call: impl FnMut(&mut mysql::Conn, &mysql::Statement, Vec<Value>) -> mysql::Result<T>,
+    ) -> Result<T, Failure> {
+        let (statement, values) = self.bind(sql, params)?;
+        match call(&mut self.conn, &statement, values) {
+            Err(mysql::Error::MySqlError(e)) if e.code == UNKNOWN_STATEMENT => {
+                if let Some(plan) = self.plans.get_mut(sql) {
+                    plan.statement = None;
+                }
+                let (statement, values) = self.bind(sql, params)?;
+                call(&mut self.conn, &statement, values).map_err(classify)
+            }
+            other => other.map_err(classify),
+        }
     }
 }
 
@@ -485,7 +537,11 @@ fn plan(sql: &str) -> Result<Plan, Failure> {
     }
     query.push_str(&sql[copied..]);
     if order.is_empty() {
-        return Ok(Plan { query, order: None });
+        return Ok(Plan {
+            query,
+            order: None,
+            statement: None,
+        });
     }
     if positional {
         return Err(rejected(
@@ -495,6 +551,7 @@ fn plan(sql: &str) -> Result<Plan, Failure> {
     Ok(Plan {
         query,
         order: Some(order),
+        statement: None,
     })
 }
 
@@ -679,9 +736,10 @@ impl Backend for Mysql {
         sql: &str,
         params: &Params,
     ) -> Result<Option<HolderRow>, Failure> {
-        let (statement, values) = conn.bind(sql, params)?;
         let row: Option<(String, i64, i64, i64, i64)> =
-            conn.conn.exec_first(&statement, values).map_err(classify)?;
+            conn.run(sql, params, |c, statement, values| {
+                c.exec_first(statement, values)
+            })?;
         Ok(row.map(
             |(client_id, acquired_micros, expires_micros, token, now_micros)| HolderRow {
                 client_id,
@@ -695,8 +753,9 @@ impl Backend for Mysql {
 
     fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
         type Row = (String, Option<String>, i64, i64, i64, i64, Option<String>);
-        let (statement, values) = conn.bind(sql, params)?;
-        let rows: Vec<Row> = conn.conn.exec(&statement, values).map_err(classify)?;
+        let rows: Vec<Row> = conn.run(sql, params, |c, statement, values| {
+            c.exec(statement, values)
+        })?;
         Ok(rows
             .into_iter()
             .map(
@@ -720,14 +779,27 @@ impl Backend for Mysql {
         sql: &str,
         params: &Params,
     ) -> Result<Option<(i64, bool)>, Failure> {
-        let (statement, values) = conn.bind(sql, params)?;
+        /// What the acquire statement answered: a row (a statement that returns the token),
+        /// or the affected rows and the insert id (the default, which sets it).
+        enum Answer {
+            Row(Option<mysql::Row>),
+            Written { affected: u64, id: u64 },
+        }
+        let answer = conn.run(sql, params, |c, statement, values| {
+            if statement.num_columns() > 0 {
+                c.exec_first(statement, values).map(Answer::Row)
+            } else {
+                c.exec_drop(statement, values).map(|()| Answer::Written {
+                    affected: c.affected_rows(),
+                    id: c.last_insert_id(),
+                })
+            }
+        })?;
         // Whether the grant inserted the row (there was none): one affected row for an insert,
         // two for the update of an expired row (a replacement that returns the token: unknown).
         let mut inserted = false;
-        let token = if statement.num_columns() > 0 {
-            let row: Option<mysql::Row> =
-                conn.conn.exec_first(&statement, values).map_err(classify)?;
-            match row.and_then(|row| row.get_opt::<i64, usize>(0)) {
+        let token = match answer {
+            Answer::Row(row) => match row.and_then(|row| row.get_opt::<i64, usize>(0)) {
                 None => return Ok(None),
                 Some(token) => token.map_err(|e| {
                     Failure::new(
@@ -736,39 +808,40 @@ impl Backend for Mysql {
                         e.to_string(),
                     )
                 })?,
-            }
-        } else {
-            conn.conn.exec_drop(&statement, values).map_err(classify)?;
-            inserted = conn.conn.affected_rows() == 1;
-            let id = match (conn.conn.last_insert_id(), conn.conn.affected_rows()) {
-                // Two rows: the row was updated, which only a grant does (a held lock is set
-                // to its own values: one row with CLIENT_FOUND_ROWS). A trigger hid the id.
-                (0, 2..) => {
-                    conn.ids.hidden.store(true, Ordering::Relaxed);
-                    session_insert_id(conn)?
+            },
+            Answer::Written { affected, id } => {
+                inserted = affected == 1;
+                let id = match (id, affected) {
+                    // Two rows: the row was updated, which only a grant does (a held lock is
+                    // set to its own values: one row with CLIENT_FOUND_ROWS). A trigger hid
+                    // the id.
+                    (0, 2..) => {
+                        conn.ids.hidden.store(true, Ordering::Relaxed);
+                        session_insert_id(conn)?
+                    }
+                    // One row: held, or inserted with the id hidden by a trigger.
+                    (0, _) if Arc::clone(&conn.ids).hidden(conn) => session_insert_id(conn)?,
+                    (id, _) => id,
+                };
+                match id {
+                    0 => return Ok(None),
+                    id => i64::try_from(id).map_err(|e| {
+                        Failure::new(
+                            FailureKind::Fatal,
+                            "the acquire statement reported a token beyond BIGINT",
+                            e,
+                        )
+                    })?,
                 }
-                // One row: held, or inserted with the id hidden by a trigger.
-                (0, _) if Arc::clone(&conn.ids).hidden(conn) => session_insert_id(conn)?,
-                (id, _) => id,
-            };
-            match id {
-                0 => return Ok(None),
-                id => i64::try_from(id).map_err(|e| {
-                    Failure::new(
-                        FailureKind::Fatal,
-                        "the acquire statement reported a token beyond BIGINT",
-                        e,
-                    )
-                })?,
             }
         };
         Ok(Some((token, inserted)))
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
-        let (statement, values) = conn.bind(sql, params)?;
-        conn.conn.exec_drop(&statement, values).map_err(classify)?;
-        Ok(conn.conn.affected_rows())
+        conn.run(sql, params, |c, statement, values| {
+            c.exec_drop(statement, values).map(|()| c.affected_rows())
+        })
     }
 
     fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
@@ -985,8 +1058,8 @@ impl Backend for Mysql {
             .query_drop("START TRANSACTION")
             .map_err(classify)?;
         let renewed: Result<BatchRows, Failure> = (|| {
-            let (lock, values) = conn.bind(&sql[0], params)?;
-            let rows: Vec<(String, i64)> = conn.conn.exec(&lock, values).map_err(classify)?;
+            let rows: Vec<(String, i64)> =
+                conn.run(&sql[0], params, |c, lock, values| c.exec(lock, values))?;
             if !rows.is_empty() {
                 let pairs = crate::backend::pairs_json(
                     rows.iter().map(|(key, token)| (key.as_str(), *token)),
@@ -995,13 +1068,14 @@ impl Backend for Mysql {
                     lock_key: &pairs,
                     ..*params
                 };
-                let (update, values) = conn.bind(&sql[1], &locked)?;
-                conn.conn.exec_drop(&update, values).map_err(classify)?;
+                conn.run(&sql[1], &locked, |c, update, values| {
+                    c.exec_drop(update, values)
+                })?;
             }
             let mut busy = Vec::new();
             if rows.len() < pairs {
-                let (mine, values) = conn.bind(&sql[2], params)?;
-                let mine: Vec<(String, i64)> = conn.conn.exec(&mine, values).map_err(classify)?;
+                let mine: Vec<(String, i64)> =
+                    conn.run(&sql[2], params, |c, mine, values| c.exec(mine, values))?;
                 busy = mine
                     .into_iter()
                     .filter(|pair| !rows.contains(pair))
@@ -1113,7 +1187,7 @@ fn classify(error: mysql::Error) -> Failure {
             (
                 FailureKind::Broken,
                 format!(
-                    "no answer from MySQL before the deadline (the socket's timeout ran out;                      the connection is discarded): {error}"
+                    "no answer from MySQL before the deadline (the socket's timeout ran out; the connection is discarded): {error}"
                 ),
             )
         }
