@@ -387,10 +387,10 @@ impl RegistryBuilder {
     /// average) unless wake-ups tell sooner. While instances that only poll (Spring
     /// Integration's) take turns with a key (see [`local_handoff_limit`](Self::local_handoff_limit)),
     /// a waiter polls every quarter of this (at least 1 ms), unless its wake-ups see their
-    /// releases (MySQL's, when `notifications` are on; a registry waiting for more than 16
-    /// keys at once has no watcher for the others, which then poll at this interval): such
-    /// an instance announces nothing and
-    /// takes the key again a few milliseconds after its unlock. Must be within
+    /// releases (MySQL's, when `notifications` are on, while the registry waits for at most
+    /// 16 keys at once: beyond that some keys have no watcher, and every waiter polls as
+    /// without one): such an instance announces nothing and takes the key again a few
+    /// milliseconds after its unlock. Must be within
     /// 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`].
     pub fn idle_between_tries(mut self, idle: Duration) -> Self {
         self.idle_between_tries = idle;

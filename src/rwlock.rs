@@ -500,7 +500,7 @@ impl RwInner {
                     reason: crate::LossReason::Expired(None),
                 });
             }
-            let watch_limit = match self.core.store.listener_watches_keys() {
+            let watch_limit = match self.core.store.listener_watches_keys().is_some() {
                 true => crate::semaphore::KEYED_WATCHES,
                 false => watched.len(),
             };

@@ -406,7 +406,7 @@ impl SemaphoreInner {
             if state.poller.is_none() {
                 if !matches!(wait, Wait::No) && !*registered {
                     let count = self.slot_keys.len();
-                    let watched = match self.core.store.listener_watches_keys() {
+                    let watched = match self.core.store.listener_watches_keys().is_some() {
                         true => count.min(KEYED_WATCHES),
                         false => count,
                     };

@@ -39,7 +39,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Something a release notification wakes: it should try the database again now.
@@ -55,6 +55,8 @@ pub(crate) struct Wakeups {
     enabled: AtomicBool,
     /// Whether the listener serves keys one by one (MySQL's): it must hear of each new one.
     watches_keys: AtomicBool,
+    /// How many waited-for keys such a listener serves at most (MySQL: one watcher each).
+    watched_keys_max: AtomicUsize,
     /// Asks the listener to subscribe.
     demand: Sender<()>,
     state: Mutex<State>,
@@ -93,6 +95,7 @@ impl Wakeups {
         let wakeups = Wakeups {
             enabled: AtomicBool::new(false),
             watches_keys: AtomicBool::new(false),
+            watched_keys_max: AtomicUsize::new(usize::MAX),
             demand,
             state: Mutex::new(State {
                 pollers: HashMap::default(),
@@ -105,10 +108,15 @@ impl Wakeups {
     }
 
     /// Called once a listener runs.
-    /// `watches_keys`: the listener serves only the keys waited for and must hear of each new
-    /// one, also while subscribed (see `Backend::LISTENER_WATCHES_KEYS`).
-    pub fn enable(&self, watches_keys: bool) {
-        self.watches_keys.store(watches_keys, Ordering::Release);
+    /// `watches_keys`: the listener serves only the keys waited for, at most this many, and
+    /// must hear of each new one, also while subscribed (see `Backend::LISTENER_WATCHES_KEYS`);
+    /// `None`: it serves every key.
+    pub fn enable(&self, watches_keys: Option<usize>) {
+        if let Some(most) = watches_keys {
+            self.watched_keys_max.store(most, Ordering::Relaxed);
+        }
+        self.watches_keys
+            .store(watches_keys.is_some(), Ordering::Release);
         self.enabled.store(true, Ordering::Release);
     }
 
@@ -117,9 +125,15 @@ impl Wakeups {
     }
 
     /// Whether the listener looks at each waited-for key's row itself (MySQL's watchers), and
-    /// so also reports releases that no holder announces: Spring Integration's deletes.
+    /// so also reports releases that no holder announces: Spring Integration's deletes. Not
+    /// while more keys are waited for than it serves: which of them have a watcher is not
+    /// known here, so every waiter then counts as unseen (and polls as such).
     pub fn sees_rows(&self) -> bool {
-        self.is_enabled() && self.watches_keys.load(Ordering::Acquire)
+        if !(self.is_enabled() && self.watches_keys.load(Ordering::Acquire)) {
+            return false;
+        }
+        let state = self.state.lock();
+        state.pollers.len() - state.empty <= self.watched_keys_max.load(Ordering::Relaxed)
     }
 
     /// `poller` is about to ask the database for `lock_key` and will wait if the lock is held;
@@ -277,8 +291,29 @@ mod tests {
 
     fn enabled() -> (Wakeups, Receiver<()>) {
         let (wakeups, requests) = Wakeups::new();
-        wakeups.enable(false);
+        wakeups.enable(None);
         (wakeups, requests)
+    }
+
+    /// MySQL's listener watches at most 16 keys: with more keys waited for, some have no
+    /// watcher, and nothing sees a Spring unlock of theirs. `sees_rows` said yes all the same,
+    /// and their waiters polled at the plain interval while Spring instances took turns.
+    #[test]
+    fn rows_are_seen_only_while_no_more_keys_are_waited_for_than_watched() {
+        let (wakeups, _requests) = Wakeups::new();
+        wakeups.enable(Some(2));
+        let pollers: Vec<_> = (0..3).map(|_| poller()).collect();
+        let keys: Vec<Arc<str>> = ["a", "b", "c"].into_iter().map(Arc::from).collect();
+        assert!(wakeups.sees_rows(), "no key waited for");
+        assert!(wakeups.register(&keys[0], pollers[0].1.clone()));
+        assert!(wakeups.register(&keys[1], pollers[1].1.clone()));
+        assert!(wakeups.sees_rows(), "two keys, two watchers");
+        assert!(wakeups.register(&keys[2], pollers[2].1.clone()));
+        assert!(!wakeups.sees_rows(), "three keys, two watchers");
+        wakeups.unregister(&keys[2], &pollers[2].1);
+        assert!(wakeups.sees_rows(), "two again");
+        let (every, _requests) = enabled();
+        assert!(!every.sees_rows(), "a listener of every key reads no rows");
     }
 
     #[test]

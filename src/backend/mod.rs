@@ -251,6 +251,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// through [`ListenerEvent::Watched`], and each newly waited-for key sends a request).
     const LISTENER_WATCHES_KEYS: bool = false;
 
+    /// How many waited-for keys such a listener serves at most: beyond that, some keys have no
+    /// watcher (see `Wakeups::sees_rows`).
+    const LISTENER_WATCHED_KEYS_MAX: usize = usize::MAX;
+
     /// Wake-up work after a grant of `lock_key` (MySQL takes the key's named lock). Must not
     /// block; `idle_timeout` is the registry's `idle_connection_timeout`.
     fn granted(

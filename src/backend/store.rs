@@ -127,8 +127,9 @@ pub(crate) trait Store: Send + Sync {
     /// Statements sent so far.
     fn statistics(&self) -> Statistics;
     /// Whether the listener serves only the keys waited for (see
-    /// [`Backend::LISTENER_WATCHES_KEYS`]).
-    fn listener_watches_keys(&self) -> bool;
+    /// [`Backend::LISTENER_WATCHES_KEYS`]), and how many at most
+    /// ([`Backend::LISTENER_WATCHED_KEYS_MAX`]): `None` when it serves every key.
+    fn listener_watches_keys(&self) -> Option<usize>;
     /// Starts the backend's release listener (see [`Backend::listen_for_releases`]).
     fn listen_for_releases(
         &self,
@@ -404,8 +405,8 @@ impl<B: Backend> Store for SqlStore<B> {
         &self.queries
     }
 
-    fn listener_watches_keys(&self) -> bool {
-        B::LISTENER_WATCHES_KEYS
+    fn listener_watches_keys(&self) -> Option<usize> {
+        B::LISTENER_WATCHES_KEYS.then_some(B::LISTENER_WATCHED_KEYS_MAX)
     }
 
     fn listen_for_releases(

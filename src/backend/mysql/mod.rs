@@ -961,6 +961,7 @@ impl Backend for Mysql {
     }
 
     const LISTENER_WATCHES_KEYS: bool = true;
+    const LISTENER_WATCHED_KEYS_MAX: usize = wakeups::MAX_WATCHED_KEYS;
 
     fn granted(
         manager: &MysqlManager,
