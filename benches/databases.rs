@@ -59,6 +59,9 @@
 
 #[path = "common/child.rs"]
 mod child;
+#[cfg(feature = "mysql")]
+#[path = "common/mysql_params.rs"]
+mod mysql_params;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[path = "common/urls.rs"]
 mod urls;
@@ -890,8 +893,8 @@ impl Raw for RawMysql {
     }
     fn prepare_lease(&mut self, statements: &leasehold::Statements) -> bool {
         use mysql::prelude::Queryable;
-        let (acquire, acquire_order) = question_marks(&statements.acquire);
-        let (release, release_order) = question_marks(&statements.release);
+        let (acquire, acquire_order) = mysql_params::question_marks(&statements.acquire);
+        let (release, release_order) = mysql_params::question_marks(&statements.release);
         let acquire = self.conn.prep(acquire).unwrap();
         let release = self.conn.prep(release).unwrap();
         assert_eq!(acquire.num_columns(), 0, "the token comes in the insert id");
@@ -905,7 +908,8 @@ impl Raw for RawMysql {
         use mysql::prelude::Queryable;
         let ((acquire, order), _) = self.lease.as_ref().expect("prepared");
         let key = leasehold::lock_key_for(RAW_LEASE_KEY);
-        let values = mysql_values(&key, RAW_TTL_MICROS, 0, RAW_LEASE_KEY, order);
+        let values =
+            mysql_params::values(&key, RAW_CLIENT, RAW_TTL_MICROS, 0, RAW_LEASE_KEY, order);
         self.conn.exec_drop(acquire, values).unwrap();
         let token = self.conn.last_insert_id() as i64;
         assert_ne!(token, 0, "granted");
@@ -915,63 +919,10 @@ impl Raw for RawMysql {
         use mysql::prelude::Queryable;
         let (_, (release, order)) = self.lease.as_ref().expect("prepared");
         let key = leasehold::lock_key_for(RAW_LEASE_KEY);
-        let values = mysql_values(&key, RAW_RELEASE_TURN, token, "", order);
+        let values = mysql_params::values(&key, RAW_CLIENT, RAW_RELEASE_TURN, token, "", order);
         self.conn.exec_drop(release, values).unwrap();
         assert_eq!(self.conn.affected_rows(), 1);
     }
-}
-
-/// The documented parameter names of MySQL statements, in order.
-#[cfg(feature = "mysql")]
-const MYSQL_NAMES: [&str; 6] = [
-    "lock_key",
-    "region",
-    "client_id",
-    "ttl_micros",
-    "token",
-    "lock_name",
-];
-
-/// `sql` with its `:name` parameters turned into `?`, and the parameter each takes (as the
-/// registry's connections do once per statement).
-#[cfg(feature = "mysql")]
-fn question_marks(sql: &str) -> (String, Vec<usize>) {
-    let (mut out, mut order, mut quoted) = (String::new(), Vec::new(), false);
-    let mut rest = sql;
-    while let Some(c) = rest.chars().next() {
-        if c == '\'' {
-            quoted = !quoted;
-        }
-        if c == ':' && !quoted {
-            let name: String = rest[1..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if let Some(index) = MYSQL_NAMES.iter().position(|known| *known == name) {
-                out.push('?');
-                order.push(index);
-                rest = &rest[1 + name.len()..];
-                continue;
-            }
-        }
-        out.push(c);
-        rest = &rest[c.len_utf8()..];
-    }
-    (out, order)
-}
-
-/// The values of the documented parameters, in the order a statement takes them.
-#[cfg(feature = "mysql")]
-fn mysql_values(key: &str, ttl: i64, token: i64, name: &str, order: &[usize]) -> Vec<mysql::Value> {
-    let all: [mysql::Value; 6] = [
-        key.into(),
-        "DEFAULT".into(),
-        RAW_CLIENT.into(),
-        ttl.into(),
-        token.into(),
-        name.into(),
-    ];
-    order.iter().map(|index| all[*index].clone()).collect()
 }
 
 /// Whether `backend` is to be measured: all are, unless `LEASEHOLD_BENCH_BACKENDS` (a

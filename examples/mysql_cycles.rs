@@ -15,39 +15,11 @@
 use leasehold::LockRegistry;
 use mysql::prelude::Queryable;
 
+#[path = "../benches/common/mysql_params.rs"]
+mod mysql_params;
+
 const KEY: &str = "cycles-key";
 const CLIENT: &str = "cycles-raw-client";
-/// The documented parameter names, in the order of `values` below.
-const NAMES: [&str; 6] = [
-    "lock_key",
-    "region",
-    "client_id",
-    "ttl_micros",
-    "token",
-    "lock_name",
-];
-
-/// `sql` with its named parameters turned into `?`, and the parameter each takes.
-fn positional(sql: &str) -> (String, Vec<usize>) {
-    let (mut out, mut order, mut rest) = (String::new(), Vec::new(), sql);
-    while let Some(at) = rest.find(':') {
-        out.push_str(&rest[..at]);
-        rest = &rest[at + 1..];
-        let len = rest
-            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
-            .unwrap_or(rest.len());
-        match NAMES.iter().position(|name| *name == &rest[..len]) {
-            Some(index) => {
-                out.push('?');
-                order.push(index);
-                rest = &rest[len..];
-            }
-            None => out.push(':'),
-        }
-    }
-    out.push_str(rest);
-    (out, order)
-}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -69,21 +41,13 @@ fn main() {
     lock.lock().unwrap().unlock().unwrap();
     let mut conn = mysql::Conn::new(mysql::Opts::from_url(&url).unwrap()).unwrap();
     let statements = registry.statements();
-    let (acquire, acquire_order) = positional(&statements.acquire);
-    let (release, release_order) = positional(&statements.release);
+    let (acquire, acquire_order) = mysql_params::question_marks(&statements.acquire);
+    let (release, release_order) = mysql_params::question_marks(&statements.release);
     let (acquire, release) = (conn.prep(acquire).unwrap(), conn.prep(release).unwrap());
     let lock_key = leasehold::lock_key_for(KEY);
     let mut raw_cycle = || {
-        let values = |ttl: i64, token: i64, name: &str, order: &[usize]| -> Vec<mysql::Value> {
-            let all: [mysql::Value; 6] = [
-                lock_key.as_str().into(),
-                "DEFAULT".into(),
-                CLIENT.into(),
-                ttl.into(),
-                token.into(),
-                name.into(),
-            ];
-            order.iter().map(|index| all[*index].clone()).collect()
+        let values = |ttl, token, name, order: &[usize]| {
+            mysql_params::values(&lock_key, CLIENT, ttl, token, name, order)
         };
         conn.exec_drop(&acquire, values(10_000_000, 0, KEY, &acquire_order))
             .unwrap();
