@@ -102,6 +102,12 @@
 //! key, or a row deleted while nobody here looked: the start of a round, when nothing is known
 //! yet about who else waits) is as short, that turn only (`turn_found_no_row`); on the row
 //! leasehold keeps, later turns have the full limit again unless pollers show themselves.
+//! A short turn stays short when another leasehold instance continues it: its releases
+//! report the turn's age plus the part of `local_handoff_limit` a short turn does not have
+//! ([`LockInner::reported_age`]), so the instance that continues it — whose own grant found
+//! the row leasehold keeps, no sign of pollers — ends it when the short turn would have
+//! ended. (Before, that instance kept the key for its whole limit: at the start of 2 + 2
+//! rounds with Spring instances on PostgreSQL, a Spring instance waited up to 3.6 s.)
 //! Why one poll interval: a polling instance that just had the key (Spring's, whose
 //! `idleBetweenTries` is 100 ms like the default) was refused right after its unlock, when a
 //! leasehold waiter took the key, and polls next about one interval later; a turn of one
@@ -722,7 +728,7 @@ impl LockInner {
             Some(window) => Turn::Ends {
                 reserved: window / 2,
             },
-            None => Turn::Continues(now.duration_since(state.chain_started)),
+            None => Turn::Continues(Self::reported_age(settings, state, now)),
         };
         state.last_released = Some(now);
         state.lease = None;
@@ -800,6 +806,23 @@ impl LockInner {
         })
     }
 
+    /// The turn's age as a release reports it to the instance that may continue the turn: how
+    /// long the key has been busy, plus, while this registry's turns are short (instances that
+    /// only poll take part, or the turn began by inserting the row), the part of
+    /// `local_handoff_limit` that a short turn does not have. An instance that continues the
+    /// turn measures it against its own limit, so it ends the turn when the short turn would
+    /// have ended, though its own grant found no sign of pollers (see "Turns").
+    fn reported_age(settings: &Settings, state: &LocalState, now: Instant) -> Duration {
+        let age = now.saturating_duration_since(state.chain_started);
+        match (
+            settings.local_handoff_limit,
+            Self::turn_limit(settings, state, now),
+        ) {
+            (Some(full), Some(short)) => age.saturating_add(full.saturating_sub(short)),
+            _ => age,
+        }
+    }
+
     /// The release statement (`turn`: see [`Turn`]). A
     /// loss known before it (the deadline passed) or found by it (the row has another holder) is
     /// reported through the lease, once, and returned.
@@ -849,7 +872,11 @@ impl Drop for LockInner {
             return;
         };
         state.lingering = None;
-        let turn = Turn::Continues(state.chain_started.elapsed());
+        let turn = Turn::Continues(Self::reported_age(
+            &self.core.settings,
+            state,
+            Instant::now(),
+        ));
         if let Err(e) = self.release_to_database(&lease, turn, None) {
             log::warn!("releasing {:?}, which lingered, on drop: {e}", self.key);
         }

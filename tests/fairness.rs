@@ -16,7 +16,7 @@ mod turns;
 
 mod suite {
     use crate::common::Fixture;
-    use crate::turns::{contend, Tally, Witness};
+    use crate::turns::{contend, timeline, Tally, Witness};
     use std::sync::Arc;
     use std::thread;
     use std::time::{Duration, Instant};
@@ -84,6 +84,20 @@ mod suite {
                 tally.sections,
                 100.0 * tally.sections as f64 / total as f64,
                 tally.longest_wait
+            );
+        }
+        // A wait over the bound: who held the key when, until that wait ended.
+        let names: Vec<String> = (0..tallies.len()).map(|i| format!("I{i}")).collect();
+        let named: Vec<(&str, &Tally)> = names.iter().map(String::as_str).zip(&tallies).collect();
+        if let Some(until) = tallies
+            .iter()
+            .filter(|tally| tally.longest_wait > bound)
+            .map(|tally| tally.longest_wait_began + tally.longest_wait)
+            .max()
+        {
+            println!(
+                "a wait over {bound:?}; the turns until it ended:\n{}",
+                timeline(&named, end - RUN, until, IDLE * 5)
             );
         }
         assert_eq!(

@@ -132,6 +132,18 @@ fn a_registry_listens_only_while_one_of_its_threads_waits() {
     let mut admin = postgres::Client::connect(&common::postgres_url(), postgres::NoTls).unwrap();
     let holder = f.registry();
     let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+    // The row exists before the waits, and the holder's turns begin past the turn gap of
+    // that first one: a turn begun by inserting the row is a short one, which a waiter that
+    // continues it ends at its release (and then stays away for its turn window, 2 × 30 s
+    // here) instead of waiting again at once.
+    holder
+        .obtain("job")
+        .unwrap()
+        .lock()
+        .unwrap()
+        .unlock()
+        .unwrap();
+    thread::sleep(Duration::from_millis(500));
     let guard = holder.obtain("job").unwrap().lock().unwrap();
     waiter
         .obtain("other")

@@ -345,6 +345,25 @@ fn two_spring_instances_beside_two_leasehold_instances(
         probe_longest.as_secs_f64(),
         probe_at.as_secs_f64(),
     );
+    // A wait over issue 25's 2.5 s: who held the key when, up to the end of that wait.
+    let goal = Duration::from_millis(2500);
+    let named = [
+        ("S0", &springs[0]),
+        ("S1", &springs[1]),
+        ("L0", &leasehold[0]),
+        ("L1", &leasehold[1]),
+    ];
+    if let Some(until) = named
+        .iter()
+        .filter(|(_, tally)| tally.longest_wait > goal)
+        .map(|(_, tally)| tally.longest_wait_began + tally.longest_wait)
+        .max()
+    {
+        println!(
+            "a wait over {goal:?}; the turns until it ended (S: Spring, L: leasehold):\n{}",
+            turns::timeline(&named, end - RUN, until, Duration::from_millis(500))
+        );
+    }
     assert_eq!(witness.overlaps.load(Ordering::SeqCst), 0);
     for (name, tally) in [("Spring", &springs[0]), ("Spring", &springs[1])]
         .into_iter()
@@ -492,6 +511,68 @@ fn a_turn_begun_by_inserting_the_row_is_short(builder: impl Fn() -> RegistryBuil
     assert_eq!(
         later, 0,
         "a turn on the kept row ended before its 20 s limit"
+    );
+}
+
+/// Issue 25, goal 4, at the start of a round: a short turn stays short when another registry
+/// continues it. Registry A begins a turn by inserting a new key's row (a short turn: nothing
+/// is known yet about who else waits) while a thread of registry B waits; A's release wakes
+/// B, whose grant finds the row A keeps and continues A's turn. B's threads then hand the key
+/// back and forth for 2.5 s with a 20 s limit: the turn ends (it is A's short turn). Before,
+/// the release reported only the turn's age, B's grant found no sign of pollers, and B kept
+/// the key for its whole limit: in 2 + 2 rounds with Spring instances on PostgreSQL, a
+/// Spring instance that waited from a round's first instant waited 2.4–3.6 s.
+fn a_turn_continued_from_a_short_one_is_short(builder: impl Fn() -> RegistryBuilder) {
+    use std::time::Instant;
+    let a = turn_counting_registry(&builder);
+    // B polls every 10 s: after its first refused attempt, only its listener taking effect
+    // (an attempt at once) and A's release (another) wake it. Its turn gap (2 × 10 s) is far
+    // beyond the time its grant takes after A's release, even on a loaded machine; a turn end
+    // keeps it away for 1 s.
+    let b = builder()
+        .local_handoff_limit(Some(Duration::from_secs(20)))
+        .idle_between_tries(Duration::from_secs(10))
+        .turn_window(Some(Duration::from_secs(1)))
+        .linger(Duration::ZERO)
+        .build()
+        .unwrap();
+    let key = format!("continued-{}", uuid::Uuid::new_v4());
+    let held_by_a = a.obtain(&key).unwrap().lock().unwrap();
+    let lock = b.obtain(&key).unwrap();
+    let (granted_tx, granted) = std::sync::mpsc::channel();
+    let (unlock_tx, unlock) = std::sync::mpsc::channel::<()>();
+    let waiter = {
+        let lock = lock.clone();
+        std::thread::spawn(move || {
+            let guard = lock.lock().unwrap();
+            granted_tx.send(()).unwrap();
+            unlock.recv().unwrap();
+            guard.unlock().unwrap();
+        })
+    };
+    // Two refused attempts: the first, and the one when B's listener took effect, so A's
+    // release reaches B's waiter as a notification (which carries the turn).
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while b.statistics().contended_tries < 2 {
+        assert!(Instant::now() < give_up, "B's listener never took effect");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    held_by_a.unlock().unwrap();
+    granted.recv().unwrap();
+    // B's threads queue behind its holder, which hands the key on locally: one turn.
+    let rounds = {
+        let lock = lock.clone();
+        std::thread::spawn(move || hand_back_and_forth(&lock, Duration::from_millis(2500)))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    unlock_tx.send(()).unwrap();
+    waiter.join().unwrap();
+    rounds.join().unwrap();
+    let ends = b.statistics().turns_ended;
+    println!("turn ends in B after it continued A's short turn: {ends}");
+    assert!(
+        ends >= 1,
+        "B kept a turn it continued from A's short one for its whole 20 s limit"
     );
 }
 
@@ -772,6 +853,16 @@ macro_rules! shared_tests {
                 a_grant_after_a_refusal_that_finds_the_row_deleted_shortens_the_turns(
                     &builder, spring,
                 )
+            });
+        }
+
+        #[test]
+        fn a_turn_continued_from_a_short_one_is_a_short_one() {
+            let Some((builder, mut spring)) = setup() else {
+                return;
+            };
+            with_table(&mut spring, |_| {
+                a_turn_continued_from_a_short_one_is_short(&builder)
             });
         }
 

@@ -13,6 +13,8 @@ pub struct Tally {
     pub longest_wait: Duration,
     /// When that wait began, from the start of the run.
     pub longest_wait_began: Duration,
+    /// Each critical section: when it was asked for and when it began.
+    pub holds: Vec<(Instant, Instant)>,
 }
 
 impl Tally {
@@ -24,10 +26,13 @@ impl Tally {
             } else {
                 &all
             };
+            let mut holds = all.holds.clone();
+            holds.extend(&one.holds);
             Tally {
                 sections: all.sections + one.sections,
                 longest_wait: longest.longest_wait,
                 longest_wait_began: longest.longest_wait_began,
+                holds,
             }
         })
     }
@@ -83,6 +88,7 @@ pub fn contend<G>(
             tally.longest_wait = asked.elapsed();
             tally.longest_wait_began = asked.duration_since(began);
         }
+        tally.holds.push((asked, Instant::now()));
         witness.enter();
         std::thread::sleep(steps.millis(1, 20));
         witness.leave();
@@ -91,4 +97,51 @@ pub fn contend<G>(
         std::thread::sleep(steps.millis(0, 10));
     }
     tally
+}
+
+/// Who held the key when, from `start` to `until` (seconds from `start`): one entry per run of
+/// consecutive sections of one contender (`name`, how many sections, when the run began), and
+/// for each wait longer than `long`, a line saying who waited from when. What a round that
+/// missed its bound prints, so that the turns that made someone wait can be read off.
+pub fn timeline(
+    contenders: &[(&str, &Tally)],
+    start: Instant,
+    until: Duration,
+    long: Duration,
+) -> String {
+    let mut holds: Vec<(Instant, Instant, &str)> = contenders
+        .iter()
+        .flat_map(|(name, tally)| {
+            tally
+                .holds
+                .iter()
+                .map(|(asked, began)| (*began, *asked, *name))
+        })
+        .filter(|(began, _, _)| began.duration_since(start) <= until)
+        .collect();
+    holds.sort();
+    let at = |t: Instant| t.duration_since(start).as_secs_f64();
+    // Lines, and the index of the current run's line with its contender, count and start.
+    let mut lines: Vec<String> = Vec::new();
+    let mut run: Option<(usize, &str, u32, Instant)> = None;
+    for (began, asked, name) in holds {
+        match &mut run {
+            Some((line, who, count, from)) if *who == name => {
+                *count += 1;
+                lines[*line] = format!("  {:.3} s {name} x{count}", at(*from));
+            }
+            _ => {
+                lines.push(format!("  {:.3} s {name} x1", at(began)));
+                run = Some((lines.len() - 1, name, 1, began));
+            }
+        }
+        if began.duration_since(asked) > long {
+            lines.push(format!(
+                "    ({name} had waited {:.3} s, from {:.3} s)",
+                began.duration_since(asked).as_secs_f64(),
+                at(asked)
+            ));
+        }
+    }
+    lines.join("\n")
 }
