@@ -86,18 +86,18 @@ mod suite {
                 tally.longest_wait
             );
         }
-        // A wait over the bound: who held the key when, until that wait ended.
+        // A wait over the bound: who held the key when, around that wait.
         let names: Vec<String> = (0..tallies.len()).map(|i| format!("I{i}")).collect();
         let named: Vec<(&str, &Tally)> = names.iter().map(String::as_str).zip(&tallies).collect();
-        if let Some(until) = tallies
-            .iter()
-            .filter(|tally| tally.longest_wait > bound)
-            .map(|tally| tally.longest_wait_began + tally.longest_wait)
-            .max()
-        {
+        for (name, tally) in named.iter().filter(|(_, tally)| tally.longest_wait > bound) {
+            let (from, until) = (
+                tally.longest_wait_began.saturating_sub(IDLE * 5),
+                tally.longest_wait_began + tally.longest_wait,
+            );
             println!(
-                "a wait over {bound:?}; the turns until it ended:\n{}",
-                timeline(&named, end - RUN, until, IDLE * 5)
+                "{name} waited {:?}, over {bound:?}; the turns until it ended:\n{}",
+                tally.longest_wait,
+                timeline(&named, end - RUN, from, until, IDLE * 5)
             );
         }
         assert_eq!(

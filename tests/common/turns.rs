@@ -99,13 +99,15 @@ pub fn contend<G>(
     tally
 }
 
-/// Who held the key when, from `start` to `until` (seconds from `start`): one entry per run of
-/// consecutive sections of one contender (`name`, how many sections, when the run began), and
-/// for each wait longer than `long`, a line saying who waited from when. What a round that
-/// missed its bound prints, so that the turns that made someone wait can be read off.
+/// Who held the key when, between `from` and `until` (both from `start`, the run's start):
+/// one entry per run of consecutive sections of one contender (`name`, how many sections, when
+/// the run began, in seconds from `start`), and after each section whose wait was longer than
+/// `long`, who had waited from when. What a round that missed its bound prints, so that the
+/// turns that made someone wait can be read off.
 pub fn timeline(
     contenders: &[(&str, &Tally)],
     start: Instant,
+    from: Duration,
     until: Duration,
     long: Duration,
 ) -> String {
@@ -117,7 +119,7 @@ pub fn timeline(
                 .iter()
                 .map(|(asked, began)| (*began, *asked, *name))
         })
-        .filter(|(began, _, _)| began.duration_since(start) <= until)
+        .filter(|(began, _, _)| (from..=until).contains(&began.duration_since(start)))
         .collect();
     holds.sort();
     let at = |t: Instant| t.duration_since(start).as_secs_f64();
