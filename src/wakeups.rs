@@ -44,8 +44,9 @@ use std::sync::{Arc, Weak};
 
 /// Something a release notification wakes: it should try the database again now.
 pub(crate) trait Nudge: Send + Sync {
-    /// `turn_age`: how long the key had been busy without a break when it was released (zero
-    /// when unknown), so that the next holder continues that turn (see `RegistryBuilder::turn_window`).
+    /// `turn_age`: the released turn's age as its registry reported it (how long the key had
+    /// been busy without a break, more for a short turn; zero when unknown), so that the next
+    /// holder continues that turn (see `RegistryBuilder::turn_window`).
     fn nudge(&self, turn_age: std::time::Duration);
 }
 

@@ -90,14 +90,13 @@ mod suite {
         let names: Vec<String> = (0..tallies.len()).map(|i| format!("I{i}")).collect();
         let named: Vec<(&str, &Tally)> = names.iter().map(String::as_str).zip(&tallies).collect();
         for (name, tally) in named.iter().filter(|(_, tally)| tally.longest_wait > bound) {
-            let (from, until) = (
-                tally.longest_wait_began.saturating_sub(IDLE * 5),
-                tally.longest_wait_began + tally.longest_wait,
-            );
+            let Some(wait) = tally.longest() else {
+                continue;
+            };
             println!(
                 "{name} waited {:?}, over {bound:?}; the turns until it ended:\n{}",
                 tally.longest_wait,
-                timeline(&named, end - RUN, from, until, IDLE * 5)
+                timeline(&named, end - RUN, wait, IDLE * 5, IDLE * 5)
             );
         }
         assert_eq!(

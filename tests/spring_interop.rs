@@ -354,19 +354,18 @@ fn two_spring_instances_beside_two_leasehold_instances(
         ("L1", &leasehold[1]),
     ];
     for (name, tally) in named.iter().filter(|(_, tally)| tally.longest_wait > goal) {
-        let from = tally
-            .longest_wait_began
-            .saturating_sub(Duration::from_millis(300));
+        let Some(wait) = tally.longest() else {
+            continue;
+        };
         println!(
-            "{name} waited {:?}; the turns from {:.1} s until it ended (S: Spring, L: \
+            "{name} waited {:?}; the turns from 0.3 s before until it ended (S: Spring, L: \
              leasehold):\n{}",
             tally.longest_wait,
-            from.as_secs_f64(),
             turns::timeline(
                 &named,
                 end - RUN,
-                from,
-                tally.longest_wait_began + tally.longest_wait,
+                wait,
+                Duration::from_millis(300),
                 Duration::from_millis(500)
             )
         );

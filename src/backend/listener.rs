@@ -7,8 +7,8 @@ use std::time::Duration;
 #[derive(Clone, Copy)]
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) enum ListenerEvent<'a> {
-    /// The row of this `LOCK_KEY` was released in the registry's region, after the key had
-    /// been busy for `turn_age` without a break.
+    /// The row of this `LOCK_KEY` was released in the registry's region, after a turn of
+    /// `turn_age` (as the releasing registry reports it: see [`crate::backend::Turn`]).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Released {
         lock_key: &'a str,

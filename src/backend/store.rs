@@ -46,8 +46,9 @@ pub(crate) enum Path {
 /// [`RegistryBuilder::turn_window`](crate::RegistryBuilder::turn_window)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Turn {
-    /// The key has been busy this long without a break; woken waiters continue the turn
-    /// (parameter 4: the age in µs, at least 0).
+    /// The turn's age: how long the key has been busy without a break, plus, for a short turn,
+    /// the part of `local_handoff_limit` it lacks (`LockInner::reported_age`); woken waiters
+    /// continue the turn (parameter 4: the age in µs, at least 0).
     Continues(Duration),
     /// The turn ends: nobody is woken, and the released row stays out of reach of leasehold's
     /// grant for this long, for instances that only poll (parameter 4: minus the reservation

@@ -20,21 +20,23 @@ pub struct Tally {
 impl Tally {
     /// Combines the tallies of one instance's threads.
     pub fn merge(tallies: impl IntoIterator<Item = Tally>) -> Tally {
-        tallies.into_iter().fold(Tally::default(), |all, one| {
-            let longest = if one.longest_wait > all.longest_wait {
-                &one
-            } else {
-                &all
-            };
-            let mut holds = all.holds.clone();
-            holds.extend(&one.holds);
-            Tally {
-                sections: all.sections + one.sections,
-                longest_wait: longest.longest_wait,
-                longest_wait_began: longest.longest_wait_began,
-                holds,
+        tallies.into_iter().fold(Tally::default(), |mut all, one| {
+            if one.longest_wait > all.longest_wait {
+                all.longest_wait = one.longest_wait;
+                all.longest_wait_began = one.longest_wait_began;
             }
+            all.sections += one.sections;
+            all.holds.extend(one.holds);
+            all
         })
+    }
+
+    /// The section with the longest wait: when it was asked for and when it began.
+    pub fn longest(&self) -> Option<(Instant, Instant)> {
+        self.holds
+            .iter()
+            .copied()
+            .max_by_key(|(asked, began)| began.duration_since(*asked))
     }
 }
 
@@ -99,18 +101,19 @@ pub fn contend<G>(
     tally
 }
 
-/// Who held the key when, between `from` and `until` (both from `start`, the run's start):
-/// one entry per run of consecutive sections of one contender (`name`, how many sections, when
-/// the run began, in seconds from `start`), and after each section whose wait was longer than
-/// `long`, who had waited from when. What a round that missed its bound prints, so that the
-/// turns that made someone wait can be read off.
+/// Who held the key when, from `lead` before `wait` (a section's asking and beginning) until
+/// that wait ended: one entry per run of consecutive sections of one contender (`name`, how
+/// many sections, when the run began, in seconds from `start`, the run's start), and after
+/// each section whose wait was longer than `long`, who had waited from when. What a round that
+/// missed its bound prints, so that the turns that made someone wait can be read off.
 pub fn timeline(
     contenders: &[(&str, &Tally)],
     start: Instant,
-    from: Duration,
-    until: Duration,
+    wait: (Instant, Instant),
+    lead: Duration,
     long: Duration,
 ) -> String {
+    let (from, until) = (wait.0.checked_sub(lead).unwrap_or(wait.0), wait.1);
     let mut holds: Vec<(Instant, Instant, &str)> = contenders
         .iter()
         .flat_map(|(name, tally)| {
@@ -119,7 +122,7 @@ pub fn timeline(
                 .iter()
                 .map(|(asked, began)| (*began, *asked, *name))
         })
-        .filter(|(began, _, _)| (from..=until).contains(&began.duration_since(start)))
+        .filter(|(began, _, _)| (from..=until).contains(began))
         .collect();
     holds.sort();
     let at = |t: Instant| t.duration_since(start).as_secs_f64();
@@ -128,9 +131,9 @@ pub fn timeline(
     let mut run: Option<(usize, &str, u32, Instant)> = None;
     for (began, asked, name) in holds {
         match &mut run {
-            Some((line, who, count, from)) if *who == name => {
+            Some((line, who, count, first)) if *who == name => {
                 *count += 1;
-                lines[*line] = format!("  {:.3} s {name} x{count}", at(*from));
+                lines[*line] = format!("  {:.3} s {name} x{count}", at(*first));
             }
             _ => {
                 lines.push(format!("  {:.3} s {name} x1", at(began)));
