@@ -33,7 +33,12 @@
 //! once, so the lock call itself runs no statement and cannot fail after the grant. Handoffs are
 //! bounded by `local_handoff_limit` (default 1 s since the database grant): past it the holder
 //! releases to the database and local waiters hold off for one `idle_between_tries`, so other
-//! instances polling at that interval get their turn.
+//! instances polling at that interval get their turn — once every thread that queued before
+//! the grant has had a hold of it (`owed_holds`; a turn outlasts the limit by at most one hold
+//! per such thread). A grant late in a turn (one continuing another instance's, see "Turns")
+//! would otherwise serve only the thread that polled: in 2 + 2 rounds with Spring instances a
+//! registry's second thread was sent back at its first release three turns in a row and
+//! waited 3 s while its registry held the key three times.
 //!
 //! **Release to the database** happens when nobody queues and the key does not linger (or the
 //! limit is reached, or the lease is no longer held), and when a linger ends: the lease stops
@@ -193,6 +198,9 @@ struct LocalState {
     /// instance that deletes on unlock while nobody here looked): the turn is a short one,
     /// since polling instances may be waiting (see "Turns").
     turn_found_no_row: bool,
+    /// How many of the threads that queued here before the current turn's grant have not had
+    /// a hold of it yet: the turn is not over before they have (see "Turns").
+    owed_holds: u32,
     yield_until: Option<Instant>,
     /// Set by the release listener: the poller should try again now.
     nudged: bool,
@@ -280,6 +288,7 @@ impl LockInner {
                 last_released: None,
                 pollers_seen: None,
                 turn_found_no_row: false,
+                owed_holds: 0,
                 holds_in_turn: 0,
                 turn_contended: false,
                 yield_until: None,
@@ -549,6 +558,8 @@ impl LockInner {
                                 state.turn_found_no_row |= grant.inserted;
                             }
                             state.yield_until = None;
+                            // Every other thread queued now gets a hold of this turn.
+                            state.owed_holds = (state.queue.len() as u32).saturating_sub(1);
                             // Asked for within `linger` of this registry's own release by
                             // another thread than the one that let go (a single thread locking
                             // in a loop keeps the plain release), and not refused meanwhile
@@ -676,17 +687,20 @@ impl LockInner {
         state.turn_contended |= !state.queue.is_empty();
         let turn_over = Self::turn_limit(settings, &state, now)
             .is_some_and(|limit| now.duration_since(state.chain_started) >= limit);
-        if settings.local_handoff && !turn_over && lease.is_held() && keep.is_none() {
+        // A thread queued before the turn's grant still gets its hold of a turn that is over.
+        let owed = state.owed_holds > 0 && !state.queue.is_empty();
+        if settings.local_handoff && (!turn_over || owed) && lease.is_held() && keep.is_none() {
             if let Some(next) = state.queue.pop_front() {
                 state.owner = Some(next);
                 state.depth = 1;
                 state.holds_in_turn += 1;
+                state.owed_holds = state.owed_holds.saturating_sub(1);
                 lease.handed_over();
                 self.changed.notify_all();
                 return Ok(());
             }
             // Nobody queues: a hot key lingers (see "Linger" in the module docs).
-            if linger && self.may_linger && state.hot && !settings.linger.is_zero() {
+            if !turn_over && linger && self.may_linger && state.hot && !settings.linger.is_zero() {
                 let until = now + settings.linger;
                 state.lingering = Some(until);
                 lease.handed_over();

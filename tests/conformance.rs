@@ -268,6 +268,62 @@ mod suite {
         }
     }
 
+    /// Issue 25: a turn is over at `local_handoff_limit`, but not before every thread of the
+    /// registry that queued before its grant has had a hold of it. (Before, the second thread
+    /// of a registry whose grant came late in a turn — continuing another instance's — was
+    /// sent back to the database at the first release, and waited out other instances' turns
+    /// for each of its own registry's.)
+    pub fn a_thread_queued_before_the_grant_gets_a_hold_of_the_turn(f: &Fixture) {
+        let key = "queued-at-grant";
+        let limit = Duration::from_millis(20);
+        let holder = f.registry();
+        let held = holder.obtain(key).unwrap().lock().unwrap();
+        let busy = f
+            .builder()
+            .local_handoff_limit(Some(limit))
+            .build()
+            .unwrap();
+        let lock = busy.obtain(key).unwrap();
+        let contender = || {
+            let lock = lock.clone();
+            thread::spawn(move || {
+                let guard = lock.try_lock_for(GENEROUS).unwrap().expect("granted");
+                let token = guard.fencing_token();
+                // Past the turn's limit.
+                thread::sleep(limit + Duration::from_millis(50));
+                guard.unlock().unwrap();
+                token
+            })
+        };
+        let queued = |n: usize| {
+            let until = Instant::now() + GENEROUS;
+            while lock.queued_threads() < n {
+                assert!(Instant::now() < until, "{n} threads never queued");
+                thread::sleep(Duration::from_millis(2));
+            }
+        };
+        let first = contender();
+        queued(1);
+        let second = contender();
+        queued(2);
+        let before = busy.statistics();
+        held.unlock().unwrap();
+        let (first, second) = (first.join().unwrap(), second.join().unwrap());
+        let after = busy.statistics();
+        assert_eq!(
+            first, second,
+            "the second thread was handed the turn's grant"
+        );
+        assert_eq!(
+            (
+                after.grants - before.grants,
+                after.local_handoffs - before.local_handoffs
+            ),
+            (1, 1),
+            "{before:?} -> {after:?}"
+        );
+    }
+
     /// Ends a contended turn of `registry` with `key`: a grant, a local handoff, and the second
     /// holder's release after `local_handoff_limit`. Returns the grant's token.
     fn end_a_turn(registry: &leasehold::LockRegistry, key: &str, limit: Duration) -> u64 {
@@ -900,6 +956,7 @@ macro_rules! conformance {
             local_handoff_keeps_the_grant_and_sends_no_statement,
             another_instance_gets_a_turn_under_continuous_local_contention,
             a_turn_end_reserves_the_row_for_polling_instances,
+            a_thread_queued_before_the_grant_gets_a_hold_of_the_turn,
             a_step_aside_ends_when_another_instance_has_had_the_key,
             waiting_threads_share_one_poller,
             reentrant_acquire_on_one_thread_never_deadlocks,
