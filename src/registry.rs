@@ -448,7 +448,9 @@ impl RegistryBuilder {
     /// How long a run of local handoffs may keep a database grant before the holder releases
     /// it to the database and local waiters hold off for one `idle_between_tries`, giving
     /// other instances a turn. Defaults to `Some(1 s)`; `None` hands off locally without limit
-    /// (fastest, but other instances can starve under continuous local contention).
+    /// (fastest, but other instances can starve under continuous local contention). Every
+    /// thread that queued before the turn's grant still gets one hold of it: a turn outlasts
+    /// the limit by at most one hold per such thread.
     ///
     /// While instances that only poll take turns with a key, this registry's turns with it
     /// last one `idle_between_tries` (at most the limit): for 10 s after one of its
