@@ -284,17 +284,6 @@ mod suite {
             .build()
             .unwrap();
         let lock = busy.obtain(key).unwrap();
-        let contender = || {
-            let lock = lock.clone();
-            thread::spawn(move || {
-                let guard = lock.try_lock_for(GENEROUS).unwrap().expect("granted");
-                let token = guard.fencing_token();
-                // Past the turn's limit.
-                thread::sleep(limit + Duration::from_millis(50));
-                guard.unlock().unwrap();
-                token
-            })
-        };
         let queued = |n: usize| {
             let until = Instant::now() + GENEROUS;
             while lock.queued_threads() < n {
@@ -302,9 +291,9 @@ mod suite {
                 thread::sleep(Duration::from_millis(2));
             }
         };
-        let first = contender();
+        let first = hold_past(&lock, limit);
         queued(1);
-        let second = contender();
+        let second = hold_past(&lock, limit);
         queued(2);
         let before = busy.statistics();
         held.unlock().unwrap();
@@ -324,22 +313,26 @@ mod suite {
         );
     }
 
+    /// A thread that takes `lock`, holds it past `limit` (a turn's limit) and lets go; returns
+    /// the token it held.
+    fn hold_past(lock: &leasehold::Lock, limit: Duration) -> thread::JoinHandle<u64> {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            let guard = lock.try_lock_for(GENEROUS).unwrap().expect("granted");
+            let token = guard.fencing_token();
+            thread::sleep(limit + Duration::from_millis(50));
+            guard.unlock().unwrap();
+            token
+        })
+    }
+
     /// Ends a contended turn of `registry` with `key`: a grant, a local handoff, and the second
     /// holder's release after `local_handoff_limit`. Returns the grant's token.
     fn end_a_turn(registry: &leasehold::LockRegistry, key: &str, limit: Duration) -> u64 {
         let lock = registry.obtain(key).unwrap();
         let first = lock.lock().unwrap();
         let token = first.fencing_token();
-        let second = {
-            let lock = lock.clone();
-            thread::spawn(move || {
-                let guard = lock.try_lock_for(GENEROUS).unwrap().expect("handed over");
-                let token = guard.fencing_token();
-                thread::sleep(limit + Duration::from_millis(50));
-                guard.unlock().unwrap();
-                token
-            })
-        };
+        let second = hold_past(&lock, limit);
         while lock.queued_threads() == 0 {
             thread::sleep(Duration::from_millis(1));
         }
