@@ -80,13 +80,10 @@ impl Fixture {
         match fixture.builder().create_table(true).build() {
             Ok(_) => Some(fixture),
             Err(e) => {
-                let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-                if ci || db == Db::Sqlite {
+                if db == Db::Sqlite {
                     panic!("{db:?} is required for {test} but failed: {e}");
                 }
-                skipped(&format!(
-                    "{test} on {db:?}: no server ({e}); set CI=true to fail instead"
-                ));
+                skip_or_fail(&format!("{test} on {db:?}: no server ({e})"));
                 None
             }
         }
@@ -130,6 +127,18 @@ impl Fixture {
     pub fn table(&self) -> String {
         format!("{}LOCK", self.prefix)
     }
+}
+
+/// Whether the suite runs under `CI=true`, where a missing server or setup fails a test.
+pub fn on_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The suite's one way to skip: a test that finds a server or setup missing calls it and then
+/// returns. Under `CI=true` it fails the test instead; otherwise it prints why (see [`skipped`]).
+pub fn skip_or_fail(why: &str) {
+    assert!(!on_ci(), "required under CI=true: {why}");
+    skipped(&format!("{why}; set CI=true to fail instead"));
 }
 
 /// Says that a test skipped, where `cargo test` shows it even for a test that passes: straight
