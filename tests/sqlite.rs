@@ -264,3 +264,38 @@ fn callers_waiting_for_the_only_connection_are_given_it() {
         thread.join().unwrap();
     }
 }
+
+#[test]
+fn in_memory_and_temporary_databases_are_refused_naming_why() {
+    let names = [
+        ":memory:",
+        "",
+        "file::memory:",
+        "file::memory:?cache=shared",
+        "file:locks?mode=memory&cache=shared",
+    ];
+    for name in names {
+        match LockRegistry::sqlite(name).create_table(true).build() {
+            Err(Error::InvalidSetting { setting, reason }) => {
+                assert_eq!(setting, "sqlite", "{name:?}");
+                assert!(
+                    reason.contains("private to one connection"),
+                    "{name:?}: {reason}"
+                );
+            }
+            Err(other) => panic!("{name:?}: the wrong error: {other}"),
+            Ok(_) => panic!("{name:?}: a registry on a private database was built"),
+        }
+    }
+    // Nothing was created beside the working directory's files for them.
+    assert!(!std::path::Path::new(":memory:-leasehold").exists());
+    // A `file:` URI naming a real file is a file like any other.
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file:{}", dir.path().join("locks.db").display());
+    let registry = LockRegistry::sqlite(&uri)
+        .create_table(true)
+        .build()
+        .unwrap();
+    let guard = registry.obtain("uri").unwrap().lock().unwrap();
+    guard.unlock().unwrap();
+}

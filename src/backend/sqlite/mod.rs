@@ -522,10 +522,33 @@ pub(crate) fn open(
     pool: &crate::backend::PoolSettings,
     table: &crate::backend::TableSettings,
 ) -> crate::Result<std::sync::Arc<dyn crate::backend::Store>> {
+    refuse_private_database(&path)?;
     let manager = SqliteManager::new(path);
     first_open(&manager, pool.connect_timeout)?;
     let store = crate::backend::SqlStore::<Sqlite>::open(manager, pool, table)?;
     Ok(std::sync::Arc::new(store))
+}
+
+/// Refuses the names SQLite gives a database private to one connection: `:memory:` and the
+/// empty name (a temporary file), and `file:` URIs of in-memory databases. Every pooled
+/// connection (and every other registry) would get a database of its own, and locks would
+/// exclude nothing.
+fn refuse_private_database(path: &std::path::Path) -> crate::Result<()> {
+    let name = path.to_string_lossy();
+    let in_memory_uri =
+        name.starts_with("file:") && (name.contains(":memory:") || name.contains("mode=memory"));
+    if name.is_empty() || name == ":memory:" || in_memory_uri {
+        return Err(crate::Error::setting(
+            "sqlite",
+            format!(
+                "{name:?} is a database private to one connection (in memory or temporary): \
+                 every connection of the pool, and every other registry, would get its own and \
+                 the locks would exclude nothing; give the path of a file that every process \
+                 that shares the locks opens"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Opens the file once before the pools do, so that a path that cannot hold a database (its
