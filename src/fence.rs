@@ -65,9 +65,14 @@
 //!   its lease reported lost (`is_held()` false, the loss channel, `on_lease_lost`) while it
 //!   still runs, and `unlock` then returns `Err(LeaseLost)`. Its commit was still safe: nobody
 //!   could take the row before it ended. Keep fenced transactions well inside the
-//!   time-to-live. On SQLite, renewals of every registry on the file wait for the write lock.
+//!   time-to-live.
 //! - **Other instances** wanting the key wait for the transaction (their acquire blocks on the
 //!   row, within their own timeouts), as do Spring Integration instances on the same table.
+//! - **SQLite** has one writer per file: while a fenced transaction runs, every statement that
+//!   writes the file waits — acquires, renewals and releases of every key and registry on it.
+//!   One that waits longer than its `operation_timeout` fails with [`Error::Timeout`] (a
+//!   blocking `lock()` returns it; a renewal is retried until the lease's deadline), so keep
+//!   fenced transactions on SQLite well below both.
 //!
 //! # Only data in the same database
 //!

@@ -582,3 +582,271 @@ mod mysql {
     #[cfg(feature = "sqlite")]
     crate::suite_for!(crate::common::Db::Mysql; a_transaction_on_another_database_type_is_refused);
 }
+
+/// The example's ledger, run by the chaos test's child processes.
+#[cfg(all(unix, feature = "sqlite"))]
+#[allow(dead_code)]
+#[path = "../examples/fenced_ledger.rs"]
+mod ledger_example;
+
+/// The child process of the chaos test (a no-op unless the test started it): runs the
+/// example's sections with the options in `FENCED_LEDGER_CHILD`, one per line.
+#[cfg(all(unix, feature = "sqlite"))]
+#[test]
+fn fenced_ledger_child() {
+    let Ok(args) = std::env::var("FENCED_LEDGER_CHILD") else {
+        return;
+    };
+    let options = ledger_example::Options::parse(args.lines().map(String::from)).unwrap();
+    ledger_example::run(&options).unwrap();
+}
+
+/// Chaos: three processes run the example's sections on one ledger while this test stops one
+/// of them (`SIGSTOP`) inside its section for three times its lease and resumes it, again and
+/// again. Fenced, the ledger ends with exactly one increment per committed section; the same
+/// run unfenced (the control) loses updates.
+#[cfg(all(unix, feature = "sqlite"))]
+mod chaos {
+    use crate::common::{Db, Fixture};
+    use crate::ledger_example::{Ledger, Mode};
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    const TTL: Duration = Duration::from_secs(1);
+    const STOPPED_FOR: Duration = Duration::from_secs(3);
+    const STOPS: u32 = 4;
+    const CHILDREN: usize = 3;
+
+    /// What one run counted.
+    #[derive(Debug, Default)]
+    struct Run {
+        committed: i64,
+        refused: u32,
+        failed: u32,
+        total: i64,
+        /// Stops that caught a holder inside its section (no outcome until it was resumed).
+        inside: u32,
+    }
+
+    fn database(f: &Fixture) -> String {
+        match f.db {
+            Db::Sqlite => f.sqlite_path().to_string_lossy().into_owned(),
+            Db::Postgres => crate::common::postgres_url(),
+            Db::Mysql => crate::common::mysql_url(),
+        }
+    }
+
+    fn signal(child: &Child, signal: libc::c_int) {
+        // SAFETY: kill(2) on the id of a child this test started and has not reaped.
+        #[allow(unsafe_code)]
+        let sent = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        assert_eq!(sent, 0, "signal {signal} to child {}", child.id());
+    }
+
+    /// Runs the children in `mode`, stopping one at each `stop_at` step ("granted" or "read").
+    fn run(f: &Fixture, mode: Mode, stop_at: &[&str]) -> Run {
+        let database = database(f);
+        let table = format!("{}LEDGER", f.prefix);
+        let mut ledger = Ledger::open(&database).unwrap();
+        ledger.create(&table).unwrap();
+        let until = f.sqlite_path().with_file_name(format!("stop-{mode:?}"));
+        let mode_name = format!("{mode:?}").to_lowercase();
+        let args = [
+            database.as_str(),
+            "--prefix",
+            &f.prefix,
+            "--mode",
+            &mode_name,
+            "--sections",
+            "0",
+            "--until",
+            &until.to_string_lossy(),
+            "--ttl-ms",
+            &TTL.as_millis().to_string(),
+            "--pause-ms",
+            "300",
+        ]
+        .join("\n");
+        let (lines_tx, lines) = crossbeam_channel::unbounded::<(usize, String)>();
+        let mut children = Vec::new();
+        for index in 0..CHILDREN {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args(["fenced_ledger_child", "--exact", "--nocapture"])
+                .env("FENCED_LEDGER_CHILD", &args)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let out = BufReader::new(child.stdout.take().unwrap());
+            let tx = lines_tx.clone();
+            std::thread::spawn(move || {
+                for line in out.lines().map_while(Result::ok) {
+                    let _ = tx.send((index, line));
+                }
+            });
+            children.push(child);
+        }
+        drop(lines_tx);
+
+        let mut run = Run::default();
+        let mut stops = 0;
+        // (child, section, resume at, whether its outcome was seen)
+        let mut stopped: Option<(usize, u64, Instant, bool)> = None;
+        let mut settled_at = Instant::now() + Duration::from_secs(1);
+        let started = Instant::now();
+        let give_up = started + Duration::from_secs(45);
+        // CHAOS_TRACE=1 prints every step and stop, for a look at a run.
+        let trace = std::env::var_os("CHAOS_TRACE").is_some();
+        let count = |run: &mut Run, line: &str| -> Option<(String, u64)> {
+            let mut words = line.split_whitespace();
+            let step = words.next()?.to_string();
+            let section: u64 = words.next()?.parse().ok()?;
+            match step.as_str() {
+                "committed" => run.committed += 1,
+                "refused" => run.refused += 1,
+                "failed" => run.failed += 1,
+                _ => {}
+            }
+            Some((step, section))
+        };
+        loop {
+            let now = Instant::now();
+            if let Some((child, _, resume_at, seen)) = stopped {
+                if now >= resume_at {
+                    signal(&children[child], libc::SIGCONT);
+                    run.inside += u32::from(!seen);
+                    stopped = None;
+                    settled_at = now + Duration::from_secs(1);
+                }
+            }
+            if stopped.is_none() && (stops >= STOPS && now >= settled_at || now >= give_up) {
+                break;
+            }
+            let Ok((child, line)) = lines.recv_timeout(Duration::from_millis(20)) else {
+                continue;
+            };
+            if trace {
+                println!("{:>8.3?} child {child}: {line}", started.elapsed());
+            }
+            let Some((step, section)) = count(&mut run, &line) else {
+                continue;
+            };
+            if let Some((held, at_section, _, seen)) = &mut stopped {
+                if *held == child && *at_section == section && step != "read" && step != "granted" {
+                    *seen = true;
+                }
+            }
+            if stopped.is_none()
+                && stops < STOPS
+                && Instant::now() >= settled_at
+                && stop_at[stops as usize % stop_at.len()] == step
+            {
+                signal(&children[child], libc::SIGSTOP);
+                if trace {
+                    println!("{:>8.3?} SIGSTOP child {child}", started.elapsed());
+                }
+                stopped = Some((child, section, Instant::now() + STOPPED_FOR, false));
+                stops += 1;
+            }
+        }
+        std::fs::write(&until, b"").unwrap();
+        let ended = Instant::now() + Duration::from_secs(60);
+        for child in &mut children {
+            loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    assert!(status.success(), "a ledger child failed: {status}");
+                    break;
+                }
+                if Instant::now() > ended {
+                    let _ = child.kill();
+                    panic!("a ledger child did not stop");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        for (_, line) in lines.iter() {
+            count(&mut run, &line);
+        }
+        assert_eq!(
+            stops, STOPS,
+            "the children ran too few sections to be stopped"
+        );
+        run.total = ledger.total(&table).unwrap();
+        let drop_table = format!("DROP TABLE {table}");
+        match &mut ledger {
+            Ledger::Sqlite(_) => {}
+            #[cfg(feature = "postgres")]
+            Ledger::Postgres(c) => c.batch_execute(&drop_table).unwrap(),
+            #[cfg(feature = "mysql")]
+            Ledger::Mysql(c) => {
+                use leasehold::mysql::prelude::Queryable;
+                c.query_drop(drop_table).unwrap()
+            }
+        }
+        run
+    }
+
+    pub fn fenced_sections_never_lose_an_update_when_holders_are_stopped(f: &Fixture) {
+        let run = run(f, Mode::Fenced, &["read", "granted"]);
+        println!("{:?} fenced: {run:?}", f.db);
+        assert!(
+            run.inside >= 1,
+            "no stop caught a holder inside its section: {run:?}"
+        );
+        assert!(run.committed > 0, "{run:?}");
+        assert_eq!(
+            run.total, run.committed,
+            "exactly one increment per committed section: {run:?}"
+        );
+    }
+
+    /// The control: the same run without the fence loses updates. On SQLite a plain
+    /// transaction that read before a takeover cannot write afterwards (its snapshot is
+    /// stale), so its control writes outside a transaction.
+    pub fn unfenced_sections_lose_updates_when_holders_are_stopped(f: &Fixture) {
+        let mode = match f.db {
+            Db::Sqlite => Mode::Autocommit,
+            _ => Mode::Plain,
+        };
+        let run = run(f, mode, &["read"]);
+        println!("{:?} {mode:?}: {run:?}", f.db);
+        assert!(
+            run.total < run.committed,
+            "the control lost no update, so the chaos run proves nothing: {run:?}"
+        );
+    }
+
+    /// One `#[test]` per chaos function for a backend (as `suite_for!` does for `suite`).
+    macro_rules! chaos_for {
+        ($db:expr) => {
+            #[test]
+            fn fenced_sections_never_lose_an_update_when_holders_are_stopped() {
+                let name = "chaos_fenced";
+                if let Some(f) = crate::common::Fixture::new($db, name) {
+                    super::fenced_sections_never_lose_an_update_when_holders_are_stopped(&f);
+                }
+            }
+
+            #[test]
+            fn unfenced_sections_lose_updates_when_holders_are_stopped() {
+                if let Some(f) = crate::common::Fixture::new($db, "chaos_unfenced") {
+                    super::unfenced_sections_lose_updates_when_holders_are_stopped(&f);
+                }
+            }
+        };
+    }
+
+    mod sqlite {
+        chaos_for!(crate::common::Db::Sqlite);
+    }
+
+    #[cfg(feature = "postgres")]
+    mod postgres {
+        chaos_for!(crate::common::Db::Postgres);
+    }
+
+    #[cfg(feature = "mysql")]
+    mod mysql {
+        chaos_for!(crate::common::Db::Mysql);
+    }
+}
