@@ -6,7 +6,7 @@
 //! database as the lock table, the holder can close that gap inside its own transaction:
 //! [`LockGuard::fence`] (and the same method on [`Permit`](crate::Permit),
 //! [`ReadGuard`](crate::ReadGuard), [`WriteGuard`](crate::WriteGuard) and
-//! [`Leadership`](crate::Leadership)) runs one statement in the caller's open transaction that
+//! [`Leadership`]) runs one statement in the caller's open transaction that
 //! finds the lock row still naming this holder — `LOCK_KEY`, `REGION`, `CLIENT_ID` and the
 //! grant's `FENCING_TOKEN` — and not expired on the database clock, and keeps that row locked
 //! until the transaction ends:
@@ -201,7 +201,7 @@ pub struct FenceParams {
 /// A transaction of a database driver that [`LockGuard::fence`] can check the lease in:
 /// `rusqlite::Transaction` (feature `sqlite`), `postgres::Transaction` (feature `postgres`),
 /// `mysql::Transaction` (feature `mysql`), of the driver versions leasehold re-exports
-/// ([`rusqlite`](crate::rusqlite), `postgres`, `mysql`).
+/// (`leasehold::rusqlite`, `leasehold::postgres`, `leasehold::mysql`).
 pub trait FenceableTransaction: sealed::Driver {}
 
 impl<T: sealed::Driver> FenceableTransaction for T {}
