@@ -364,6 +364,22 @@ macro_rules! lease_guard_methods {
             self.lease_guard().loss_channel()
         }
 
+        /// Checks in `tx` that this hold's lease still holds and keeps its row locked until
+        /// `tx` ends (see [`LockGuard::fence`](crate::LockGuard::fence) and the
+        /// [`fence`](crate::fence) module docs).
+        pub fn fence<T: crate::FenceableTransaction>(
+            &self,
+            tx: T,
+        ) -> crate::Result<crate::Fenced<'_, T>> {
+            self.lease_guard().fence(tx)
+        }
+
+        /// The check of [`fence`](Self::fence) as SQL text and parameters for another driver
+        /// (see [`FenceSql`](crate::FenceSql)).
+        pub fn fence_sql(&self) -> crate::Result<crate::FenceSql> {
+            self.lease_guard().fence_sql()
+        }
+
         /// Renews the lease now with its current time-to-live.
         pub fn renew(&self) -> crate::Result<()> {
             self.lease_guard().renew()
@@ -438,6 +454,7 @@ mod any_guard;
 mod backend;
 mod cache;
 mod error;
+pub mod fence;
 mod key;
 mod leader;
 mod lease;
@@ -452,6 +469,7 @@ pub use admin::{Holder, Listing, LockRow, LockState, Rows, MAX_PAGE_ROWS};
 pub use any_guard::AnyGuard;
 pub use backend::{Statements, Statistics};
 pub use error::{DatabaseError, Error, LossReason, Result, TlsProblem};
+pub use fence::{FenceParams, FenceSql, FenceableTransaction, Fenced};
 pub use key::{lock_key_for, MAX_KEY_BYTES};
 pub use leader::{
     ClientClock, ClockOffset, LeaderElection, LeaderElectionBuilder, Leadership,
@@ -466,6 +484,21 @@ pub use semaphore::{Permit, Semaphore, SemaphoreStatus, MAX_PERMITS};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeSnippets;
+
+/// The driver whose `rusqlite::Transaction` [`LockGuard::fence`] checks a lease in, at the
+/// version leasehold uses.
+#[cfg(feature = "sqlite")]
+pub use rusqlite;
+
+/// The driver whose `postgres::Transaction` [`LockGuard::fence`] checks a lease in, at the
+/// version leasehold uses.
+#[cfg(feature = "postgres")]
+pub use postgres;
+
+/// The driver whose `mysql::Transaction` [`LockGuard::fence`] checks a lease in, at the
+/// version leasehold uses.
+#[cfg(feature = "mysql")]
+pub use mysql;
 
 /// The channel crate behind [`LockGuard::loss_channel`], re-exported so that `select!` over a
 /// loss and your own channels needs no dependency of yours:

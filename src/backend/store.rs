@@ -123,6 +123,8 @@ pub(crate) trait Store: Send + Sync {
     ) -> Result<bool>;
     /// `SQLite`, `PostgreSQL`, `MySQL`.
     fn backend_name(&self) -> &'static str;
+    /// The table, region and client id the statements bind.
+    fn table_settings(&self) -> &TableSettings;
     /// The statements this store runs.
     fn statements(&self) -> &Statements;
     /// Statements sent so far.
@@ -400,6 +402,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn backend_name(&self) -> &'static str {
         B::NAME
+    }
+
+    fn table_settings(&self) -> &TableSettings {
+        &self.table
     }
 
     fn statements(&self) -> &Statements {

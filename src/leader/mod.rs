@@ -508,6 +508,11 @@ impl Leadership {
         &self.shared.group
     }
 
+    /// The lease of this term (fenced transactions check its row).
+    pub(crate) fn lease(&self) -> Arc<crate::lease::Lease> {
+        Arc::clone(&self.term.state.lock().lease)
+    }
+
     /// `true` until the term is resigned or lost, and only while the lease has more than the
     /// step-down margin left (a renewal extends it).
     pub fn is_leader(&self) -> bool {

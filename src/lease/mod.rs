@@ -275,6 +275,8 @@ pub(crate) struct Lease {
     renewer: Option<Weak<Renewer>>,
     settings: KeeperSettings,
     on_lost: Option<LossSink>,
+    /// The registry's store: its table, region and client id (fenced transactions check them).
+    store: Weak<dyn Store>,
     /// The registry's measures: losses, renewals, the held-leases gauge.
     pub(crate) meter: Arc<Meter>,
 }
@@ -342,6 +344,7 @@ impl Lease {
             renewer: settings.renew.then(|| Arc::downgrade(renewer)),
             settings,
             on_lost: on_lost.cloned(),
+            store: renewer.store(),
             meter: Arc::clone(meter),
         });
         lease.meter.held(1);
@@ -387,6 +390,11 @@ impl Lease {
 
     pub fn ttl(&self) -> Duration {
         self.state.lock().ttl
+    }
+
+    /// The registry's store, while the registry exists.
+    pub fn store(&self) -> Option<Arc<dyn Store>> {
+        self.store.upgrade()
     }
 
     /// How often this lease is renewed (see `RegistryBuilder::renew_every`).

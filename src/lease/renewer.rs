@@ -78,6 +78,11 @@ impl Renewer {
         })
     }
 
+    /// The store of the registry these renewals belong to.
+    pub(crate) fn store(&self) -> Weak<dyn Store> {
+        Weak::clone(&self.store)
+    }
+
     /// Hands over leases whose renewal falls due.
     pub(super) fn submit(self: &Arc<Self>, leases: Vec<Arc<Lease>>) {
         let mut by_ttl: Vec<(Duration, Vec<Arc<Lease>>)> = Vec::new();

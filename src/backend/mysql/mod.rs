@@ -170,7 +170,7 @@ use std::time::{Duration, Instant};
 use tls::{split_mysql, tls_problem, with_tls, MysqlTls};
 
 /// Database "now": UTC, microseconds, fixed for the statement.
-const NOW: &str = "UTC_TIMESTAMP(6)";
+pub(crate) const NOW: &str = "UTC_TIMESTAMP(6)";
 /// Database "now" plus parameter 4 (µs).
 const NOW_PLUS_TTL: &str = "UTC_TIMESTAMP(6) + INTERVAL :ttl_micros MICROSECOND";
 /// Database clock in microseconds since the Unix epoch: the floor of a new fencing token.

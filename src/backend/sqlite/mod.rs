@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Database "now" as stored: UTC text with milliseconds.
-const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+pub(crate) const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 /// Database "now" plus parameter 4 (µs).
 const NOW_PLUS_TTL: &str = "strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ?4 / 86400000000.0)";
 /// Database clock in microseconds since the Unix epoch: the floor of a new fencing token.

@@ -1,0 +1,447 @@
+//! Fenced writes: a holder's writes to the database of its lock table commit only while its
+//! lease holds.
+//!
+//! A lease cannot stop a holder that pauses past its deadline (a long GC, `SIGSTOP`, a VM
+//! migration) from acting when it runs again. When the data it protects lives in the same
+//! database as the lock table, the holder can close that gap inside its own transaction:
+//! [`LockGuard::fence`] (and the same method on [`Permit`](crate::Permit),
+//! [`ReadGuard`](crate::ReadGuard), [`WriteGuard`](crate::WriteGuard) and
+//! [`Leadership`]) runs one statement in the caller's open transaction that
+//! finds the lock row still naming this holder — `LOCK_KEY`, `REGION`, `CLIENT_ID` and the
+//! grant's `FENCING_TOKEN` — and not expired on the database clock, and keeps that row locked
+//! until the transaction ends:
+//!
+//! | database | the check | what keeps the row |
+//! |----------|-----------|--------------------|
+//! | PostgreSQL | `SELECT … FOR SHARE` | a share lock on the row |
+//! | MySQL/MariaDB | `SELECT … LOCK IN SHARE MODE` | a shared lock on the row |
+//! | SQLite | `UPDATE … SET FENCING_TOKEN = FENCING_TOKEN … RETURNING` | the database's write lock (one writer at a time) |
+//!
+//! ```
+//! # fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("app.db");
+//! use leasehold::{rusqlite, LockRegistry};
+//! let registry = LockRegistry::sqlite(&path).create_table(true).build()?;
+//! let mut conn = rusqlite::Connection::open(&path).unwrap();
+//! conn.execute_batch("CREATE TABLE ledger (id INTEGER PRIMARY KEY, total INTEGER);
+//!                     INSERT INTO ledger VALUES (1, 0)").unwrap();
+//!
+//! let guard = registry.obtain("ledger")?.lock()?;
+//! let tx = conn.transaction().unwrap();
+//! let tx = guard.fence(tx)?; // Err(LeaseLost): rolled back, nothing of it commits
+//! let total: i64 = tx.query_row("SELECT total FROM ledger WHERE id = 1", [], |r| r.get(0)).unwrap();
+//! tx.execute("UPDATE ledger SET total = ?1 WHERE id = 1", [total + 1]).unwrap();
+//! tx.commit()?;              // the only way to commit; dropping it rolls back
+//! guard.unlock()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # What a committed fenced write guarantees
+//!
+//! A transaction that passes the check and commits **committed while no other holder of the
+//! same lock row could commit a fenced transaction**: at the check the row named this grant,
+//! and from then on every statement that would give the row to someone else waits for the
+//! transaction to end — leasehold's acquire of another instance, a Spring Integration
+//! `JdbcLockRegistry`'s takeover `UPDATE` or `DELETE` on the same table, an operator's
+//! `force_release`. A holder that paused past its lease and runs again finds the row taken and
+//! gets [`Error::LeaseLost`]; its transaction is rolled back and nothing of it commits. A
+//! fence on a lease already known to be lost fails at once, without a statement. A refusal
+//! found by the statement marks the lease lost, as a renewal that finds another holder does.
+//!
+//! Fence right after beginning the transaction, before its first read: its reads then see
+//! every fenced write of earlier holders (their commits precede this grant), and a snapshot
+//! (`REPEATABLE READ`) cannot predate them.
+//!
+//! # What it costs
+//!
+//! One statement (a primary-key lookup) and a share lock on one row, held until the
+//! transaction ends; on SQLite the write lock that any write transaction takes anyway.
+//!
+//! # Long fenced transactions
+//!
+//! - **Own renewal**: the background renewal skips a row another session holds locked and
+//!   retries it later, so a fenced transaction that outlasts the lease's time-to-live can have
+//!   its lease reported lost (`is_held()` false, the loss channel, `on_lease_lost`) while it
+//!   still runs, and `unlock` then returns `Err(LeaseLost)`. Its commit was still safe: nobody
+//!   could take the row before it ended. Keep fenced transactions well inside the
+//!   time-to-live.
+//! - **Other instances** wanting the key wait for the transaction (their acquire blocks on the
+//!   row, within their own timeouts), as do Spring Integration instances on the same table.
+//! - **SQLite** has one writer per file: while a fenced transaction runs, every statement that
+//!   writes the file waits — acquires, renewals and releases of every key and registry on it.
+//!   One that waits longer than its `operation_timeout` fails with [`Error::Timeout`] (a
+//!   blocking `lock()` returns it; a renewal is retried until the lease's deadline), so keep
+//!   fenced transactions on SQLite well below both.
+//!
+//! # Only data in the same database
+//!
+//! The check protects what the same transaction writes, in the database that holds the lock
+//! table (the registry's SQLite file, PostgreSQL database, MySQL server). Writes to anything
+//! else — another database, a file, a service — are not covered; use fencing tokens there.
+//! A transaction of another database type than the registry's is refused with
+//! [`Error::InvalidSetting`]; one on another database of the same type fails the check (the
+//! table or the row is missing there).
+//!
+//! # Threads of one registry (local handoff)
+//!
+//! A [`Fenced`] transaction borrows its guard, so the guard cannot be unlocked, dropped or
+//! handed to another thread while the transaction is open: a local handoff happens only after
+//! it committed or rolled back. The next local holder keeps the grant and its token, so its
+//! fence checks the same row, and its fenced transactions begin after the previous holder's
+//! ended. Between threads of one registry, fenced commits follow the order of the holds; a
+//! transaction that the previous holder did *not* fence is not ordered by anything.
+//!
+//! # Reader/writer locks and semaphores
+//!
+//! Each guard's fence checks its own row: a permit its slot, a read guard its read slot, a
+//! write guard the write row (parameter `FENCING_TOKEN` is that row's token, not the write
+//! guard's [`fencing_token`](crate::WriteGuard::fencing_token)). So fenced transactions of two
+//! writers never overlap, nor those of two holders of one permit slot. Readers and writers judge
+//! each other's rows on the database clock and do not wait for fenced transactions: a writer
+//! enters once the read slots have expired, and a reader once the write row has, even while a
+//! fenced transaction on them is still open (each sees the other's transaction whole, by the
+//! database's own isolation).
+//!
+//! # Other drivers
+//!
+//! [`LockGuard::fence_sql`] returns the check as SQL text and its parameters for drivers
+//! leasehold does not wrap (sqlx, diesel, …): run it inside the transaction, and roll back
+//! unless it returns a row (see [`FenceSql`]).
+
+use crate::error::{DatabaseError, Error, LossReason, Result};
+use crate::lease::Lease;
+use crate::{Leadership, LockGuard};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// The check of a lease as SQL text and parameters, for a driver that leasehold does not wrap.
+///
+/// `sql` returns one row (the token) while the lease holds and no row otherwise; run it in your
+/// open transaction and **roll back unless it returns a row** — the lease is lost, and another
+/// holder may be writing. It binds four parameters, in this order and each once:
+/// `LOCK_KEY` (text), `REGION` (text), `CLIENT_ID` (text), `FENCING_TOKEN` (64-bit integer).
+/// Placeholders are the database's own: `$1`–`$4` on PostgreSQL, `?` on MySQL, `?1`–`?4` on
+/// SQLite.
+///
+/// With sqlx on PostgreSQL, for instance:
+///
+/// ```text
+/// let fence = guard.fence_sql()?;
+/// let mut tx = pool.begin().await?;
+/// let held = sqlx::query(&fence.sql)
+///     .bind(&fence.params.lock_key)
+///     .bind(&fence.params.region)
+///     .bind(&fence.params.client_id)
+///     .bind(fence.params.fencing_token)
+///     .fetch_optional(&mut *tx)
+///     .await?;
+/// if held.is_none() {
+///     tx.rollback().await?;        // the lease is gone
+///     return Err(…);
+/// }
+/// // … the writes …
+/// tx.commit().await?;
+/// ```
+///
+/// The same with any driver, here rusqlite's own API on SQLite:
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("app.db");
+/// use leasehold::rusqlite::{self, OptionalExtension};
+/// let registry = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+/// let guard = registry.obtain("report")?.lock()?;
+/// let fence = guard.fence_sql()?;
+///
+/// let mut conn = rusqlite::Connection::open(&path).unwrap();
+/// let tx = conn.transaction().unwrap();
+/// let p = &fence.params;
+/// let held: Option<i64> = tx
+///     .query_row(&fence.sql, rusqlite::params![p.lock_key, p.region, p.client_id, p.fencing_token],
+///                |row| row.get(0))
+///     .optional()
+///     .unwrap();
+/// assert_eq!(held, Some(guard.fencing_token() as i64));
+/// // … the writes …
+/// tx.commit().unwrap();
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FenceSql {
+    /// The statement, with this registry's table in it.
+    pub sql: String,
+    /// Its four parameters.
+    pub params: FenceParams,
+}
+
+/// The parameters of [`FenceSql::sql`], in the order they bind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FenceParams {
+    /// 1: the row's `LOCK_KEY`.
+    pub lock_key: String,
+    /// 2: the registry's `REGION`.
+    pub region: String,
+    /// 3: the registry's `CLIENT_ID`.
+    pub client_id: String,
+    /// 4: the row's `FENCING_TOKEN` for this grant.
+    pub fencing_token: i64,
+}
+
+/// A transaction of a database driver that [`LockGuard::fence`] can check the lease in:
+/// `rusqlite::Transaction` (feature `sqlite`), `postgres::Transaction` (feature `postgres`),
+/// `mysql::Transaction` (feature `mysql`), of the driver versions leasehold re-exports
+/// (`leasehold::rusqlite`, `leasehold::postgres`, `leasehold::mysql`).
+pub trait FenceableTransaction: sealed::Driver {}
+
+impl<T: sealed::Driver> FenceableTransaction for T {}
+
+pub(crate) mod sealed {
+    use crate::error::DatabaseError;
+
+    /// What the fence needs of a driver's transaction; not nameable outside the crate.
+    pub trait Driver: Sized {
+        /// The backend name of the registries it fits (`Backend::NAME`).
+        const BACKEND: &'static str;
+        /// Makes dropping the transaction roll it back (rusqlite's can commit on drop).
+        fn rollback_on_drop(&mut self) {}
+        /// Runs the check; `true` when it returned a row.
+        fn check(&mut self, fence: &super::FenceSql) -> Result<bool, DatabaseError>;
+        /// Commits.
+        fn commit(self) -> Result<(), DatabaseError>;
+        /// Rolls back.
+        fn rollback(self) -> Result<(), DatabaseError>;
+    }
+}
+
+/// A transaction in which the lease was checked and its row is locked until the end.
+///
+/// It dereferences to the driver's transaction for the work; [`commit`](Self::commit) is the
+/// only way to commit it (the driver's `commit` takes the transaction by value, which this
+/// wrapper keeps), and dropping it rolls back. It borrows the guard: the lock stays held until
+/// the transaction has ended.
+#[must_use = "dropping a fenced transaction rolls it back"]
+pub struct Fenced<'g, T: FenceableTransaction> {
+    tx: Option<T>,
+    _guard: PhantomData<&'g ()>,
+}
+
+impl<T: FenceableTransaction> Fenced<'_, T> {
+    /// Commits the transaction: its writes took effect while no other holder of the lock could
+    /// commit a fenced transaction (see the module docs). An error is the driver's, as
+    /// [`Error::Database`]; whether a commit whose answer was lost took effect is the
+    /// database's to say, as for any commit.
+    pub fn commit(mut self) -> Result<()> {
+        let tx = self.tx.take().expect("a fenced transaction ends once");
+        tx.commit().map_err(|e| driver_error("fenced commit", e))
+    }
+
+    /// Rolls the transaction back.
+    pub fn rollback(mut self) -> Result<()> {
+        let tx = self.tx.take().expect("a fenced transaction ends once");
+        tx.rollback()
+            .map_err(|e| driver_error("fenced rollback", e))
+    }
+}
+
+impl<T: FenceableTransaction> std::ops::Deref for Fenced<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.tx.as_ref().expect("open until commit or rollback")
+    }
+}
+
+impl<T: FenceableTransaction> std::ops::DerefMut for Fenced<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.tx.as_mut().expect("open until commit or rollback")
+    }
+}
+
+impl<T: FenceableTransaction> Drop for Fenced<'_, T> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            if let Err(e) = tx.rollback() {
+                log::warn!("rolling back a dropped fenced transaction: {e}");
+            }
+        }
+    }
+}
+
+impl<T: FenceableTransaction> std::fmt::Debug for Fenced<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fenced")
+            .field("backend", &T::BACKEND)
+            .field("open", &self.tx.is_some())
+            .finish()
+    }
+}
+
+/// `Error::Database` for a driver error of a fenced transaction.
+fn driver_error(operation: &'static str, source: DatabaseError) -> Error {
+    Error::Database {
+        operation,
+        hint: "the database refused the fenced transaction, which is rolled back; check that \
+               it runs on the registry's database, then run it again"
+            .into(),
+        source,
+    }
+}
+
+/// The check's statement for `backend`'s `table`.
+fn statement(backend: &str, table: &str) -> String {
+    match backend {
+        #[cfg(feature = "sqlite")]
+        "SQLite" => sqlite::statement(table),
+        #[cfg(feature = "postgres")]
+        "PostgreSQL" => postgres::statement(table),
+        #[cfg(feature = "mysql")]
+        "MySQL" => mysql::statement(table),
+        other => unreachable!("a registry on {other}, which is not compiled in"),
+    }
+}
+
+/// The check of `lease`, or why there is none: the lease is lost (known here, without a
+/// statement), or its registry is gone.
+fn fence_sql(lease: &Lease) -> Result<(FenceSql, &'static str)> {
+    if let Some(reason) = lease.check() {
+        return Err(lost(lease, reason));
+    }
+    let store = lease.store().ok_or_else(|| Error::LeaseLost {
+        key: lease.key.to_string(),
+        reason: LossReason::Expired(Some("its registry was dropped".into())),
+    })?;
+    let table = store.table_settings();
+    let backend = store.backend_name();
+    let fence = FenceSql {
+        sql: statement(backend, &table.table),
+        params: FenceParams {
+            lock_key: lease.lock_key.to_string(),
+            region: table.region.clone(),
+            client_id: table.client_id.clone(),
+            fencing_token: lease.token,
+        },
+    };
+    Ok((fence, backend))
+}
+
+fn lost(lease: &Lease, reason: LossReason) -> Error {
+    Error::LeaseLost {
+        key: lease.key.to_string(),
+        reason,
+    }
+}
+
+/// Checks `lease` in `tx`: the transaction, fenced, or an error with `tx` rolled back.
+fn fence<'g, T: FenceableTransaction>(lease: &Lease, tx: T) -> Result<Fenced<'g, T>> {
+    // From here on, every way out rolls `tx` back (the wrapper's drop) unless it is returned.
+    let mut tx = tx;
+    tx.rollback_on_drop();
+    let mut fenced = Fenced {
+        tx: Some(tx),
+        _guard: PhantomData,
+    };
+    let (check, backend) = fence_sql(lease)?;
+    if backend != T::BACKEND {
+        return Err(Error::setting(
+            "fence",
+            format!(
+                "the lock is kept in {backend} and the transaction is on {}: pass a \
+                 transaction on the registry's database",
+                T::BACKEND
+            ),
+        ));
+    }
+    fail_point!("fence::before_check");
+    let held = fenced.check(&check).map_err(|e| driver_error("fence", e))?;
+    if !held {
+        return Err(lost(lease, lease.found_not_owner()));
+    }
+    Ok(fenced)
+}
+
+impl LockGuard {
+    /// Checks in `tx`, an open transaction on the registry's database, that this guard's lease
+    /// still holds, and keeps its row locked against any takeover until `tx` ends (see the
+    /// [`fence`](crate::fence) module docs). Returns the transaction wrapped so that only
+    /// [`Fenced::commit`] commits it.
+    ///
+    /// `Err(LeaseLost)` when the lease is lost, at once if this process knows it already;
+    /// `Err(InvalidSetting)` for a transaction on another type of database; `Err(Database)` for
+    /// a driver error. On every error `tx` is rolled back.
+    pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
+        fence(self.lease(), tx)
+    }
+
+    /// The same check as [`fence`](Self::fence), as SQL text and parameters for another driver
+    /// (see [`FenceSql`]). `Err(LeaseLost)` when the lease is known to be lost.
+    pub fn fence_sql(&self) -> Result<FenceSql> {
+        fence_sql(self.lease()).map(|(fence, _)| fence)
+    }
+}
+
+impl Leadership {
+    /// [`LockGuard::fence`] for the leader: checks in `tx` that this term still holds and keeps
+    /// the group's row locked until `tx` ends, so no other instance becomes leader meanwhile.
+    /// `Err(LeaseLost)` at once when this instance is no longer leader (see
+    /// [`is_leader`](Self::is_leader)).
+    pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
+        let lease = self.leading()?;
+        fence(&lease, tx)
+    }
+
+    /// [`LockGuard::fence_sql`] for the leader.
+    pub fn fence_sql(&self) -> Result<FenceSql> {
+        let lease = self.leading()?;
+        fence_sql(&lease).map(|(fence, _)| fence)
+    }
+
+    /// The term's lease, while this instance leads.
+    fn leading(&self) -> Result<Arc<Lease>> {
+        let lease = self.lease();
+        if !self.is_leader() {
+            return Err(lost(
+                &lease,
+                lease.loss().unwrap_or_else(|| {
+                    LossReason::Expired(Some(
+                        "the leader stepped down: no renewal succeeded in time".into(),
+                    ))
+                }),
+            ));
+        }
+        Ok(lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::statement;
+
+    #[test]
+    fn every_statement_binds_four_parameters_and_locks_the_row() {
+        #[cfg(feature = "sqlite")]
+        {
+            let sql = statement("SQLite", "APP_LOCK");
+            assert!(sql.contains("UPDATE APP_LOCK") && sql.contains("?4") && !sql.contains("?5"));
+        }
+        #[cfg(feature = "postgres")]
+        {
+            let sql = statement("PostgreSQL", "APP_LOCK");
+            assert!(sql.ends_with("FOR SHARE") && sql.contains("$4") && !sql.contains("$5"));
+        }
+        #[cfg(feature = "mysql")]
+        {
+            let sql = statement("MySQL", "APP_LOCK");
+            assert!(sql.ends_with("LOCK IN SHARE MODE") && sql.matches('?').count() == 4);
+        }
+    }
+}

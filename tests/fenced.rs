@@ -1,0 +1,852 @@
+//! Fenced transactions, against every database: a holder's write in its own transaction
+//! commits only while its lease holds, a takeover waits for an open fenced transaction, and a
+//! stale holder's write is refused with nothing of it committed — for every primitive.
+//!
+//! Each test keeps a ledger (`{prefix}LEDGER`, one row with a total) in the database of the
+//! lock table and writes it through the database's own driver. Waits are bounded generously;
+//! a lease that must expire has a short time-to-live and renewal off, and is only waited out.
+
+mod common;
+
+mod suite {
+    use crate::common::{Db, Fixture};
+    use leasehold::{
+        Error, FenceSql, FenceableTransaction, Fenced, LeaderElection, Leadership, LockGuard,
+        LossReason, Permit, ReadGuard, WriteGuard,
+    };
+    use std::time::{Duration, Instant};
+
+    const GENEROUS: Duration = Duration::from_secs(20);
+
+    /// The fence of every guard type, to write one helper for all.
+    pub trait Fence {
+        fn fence_in<T: FenceableTransaction>(&self, tx: T) -> leasehold::Result<Fenced<'_, T>>;
+    }
+
+    macro_rules! fence_for {
+        ($($guard:ty),*) => {$(
+            impl Fence for $guard {
+                fn fence_in<T: FenceableTransaction>(
+                    &self,
+                    tx: T,
+                ) -> leasehold::Result<Fenced<'_, T>> {
+                    self.fence(tx)
+                }
+            }
+        )*};
+    }
+    fence_for!(LockGuard, Permit, ReadGuard, WriteGuard, Leadership);
+
+    /// A connection of the user's own, on the fixture's database.
+    pub enum Conn {
+        #[cfg(feature = "sqlite")]
+        Sqlite(leasehold::rusqlite::Connection),
+        #[cfg(feature = "postgres")]
+        Postgres(leasehold::postgres::Client),
+        #[cfg(feature = "mysql")]
+        Mysql(leasehold::mysql::Conn),
+    }
+
+    /// The ledger table of one test, dropped at the end.
+    pub struct Ledger {
+        pub conn: Conn,
+        pub table: String,
+        /// Made the table (and drops it).
+        owner: bool,
+    }
+
+    impl Conn {
+        pub fn open(f: &Fixture) -> Conn {
+            match f.db {
+                #[cfg(feature = "sqlite")]
+                Db::Sqlite => {
+                    let conn = leasehold::rusqlite::Connection::open(f.sqlite_path()).unwrap();
+                    conn.busy_timeout(GENEROUS).unwrap();
+                    Conn::Sqlite(conn)
+                }
+                #[cfg(feature = "postgres")]
+                Db::Postgres => Conn::Postgres(
+                    leasehold::postgres::Client::connect(
+                        &crate::common::postgres_url(),
+                        leasehold::postgres::NoTls,
+                    )
+                    .unwrap(),
+                ),
+                #[cfg(feature = "mysql")]
+                Db::Mysql => Conn::Mysql(
+                    leasehold::mysql::Conn::new(
+                        leasehold::mysql::Opts::from_url(&crate::common::mysql_url()).unwrap(),
+                    )
+                    .unwrap(),
+                ),
+                #[allow(unreachable_patterns)]
+                other => panic!("{other:?} is not compiled in"),
+            }
+        }
+
+        /// Runs `sql` outside a transaction.
+        pub fn run(&mut self, sql: &str) {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(c) => c.execute_batch(sql).unwrap(),
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => c.batch_execute(sql).unwrap(),
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    c.query_drop(sql).unwrap()
+                }
+            }
+        }
+    }
+
+    impl Ledger {
+        pub fn new(f: &Fixture) -> Ledger {
+            let table = format!("{}LEDGER", f.prefix);
+            let mut conn = Conn::open(f);
+            conn.run(&format!(
+                "CREATE TABLE {table} (ID INTEGER PRIMARY KEY, TOTAL BIGINT NOT NULL)"
+            ));
+            conn.run(&format!("INSERT INTO {table} (ID, TOTAL) VALUES (1, 0)"));
+            Ledger {
+                conn,
+                table,
+                owner: true,
+            }
+        }
+
+        /// Another connection on the same ledger.
+        pub fn other(&self, f: &Fixture) -> Ledger {
+            Ledger {
+                conn: Conn::open(f),
+                table: self.table.clone(),
+                owner: false,
+            }
+        }
+
+        pub fn total(&mut self) -> i64 {
+            let sql = format!("SELECT TOTAL FROM {} WHERE ID = 1", self.table);
+            match &mut self.conn {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(c) => c.query_row(&sql, [], |r| r.get(0)).unwrap(),
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => c.query_one(sql.as_str(), &[]).unwrap().get(0),
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    c.query_first(sql).unwrap().unwrap()
+                }
+            }
+        }
+
+        /// One transaction: adds `early` (a write made before the fence, as by a holder that
+        /// paused afterwards), fences with `guard`, runs `inside` (the pause), then reads the
+        /// total and writes it + `add`, and commits.
+        pub fn fenced_add(
+            &mut self,
+            guard: &impl Fence,
+            early: i64,
+            add: i64,
+            inside: impl FnOnce(),
+        ) -> leasehold::Result<()> {
+            let table = &self.table;
+            let bump = format!("UPDATE {table} SET TOTAL = TOTAL + {early} WHERE ID = 1");
+            let read = format!("SELECT TOTAL FROM {table} WHERE ID = 1");
+            let write =
+                |total: i64| format!("UPDATE {table} SET TOTAL = {} WHERE ID = 1", total + add);
+            match &mut self.conn {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(c) => {
+                    let tx = c.transaction().unwrap();
+                    if early != 0 {
+                        tx.execute(&bump, []).unwrap();
+                    }
+                    let tx = guard.fence_in(tx)?;
+                    inside();
+                    let total: i64 = tx.query_row(&read, [], |r| r.get(0)).unwrap();
+                    tx.execute(&write(total), []).unwrap();
+                    tx.commit()
+                }
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => {
+                    let mut tx = c.transaction().unwrap();
+                    if early != 0 {
+                        tx.execute(bump.as_str(), &[]).unwrap();
+                    }
+                    let mut tx = guard.fence_in(tx)?;
+                    inside();
+                    let total: i64 = tx.query_one(read.as_str(), &[]).unwrap().get(0);
+                    tx.execute(write(total).as_str(), &[]).unwrap();
+                    tx.commit()
+                }
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    let mut tx = c.start_transaction(Default::default()).unwrap();
+                    if early != 0 {
+                        tx.query_drop(&bump).unwrap();
+                    }
+                    let mut tx = guard.fence_in(tx)?;
+                    inside();
+                    let total: i64 = tx.query_first(&read).unwrap().unwrap();
+                    tx.query_drop(write(total)).unwrap();
+                    tx.commit()
+                }
+            }
+        }
+
+        /// Runs `fence`'s statement in a transaction through the driver's own API (as a user of
+        /// another driver would), rolls back, and says whether it returned a row.
+        pub fn run_fence_sql(&mut self, fence: &FenceSql) -> bool {
+            let p = &fence.params;
+            match &mut self.conn {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(c) => {
+                    use leasehold::rusqlite::OptionalExtension;
+                    let tx = c.transaction().unwrap();
+                    let row: Option<i64> = tx
+                        .query_row(
+                            &fence.sql,
+                            leasehold::rusqlite::params![
+                                p.lock_key,
+                                p.region,
+                                p.client_id,
+                                p.fencing_token
+                            ],
+                            |r| r.get(0),
+                        )
+                        .optional()
+                        .unwrap();
+                    tx.rollback().unwrap();
+                    row.is_some()
+                }
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => {
+                    let mut tx = c.transaction().unwrap();
+                    let row = tx
+                        .query_opt(
+                            fence.sql.as_str(),
+                            &[&p.lock_key, &p.region, &p.client_id, &p.fencing_token],
+                        )
+                        .unwrap();
+                    tx.rollback().unwrap();
+                    row.is_some()
+                }
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    let mut tx = c.start_transaction(Default::default()).unwrap();
+                    let row: Option<i64> = tx
+                        .exec_first(
+                            &fence.sql,
+                            (&p.lock_key, &p.region, &p.client_id, p.fencing_token),
+                        )
+                        .unwrap();
+                    tx.rollback().unwrap();
+                    row.is_some()
+                }
+            }
+        }
+    }
+
+    impl Drop for Ledger {
+        fn drop(&mut self) {
+            if self.owner {
+                let sql = format!("DROP TABLE IF EXISTS {}", self.table);
+                match &mut self.conn {
+                    #[cfg(feature = "postgres")]
+                    Conn::Postgres(c) => {
+                        let _ = c.batch_execute(&sql);
+                    }
+                    #[cfg(feature = "mysql")]
+                    Conn::Mysql(c) => {
+                        use leasehold::mysql::prelude::Queryable;
+                        let _ = c.query_drop(sql);
+                    }
+                    #[allow(unreachable_patterns)]
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn lost_reason(result: leasehold::Result<()>) -> LossReason {
+        match result {
+            Err(Error::LeaseLost { reason, .. }) => reason,
+            other => panic!("a fence on a lost lease must fail with LeaseLost, got {other:?}"),
+        }
+    }
+
+    /// Waits until `guard` counts its lease as gone.
+    fn wait_lost(is_held: impl Fn() -> bool) {
+        let until = Instant::now() + GENEROUS;
+        while is_held() {
+            assert!(Instant::now() < until, "a short lease never ran out");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn every_primitive_commits_a_fenced_write_while_it_holds(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let registry = f.registry();
+        let lock = registry.obtain("ledger").unwrap().lock().unwrap();
+        ledger.fenced_add(&lock, 0, 1, || {}).unwrap();
+        lock.unlock().unwrap();
+
+        let permit = registry
+            .semaphore("ledger-sem", 2)
+            .unwrap()
+            .acquire()
+            .unwrap();
+        ledger.fenced_add(&permit, 0, 1, || {}).unwrap();
+        permit.unlock().unwrap();
+
+        let rw = registry.rw_lock("ledger-rw").unwrap();
+        let read = rw.read().unwrap();
+        ledger.fenced_add(&read, 0, 1, || {}).unwrap();
+        drop(read);
+        let write = rw.write().unwrap();
+        ledger.fenced_add(&write, 0, 1, || {}).unwrap();
+        drop(write);
+
+        let election = LeaderElection::builder(f.builder(), "ledger-leader")
+            .build()
+            .unwrap();
+        let leadership = election.acquire().unwrap();
+        ledger.fenced_add(&leadership, 0, 1, || {}).unwrap();
+        leadership.resign().unwrap();
+
+        assert_eq!(ledger.total(), 5);
+    }
+
+    /// A fence's SQL, run through the driver by hand, finds the row of every primitive's grant
+    /// while it is held, and no row once it is released.
+    pub fn fence_sql_finds_the_row_only_while_held(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let registry = f.registry();
+        let sem = registry.semaphore("sql-sem", 1).unwrap();
+        let rw = registry.rw_lock("sql-rw").unwrap();
+        let election = LeaderElection::builder(f.builder(), "sql-leader")
+            .build()
+            .unwrap();
+        let mut check = |fence: FenceSql, release: Box<dyn FnOnce() + '_>| {
+            assert!(ledger.run_fence_sql(&fence), "held, yet refused: {fence:?}");
+            release();
+            assert!(
+                !ledger.run_fence_sql(&fence),
+                "released, yet found: {fence:?}"
+            );
+        };
+        let lock = registry.obtain("sql-lock").unwrap().lock().unwrap();
+        let fence = lock.fence_sql().unwrap();
+        assert_eq!(fence.params.fencing_token, lock.fencing_token() as i64);
+        assert_eq!(fence.params.client_id, registry.client_id());
+        assert_eq!(fence.params.lock_key, leasehold::lock_key_for("sql-lock"));
+        check(fence, Box::new(move || lock.unlock().unwrap()));
+        let permit = sem.acquire().unwrap();
+        check(
+            permit.fence_sql().unwrap(),
+            Box::new(move || permit.unlock().unwrap()),
+        );
+        let read = rw.read().unwrap();
+        check(read.fence_sql().unwrap(), Box::new(move || drop(read)));
+        let write = rw.write().unwrap();
+        check(write.fence_sql().unwrap(), Box::new(move || drop(write)));
+        let leadership = election.acquire().unwrap();
+        check(
+            leadership.fence_sql().unwrap(),
+            Box::new(move || leadership.resign().unwrap()),
+        );
+    }
+
+    /// A holder whose lease ran out learns it from the fence without a statement; what its
+    /// transaction wrote before is rolled back.
+    pub fn a_fence_on_a_lost_lease_fails_at_once(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let crashed = f.builder().renewal(false).build().unwrap();
+        let guard = crashed
+            .obtain("lost")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(300))
+            .unwrap();
+        wait_lost(|| guard.is_held());
+        // SQLite's writer would keep every other writer out; the write before the fence is
+        // made on the servers only.
+        let early = if f.db == Db::Sqlite { 0 } else { 100 };
+        let reason = lost_reason(ledger.fenced_add(&guard, early, 1, || {
+            panic!("the fence let a lost lease through")
+        }));
+        assert!(matches!(reason, LossReason::Expired(_)), "{reason:?}");
+        assert!(matches!(guard.fence_sql(), Err(Error::LeaseLost { .. })));
+        assert_eq!(
+            ledger.total(),
+            0,
+            "nothing of the refused transaction commits"
+        );
+    }
+
+    /// The database refuses the fence of a holder that still counts its lease as held when the
+    /// row was taken meanwhile (here: freed by an operator and granted to another instance);
+    /// the lease is then reported lost.
+    pub fn the_database_refuses_a_fence_after_the_row_was_taken(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let (mine, other) = (f.registry(), f.registry());
+        let guard = mine
+            .obtain("taken")
+            .unwrap()
+            .lock_with_ttl(Duration::from_secs(60))
+            .unwrap();
+        let losses = guard.loss_channel();
+        assert!(other.force_release("taken").unwrap());
+        let fresh = other
+            .obtain("taken")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .expect("free");
+        assert!(guard.is_held(), "no renewal has run yet");
+        let early = if f.db == Db::Sqlite { 0 } else { 100 };
+        let reason = lost_reason(ledger.fenced_add(&guard, early, 1, || {
+            panic!("the fence let a taken row through")
+        }));
+        assert_eq!(reason, LossReason::NotOwner);
+        assert!(!guard.is_held());
+        assert!(
+            losses.recv_timeout(GENEROUS).is_ok(),
+            "the loss is reported"
+        );
+        assert_eq!(ledger.total(), 0);
+        ledger.fenced_add(&fresh, 0, 1, || {}).unwrap();
+        assert_eq!(ledger.total(), 1);
+    }
+
+    /// Another instance's acquire waits for an open fenced transaction, even past the lease's
+    /// expiry on the database clock, and gets the lock after the commit, seeing its write.
+    pub fn a_takeover_waits_for_an_open_fenced_transaction(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut next = ledger.other(f);
+        let holder = f.builder().renewal(false).build().unwrap();
+        let other = f.registry();
+        let guard = holder
+            .obtain("wait")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(500))
+            .unwrap();
+        let (granted_tx, granted) = crossbeam_channel::bounded(1);
+        let taker = std::thread::spawn(move || {
+            let lock = other.obtain("wait").unwrap();
+            let fresh = lock.try_lock_for(Duration::from_secs(60)).unwrap();
+            let fresh = fresh.expect("granted after the fenced transaction ended");
+            granted_tx.send(()).unwrap();
+            let result = next.fenced_add(&fresh, 0, 10, || {});
+            fresh.unlock().unwrap();
+            result
+        });
+        ledger
+            .fenced_add(&guard, 0, 1, || {
+                // The lease runs out on both clocks (the holder's deadline comes first; the
+                // row's expiry follows by the drift allowance), and well beyond.
+                wait_lost(|| guard.is_held());
+                std::thread::sleep(Duration::from_millis(1500));
+                assert!(
+                    granted.try_recv().is_err(),
+                    "another instance took the lock while a fenced transaction was open"
+                );
+            })
+            .unwrap();
+        taker.join().unwrap().unwrap();
+        assert_eq!(ledger.total(), 11, "the next holder saw the fenced write");
+        assert!(
+            guard.unlock().is_err(),
+            "the lease ran out while the transaction ran"
+        );
+    }
+
+    /// A transaction on another type of database than the registry's is refused, and nothing
+    /// runs in it.
+    #[cfg(all(feature = "sqlite", any(feature = "postgres", feature = "mysql")))]
+    pub fn a_transaction_on_another_database_type_is_refused(f: &Fixture) {
+        let registry = f.registry();
+        let guard = registry.obtain("elsewhere").unwrap().lock().unwrap();
+        let mut conn = leasehold::rusqlite::Connection::open_in_memory().unwrap();
+        let tx = conn.transaction().unwrap();
+        match guard.fence(tx) {
+            Err(Error::InvalidSetting { setting, reason }) => {
+                assert_eq!(setting, "fence");
+                assert!(reason.contains("registry's database"), "{reason}");
+            }
+            other => panic!("expected InvalidSetting, got {other:?}"),
+        }
+        assert!(
+            guard.is_held(),
+            "a refused transaction does not touch the lease"
+        );
+    }
+
+    /// A holder paused between its own check of the lease and the fence statement, resumed
+    /// after its lease ran out and another instance took the lock: the database refuses it,
+    /// and nothing of its transaction commits.
+    #[cfg(feature = "failpoints")]
+    pub fn a_resumed_stale_holder_is_refused_by_the_database(f: &Fixture) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        // The fail point is process-wide: one test of this binary configures it at a time.
+        static GATE: Mutex<()> = Mutex::new(());
+        let _serial = GATE.lock().unwrap_or_else(|e| e.into_inner());
+        let (entered_tx, entered) = crossbeam_channel::bounded::<()>(1);
+        let (open, open_rx) = crossbeam_channel::bounded::<()>(1);
+        let armed = Arc::new(AtomicBool::new(true));
+        let arm = Arc::clone(&armed);
+        fail::cfg_callback("fence::before_check", move || {
+            let stale = std::thread::current().name() == Some("stale-holder");
+            if stale && arm.swap(false, Ordering::SeqCst) {
+                let _ = entered_tx.send(());
+                let _ = open_rx.recv_timeout(GENEROUS);
+            }
+        })
+        .unwrap();
+
+        let mut ledger = Ledger::new(f);
+        let mut stale_ledger = ledger.other(f);
+        let crashed = f.builder().renewal(false).build().unwrap();
+        let db = f.db;
+        let stale = std::thread::Builder::new()
+            .name("stale-holder".into())
+            .spawn(move || {
+                let guard = crashed
+                    .obtain("stale")
+                    .unwrap()
+                    .lock_with_ttl(Duration::from_millis(300))
+                    .unwrap();
+                let early = if db == Db::Sqlite { 0 } else { 100 };
+                let result = stale_ledger
+                    .fenced_add(&guard, early, 1, || panic!("a stale holder's fence passed"));
+                (result, guard.is_held())
+            })
+            .unwrap();
+        entered
+            .recv_timeout(GENEROUS)
+            .expect("the stale holder reached its fence");
+        let fresh = f
+            .registry()
+            .obtain("stale")
+            .unwrap()
+            .try_lock_for(GENEROUS)
+            .unwrap()
+            .expect("taken over after the stale lease ran out");
+        open.send(()).unwrap();
+        let (result, still_held) = stale.join().unwrap();
+        fail::remove("fence::before_check");
+        assert!(!armed.load(Ordering::SeqCst));
+        lost_reason(result);
+        assert!(!still_held);
+        assert_eq!(
+            ledger.total(),
+            0,
+            "nothing of the stale holder's transaction commits"
+        );
+        ledger.fenced_add(&fresh, 0, 1, || {}).unwrap();
+        assert_eq!(ledger.total(), 1);
+    }
+}
+
+macro_rules! fenced {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            every_primitive_commits_a_fenced_write_while_it_holds,
+            fence_sql_finds_the_row_only_while_held,
+            a_fence_on_a_lost_lease_fails_at_once,
+            the_database_refuses_a_fence_after_the_row_was_taken,
+            a_takeover_waits_for_an_open_fenced_transaction,
+        );
+        #[cfg(feature = "failpoints")]
+        crate::suite_for!($db; a_resumed_stale_holder_is_refused_by_the_database);
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    fenced!(crate::common::Db::Sqlite);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    fenced!(crate::common::Db::Postgres);
+    #[cfg(feature = "sqlite")]
+    crate::suite_for!(crate::common::Db::Postgres; a_transaction_on_another_database_type_is_refused);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    fenced!(crate::common::Db::Mysql);
+    #[cfg(feature = "sqlite")]
+    crate::suite_for!(crate::common::Db::Mysql; a_transaction_on_another_database_type_is_refused);
+}
+
+/// The example's ledger, run by the chaos test's child processes.
+#[cfg(all(unix, feature = "sqlite"))]
+#[allow(dead_code)]
+#[path = "../examples/fenced_ledger.rs"]
+mod ledger_example;
+
+/// The child process of the chaos test (a no-op unless the test started it): runs the
+/// example's sections with the options in `FENCED_LEDGER_CHILD`, one per line.
+#[cfg(all(unix, feature = "sqlite"))]
+#[test]
+fn fenced_ledger_child() {
+    let Ok(args) = std::env::var("FENCED_LEDGER_CHILD") else {
+        return;
+    };
+    let options = ledger_example::Options::parse(args.lines().map(String::from)).unwrap();
+    ledger_example::run(&options).unwrap();
+}
+
+/// Chaos: three processes run the example's sections on one ledger while this test stops one
+/// of them (`SIGSTOP`) inside its section for three times its lease and resumes it, again and
+/// again. Fenced, the ledger ends with exactly one increment per committed section; the same
+/// run unfenced (the control) loses updates.
+#[cfg(all(unix, feature = "sqlite"))]
+mod chaos {
+    use crate::common::{Db, Fixture};
+    use crate::ledger_example::{Ledger, Mode};
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    const TTL: Duration = Duration::from_secs(1);
+    const STOPPED_FOR: Duration = Duration::from_secs(3);
+    const STOPS: u32 = 4;
+    const CHILDREN: usize = 3;
+
+    /// What one run counted.
+    #[derive(Debug, Default)]
+    struct Run {
+        committed: i64,
+        refused: u32,
+        failed: u32,
+        total: i64,
+        /// Stops that caught a holder inside its section (no outcome until it was resumed).
+        inside: u32,
+    }
+
+    fn database(f: &Fixture) -> String {
+        match f.db {
+            Db::Sqlite => f.sqlite_path().to_string_lossy().into_owned(),
+            Db::Postgres => crate::common::postgres_url(),
+            Db::Mysql => crate::common::mysql_url(),
+        }
+    }
+
+    fn signal(child: &Child, signal: libc::c_int) {
+        // SAFETY: kill(2) on the id of a child this test started and has not reaped.
+        #[allow(unsafe_code)]
+        let sent = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        assert_eq!(sent, 0, "signal {signal} to child {}", child.id());
+    }
+
+    /// Runs the children in `mode`, stopping one at each `stop_at` step ("granted" or "read").
+    fn run(f: &Fixture, mode: Mode, stop_at: &[&str]) -> Run {
+        let database = database(f);
+        let table = format!("{}LEDGER", f.prefix);
+        let mut ledger = Ledger::open(&database).unwrap();
+        ledger.create(&table).unwrap();
+        let until = f.sqlite_path().with_file_name(format!("stop-{mode:?}"));
+        let mode_name = format!("{mode:?}").to_lowercase();
+        let args = [
+            database.as_str(),
+            "--prefix",
+            &f.prefix,
+            "--mode",
+            &mode_name,
+            "--sections",
+            "0",
+            "--until",
+            &until.to_string_lossy(),
+            "--ttl-ms",
+            &TTL.as_millis().to_string(),
+            "--pause-ms",
+            "300",
+        ]
+        .join("\n");
+        let (lines_tx, lines) = crossbeam_channel::unbounded::<(usize, String)>();
+        let mut children = Vec::new();
+        for index in 0..CHILDREN {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args(["fenced_ledger_child", "--exact", "--nocapture"])
+                .env("FENCED_LEDGER_CHILD", &args)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let out = BufReader::new(child.stdout.take().unwrap());
+            let tx = lines_tx.clone();
+            std::thread::spawn(move || {
+                for line in out.lines().map_while(Result::ok) {
+                    let _ = tx.send((index, line));
+                }
+            });
+            children.push(child);
+        }
+        drop(lines_tx);
+
+        let mut run = Run::default();
+        let mut stops = 0;
+        // (child, section, resume at, whether its outcome was seen)
+        let mut stopped: Option<(usize, u64, Instant, bool)> = None;
+        let mut settled_at = Instant::now() + Duration::from_secs(1);
+        let started = Instant::now();
+        let give_up = started + Duration::from_secs(45);
+        // CHAOS_TRACE=1 prints every step and stop, for a look at a run.
+        let trace = std::env::var_os("CHAOS_TRACE").is_some();
+        let count = |run: &mut Run, line: &str| -> Option<(String, u64)> {
+            let mut words = line.split_whitespace();
+            let step = words.next()?.to_string();
+            let section: u64 = words.next()?.parse().ok()?;
+            match step.as_str() {
+                "committed" => run.committed += 1,
+                "refused" => run.refused += 1,
+                "failed" => run.failed += 1,
+                _ => {}
+            }
+            Some((step, section))
+        };
+        loop {
+            let now = Instant::now();
+            if let Some((child, _, resume_at, seen)) = stopped {
+                if now >= resume_at {
+                    signal(&children[child], libc::SIGCONT);
+                    run.inside += u32::from(!seen);
+                    stopped = None;
+                    settled_at = now + Duration::from_secs(1);
+                }
+            }
+            if stopped.is_none() && (stops >= STOPS && now >= settled_at || now >= give_up) {
+                break;
+            }
+            let Ok((child, line)) = lines.recv_timeout(Duration::from_millis(20)) else {
+                continue;
+            };
+            if trace {
+                println!("{:>8.3?} child {child}: {line}", started.elapsed());
+            }
+            let Some((step, section)) = count(&mut run, &line) else {
+                continue;
+            };
+            if let Some((held, at_section, _, seen)) = &mut stopped {
+                if *held == child && *at_section == section && step != "read" && step != "granted" {
+                    *seen = true;
+                }
+            }
+            if stopped.is_none()
+                && stops < STOPS
+                && Instant::now() >= settled_at
+                && stop_at[stops as usize % stop_at.len()] == step
+            {
+                signal(&children[child], libc::SIGSTOP);
+                if trace {
+                    println!("{:>8.3?} SIGSTOP child {child}", started.elapsed());
+                }
+                stopped = Some((child, section, Instant::now() + STOPPED_FOR, false));
+                stops += 1;
+            }
+        }
+        std::fs::write(&until, b"").unwrap();
+        let ended = Instant::now() + Duration::from_secs(60);
+        for child in &mut children {
+            loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    assert!(status.success(), "a ledger child failed: {status}");
+                    break;
+                }
+                if Instant::now() > ended {
+                    let _ = child.kill();
+                    panic!("a ledger child did not stop");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        for (_, line) in lines.iter() {
+            count(&mut run, &line);
+        }
+        assert_eq!(
+            stops, STOPS,
+            "the children ran too few sections to be stopped"
+        );
+        run.total = ledger.total(&table).unwrap();
+        let drop_table = format!("DROP TABLE {table}");
+        match &mut ledger {
+            Ledger::Sqlite(_) => {}
+            #[cfg(feature = "postgres")]
+            Ledger::Postgres(c) => c.batch_execute(&drop_table).unwrap(),
+            #[cfg(feature = "mysql")]
+            Ledger::Mysql(c) => {
+                use leasehold::mysql::prelude::Queryable;
+                c.query_drop(drop_table).unwrap()
+            }
+        }
+        run
+    }
+
+    pub fn fenced_sections_never_lose_an_update_when_holders_are_stopped(f: &Fixture) {
+        let run = run(f, Mode::Fenced, &["read", "granted"]);
+        println!("{:?} fenced: {run:?}", f.db);
+        assert!(
+            run.inside >= 1,
+            "no stop caught a holder inside its section: {run:?}"
+        );
+        assert!(run.committed > 0, "{run:?}");
+        assert_eq!(
+            run.total, run.committed,
+            "exactly one increment per committed section: {run:?}"
+        );
+    }
+
+    /// The control: the same run without the fence loses updates. On SQLite a plain
+    /// transaction that read before a takeover cannot write afterwards (its snapshot is
+    /// stale), so its control writes outside a transaction.
+    pub fn unfenced_sections_lose_updates_when_holders_are_stopped(f: &Fixture) {
+        let mode = match f.db {
+            Db::Sqlite => Mode::Autocommit,
+            _ => Mode::Plain,
+        };
+        let run = run(f, mode, &["read"]);
+        println!("{:?} {mode:?}: {run:?}", f.db);
+        assert!(
+            run.total < run.committed,
+            "the control lost no update, so the chaos run proves nothing: {run:?}"
+        );
+    }
+
+    /// One `#[test]` per chaos function for a backend (as `suite_for!` does for `suite`).
+    macro_rules! chaos_for {
+        ($db:expr) => {
+            #[test]
+            fn fenced_sections_never_lose_an_update_when_holders_are_stopped() {
+                let name = "chaos_fenced";
+                if let Some(f) = crate::common::Fixture::new($db, name) {
+                    super::fenced_sections_never_lose_an_update_when_holders_are_stopped(&f);
+                }
+            }
+
+            #[test]
+            fn unfenced_sections_lose_updates_when_holders_are_stopped() {
+                if let Some(f) = crate::common::Fixture::new($db, "chaos_unfenced") {
+                    super::unfenced_sections_lose_updates_when_holders_are_stopped(&f);
+                }
+            }
+        };
+    }
+
+    mod sqlite {
+        chaos_for!(crate::common::Db::Sqlite);
+    }
+
+    #[cfg(feature = "postgres")]
+    mod postgres {
+        chaos_for!(crate::common::Db::Postgres);
+    }
+
+    #[cfg(feature = "mysql")]
+    mod mysql {
+        chaos_for!(crate::common::Db::Mysql);
+    }
+}
