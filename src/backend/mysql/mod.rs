@@ -101,7 +101,11 @@
 //! uses a handful) may close a handle when more statements pass through it; the server refuses
 //! a closed handle before running anything, and the statement is prepared again
 //! (`MysqlConn::run`). `stmt_cache_size=0` is safe too: each statement is prepared once per
-//! connection and closed with it.
+//! connection and closed with it. The one-off statements of `build()` and of the trigger
+//! checks are closed right after their call (`exec_once`), and the registry's connections
+//! outside the pools (named locks, [`wakeups`]) keep a statement cache of their own whatever
+//! the URL says: the driver's `exec` of a text with the cache off prepares a statement on
+//! every call and never closes it.
 //!
 //! Connections are checked once when the registry is built, so a wrong password or database
 //! name is reported as such instead of as a pool timeout.
@@ -204,15 +208,20 @@ pub(crate) struct MysqlManager {
 impl MysqlManager {
     /// A connection outside the pools for release wake-ups: reads wait at most 5 s more than
     /// the longest `GET_LOCK` it runs. With several hosts, to the first that accepts writes,
-    /// as for pooled connections.
+    /// as for pooled connections. It keeps the driver's statement cache (at least
+    /// [`SIDE_STMT_CACHE`] statements) whatever the URL's `stmt_cache_size`: its statements
+    /// go through the driver's `exec`, which with the cache off prepares a statement on every
+    /// call and never closes it.
     pub(super) fn open_side_connection(&self) -> Result<mysql::Conn, mysql::Error> {
         let hosts: Vec<Opts> = self
             .opts
             .iter()
             .map(|opts| {
+                let cache = opts.get_stmt_cache_size().max(SIDE_STMT_CACHE);
                 OptsBuilder::from_opts(opts.clone())
                     .read_timeout(Some(Duration::from_secs(6)))
                     .write_timeout(Some(Duration::from_secs(6)))
+                    .stmt_cache_size(cache)
                     .into()
             })
             .collect();
@@ -229,6 +238,31 @@ impl MysqlManager {
             ids: Arc::clone(&self.ids),
         }
     }
+}
+
+/// The driver's statement cache of connections outside the pools (see
+/// [`MysqlManager::open_side_connection`]): more than the few statements they run.
+const SIDE_STMT_CACHE: usize = 8;
+
+/// Runs the one-off statement `sql` (not a lease statement: the table checks of `build()`, a
+/// look at the triggers) with `params` through `call`, and closes it on the server. The
+/// driver's `exec` with a text prepares it and leaves the closing to its statement cache,
+/// which a URL may turn off (`stmt_cache_size=0`): the statement would then stay open on the
+/// server until the connection closes.
+fn exec_once<T>(
+    conn: &mut mysql::Conn,
+    sql: &str,
+    params: impl Into<mysql::Params>,
+    call: impl FnOnce(&mut mysql::Conn, &mysql::Statement, mysql::Params) -> mysql::Result<T>,
+) -> Result<T, Failure> {
+    let statement = conn.prep(sql).map_err(classify)?;
+    let outcome = call(conn, &statement, params.into()).map_err(classify);
+    // Closing writes one packet and waits for no answer; with the driver's cache on, it also
+    // takes the statement out of the cache.
+    let closed = conn.close(statement).map_err(classify);
+    let value = outcome?;
+    closed?;
+    Ok(value)
 }
 
 /// A statement in `?` form and the parameter (index into [`NAMES`]) each `?` takes; `None` for
@@ -341,16 +375,16 @@ impl InsertIds {
             Some((schema, name)) => (Value::from(schema), name),
             None => (Value::NULL, table),
         };
-        let counts: (i64, i64) = conn
-            .exec_first(
-                "SELECT CAST(COALESCE(SUM(UPPER(TRIGGER_NAME) = UPPER(?)), 0) AS SIGNED), \
-                 CAST(COALESCE(SUM(EVENT_MANIPULATION <> 'DELETE'), 0) AS SIGNED) \
-                 FROM information_schema.TRIGGERS \
-                 WHERE EVENT_OBJECT_SCHEMA = COALESCE(?, DATABASE()) AND EVENT_OBJECT_TABLE = ?",
-                (crate::backend::floor_trigger(table), schema, name),
-            )
-            .map_err(classify)?
-            .unwrap_or((0, 0));
+        let counts: (i64, i64) = exec_once(
+            conn,
+            "SELECT CAST(COALESCE(SUM(UPPER(TRIGGER_NAME) = UPPER(?)), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(EVENT_MANIPULATION <> 'DELETE'), 0) AS SIGNED) \
+             FROM information_schema.TRIGGERS \
+             WHERE EVENT_OBJECT_SCHEMA = COALESCE(?, DATABASE()) AND EVENT_OBJECT_TABLE = ?",
+            (crate::backend::floor_trigger(table), schema, name),
+            |c, statement, params| c.exec_first(statement, params),
+        )?
+        .unwrap_or((0, 0));
         if counts.1 > 0 {
             self.hidden.store(true, Ordering::Relaxed);
         }
@@ -871,14 +905,14 @@ impl Backend for Mysql {
             Some((schema, name)) => (Value::from(schema), name),
             None => (Value::NULL, table),
         };
-        conn.conn
-            .exec(
-                "SELECT UPPER(COLUMN_NAME) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
-                 ORDER BY ORDINAL_POSITION",
-                (schema, name),
-            )
-            .map_err(classify)
+        exec_once(
+            &mut conn.conn,
+            "SELECT UPPER(COLUMN_NAME) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+             ORDER BY ORDINAL_POSITION",
+            (schema, name),
+            |c, statement, params| c.exec(statement, params),
+        )
     }
 
     fn floor(conn: &mut Conn<Self>, table: &str) -> Result<FloorFound, Failure> {
@@ -914,19 +948,21 @@ impl Backend for Mysql {
             Some((schema, name)) => (Value::from(schema), name),
             None => (Value::NULL, table),
         };
-        conn.conn
-            .exec(
-                "SELECT INDEX_NAME, UPPER(COLUMN_NAME) FROM information_schema.STATISTICS \
-                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
-                 AND NON_UNIQUE = 0",
-                (schema, name),
-            )
-            .map_err(classify)
+        exec_once(
+            &mut conn.conn,
+            "SELECT INDEX_NAME, UPPER(COLUMN_NAME) FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+             AND NON_UNIQUE = 0",
+            (schema, name),
+            |c, statement, params| c.exec(statement, params),
+        )
     }
 
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
         let plan = plan(sql)?;
         let statement = conn.conn.prep(&plan.query).map_err(classify)?;
+        // Only described: closed at once (see `exec_once`).
+        conn.conn.close(statement.clone()).map_err(classify)?;
         let params = match &plan.order {
             Some(order) => order.iter().max().map_or(0, |highest| highest + 1),
             None => usize::from(statement.num_params()),
