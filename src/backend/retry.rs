@@ -43,6 +43,17 @@ impl<B: Backend> SqlStore<B> {
             Path::Renewal => &self.renewal_pool,
         };
         let started = Instant::now();
+        // `backend::renewal_hangs`, configured `return(ms)`: a renewal whose deadline is more
+        // than `ms` away gets no answer before it, as from a hung server (test-only).
+        #[cfg(feature = "failpoints")]
+        if path == Path::Renewal {
+            let over = fail::eval("backend::renewal_hangs", |arg| {
+                arg.and_then(|ms| ms.parse::<u64>().ok()).unwrap_or(0)
+            });
+            if over.is_some_and(|ms| deadline > started + Duration::from_millis(ms)) {
+                std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            }
+        }
         let mut pause = Duration::from_millis(1);
         let mut last: Option<DatabaseError> = None;
         // The first look at the deadline reuses `started` (one clock read less per operation).

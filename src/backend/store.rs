@@ -327,9 +327,9 @@ impl<B: Backend> Store for SqlStore<B> {
         deadline: Instant,
         retrying: bool,
     ) -> Result<(Instant, Vec<Batched>)> {
-        // One lease: the plain renew statement is one round trip (MySQL's batch takes four),
-        // but it would wait for a row another session holds locked; where that can happen the
-        // batch runs even for one lease, since it skips such a row.
+        // One lease: the plain renew statement would wait for a row another session holds
+        // locked; where that can happen the batch runs even for one lease, since it skips
+        // such a row.
         let one_is_enough =
             leases.len() == 1 && (!B::ROW_LOCKS || (B::LONE_RENEWAL_PLAIN && !retrying));
         let batch = match &self.batch_renew {

@@ -406,6 +406,23 @@ impl Lease {
         self.settings.renew_every.unwrap_or(shortest / 3)
     }
 
+    /// This lease's slack for the renewer's bounds (see "Bounds" on [`Renewer`]): its
+    /// time-to-live less its renewal period (at least a twentieth of the time-to-live),
+    /// handed over at `now`.
+    fn slack(&self, now: Instant) -> renewer::SlackSeen {
+        let state = self.state.lock();
+        let period = self.renew_every(&state);
+        let ttl = state
+            .bounds
+            .unknown_min_ttl
+            .map_or(state.ttl, |unknown| unknown.min(state.ttl));
+        renewer::SlackSeen {
+            slack: ttl.saturating_sub(period).max(ttl / 20),
+            period,
+            seen: now,
+        }
+    }
+
     /// When the next background renewal is due (never after the deadline).
     fn renewal_due(&self, state: &State) -> Instant {
         if state.renew_now {

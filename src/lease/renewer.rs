@@ -31,6 +31,17 @@ pub(crate) const MAX_BATCH: usize = 500;
 /// statement. A worker idle for [`Renewer::IDLE_TICK`] ends; the next chunk starts one again. No
 /// user code runs on a worker (loss callbacks run on the registry's callback thread). Workers
 /// hold only a `Weak` to the renewer (which the registry owns) while idle.
+///
+/// **Bounds.** With every worker busy, a chunk waits until one is free, so an attempt bounds
+/// the wait of the leases queued behind it, whatever their time-to-live. An attempt therefore
+/// ends (given up as unanswered) by the earliest of: the deadlines of its own leases, half
+/// their renewal period, and half the *slack* of every lease the renewer serves — the time a
+/// lease has left before its deadline when its renewal falls due (its time-to-live less its
+/// renewal period) — the shortest among the leases queued and those handed over recently
+/// ([`SlackSeen`]). A lease handed over with its slack left then finds a worker with at least
+/// half of it still left, however long the statements of other leases take: a 60 s lease's
+/// hung batch holds back a 3 s lease for 1 s at most. (Statements never wait for a row
+/// another session holds locked, see `Backend::renew_batch`.)
 pub(crate) struct Renewer {
     store: Weak<dyn Store>,
     due: Mutex<RenewerState>,
@@ -46,6 +57,34 @@ struct RenewerState {
     /// Workers gathering queued leases until the earliest is due (they take later submissions
     /// along, so no other worker is started for them).
     collecting: usize,
+    /// The shortest slack among leases handed over recently.
+    slack: Option<SlackSeen>,
+}
+
+/// The slack of a lease: the time it has before its deadline when its renewal falls due (its
+/// time-to-live less its renewal period), and how often it is handed over (its renewal
+/// period); `seen`: when a lease with this slack was last handed over.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SlackSeen {
+    pub slack: Duration,
+    pub period: Duration,
+    pub seen: Instant,
+}
+
+impl SlackSeen {
+    /// A lease is handed over once per renewal period: one with this slack not seen for two
+    /// periods (and a tick) is gone.
+    fn current(self, now: Instant) -> bool {
+        now.saturating_duration_since(self.seen) <= self.period * 2 + Renewer::IDLE_TICK
+    }
+
+    /// The shorter of `self` (while current) and `other`.
+    fn shortest(this: Option<SlackSeen>, other: SlackSeen) -> SlackSeen {
+        match this {
+            Some(this) if this.slack < other.slack && this.current(other.seen) => this,
+            _ => other,
+        }
+    }
 }
 
 /// Counts a worker out when it ends, however it ends.
@@ -72,6 +111,7 @@ impl Renewer {
                 workers: 0,
                 idle: 0,
                 collecting: 0,
+                slack: None,
             }),
             wake: Condvar::new(),
             max_workers: max_workers.max(1),
@@ -85,6 +125,11 @@ impl Renewer {
 
     /// Hands over leases whose renewal falls due.
     pub(super) fn submit(self: &Arc<Self>, leases: Vec<Arc<Lease>>) {
+        let now = Instant::now();
+        let slack = leases
+            .iter()
+            .map(|lease| lease.slack(now))
+            .min_by_key(|slack| slack.slack);
         let mut by_ttl: Vec<(Duration, Vec<Arc<Lease>>)> = Vec::new();
         for lease in leases {
             let ttl = lease.ttl();
@@ -97,6 +142,9 @@ impl Renewer {
             }
         }
         let mut due = self.due.lock();
+        if let Some(slack) = slack {
+            due.slack = Some(SlackSeen::shortest(due.slack, slack));
+        }
         due.chunks
             .extend(by_ttl.into_iter().map(|(_, chunk)| chunk));
         self.make_sure_someone_gathers(&mut due);
@@ -151,15 +199,33 @@ impl Renewer {
                 let chunk = take_chunk(&mut due.chunks);
                 // What is left (another time-to-live) must not wait for this statement.
                 this.make_sure_someone_gathers(&mut due);
-                chunk
+                (chunk, limit(&due))
             };
-            let (Some(chunk), Some(store)) = (chunk, this.store.upgrade()) else {
+            let ((Some(chunk), limit), Some(store)) = (chunk, this.store.upgrade()) else {
                 return;
             };
             drop(this);
-            renew_chunk(&*store, chunk);
+            renew_chunk(&*store, chunk, limit);
         }
     }
+}
+
+/// The latest an attempt starting now may end (see "Bounds" on [`Renewer`]): half the shortest
+/// slack among the queued leases and those handed over recently, from now.
+fn limit(due: &RenewerState) -> Option<Instant> {
+    let now = Instant::now();
+    let queued = due
+        .chunks
+        .iter()
+        .flatten()
+        .map(|lease| lease.slack(now).slack)
+        .min();
+    let recent = due
+        .slack
+        .filter(|slack| slack.current(now))
+        .map(|slack| slack.slack);
+    let shortest = queued.into_iter().chain(recent).min()?;
+    Some(now + shortest / 2)
 }
 
 /// When the earliest renewal among the queued leases is due.
@@ -193,7 +259,8 @@ type Taken = (Arc<Lease>, Turn);
 
 /// Renews one chunk of leases (see [`Renewer`]): one statement per time-to-live their turns
 /// carry (one, unless a holder asked for another since the chunk was made).
-fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>) {
+/// `limit`: the latest the attempts may end (see "Bounds" on [`Renewer`]).
+fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>, limit: Option<Instant>) {
     let mut by_ttl: Vec<(Duration, Vec<Taken>)> = Vec::new();
     for lease in chunk {
         if lease.is_over() {
@@ -210,17 +277,17 @@ fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>) {
         }
     }
     for (ttl, group) in by_ttl {
-        renew_group(store, ttl, group);
+        renew_group(store, ttl, group, limit);
     }
 }
 
 /// One renew statement for leases of one time-to-live, and what it found for each.
-fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>) {
+fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Option<Instant>) {
     // One attempt may take half a renewal period, never the leases' whole remaining life, nor
-    // past the earliest deadline among them: a statement that hangs (a hung server, a frozen
-    // connection) is given up and retried on another connection a quarter period later (see
-    // `end_turn`), several times before the deadline — what lets a lease outlive a primary
-    // that hangs.
+    // past the earliest deadline among them, nor past `limit` (the leases it may hold back): a
+    // statement that hangs (a hung server, a frozen connection) is given up and retried on
+    // another connection a quarter period later (see `end_turn`), several times before the
+    // deadline — what lets a lease outlive a primary that hangs.
     let period = group
         .iter()
         .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
@@ -232,6 +299,7 @@ fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>) {
         .min()
         .expect("a group is never empty")
         .min(Instant::now() + period / 2);
+    let deadline = limit.map_or(deadline, |limit| deadline.min(limit));
     let keys: Vec<(&str, i64)> = group
         .iter()
         .map(|(lease, _)| (&*lease.lock_key, lease.token))

@@ -101,7 +101,11 @@
 //! uses a handful) may close a handle when more statements pass through it; the server refuses
 //! a closed handle before running anything, and the statement is prepared again
 //! (`MysqlConn::run`). `stmt_cache_size=0` is safe too: each statement is prepared once per
-//! connection and closed with it.
+//! connection and closed with it. The one-off statements of `build()` and of the trigger
+//! checks are closed right after their call (`exec_once`), and the registry's connections
+//! outside the pools (named locks, [`wakeups`]) keep a statement cache of their own whatever
+//! the URL says: the driver's `exec` of a text with the cache off prepares a statement on
+//! every call and never closes it.
 //!
 //! Connections are checked once when the registry is built, so a wrong password or database
 //! name is reported as such instead of as a pool timeout.
@@ -199,20 +203,28 @@ pub(crate) struct MysqlManager {
     named_locks: std::sync::Arc<std::sync::OnceLock<wakeups::NamedLocks>>,
     /// Shared by the registry's connections.
     ids: Arc<InsertIds>,
+    /// Whether the server is MariaDB (rather than MySQL), once the first pooled connection
+    /// has asked (see [`RowLockWaits`]).
+    mariadb: Arc<std::sync::OnceLock<bool>>,
 }
 
 impl MysqlManager {
     /// A connection outside the pools for release wake-ups: reads wait at most 5 s more than
     /// the longest `GET_LOCK` it runs. With several hosts, to the first that accepts writes,
-    /// as for pooled connections.
+    /// as for pooled connections. It keeps the driver's statement cache (at least
+    /// [`SIDE_STMT_CACHE`] statements) whatever the URL's `stmt_cache_size`: its statements
+    /// go through the driver's `exec`, which with the cache off prepares a statement on every
+    /// call and never closes it.
     pub(super) fn open_side_connection(&self) -> Result<mysql::Conn, mysql::Error> {
         let hosts: Vec<Opts> = self
             .opts
             .iter()
             .map(|opts| {
+                let cache = opts.get_stmt_cache_size().max(SIDE_STMT_CACHE);
                 OptsBuilder::from_opts(opts.clone())
                     .read_timeout(Some(Duration::from_secs(6)))
                     .write_timeout(Some(Duration::from_secs(6)))
+                    .stmt_cache_size(cache)
                     .into()
             })
             .collect();
@@ -227,8 +239,34 @@ impl MysqlManager {
             prefer_tls: self.prefer_tls,
             named_locks: Default::default(),
             ids: Arc::clone(&self.ids),
+            mariadb: Arc::clone(&self.mariadb),
         }
     }
+}
+
+/// The driver's statement cache of connections outside the pools (see
+/// [`MysqlManager::open_side_connection`]): more than the few statements they run.
+const SIDE_STMT_CACHE: usize = 8;
+
+/// Runs the one-off statement `sql` (not a lease statement: the table checks of `build()`, a
+/// look at the triggers) with `params` through `call`, and closes it on the server. The
+/// driver's `exec` with a text prepares it and leaves the closing to its statement cache,
+/// which a URL may turn off (`stmt_cache_size=0`): the statement would then stay open on the
+/// server until the connection closes.
+fn exec_once<T>(
+    conn: &mut mysql::Conn,
+    sql: &str,
+    params: impl Into<mysql::Params>,
+    call: impl FnOnce(&mut mysql::Conn, &mysql::Statement, mysql::Params) -> mysql::Result<T>,
+) -> Result<T, Failure> {
+    let statement = conn.prep(sql).map_err(classify)?;
+    let outcome = call(conn, &statement, params.into()).map_err(classify);
+    // Closing writes one packet and waits for no answer; with the driver's cache on, it also
+    // takes the statement out of the cache.
+    let closed = conn.close(statement).map_err(classify);
+    let value = outcome?;
+    closed?;
+    Ok(value)
 }
 
 /// A statement in `?` form and the parameter (index into [`NAMES`]) each `?` takes; `None` for
@@ -254,6 +292,54 @@ struct Plan {
 /// see [`Plan`]); the server checks the handle before anything runs.
 const UNKNOWN_STATEMENT: u16 = 1243;
 
+/// "Lock wait timeout exceeded": a statement gave up waiting for a row another session holds
+/// locked (the whole statement is rolled back; in autocommit, nothing of it remains).
+const LOCK_WAIT_TIMEOUT: u16 = 1205;
+
+/// How long a statement may wait for a row lock (see [`RowLockWaits`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waits {
+    /// As the session says: the server's `innodb_lock_wait_timeout` on MariaDB, 1 s on MySQL.
+    AsConfigured,
+    /// Not at all on MariaDB; on MySQL as configured (1 s, MySQL's least).
+    Never,
+}
+
+/// Row locks and waiting. Other sessions (a `mysql` client's `SELECT … FOR UPDATE`, a
+/// migration, a long transaction) can hold a lock row locked for as long as they like.
+///
+/// - No statement of a registry holds a row lock past its own end: every statement runs in
+///   autocommit, alone (the batch renewal too, see [`Mysql::renew_batch_sql`]), so a holder
+///   frozen between two statements (stopped, paused in a debugger, a VM pause) holds no row.
+/// - The batch renewal never waits for a row: it skips rows another session holds locked
+///   (`FOR UPDATE SKIP LOCKED`) and reports them as busy; a lone lease renews through it too.
+/// - An acquire waits for no row on MariaDB (`SET STATEMENT innodb_lock_wait_timeout=0 FOR`
+///   before it) and at most 1 s on MySQL (the session's `innodb_lock_wait_timeout`, whose
+///   least value is 1 s; MySQL has no per-statement form). A row still locked makes the acquire
+///   come back refused, as for a held lock, after two more looks within a few milliseconds
+///   (statements of leasehold itself hold a row for microseconds): a semaphore's poller then
+///   goes on to the next permit.
+/// - Other statements (a manual renewal, a release, administration) wait as the session says
+///   (the server's setting on MariaDB, 1 s on MySQL) and are retried until their deadline.
+struct RowLockWaits;
+
+impl RowLockWaits {
+    /// Run once on each pooled MySQL connection.
+    const MYSQL_SESSION: &'static str = "SET SESSION innodb_lock_wait_timeout = 1";
+    /// Put before an acquire statement on MariaDB.
+    const MARIADB_PREFIX: &'static str = "SET STATEMENT innodb_lock_wait_timeout=0 FOR ";
+    /// The pauses before the acquire of a locked row looks again; then it is refused.
+    const ACQUIRE_RETRIES: [Duration; 2] = [Duration::from_millis(1), Duration::from_millis(4)];
+}
+
+/// Whether `failure` is a statement that gave up waiting for a row lock.
+fn row_locked(failure: &Failure) -> bool {
+    matches!(
+        failure.source.downcast_ref::<mysql::Error>(),
+        Some(mysql::Error::MySqlError(e)) if e.code == LOCK_WAIT_TIMEOUT
+    )
+}
+
 /// A connection, the plans of the statements it ran, the flag `mark_broken` sets, and the
 /// deadline its statements must keep (see the module docs, "Deadlines").
 pub(crate) struct MysqlConn {
@@ -272,6 +358,9 @@ pub(crate) struct MysqlConn {
     /// The deadline the socket's timeouts were last set for: while watched, the later calls of
     /// an attempt leave them as they are.
     armed: Option<Instant>,
+    /// The server is MariaDB: acquire statements run with `SET STATEMENT
+    /// innodb_lock_wait_timeout=0 FOR` (see [`RowLockWaits`]).
+    mariadb: bool,
 }
 
 impl MysqlConn {
@@ -341,16 +430,16 @@ impl InsertIds {
             Some((schema, name)) => (Value::from(schema), name),
             None => (Value::NULL, table),
         };
-        let counts: (i64, i64) = conn
-            .exec_first(
-                "SELECT CAST(COALESCE(SUM(UPPER(TRIGGER_NAME) = UPPER(?)), 0) AS SIGNED), \
-                 CAST(COALESCE(SUM(EVENT_MANIPULATION <> 'DELETE'), 0) AS SIGNED) \
-                 FROM information_schema.TRIGGERS \
-                 WHERE EVENT_OBJECT_SCHEMA = COALESCE(?, DATABASE()) AND EVENT_OBJECT_TABLE = ?",
-                (crate::backend::floor_trigger(table), schema, name),
-            )
-            .map_err(classify)?
-            .unwrap_or((0, 0));
+        let counts: (i64, i64) = exec_once(
+            conn,
+            "SELECT CAST(COALESCE(SUM(UPPER(TRIGGER_NAME) = UPPER(?)), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(EVENT_MANIPULATION <> 'DELETE'), 0) AS SIGNED) \
+             FROM information_schema.TRIGGERS \
+             WHERE EVENT_OBJECT_SCHEMA = COALESCE(?, DATABASE()) AND EVENT_OBJECT_TABLE = ?",
+            (crate::backend::floor_trigger(table), schema, name),
+            |c, statement, params| c.exec_first(statement, params),
+        )?
+        .unwrap_or((0, 0));
         if counts.1 > 0 {
             self.hidden.store(true, Ordering::Relaxed);
         }
@@ -403,10 +492,14 @@ impl MysqlConn {
         &mut self,
         sql: &str,
         params: &Params,
+        waits: Waits,
     ) -> Result<(mysql::Statement, Vec<Value>), Failure> {
         self.arm()?;
         if self.plans.get(sql).is_none() {
-            let plan = plan(sql)?;
+            let mut plan = plan(sql)?;
+            if waits == Waits::Never && self.mariadb {
+                plan.query.insert_str(0, RowLockWaits::MARIADB_PREFIX);
+            }
             self.plans.insert(sql, plan);
         }
         let MysqlConn { plans, conn, .. } = self;
@@ -435,15 +528,26 @@ impl MysqlConn {
         &mut self,
         sql: &str,
         params: &Params,
+        call: impl FnMut(&mut mysql::Conn, &mysql::Statement, Vec<Value>) -> mysql::Result<T>,
+    ) -> Result<T, Failure> {
+        self.run_with(sql, params, Waits::AsConfigured, call)
+    }
+
+    /// [`MysqlConn::run`], with `waits` saying how long the statement may wait for a row lock.
+    fn run_with<T>(
+        &mut self,
+        sql: &str,
+        params: &Params,
+        waits: Waits,
         mut call: impl FnMut(&mut mysql::Conn, &mysql::Statement, Vec<Value>) -> mysql::Result<T>,
     ) -> Result<T, Failure> {
-        let (statement, values) = self.bind(sql, params)?;
+        let (statement, values) = self.bind(sql, params, waits)?;
         match call(&mut self.conn, &statement, values) {
             Err(mysql::Error::MySqlError(e)) if e.code == UNKNOWN_STATEMENT => {
                 if let Some(plan) = self.plans.get_mut(sql) {
                     plan.statement = None;
                 }
-                let (statement, values) = self.bind(sql, params)?;
+                let (statement, values) = self.bind(sql, params, waits)?;
                 call(&mut self.conn, &statement, values).map_err(classify)
             }
             other => other.map_err(classify),
@@ -561,8 +665,21 @@ impl r2d2::ManageConnection for MysqlManager {
 
     fn connect(&self) -> Result<MysqlConn, mysql::Error> {
         let opts = &self.opts[0];
+        let mut conn = open_writable(&self.opts, self.prefer_tls)?;
+        let mariadb = match self.mariadb.get() {
+            Some(mariadb) => *mariadb,
+            None => {
+                let version: Option<String> = conn.query_first("SELECT VERSION()")?;
+                let mariadb = version.is_some_and(|v| v.contains("MariaDB"));
+                *self.mariadb.get_or_init(|| mariadb)
+            }
+        };
+        if !mariadb {
+            conn.query_drop(RowLockWaits::MYSQL_SESSION)?;
+        }
         Ok(MysqlConn {
-            conn: open_writable(&self.opts, self.prefer_tls)?,
+            conn,
+            mariadb,
             plans: PerStatement::new(),
             broken: false,
             ids: Arc::clone(&self.ids),
@@ -589,6 +706,73 @@ impl r2d2::ManageConnection for MysqlManager {
 
 /// The MySQL / MariaDB backend.
 pub(crate) struct Mysql;
+
+/// One acquire statement (or a statement run the way an acquire is, see
+/// [`Backend::read_number`]): `Some((token, inserted))` when granted.
+fn acquire_once(
+    conn: &mut MysqlConn,
+    sql: &str,
+    params: &Params,
+    waits: Waits,
+) -> Result<Option<(i64, bool)>, Failure> {
+    /// What the acquire statement answered: a row (a statement that returns the token),
+    /// or the affected rows and the insert id (the default, which sets it).
+    enum Answer {
+        Row(Option<mysql::Row>),
+        Written { affected: u64, id: u64 },
+    }
+    let answer = conn.run_with(sql, params, waits, |c, statement, values| {
+        if statement.num_columns() > 0 {
+            c.exec_first(statement, values).map(Answer::Row)
+        } else {
+            c.exec_drop(statement, values).map(|()| Answer::Written {
+                affected: c.affected_rows(),
+                id: c.last_insert_id(),
+            })
+        }
+    })?;
+    // Whether the grant inserted the row (there was none): one affected row for an insert,
+    // two for the update of an expired row (a replacement that returns the token: unknown).
+    let mut inserted = false;
+    let token = match answer {
+        Answer::Row(row) => match row.and_then(|row| row.get_opt::<i64, usize>(0)) {
+            None => return Ok(None),
+            Some(token) => token.map_err(|e| {
+                Failure::new(
+                    FailureKind::Fatal,
+                    "the acquire statement must return the fencing token as a BIGINT",
+                    e.to_string(),
+                )
+            })?,
+        },
+        Answer::Written { affected, id } => {
+            inserted = affected == 1;
+            let id = match (id, affected) {
+                // Two rows: the row was updated, which only a grant does (a held lock is
+                // set to its own values: one row with CLIENT_FOUND_ROWS). A trigger hid
+                // the id.
+                (0, 2..) => {
+                    conn.ids.hidden.store(true, Ordering::Relaxed);
+                    session_insert_id(conn)?
+                }
+                // One row: held, or inserted with the id hidden by a trigger.
+                (0, _) if Arc::clone(&conn.ids).hidden(conn) => session_insert_id(conn)?,
+                (id, _) => id,
+            };
+            match id {
+                0 => return Ok(None),
+                id => i64::try_from(id).map_err(|e| {
+                    Failure::new(
+                        FailureKind::Fatal,
+                        "the acquire statement reported a token beyond BIGINT",
+                        e,
+                    )
+                })?,
+            }
+        }
+    };
+    Ok(Some((token, inserted)))
+}
 
 /// The session's `LAST_INSERT_ID()`: what the last statement set with `LAST_INSERT_ID(expr)`,
 /// whatever its triggers did (a trigger's changes end with it).
@@ -774,68 +958,31 @@ impl Backend for Mysql {
             .collect())
     }
 
+    /// Waits for no row lock (at most 1 s on MySQL): a row another session holds locked is
+    /// refused as held, after two more looks a few milliseconds apart (see [`RowLockWaits`]).
     fn acquire(
         conn: &mut Conn<Self>,
         sql: &str,
         params: &Params,
     ) -> Result<Option<(i64, bool)>, Failure> {
-        /// What the acquire statement answered: a row (a statement that returns the token),
-        /// or the affected rows and the insert id (the default, which sets it).
-        enum Answer {
-            Row(Option<mysql::Row>),
-            Written { affected: u64, id: u64 },
+        let mut pauses = RowLockWaits::ACQUIRE_RETRIES.iter();
+        loop {
+            match acquire_once(conn, sql, params, Waits::Never) {
+                Err(failure) if row_locked(&failure) => match pauses.next() {
+                    Some(pause) => std::thread::sleep(*pause),
+                    None => return Ok(None),
+                },
+                other => return other,
+            }
         }
-        let answer = conn.run(sql, params, |c, statement, values| {
-            if statement.num_columns() > 0 {
-                c.exec_first(statement, values).map(Answer::Row)
-            } else {
-                c.exec_drop(statement, values).map(|()| Answer::Written {
-                    affected: c.affected_rows(),
-                    id: c.last_insert_id(),
-                })
-            }
-        })?;
-        // Whether the grant inserted the row (there was none): one affected row for an insert,
-        // two for the update of an expired row (a replacement that returns the token: unknown).
-        let mut inserted = false;
-        let token = match answer {
-            Answer::Row(row) => match row.and_then(|row| row.get_opt::<i64, usize>(0)) {
-                None => return Ok(None),
-                Some(token) => token.map_err(|e| {
-                    Failure::new(
-                        FailureKind::Fatal,
-                        "the acquire statement must return the fencing token as a BIGINT",
-                        e.to_string(),
-                    )
-                })?,
-            },
-            Answer::Written { affected, id } => {
-                inserted = affected == 1;
-                let id = match (id, affected) {
-                    // Two rows: the row was updated, which only a grant does (a held lock is
-                    // set to its own values: one row with CLIENT_FOUND_ROWS). A trigger hid
-                    // the id.
-                    (0, 2..) => {
-                        conn.ids.hidden.store(true, Ordering::Relaxed);
-                        session_insert_id(conn)?
-                    }
-                    // One row: held, or inserted with the id hidden by a trigger.
-                    (0, _) if Arc::clone(&conn.ids).hidden(conn) => session_insert_id(conn)?,
-                    (id, _) => id,
-                };
-                match id {
-                    0 => return Ok(None),
-                    id => i64::try_from(id).map_err(|e| {
-                        Failure::new(
-                            FailureKind::Fatal,
-                            "the acquire statement reported a token beyond BIGINT",
-                            e,
-                        )
-                    })?,
-                }
-            }
-        };
-        Ok(Some((token, inserted)))
+    }
+
+    fn read_number(
+        conn: &mut Conn<Self>,
+        sql: &str,
+        params: &Params,
+    ) -> Result<Option<i64>, Failure> {
+        Ok(acquire_once(conn, sql, params, Waits::AsConfigured)?.map(|(number, _)| number))
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
@@ -871,14 +1018,14 @@ impl Backend for Mysql {
             Some((schema, name)) => (Value::from(schema), name),
             None => (Value::NULL, table),
         };
-        conn.conn
-            .exec(
-                "SELECT UPPER(COLUMN_NAME) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
-                 ORDER BY ORDINAL_POSITION",
-                (schema, name),
-            )
-            .map_err(classify)
+        exec_once(
+            &mut conn.conn,
+            "SELECT UPPER(COLUMN_NAME) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+             ORDER BY ORDINAL_POSITION",
+            (schema, name),
+            |c, statement, params| c.exec(statement, params),
+        )
     }
 
     fn floor(conn: &mut Conn<Self>, table: &str) -> Result<FloorFound, Failure> {
@@ -914,19 +1061,21 @@ impl Backend for Mysql {
             Some((schema, name)) => (Value::from(schema), name),
             None => (Value::NULL, table),
         };
-        conn.conn
-            .exec(
-                "SELECT INDEX_NAME, UPPER(COLUMN_NAME) FROM information_schema.STATISTICS \
-                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
-                 AND NON_UNIQUE = 0",
-                (schema, name),
-            )
-            .map_err(classify)
+        exec_once(
+            &mut conn.conn,
+            "SELECT INDEX_NAME, UPPER(COLUMN_NAME) FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+             AND NON_UNIQUE = 0",
+            (schema, name),
+            |c, statement, params| c.exec(statement, params),
+        )
     }
 
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
         let plan = plan(sql)?;
         let statement = conn.conn.prep(&plan.query).map_err(classify)?;
+        // Only described: closed at once (see `exec_once`).
+        conn.conn.close(statement.clone()).map_err(classify)?;
         let params = match &plan.order {
             Some(order) => order.iter().max().map_or(0, |highest| highest + 1),
             None => usize::from(statement.num_params()),
@@ -1015,38 +1164,43 @@ impl Backend for Mysql {
         "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
     }
 
-    /// Two statements in one transaction: lock the rows that qualify, then renew exactly those
-    /// (no `RETURNING` for `UPDATE` here). A row locked by the first cannot be taken by anyone
-    /// before the second; `JSON_TABLE` drives primary-key lookups (MariaDB 10.6+, MySQL 8.0+).
+    /// Statements that each run alone, in autocommit, and never wait for a row lock (see
+    /// [`RowLockWaits`]):
+    ///
+    /// 0. `SET @leasehold_until = now + ttl`: the least expiry a renewal of this batch writes
+    ///    (sent only for more than one pair, see 2);
+    /// 1. one `UPDATE` that renews the pairs' rows still this client's, except those another
+    ///    session holds locked: a derived table locks the qualifying rows with `FOR UPDATE SKIP
+    ///    LOCKED` (its `LIMIT` keeps MySQL from merging it into the `UPDATE`, which it refuses
+    ///    for a table read in its own `UPDATE`), and the `UPDATE` writes exactly those rows.
+    ///    Both read the table through its primary key (`FORCE INDEX`): a scan would lock, and
+    ///    wait for, rows of other keys. Its locks end with it;
+    /// 2. only when 1 renewed fewer rows than there are pairs: which pairs are still this
+    ///    client's, and whether each expires at or after `@leasehold_until` (renewed), by a
+    ///    consistent read, which waits for no lock.
+    ///
+    /// `JSON_TABLE` drives primary-key lookups (MariaDB 10.6+, MySQL 8.0+).
     fn renew_batch_sql(table: &str) -> Vec<String> {
         let pairs = "JSON_TABLE(:lock_key, '$[*]' COLUMNS (k CHAR(36) PATH '$[0]', \
                      t BIGINT PATH '$[1]')) AS j STRAIGHT_JOIN";
         let on = "ON l.LOCK_KEY = j.k AND l.REGION = :region AND l.FENCING_TOKEN = j.t";
-        let mine = format!(
-            "SELECT l.LOCK_KEY, l.FENCING_TOKEN FROM {pairs} {table} AS l {on} \
-             WHERE l.CLIENT_ID = :client_id AND l.EXPIRED_AFTER >= {NOW}"
-        );
+        let mine = format!("WHERE l.CLIENT_ID = :client_id AND l.EXPIRED_AFTER >= {NOW}");
         vec![
-            // `SKIP LOCKED`: a row another session holds locked is passed over, not waited for.
-            format!("{mine} FOR UPDATE SKIP LOCKED"),
+            format!("SET @leasehold_until = {NOW_PLUS_TTL}"),
             format!(
-                "UPDATE {pairs} {table} AS l {on} SET l.EXPIRED_AFTER = {NOW_PLUS_TTL} \
-                 WHERE l.CLIENT_ID = :client_id"
+                "UPDATE (SELECT l.LOCK_KEY AS k FROM {pairs} {table} AS l FORCE INDEX (PRIMARY) \
+                 {on} {mine} LIMIT 18446744073709551615 FOR UPDATE SKIP LOCKED) AS m \
+                 STRAIGHT_JOIN {table} AS l FORCE INDEX (PRIMARY) \
+                 ON l.LOCK_KEY = m.k AND l.REGION = :region \
+                 SET l.EXPIRED_AFTER = {NOW_PLUS_TTL}"
             ),
-            // Only when some pairs were not locked: which of them are still this client's (a
-            // consistent read, which waits for no lock).
-            mine,
+            format!(
+                "SELECT l.LOCK_KEY, l.FENCING_TOKEN, \
+                 CAST(IFNULL(l.EXPIRED_AFTER >= @leasehold_until, 0) AS SIGNED) \
+                 FROM {pairs} {table} AS l {on} {mine}"
+            ),
         ]
     }
-
-    /// A lone background renewal runs the plain renew statement (one round trip instead of the
-    /// batch's four) until a renewal of it has failed; its retries take the batch, which skips
-    /// a row another session holds locked. (Running the batch for every lone lease once seemed
-    /// to make a release wait out its deadline on a registry with a one-connection main pool in
-    /// `conformance::mysql::a_full_pool_does_not_starve_renewals`; that wait was r2d2 leaving a
-    /// caller asleep after a discarded connection, fixed in `pools.rs`, and the test passes
-    /// with the batch too.)
-    const LONE_RENEWAL_PLAIN: bool = true;
 
     fn renew_batch(
         conn: &mut Conn<Self>,
@@ -1054,53 +1208,75 @@ impl Backend for Mysql {
         params: &Params,
         pairs: usize,
     ) -> Result<BatchRows, Failure> {
-        conn.arm()?;
-        conn.conn
-            .query_drop("START TRANSACTION")
-            .map_err(classify)?;
-        let renewed: Result<BatchRows, Failure> = (|| {
-            let rows: Vec<(String, i64)> =
-                conn.run(&sql[0], params, |c, lock, values| c.exec(lock, values))?;
-            if !rows.is_empty() {
-                let pairs = crate::backend::pairs_json(
-                    rows.iter().map(|(key, token)| (key.as_str(), *token)),
-                );
-                let locked = Params {
-                    lock_key: &pairs,
-                    ..*params
-                };
-                conn.run(&sql[1], &locked, |c, update, values| {
-                    c.exec_drop(update, values)
-                })?;
-            }
-            let mut busy = Vec::new();
-            if rows.len() < pairs {
-                let mine: Vec<(String, i64)> =
-                    conn.run(&sql[2], params, |c, mine, values| c.exec(mine, values))?;
-                busy = mine
-                    .into_iter()
-                    .filter(|pair| !rows.contains(pair))
-                    .collect();
-            }
-            conn.arm()?;
-            conn.conn.query_drop("COMMIT").map_err(classify)?;
-            Ok(BatchRows {
-                renewed: rows,
-                busy,
-            })
-        })();
-        match renewed {
-            Err(mut failure) if failure.kind != FailureKind::Broken => {
-                // A connection left inside a transaction must not go back to the pool.
-                let rolled_back = conn.arm().is_ok() && conn.conn.query_drop("ROLLBACK").is_ok();
-                if !rolled_back {
-                    failure.kind = FailureKind::Broken;
-                }
-                Err(failure)
-            }
-            other => other,
+        if pairs > 1 {
+            conn.run(&sql[0], params, |c, until, values| {
+                c.exec_drop(until, values)
+            })?;
         }
+        let renewed = conn.run(&sql[1], params, |c, update, values| {
+            c.exec_drop(update, values).map(|()| c.affected_rows())
+        })?;
+        fail_point!("mysql::renew_batch_between_statements");
+        if usize::try_from(renewed).is_ok_and(|renewed| renewed >= pairs) {
+            return Ok(BatchRows {
+                renewed: parse_pairs(params.lock_key),
+                busy: Vec::new(),
+            });
+        }
+        let mine: Vec<(String, i64, i64)> =
+            conn.run(&sql[2], params, |c, mine, values| c.exec(mine, values))?;
+        let mut rows = BatchRows::default();
+        for (lock_key, token, until) in mine {
+            // One pair: the `UPDATE` said whether it renewed it.
+            if pairs > 1 && until != 0 {
+                rows.renewed.push((lock_key, token));
+            } else {
+                rows.busy.push((lock_key, token));
+            }
+        }
+        Ok(rows)
     }
+}
+
+/// The pairs of a batch renewal's first parameter, as [`crate::backend::pairs_json`] writes
+/// them.
+fn parse_pairs(json: &str) -> Vec<(String, i64)> {
+    let mut pairs = Vec::new();
+    let mut chars = json.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('u') => {
+                        let hex: String = chars.by_ref().take(4).collect();
+                        if let Some(c) = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32)
+                        {
+                            key.push(c);
+                        }
+                    }
+                    Some(c) => key.push(c),
+                    None => break,
+                },
+                c => key.push(c),
+            }
+        }
+        // `,token]`
+        let mut token = String::new();
+        for c in chars.by_ref() {
+            match c {
+                ',' => continue,
+                ']' => break,
+                c => token.push(c),
+            }
+        }
+        pairs.push((key, token.trim().parse().unwrap_or_default()));
+    }
+    pairs
 }
 
 fn classify(error: mysql::Error) -> Failure {
@@ -1520,6 +1696,7 @@ pub(crate) fn open(
         prefer_tls,
         named_locks: Default::default(),
         ids: Default::default(),
+        mariadb: Default::default(),
     };
     let store = crate::backend::SqlStore::<Mysql>::open(manager, pool, table)?;
     Ok(Arc::new(store))
@@ -1527,7 +1704,21 @@ pub(crate) fn open(
 
 #[cfg(test)]
 mod tests {
-    use super::host_urls;
+    use super::{host_urls, parse_pairs};
+
+    #[test]
+    fn batch_pairs_read_back_as_written() {
+        let pairs = [
+            ("3f2c5e1a-0000-4000-8000-000000000001", 17),
+            ("odd \"key\\ \u{1}", -3),
+            ("abcdef#001", i64::MAX),
+        ];
+        let json = crate::backend::pairs_json(pairs.iter().map(|(k, t)| (*k, *t)));
+        let read: Vec<(String, i64)> = parse_pairs(&json);
+        let expected: Vec<(String, i64)> = pairs.iter().map(|(k, t)| (k.to_string(), *t)).collect();
+        assert_eq!(read, expected);
+        assert!(parse_pairs("[]").is_empty());
+    }
 
     #[test]
     fn a_host_list_becomes_one_url_per_host() {

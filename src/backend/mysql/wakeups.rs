@@ -820,6 +820,7 @@ mod tests {
             prefer_tls: false,
             named_locks: Default::default(),
             ids: Default::default(),
+            mariadb: Default::default(),
         }
     }
 
