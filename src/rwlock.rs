@@ -54,10 +54,11 @@
 //! at once: the others wait for a slot.
 
 use crate::admin::{LockRow, LockState};
-use crate::backend::STATE_HELD;
+use crate::backend::{ListedRow, STATE_HELD};
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
 use crate::registry::{Core, LockRegistry};
+use crate::semaphore::Patience;
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -295,10 +296,8 @@ impl RwInner {
     }
 
     /// Sleeps until the next poll (or the deadline), cut short by a nudge since `seen` (see
-    /// [`Self::nudges`]); `false` when the wait is over. Sets `waited`: the lock was found
-    /// taken.
-    fn sleep_between_polls(&self, wait: Wait, seen: u64, waited: &mut bool) -> bool {
-        *waited = true;
+    /// [`Self::nudges`]); `false` when the wait is over.
+    fn sleep_between_polls(&self, wait: Wait, seen: u64) -> bool {
         let now = Instant::now();
         if wait.over(now) {
             return false;
@@ -313,15 +312,18 @@ impl RwInner {
         !wait.over(Instant::now())
     }
 
-    /// `outcome` of a wait; a timeout of a bounded wait that had found the lock taken (`waited`)
-    /// means "not granted in time" (often a statement waiting for a pooled connection).
+    /// `outcome` of a wait. A timeout of a bounded wait in which the database had answered
+    /// (`answered`: the lock was found taken, or a statement of the wait returned) means "not
+    /// granted in time" (often a statement waiting for a pooled connection, or the last
+    /// statement started just before the deadline): `Ok(None)`. Only a bounded wait that never
+    /// had an answer reports the timeout.
     fn timed_out_as_none<T>(
         wait: Wait,
-        waited: bool,
+        answered: bool,
         outcome: Result<Option<T>>,
     ) -> Result<Option<T>> {
         match outcome {
-            Err(Error::Timeout { .. }) if waited && wait.deadline().is_some() => Ok(None),
+            Err(Error::Timeout { .. }) if answered && wait.deadline().is_some() => Ok(None),
             other => other,
         }
     }
@@ -343,9 +345,9 @@ impl RwInner {
         // Readers wait for the write row; a reader that finds every read slot taken polls.
         let registered =
             !matches!(wait, Wait::No) && wakeups.register(&self.writer_key, Weak::clone(&poller));
-        let mut waited = false;
-        let outcome = self.read_loop(wait, ttl, &mut waited);
-        let outcome = Self::timed_out_as_none(wait, waited, outcome);
+        let mut answered = false;
+        let outcome = self.read_loop(wait, ttl, &mut answered);
+        let outcome = Self::timed_out_as_none(wait, answered, outcome);
         if registered {
             wakeups.unregister(&self.writer_key, &poller);
         }
@@ -356,15 +358,16 @@ impl RwInner {
         self: &Arc<Self>,
         wait: Wait,
         ttl: Duration,
-        waited: &mut bool,
+        answered: &mut bool,
     ) -> Result<Option<ReadGuard>> {
         let start = (uuid::Uuid::new_v4().as_u128() % u128::from(MAX_READERS)) as usize;
+        let mut patience = Patience::new(&self.core.settings);
         loop {
             {
                 let mut state = self.state.lock();
                 while state.writers > 0 {
                     // A writer of this registry has the lock or waits for it.
-                    *waited = true;
+                    *answered = true;
                     match wait {
                         Wait::No => return Ok(None),
                         Wait::Until(deadline) => {
@@ -377,14 +380,18 @@ impl RwInner {
                 }
             }
             let seen = self.nudges();
-            if self.write_row_held(wait)? {
-                if !self.sleep_between_polls(wait, seen, waited) {
+            let held = self.write_row_held(wait)?;
+            *answered = true;
+            if held {
+                if !self.sleep_between_polls(wait, seen) {
                     return Ok(None);
                 }
                 continue;
             }
-            let Some((slot, guard)) = self.take_read_slot(start, wait, ttl)? else {
-                if !self.sleep_between_polls(wait, seen, waited) {
+            let taken = self.take_read_slot(start, wait, ttl, &mut patience)?;
+            patience.round_over(&self.core.settings);
+            let Some((slot, guard)) = taken else {
+                if !self.sleep_between_polls(wait, seen) {
                     return Ok(None);
                 }
                 continue;
@@ -392,7 +399,7 @@ impl RwInner {
             if self.write_row_held(wait)? {
                 // A writer came in between: let it have the lock.
                 drop(guard);
-                if !self.sleep_between_polls(wait, seen, waited) {
+                if !self.sleep_between_polls(wait, seen) {
                     return Ok(None);
                 }
                 continue;
@@ -405,12 +412,15 @@ impl RwInner {
         }
     }
 
-    /// One try of every read slot, from `start` on, skipping this thread's own.
+    /// One try of every read slot, from `start` on, skipping this thread's own; a slot whose
+    /// row does not answer within its share of the wait (another session holds it locked) is
+    /// passed over like a held one (see [`Patience`]).
     fn take_read_slot(
         &self,
         start: usize,
         wait: Wait,
         ttl: Duration,
+        patience: &mut Patience,
     ) -> Result<Option<(u32, LockGuard)>> {
         let count = self.readers.len();
         for offset in 0..count {
@@ -422,11 +432,9 @@ impl RwInner {
             if lock.is_held_by_current_thread() {
                 continue;
             }
-            let granted = match wait {
-                Wait::Until(deadline) => lock.try_lock_once_until(deadline, ttl)?,
-                _ => lock.try_lock_with_ttl(ttl)?,
-            };
-            if let Some(guard) = granted {
+            if let Some(guard) =
+                patience.try_row(lock, &self.core.settings, wait.deadline(), ttl)?
+            {
                 return Ok(Some((slot as u32, guard)));
             }
         }
@@ -440,9 +448,9 @@ impl RwInner {
         // The read slots it has seen held, registered for wake-ups (not all of them; on MySQL
         // only the first few found held, as each costs a watcher's connection while it waits).
         let mut watched = vec![false; self.reader_keys.len()];
-        let mut waited = false;
-        let outcome = self.write_loop(wait, ttl, &poller, &mut watched, &mut waited);
-        let outcome = Self::timed_out_as_none(wait, waited, outcome);
+        let mut answered = false;
+        let outcome = self.write_loop(wait, ttl, &poller, &mut watched, &mut answered);
+        let outcome = Self::timed_out_as_none(wait, answered, outcome);
         for (key, _) in self.reader_keys.iter().zip(&watched).filter(|(_, w)| **w) {
             self.core.wakeups.unregister(key, &poller);
         }
@@ -459,70 +467,119 @@ impl RwInner {
         }
     }
 
-    /// Takes the write row, then waits for the readers to leave; the row's guard once the
-    /// write side is held.
+    /// Takes the write row (the claim), then waits for the readers to leave; the row's guard
+    /// and the write token once the write side is held. A claim that runs out while it waits
+    /// (the process was paused past its time-to-live) was never a grant: the writer claims
+    /// again, within the same wait.
     fn write_loop(
         &self,
         wait: Wait,
         ttl: Duration,
         poller: &Weak<dyn Nudge>,
         watched: &mut [bool],
-        waited: &mut bool,
+        answered: &mut bool,
     ) -> Result<Option<(LockGuard, u64)>> {
         let take = |wait: Wait| match wait {
             Wait::No => self.writer.try_lock_with_ttl(ttl),
             Wait::Until(deadline) => self.writer.try_lock_until_with_ttl(deadline, ttl),
             Wait::Forever => self.writer.lock_with_ttl(ttl).map(Some),
         };
-        let Some(guard) = take(wait)? else {
-            return Ok(None);
-        };
-        loop {
-            let seen = self.nudges();
-            let deadline = self.statement_deadline(wait);
-            let rows =
-                self.core
-                    .store
-                    .list(&self.reader_prefix, i64::from(MAX_READERS), deadline)?;
-            let slots = rows
-                .iter()
-                .filter(|row| row.lock_key.starts_with(&self.reader_prefix));
-            let readers = slots.clone().filter(|row| row.state == STATE_HELD).count();
-            if readers == 0 && guard.is_held() {
-                let highest_read = slots.map(|row| row.token).max().unwrap_or(0);
-                let own = i64::try_from(guard.fencing_token()).unwrap_or(i64::MAX);
-                let token = own.saturating_add(highest_read.max(0)) as u64;
-                return Ok(Some((guard, token)));
-            }
-            if !guard.is_held() {
-                return Err(Error::LeaseLost {
-                    key: self.name.to_string(),
-                    reason: crate::LossReason::Expired(None),
-                });
-            }
-            let watch_limit = match self.core.store.listener_watches_keys().is_some() {
-                true => crate::semaphore::KEYED_WATCHES,
-                false => watched.len(),
+        'claim: loop {
+            let Some(guard) = take(wait)? else {
+                return Ok(None);
             };
-            if !matches!(wait, Wait::No) {
-                for row in slots.filter(|row| row.state == STATE_HELD) {
-                    if watched.iter().filter(|w| **w).count() >= watch_limit {
-                        break;
+            *answered = true;
+            loop {
+                fail_point!("rwlock::write_waits_for_readers");
+                if !guard.is_held() {
+                    drop(guard);
+                    if matches!(wait, Wait::No) || wait.over(Instant::now()) {
+                        return Ok(None);
                     }
-                    let Some(slot) = self.reader_keys.iter().position(|k| **k == *row.lock_key)
-                    else {
-                        continue;
-                    };
-                    if !watched[slot] {
-                        watched[slot] = self
-                            .core
-                            .wakeups
-                            .register(&self.reader_keys[slot], Weak::clone(poller));
+                    continue 'claim;
+                }
+                let seen = self.nudges();
+                let deadline = self.statement_deadline(wait);
+                let rows =
+                    self.core
+                        .store
+                        .list(&self.reader_prefix, i64::from(MAX_READERS), deadline)?;
+                let slots: Vec<&ListedRow> = rows
+                    .iter()
+                    .filter(|row| row.lock_key.starts_with(&*self.reader_prefix))
+                    .collect();
+                if !slots.iter().any(|row| row.state == STATE_HELD) {
+                    if let Some(token) = self.write_token(&guard, &slots, wait, ttl)? {
+                        return Ok(Some((guard, token)));
                     }
+                    // A reader took the slot meanwhile (it lets go, as it sees the claim).
+                }
+                if !matches!(wait, Wait::No) {
+                    self.watch_readers(&slots, poller, watched);
+                }
+                if !self.sleep_between_polls(wait, seen) {
+                    return Ok(None);
                 }
             }
-            if !self.sleep_between_polls(wait, seen, waited) {
-                return Ok(None);
+        }
+    }
+
+    /// The write token, once no read slot is held: a grant of the read slot with the largest
+    /// token (any slot when none has a row), released at once. Its token is above that slot's
+    /// and so above every read slot's, above the deletion floor (rows deleted since), and so
+    /// above every earlier write token, each of which is such a grant; the write token is the
+    /// larger of it and the write row's own token. `None` when the slot was taken meanwhile.
+    fn write_token(
+        &self,
+        claim: &LockGuard,
+        slots: &[&ListedRow],
+        wait: Wait,
+        ttl: Duration,
+    ) -> Result<Option<u64>> {
+        let slot = slots
+            .iter()
+            .max_by_key(|row| row.token)
+            .and_then(|row| self.reader_keys.iter().position(|k| **k == *row.lock_key))
+            .unwrap_or(0);
+        let deadline = self.statement_deadline(wait);
+        let grant = match self.readers[slot].try_lock_once_until(deadline, ttl) {
+            // The row did not answer (another session holds it locked): poll again.
+            Err(Error::Timeout { .. }) if !wait.over(Instant::now()) => return Ok(None),
+            other => other?,
+        };
+        let Some(grant) = grant else {
+            return Ok(None);
+        };
+        let token = grant.fencing_token().max(claim.fencing_token());
+        if let Err(e) = grant.unlock() {
+            // The row runs out after its time-to-live; the token is taken all the same.
+            log::warn!(
+                "could not release read slot {slot} of {:?} after taking the write token: {e}",
+                self.name
+            );
+        }
+        Ok(Some(token))
+    }
+
+    /// Registers the held read slots among `slots` for release wake-ups (on MySQL only the
+    /// first [`KEYED_WATCHES`](crate::semaphore::KEYED_WATCHES)).
+    fn watch_readers(&self, slots: &[&ListedRow], poller: &Weak<dyn Nudge>, watched: &mut [bool]) {
+        let watch_limit = match self.core.store.listener_watches_keys().is_some() {
+            true => crate::semaphore::KEYED_WATCHES,
+            false => watched.len(),
+        };
+        for row in slots.iter().filter(|row| row.state == STATE_HELD) {
+            if watched.iter().filter(|w| **w).count() >= watch_limit {
+                break;
+            }
+            let Some(slot) = self.reader_keys.iter().position(|k| **k == *row.lock_key) else {
+                continue;
+            };
+            if !watched[slot] {
+                watched[slot] = self
+                    .core
+                    .wakeups
+                    .register(&self.reader_keys[slot], Weak::clone(poller));
             }
         }
     }
