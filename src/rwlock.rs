@@ -3,41 +3,66 @@
 //!
 //! # Storage: lock rows, as for semaphores
 //!
-//! A reader/writer lock `name` is [`MAX_READERS`] *read slots* and one *write row*, each an
-//! ordinary lease row of the lock table (taken, renewed, released, fenced and expired by the
-//! lock statements). Their `LOCK_KEY`s are the 32 hexadecimal digits of the name's UUID, then
-//! `@r00` … `@r63` for the read slots and `@w00` for the write row: 36 characters, never a UUID,
-//! so neither Spring Integration nor a plain lock or a semaphore (`#`) of leasehold can name
-//! one. The read slots sort together, so one listing statement reads them all.
+//! A reader/writer lock `name` is [`MAX_READERS`] *read slots*, eight *claim rows*
+//! and one *write row*, each an ordinary lease row of the lock table (taken, renewed, released,
+//! fenced and expired by the lock statements). Their `LOCK_KEY`s are the 32 hexadecimal digits
+//! of the name's UUID, then `@r00` … `@r63` for the read slots, `@v00` … `@v07` for the claim
+//! rows and `@w00` for the write row: 36 characters, never a UUID, so neither Spring
+//! Integration nor a plain lock or a semaphore (`#`) of leasehold can name one. The rows of one
+//! lock sort together, so one listing statement reads the read slots, and one the claim rows
+//! with the write row.
 //!
 //! # The protocol
 //!
-//! - **A reader** checks that the write row is free (one read), takes a free read slot (one
-//!   acquire, as a semaphore's permit), and checks the write row again. If a writer holds or
-//!   waits for the lock at either check, the reader lets its slot go and waits until the write
-//!   row is free, polling it every `idle_between_tries` (woken at once by its release, as a
-//!   lock's waiter is).
+//! - **A reader** checks that no writer holds or claims the lock (one listing of the claim
+//!   rows and the write row), takes a free read slot (one acquire, as a semaphore's permit),
+//!   and checks again. If a writer holds or claims the lock at either check, the reader lets
+//!   its slot go and waits until the write row is free, polling every `idle_between_tries`
+//!   (woken at once by the write row's release, as a lock's waiter is).
 //! - **A writer** takes the write row (as a lock, waiting like one), which from then on keeps
 //!   new readers out, and then waits until no read slot is held on the database clock (one
-//!   listing per poll, woken by a read slot's release). Then it holds the lock.
+//!   listing per poll, woken by a read slot's release). Then it takes its token (see
+//!   *Fencing*) and holds the lock.
 //!
 //! Each side writes its own row and then reads the other's, each statement in a transaction of
 //! its own: if the reader's second check does not see the writer's row, the writer's grant
 //! committed after that check began, so the writer's listing, which follows its grant, sees the
 //! reader's slot. So a reader and a writer never both hold the lock; at worst both back off
-//! (the reader lets go, the writer waits for it) and the writer gets in. A waiting writer holds
-//! its row, renewed in the background like any lease, so readers of every instance stop
-//! entering: a stream of readers cannot starve it. It waits at most for the readers already in
-//! to leave, plus one poll.
+//! (the reader lets go, the writer waits for it) and the writer gets in.
 //!
-//! **Fencing.** A write guard's token is the write row's token plus the largest token of the
-//! read slots, read by the writer's last listing (after its grant, so it covers every read
-//! hold that ended or runs out before the write hold; rows only keep or raise their tokens).
-//! It therefore exceeds every earlier read grant (the write row's token is positive), and
-//! every earlier write's (its row token is larger, the read part no smaller), on any database
-//! and whatever its clock did — without another statement. Read tokens order the grants of
-//! one slot only; a local handoff between writers of one registry may keep the token, as a
-//! lock's handoff does. The table shows the rows' own tokens.
+//! # Writer preference
+//!
+//! A writer that finds the write row taken by another writer first takes a free claim row, and
+//! keeps it until it has the write row or its own wait ends. So from a writer's first attempt
+//! on, new readers of every instance stay out as long as any writer waits or writes: a writer
+//! whose timed wait ends lets the write row go, but each other waiting writer still holds its
+//! claim row (or the write row), and the write row goes to one of them. A waiting writer's
+//! rows are renewed in the background like any lease; a row that runs out while its writer
+//! waits (the process was paused past the time-to-live) was never a grant, and the writer
+//! takes the write row again within the same wait.
+//!
+//! The bound: **a blocking `write()` waits for the readers that hold the lock at its first
+//! attempt to leave, and for the writes of writers that get the write row before it; no reader
+//! enters in between, and a writer that times out while it holds the write row delays it by
+//! at most one poll (`idle_between_tries`; none when the release wakes it, or when both are
+//! threads of one registry and the write row passes between them).** A stream of readers
+//! therefore cannot starve a writer, nor can a stream of writers that time out. Writers of
+//! different instances take the write row in no particular order (each polls), and when more
+//! than eight writers wait at once, the others wait without a claim row of their
+//! own (the claims of the first keep readers out meanwhile).
+//!
+//! # Fencing
+//!
+//! A write guard's token is a grant of its own: once no read slot is held, the writer (which
+//! holds the write row, so no reader can take a slot) takes the read slot whose row has the
+//! largest token and lets it go at once. The grant's token is above that row's token, so above
+//! every read slot's token, and above the deletion floor, so above the token of every row
+//! deleted since (see "Fencing tokens" in the crate docs): above every earlier read grant and
+//! every earlier write token (each of which is such a grant), whatever rows were deleted, on
+//! any database and whatever its clock did. The write token is the larger of that grant's
+//! token and the write row's own; tokens are only ever compared, never added. A read guard's
+//! token is its slot's grant: above every earlier grant of its slot, and below every later
+//! write token. The table shows the rows' own tokens.
 //!
 //! # Threads of one registry
 //!
@@ -67,6 +92,10 @@ use std::time::{Duration, Instant};
 
 /// How many readers a reader/writer lock admits at once (its read slots).
 pub const MAX_READERS: u32 = 64;
+
+/// How many writers waiting for the write row keep readers out with a claim row of their own
+/// (see "Writer preference" in the module docs).
+const WRITE_CLAIMS: u32 = 8;
 
 /// The hexadecimal digits of `name`'s UUID, the stem of its read and write rows.
 fn stem(name: &str) -> String {
@@ -182,10 +211,11 @@ impl LockRegistry {
             readers: Vec::new(),
             writer: None,
         };
-        // "…@" sorts before the read slots (`@r…`), and they before the write row (`@w00`).
+        // "…@" sorts before the read slots (`@r…`), they before the claim rows of waiting
+        // writers (`@v…`), and those before the write row (`@w00`).
         let rows = self
             .listing()
-            .page(Some(&prefix), MAX_READERS as usize + 1)?;
+            .page(Some(&prefix), (MAX_READERS + WRITE_CLAIMS) as usize + 1)?;
         for mut row in rows {
             row.name = Some(name.to_string());
             if row.lock_key.starts_with(&read_prefix) {
@@ -242,6 +272,11 @@ pub(crate) struct RwInner {
     reader_keys: Vec<Arc<str>>,
     /// What every read slot's `LOCK_KEY` starts with (and sorts after).
     reader_prefix: String,
+    /// The claim rows of writers waiting for the write row.
+    claims: Vec<Lock>,
+    /// What every claim row's `LOCK_KEY` starts with (and sorts after); the write row sorts
+    /// right after the claim rows.
+    claim_prefix: String,
     state: Mutex<LocalState>,
     changed: Condvar,
 }
@@ -268,6 +303,10 @@ impl RwInner {
             writer_key,
             reader_keys,
             reader_prefix: format!("{stem}@r"),
+            claims: (0..WRITE_CLAIMS)
+                .map(|claim| row(&format!("{stem}@v{claim:02}")))
+                .collect(),
+            claim_prefix: format!("{stem}@v"),
             state: Mutex::new(LocalState {
                 writers: 0,
                 nudges: 0,
@@ -328,14 +367,20 @@ impl RwInner {
         }
     }
 
-    /// Whether the write row is held on the database clock (by anyone, this registry too).
-    fn write_row_held(&self, wait: Wait) -> Result<bool> {
+    /// Whether a writer holds or waits for the lock: the write row or a claim row held on
+    /// the database clock (by anyone, this registry too). One listing: the claim rows and the
+    /// write row sort together.
+    fn claimed(&self, wait: Wait) -> Result<bool> {
         let deadline = self.statement_deadline(wait);
-        Ok(self
-            .core
-            .store
-            .holder(&self.writer_key, deadline)?
-            .is_some())
+        let rows =
+            self.core
+                .store
+                .list(&self.claim_prefix, i64::from(WRITE_CLAIMS) + 1, deadline)?;
+        Ok(rows.iter().any(|row| {
+            row.state == STATE_HELD
+                && (row.lock_key.starts_with(&*self.claim_prefix)
+                    || *row.lock_key == *self.writer_key)
+        }))
     }
 
     fn read(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<ReadGuard>> {
@@ -380,7 +425,7 @@ impl RwInner {
                 }
             }
             let seen = self.nudges();
-            let held = self.write_row_held(wait)?;
+            let held = self.claimed(wait)?;
             *answered = true;
             if held {
                 if !self.sleep_between_polls(wait, seen) {
@@ -396,7 +441,7 @@ impl RwInner {
                 }
                 continue;
             };
-            if self.write_row_held(wait)? {
+            if self.claimed(wait)? {
                 // A writer came in between: let it have the lock.
                 drop(guard);
                 if !self.sleep_between_polls(wait, seen) {
@@ -479,16 +524,10 @@ impl RwInner {
         watched: &mut [bool],
         answered: &mut bool,
     ) -> Result<Option<(LockGuard, u64)>> {
-        let take = |wait: Wait| match wait {
-            Wait::No => self.writer.try_lock_with_ttl(ttl),
-            Wait::Until(deadline) => self.writer.try_lock_until_with_ttl(deadline, ttl),
-            Wait::Forever => self.writer.lock_with_ttl(ttl).map(Some),
-        };
         'claim: loop {
-            let Some(guard) = take(wait)? else {
+            let Some(guard) = self.take_write_row(wait, ttl, answered)? else {
                 return Ok(None);
             };
-            *answered = true;
             loop {
                 fail_point!("rwlock::write_waits_for_readers");
                 if !guard.is_held() {
@@ -500,6 +539,7 @@ impl RwInner {
                 }
                 let seen = self.nudges();
                 let deadline = self.statement_deadline(wait);
+                fail_point!("rwlock::write_before_listing");
                 let rows =
                     self.core
                         .store
@@ -524,6 +564,63 @@ impl RwInner {
         }
     }
 
+    /// Takes the write row: one attempt, and, when another writer has it, a claim row that
+    /// keeps new readers out until this writer has the write row or gives up (see "Writer
+    /// preference"), and then the wait for the write row.
+    fn take_write_row(
+        &self,
+        wait: Wait,
+        ttl: Duration,
+        answered: &mut bool,
+    ) -> Result<Option<LockGuard>> {
+        if matches!(wait, Wait::No) {
+            let taken = self.writer.try_lock_with_ttl(ttl)?;
+            *answered = true;
+            return Ok(taken);
+        }
+        let first = match self
+            .writer
+            .try_lock_once_until(self.statement_deadline(wait), ttl)
+        {
+            Err(Error::Timeout { .. }) if !wait.over(Instant::now()) => None,
+            other => other?,
+        };
+        *answered = true;
+        if first.is_some() {
+            return Ok(first);
+        }
+        let claim = self.take_claim(wait, ttl)?;
+        fail_point!("rwlock::write_claimed");
+        let taken = match wait {
+            Wait::Until(deadline) => self.writer.try_lock_until_with_ttl(deadline, ttl)?,
+            _ => Some(self.writer.lock_with_ttl(ttl)?),
+        };
+        // The write row is the claim from here on (or the wait is over).
+        drop(claim);
+        Ok(taken)
+    }
+
+    /// A free claim row, if one is: one try of each, from a random one on.
+    fn take_claim(&self, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
+        let mut patience = Patience::new(&self.core.settings);
+        let count = self.claims.len();
+        let start = (uuid::Uuid::new_v4().as_u128() % count as u128) as usize;
+        for offset in 0..count {
+            if wait.over(Instant::now()) {
+                return Ok(None);
+            }
+            let claim = &self.claims[(start + offset) % count];
+            let taken = match patience.try_row(claim, &self.core.settings, wait.deadline(), ttl) {
+                Err(Error::Timeout { .. }) => return Ok(None),
+                other => other?,
+            };
+            if taken.is_some() {
+                return Ok(taken);
+            }
+        }
+        Ok(None)
+    }
+
     /// The write token, once no read slot is held: a grant of the read slot with the largest
     /// token (any slot when none has a row), released at once. Its token is above that slot's
     /// and so above every read slot's, above the deletion floor (rows deleted since), and so
@@ -541,6 +638,11 @@ impl RwInner {
             .max_by_key(|row| row.token)
             .and_then(|row| self.reader_keys.iter().position(|k| **k == *row.lock_key))
             .unwrap_or(0);
+        if self.readers[slot].is_held_by_current_thread() {
+            // This thread holds that read slot (its lease ran out, or it asks for an upgrade):
+            // it waits for itself, as any upgrade does.
+            return Ok(None);
+        }
         let deadline = self.statement_deadline(wait);
         let grant = match self.readers[slot].try_lock_once_until(deadline, ttl) {
             // The row did not answer (another session holds it locked): poll again.
@@ -704,7 +806,7 @@ impl Drop for ReadGuard {
 pub struct WriteGuard {
     lock: Arc<RwInner>,
     guard: Option<LockGuard>,
-    /// The write row's token plus the largest read slot token (see the module docs).
+    /// The write token (see "Fencing" in the module docs).
     token: u64,
 }
 
@@ -712,9 +814,9 @@ impl WriteGuard {
     lease_guard_methods!(lock);
 
     /// The fencing token of this write hold: larger than every earlier grant of the lock, read
-    /// or write (a local handoff between writers of one registry may keep it, as a lock's
-    /// does). It is the write row's token plus the largest token of the read slots, so it is
-    /// not the token the table shows for the write row.
+    /// or write, also after rows of the lock were deleted (see "Fencing" in the module docs).
+    /// Every write hold takes a token of its own, so it may differ from the token the table
+    /// shows for the write row.
     pub fn fencing_token(&self) -> u64 {
         self.token
     }

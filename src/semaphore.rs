@@ -369,6 +369,9 @@ struct LocalState {
     /// When a round of this registry last had an answer from the database (a permit held, or
     /// granted). A bounded wait whose time runs out after it reports "not granted in time".
     answered_at: Option<Instant>,
+    /// Whether the last round of this registry found every permit held: a thread that waits
+    /// for the poller meanwhile waits for a semaphore found taken.
+    all_held: bool,
     /// Threads waiting on the condition variable between tries (the sleeping poller
     /// included): the ones that can take an offered permit.
     parked: usize,
@@ -420,6 +423,7 @@ impl SemaphoreInner {
                 next_slot: (uuid::Uuid::new_v4().as_u128() % u128::from(permits)) as usize,
                 refused_at: None,
                 answered_at: None,
+                all_held: false,
                 parked: 0,
                 offers: Vec::new(),
                 claiming: Vec::new(),
@@ -513,6 +517,7 @@ impl SemaphoreInner {
                     other => other?,
                 };
                 state.answered_at = Some(Instant::now());
+                state.all_held = round.is_none();
                 if let Some(permit) = round {
                     state.next_slot = (permit.slot as usize + 1) % self.slots.len();
                     return Ok(Some(permit));
@@ -548,6 +553,7 @@ impl SemaphoreInner {
             if wait.over(Instant::now()) {
                 return Ok(None);
             }
+            refused |= state.all_held;
             state.parked += 1;
             match wait {
                 Wait::Until(deadline) => {
