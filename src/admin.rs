@@ -115,6 +115,7 @@ impl LockRow {
         let number = |digits: &str| digits.parse::<u32>().ok();
         match (part.get(..2)?, part.get(2..)?) {
             ("@w", _) => Some("write".into()),
+            ("@v", claim) => number(claim).map(|claim| format!("write claim {claim}")),
             ("@r", slot) => number(slot).map(|slot| format!("read {slot}")),
             (_, _) if part.starts_with('#') => {
                 number(&part[1..]).map(|slot| format!("permit {slot}"))

@@ -3,41 +3,66 @@
 //!
 //! # Storage: lock rows, as for semaphores
 //!
-//! A reader/writer lock `name` is [`MAX_READERS`] *read slots* and one *write row*, each an
-//! ordinary lease row of the lock table (taken, renewed, released, fenced and expired by the
-//! lock statements). Their `LOCK_KEY`s are the 32 hexadecimal digits of the name's UUID, then
-//! `@r00` … `@r63` for the read slots and `@w00` for the write row: 36 characters, never a UUID,
-//! so neither Spring Integration nor a plain lock or a semaphore (`#`) of leasehold can name
-//! one. The read slots sort together, so one listing statement reads them all.
+//! A reader/writer lock `name` is [`MAX_READERS`] *read slots*, eight *claim rows*
+//! and one *write row*, each an ordinary lease row of the lock table (taken, renewed, released,
+//! fenced and expired by the lock statements). Their `LOCK_KEY`s are the 32 hexadecimal digits
+//! of the name's UUID, then `@r00` … `@r63` for the read slots, `@v00` … `@v07` for the claim
+//! rows and `@w00` for the write row: 36 characters, never a UUID, so neither Spring
+//! Integration nor a plain lock or a semaphore (`#`) of leasehold can name one. The rows of one
+//! lock sort together, so one listing statement reads the read slots, and one the claim rows
+//! with the write row.
 //!
 //! # The protocol
 //!
-//! - **A reader** checks that the write row is free (one read), takes a free read slot (one
-//!   acquire, as a semaphore's permit), and checks the write row again. If a writer holds or
-//!   waits for the lock at either check, the reader lets its slot go and waits until the write
-//!   row is free, polling it every `idle_between_tries` (woken at once by its release, as a
-//!   lock's waiter is).
+//! - **A reader** checks that no writer holds or claims the lock (one listing of the claim
+//!   rows and the write row), takes a free read slot (one acquire, as a semaphore's permit),
+//!   and checks again. If a writer holds or claims the lock at either check, the reader lets
+//!   its slot go and waits until the write row is free, polling every `idle_between_tries`
+//!   (woken at once by the write row's release, as a lock's waiter is).
 //! - **A writer** takes the write row (as a lock, waiting like one), which from then on keeps
 //!   new readers out, and then waits until no read slot is held on the database clock (one
-//!   listing per poll, woken by a read slot's release). Then it holds the lock.
+//!   listing per poll, woken by a read slot's release). Then it takes its token (see
+//!   *Fencing*) and holds the lock.
 //!
 //! Each side writes its own row and then reads the other's, each statement in a transaction of
 //! its own: if the reader's second check does not see the writer's row, the writer's grant
 //! committed after that check began, so the writer's listing, which follows its grant, sees the
 //! reader's slot. So a reader and a writer never both hold the lock; at worst both back off
-//! (the reader lets go, the writer waits for it) and the writer gets in. A waiting writer holds
-//! its row, renewed in the background like any lease, so readers of every instance stop
-//! entering: a stream of readers cannot starve it. It waits at most for the readers already in
-//! to leave, plus one poll.
+//! (the reader lets go, the writer waits for it) and the writer gets in.
 //!
-//! **Fencing.** A write guard's token is the write row's token plus the largest token of the
-//! read slots, read by the writer's last listing (after its grant, so it covers every read
-//! hold that ended or runs out before the write hold; rows only keep or raise their tokens).
-//! It therefore exceeds every earlier read grant (the write row's token is positive), and
-//! every earlier write's (its row token is larger, the read part no smaller), on any database
-//! and whatever its clock did — without another statement. Read tokens order the grants of
-//! one slot only; a local handoff between writers of one registry may keep the token, as a
-//! lock's handoff does. The table shows the rows' own tokens.
+//! # Writer preference
+//!
+//! A writer that finds the write row taken by another writer first takes a free claim row, and
+//! keeps it until it has the write row or its own wait ends. So from a writer's first attempt
+//! on, new readers of every instance stay out as long as any writer waits or writes: a writer
+//! whose timed wait ends lets the write row go, but each other waiting writer still holds its
+//! claim row (or the write row), and the write row goes to one of them. A waiting writer's
+//! rows are renewed in the background like any lease; a row that runs out while its writer
+//! waits (the process was paused past the time-to-live) was never a grant, and the writer
+//! takes the write row again within the same wait.
+//!
+//! The bound: **a blocking `write()` waits for the readers that hold the lock at its first
+//! attempt to leave, and for the writes of writers that get the write row before it; no reader
+//! enters in between, and a writer that times out while it holds the write row delays it by
+//! at most one poll (`idle_between_tries`; none when the release wakes it, or when both are
+//! threads of one registry and the write row passes between them).** A stream of readers
+//! therefore cannot starve a writer, nor can a stream of writers that time out. Writers of
+//! different instances take the write row in no particular order (each polls), and when more
+//! than eight writers wait at once, the others wait without a claim row of their
+//! own (the claims of the first keep readers out meanwhile).
+//!
+//! # Fencing
+//!
+//! A write guard's token is a grant of its own: once no read slot is held, the writer (which
+//! holds the write row, so no reader can take a slot) takes the read slot whose row has the
+//! largest token and lets it go at once. The grant's token is above that row's token, so above
+//! every read slot's token, and above the deletion floor, so above the token of every row
+//! deleted since (see "Fencing tokens" in the crate docs): above every earlier read grant and
+//! every earlier write token (each of which is such a grant), whatever rows were deleted, on
+//! any database and whatever its clock did. The write token is the larger of that grant's
+//! token and the write row's own; tokens are only ever compared, never added. A read guard's
+//! token is its slot's grant: above every earlier grant of its slot, and below every later
+//! write token. The table shows the rows' own tokens.
 //!
 //! # Threads of one registry
 //!
@@ -54,10 +79,11 @@
 //! at once: the others wait for a slot.
 
 use crate::admin::{LockRow, LockState};
-use crate::backend::STATE_HELD;
+use crate::backend::{ListedRow, STATE_HELD};
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
 use crate::registry::{Core, LockRegistry};
+use crate::semaphore::Patience;
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -66,6 +92,10 @@ use std::time::{Duration, Instant};
 
 /// How many readers a reader/writer lock admits at once (its read slots).
 pub const MAX_READERS: u32 = 64;
+
+/// How many writers waiting for the write row keep readers out with a claim row of their own
+/// (see "Writer preference" in the module docs).
+const WRITE_CLAIMS: u32 = 8;
 
 /// The hexadecimal digits of `name`'s UUID, the stem of its read and write rows.
 fn stem(name: &str) -> String {
@@ -181,10 +211,11 @@ impl LockRegistry {
             readers: Vec::new(),
             writer: None,
         };
-        // "…@" sorts before the read slots (`@r…`), and they before the write row (`@w00`).
+        // "…@" sorts before the read slots (`@r…`), they before the claim rows of waiting
+        // writers (`@v…`), and those before the write row (`@w00`).
         let rows = self
             .listing()
-            .page(Some(&prefix), MAX_READERS as usize + 1)?;
+            .page(Some(&prefix), (MAX_READERS + WRITE_CLAIMS) as usize + 1)?;
         for mut row in rows {
             row.name = Some(name.to_string());
             if row.lock_key.starts_with(&read_prefix) {
@@ -241,6 +272,11 @@ pub(crate) struct RwInner {
     reader_keys: Vec<Arc<str>>,
     /// What every read slot's `LOCK_KEY` starts with (and sorts after).
     reader_prefix: String,
+    /// The claim rows of writers waiting for the write row.
+    claims: Vec<Lock>,
+    /// What every claim row's `LOCK_KEY` starts with (and sorts after); the write row sorts
+    /// right after the claim rows.
+    claim_prefix: String,
     state: Mutex<LocalState>,
     changed: Condvar,
 }
@@ -267,6 +303,10 @@ impl RwInner {
             writer_key,
             reader_keys,
             reader_prefix: format!("{stem}@r"),
+            claims: (0..WRITE_CLAIMS)
+                .map(|claim| row(&format!("{stem}@v{claim:02}")))
+                .collect(),
+            claim_prefix: format!("{stem}@v"),
             state: Mutex::new(LocalState {
                 writers: 0,
                 nudges: 0,
@@ -295,10 +335,8 @@ impl RwInner {
     }
 
     /// Sleeps until the next poll (or the deadline), cut short by a nudge since `seen` (see
-    /// [`Self::nudges`]); `false` when the wait is over. Sets `waited`: the lock was found
-    /// taken.
-    fn sleep_between_polls(&self, wait: Wait, seen: u64, waited: &mut bool) -> bool {
-        *waited = true;
+    /// [`Self::nudges`]); `false` when the wait is over.
+    fn sleep_between_polls(&self, wait: Wait, seen: u64) -> bool {
         let now = Instant::now();
         if wait.over(now) {
             return false;
@@ -313,27 +351,36 @@ impl RwInner {
         !wait.over(Instant::now())
     }
 
-    /// `outcome` of a wait; a timeout of a bounded wait that had found the lock taken (`waited`)
-    /// means "not granted in time" (often a statement waiting for a pooled connection).
+    /// `outcome` of a wait. A timeout of a bounded wait in which the database had answered
+    /// (`answered`: the lock was found taken, or a statement of the wait returned) means "not
+    /// granted in time" (often a statement waiting for a pooled connection, or the last
+    /// statement started just before the deadline): `Ok(None)`. Only a bounded wait that never
+    /// had an answer reports the timeout.
     fn timed_out_as_none<T>(
         wait: Wait,
-        waited: bool,
+        answered: bool,
         outcome: Result<Option<T>>,
     ) -> Result<Option<T>> {
         match outcome {
-            Err(Error::Timeout { .. }) if waited && wait.deadline().is_some() => Ok(None),
+            Err(Error::Timeout { .. }) if answered && wait.deadline().is_some() => Ok(None),
             other => other,
         }
     }
 
-    /// Whether the write row is held on the database clock (by anyone, this registry too).
-    fn write_row_held(&self, wait: Wait) -> Result<bool> {
+    /// Whether a writer holds or waits for the lock: the write row or a claim row held on
+    /// the database clock (by anyone, this registry too). One listing: the claim rows and the
+    /// write row sort together.
+    fn claimed(&self, wait: Wait) -> Result<bool> {
         let deadline = self.statement_deadline(wait);
-        Ok(self
-            .core
-            .store
-            .holder(&self.writer_key, deadline)?
-            .is_some())
+        let rows =
+            self.core
+                .store
+                .list(&self.claim_prefix, i64::from(WRITE_CLAIMS) + 1, deadline)?;
+        Ok(rows.iter().any(|row| {
+            row.state == STATE_HELD
+                && (row.lock_key.starts_with(&*self.claim_prefix)
+                    || *row.lock_key == *self.writer_key)
+        }))
     }
 
     fn read(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<ReadGuard>> {
@@ -343,9 +390,9 @@ impl RwInner {
         // Readers wait for the write row; a reader that finds every read slot taken polls.
         let registered =
             !matches!(wait, Wait::No) && wakeups.register(&self.writer_key, Weak::clone(&poller));
-        let mut waited = false;
-        let outcome = self.read_loop(wait, ttl, &mut waited);
-        let outcome = Self::timed_out_as_none(wait, waited, outcome);
+        let mut answered = false;
+        let outcome = self.read_loop(wait, ttl, &mut answered);
+        let outcome = Self::timed_out_as_none(wait, answered, outcome);
         if registered {
             wakeups.unregister(&self.writer_key, &poller);
         }
@@ -356,15 +403,16 @@ impl RwInner {
         self: &Arc<Self>,
         wait: Wait,
         ttl: Duration,
-        waited: &mut bool,
+        answered: &mut bool,
     ) -> Result<Option<ReadGuard>> {
         let start = (uuid::Uuid::new_v4().as_u128() % u128::from(MAX_READERS)) as usize;
+        let mut patience = Patience::new(&self.core.settings);
         loop {
             {
                 let mut state = self.state.lock();
                 while state.writers > 0 {
                     // A writer of this registry has the lock or waits for it.
-                    *waited = true;
+                    *answered = true;
                     match wait {
                         Wait::No => return Ok(None),
                         Wait::Until(deadline) => {
@@ -377,22 +425,26 @@ impl RwInner {
                 }
             }
             let seen = self.nudges();
-            if self.write_row_held(wait)? {
-                if !self.sleep_between_polls(wait, seen, waited) {
+            let held = self.claimed(wait)?;
+            *answered = true;
+            if held {
+                if !self.sleep_between_polls(wait, seen) {
                     return Ok(None);
                 }
                 continue;
             }
-            let Some((slot, guard)) = self.take_read_slot(start, wait, ttl)? else {
-                if !self.sleep_between_polls(wait, seen, waited) {
+            let taken = self.take_read_slot(start, wait, ttl, &mut patience)?;
+            patience.round_over(&self.core.settings);
+            let Some((slot, guard)) = taken else {
+                if !self.sleep_between_polls(wait, seen) {
                     return Ok(None);
                 }
                 continue;
             };
-            if self.write_row_held(wait)? {
+            if self.claimed(wait)? {
                 // A writer came in between: let it have the lock.
                 drop(guard);
-                if !self.sleep_between_polls(wait, seen, waited) {
+                if !self.sleep_between_polls(wait, seen) {
                     return Ok(None);
                 }
                 continue;
@@ -405,12 +457,15 @@ impl RwInner {
         }
     }
 
-    /// One try of every read slot, from `start` on, skipping this thread's own.
+    /// One try of every read slot, from `start` on, skipping this thread's own; a slot whose
+    /// row does not answer within its share of the wait (another session holds it locked) is
+    /// passed over like a held one (see [`Patience`]).
     fn take_read_slot(
         &self,
         start: usize,
         wait: Wait,
         ttl: Duration,
+        patience: &mut Patience,
     ) -> Result<Option<(u32, LockGuard)>> {
         let count = self.readers.len();
         for offset in 0..count {
@@ -422,11 +477,9 @@ impl RwInner {
             if lock.is_held_by_current_thread() {
                 continue;
             }
-            let granted = match wait {
-                Wait::Until(deadline) => lock.try_lock_once_until(deadline, ttl)?,
-                _ => lock.try_lock_with_ttl(ttl)?,
-            };
-            if let Some(guard) = granted {
+            if let Some(guard) =
+                patience.try_row(lock, &self.core.settings, wait.deadline(), ttl)?
+            {
                 return Ok(Some((slot as u32, guard)));
             }
         }
@@ -440,9 +493,9 @@ impl RwInner {
         // The read slots it has seen held, registered for wake-ups (not all of them; on MySQL
         // only the first few found held, as each costs a watcher's connection while it waits).
         let mut watched = vec![false; self.reader_keys.len()];
-        let mut waited = false;
-        let outcome = self.write_loop(wait, ttl, &poller, &mut watched, &mut waited);
-        let outcome = Self::timed_out_as_none(wait, waited, outcome);
+        let mut answered = false;
+        let outcome = self.write_loop(wait, ttl, &poller, &mut watched, &mut answered);
+        let outcome = Self::timed_out_as_none(wait, answered, outcome);
         for (key, _) in self.reader_keys.iter().zip(&watched).filter(|(_, w)| **w) {
             self.core.wakeups.unregister(key, &poller);
         }
@@ -459,70 +512,176 @@ impl RwInner {
         }
     }
 
-    /// Takes the write row, then waits for the readers to leave; the row's guard once the
-    /// write side is held.
+    /// Takes the write row (the claim), then waits for the readers to leave; the row's guard
+    /// and the write token once the write side is held. A claim that runs out while it waits
+    /// (the process was paused past its time-to-live) was never a grant: the writer claims
+    /// again, within the same wait.
     fn write_loop(
         &self,
         wait: Wait,
         ttl: Duration,
         poller: &Weak<dyn Nudge>,
         watched: &mut [bool],
-        waited: &mut bool,
+        answered: &mut bool,
     ) -> Result<Option<(LockGuard, u64)>> {
-        let take = |wait: Wait| match wait {
-            Wait::No => self.writer.try_lock_with_ttl(ttl),
-            Wait::Until(deadline) => self.writer.try_lock_until_with_ttl(deadline, ttl),
-            Wait::Forever => self.writer.lock_with_ttl(ttl).map(Some),
-        };
-        let Some(guard) = take(wait)? else {
-            return Ok(None);
-        };
-        loop {
-            let seen = self.nudges();
-            let deadline = self.statement_deadline(wait);
-            let rows =
-                self.core
-                    .store
-                    .list(&self.reader_prefix, i64::from(MAX_READERS), deadline)?;
-            let slots = rows
-                .iter()
-                .filter(|row| row.lock_key.starts_with(&self.reader_prefix));
-            let readers = slots.clone().filter(|row| row.state == STATE_HELD).count();
-            if readers == 0 && guard.is_held() {
-                let highest_read = slots.map(|row| row.token).max().unwrap_or(0);
-                let own = i64::try_from(guard.fencing_token()).unwrap_or(i64::MAX);
-                let token = own.saturating_add(highest_read.max(0)) as u64;
-                return Ok(Some((guard, token)));
-            }
-            if !guard.is_held() {
-                return Err(Error::LeaseLost {
-                    key: self.name.to_string(),
-                    reason: crate::LossReason::Expired(None),
-                });
-            }
-            let watch_limit = match self.core.store.listener_watches_keys().is_some() {
-                true => crate::semaphore::KEYED_WATCHES,
-                false => watched.len(),
+        'claim: loop {
+            let Some(guard) = self.take_write_row(wait, ttl, answered)? else {
+                return Ok(None);
             };
-            if !matches!(wait, Wait::No) {
-                for row in slots.filter(|row| row.state == STATE_HELD) {
-                    if watched.iter().filter(|w| **w).count() >= watch_limit {
-                        break;
+            loop {
+                fail_point!("rwlock::write_waits_for_readers");
+                if !guard.is_held() {
+                    drop(guard);
+                    if matches!(wait, Wait::No) || wait.over(Instant::now()) {
+                        return Ok(None);
                     }
-                    let Some(slot) = self.reader_keys.iter().position(|k| **k == *row.lock_key)
-                    else {
-                        continue;
-                    };
-                    if !watched[slot] {
-                        watched[slot] = self
-                            .core
-                            .wakeups
-                            .register(&self.reader_keys[slot], Weak::clone(poller));
+                    continue 'claim;
+                }
+                let seen = self.nudges();
+                let deadline = self.statement_deadline(wait);
+                fail_point!("rwlock::write_before_listing");
+                let rows =
+                    self.core
+                        .store
+                        .list(&self.reader_prefix, i64::from(MAX_READERS), deadline)?;
+                let slots: Vec<&ListedRow> = rows
+                    .iter()
+                    .filter(|row| row.lock_key.starts_with(&*self.reader_prefix))
+                    .collect();
+                if !slots.iter().any(|row| row.state == STATE_HELD) {
+                    if let Some(token) = self.write_token(&guard, &slots, wait, ttl)? {
+                        return Ok(Some((guard, token)));
                     }
+                    // A reader took the slot meanwhile (it lets go, as it sees the claim).
+                }
+                if !matches!(wait, Wait::No) {
+                    self.watch_readers(&slots, poller, watched);
+                }
+                if !self.sleep_between_polls(wait, seen) {
+                    return Ok(None);
                 }
             }
-            if !self.sleep_between_polls(wait, seen, waited) {
+        }
+    }
+
+    /// Takes the write row: one attempt, and, when another writer has it, a claim row that
+    /// keeps new readers out until this writer has the write row or gives up (see "Writer
+    /// preference"), and then the wait for the write row.
+    fn take_write_row(
+        &self,
+        wait: Wait,
+        ttl: Duration,
+        answered: &mut bool,
+    ) -> Result<Option<LockGuard>> {
+        if matches!(wait, Wait::No) {
+            let taken = self.writer.try_lock_with_ttl(ttl)?;
+            *answered = true;
+            return Ok(taken);
+        }
+        let first = match self
+            .writer
+            .try_lock_once_until(self.statement_deadline(wait), ttl)
+        {
+            Err(Error::Timeout { .. }) if !wait.over(Instant::now()) => None,
+            other => other?,
+        };
+        *answered = true;
+        if first.is_some() {
+            return Ok(first);
+        }
+        let claim = self.take_claim(wait, ttl)?;
+        fail_point!("rwlock::write_claimed");
+        let taken = match wait {
+            Wait::Until(deadline) => self.writer.try_lock_until_with_ttl(deadline, ttl)?,
+            _ => Some(self.writer.lock_with_ttl(ttl)?),
+        };
+        // The write row is the claim from here on (or the wait is over).
+        drop(claim);
+        Ok(taken)
+    }
+
+    /// A free claim row, if one is: one try of each, from a random one on.
+    fn take_claim(&self, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
+        let mut patience = Patience::new(&self.core.settings);
+        let count = self.claims.len();
+        let start = (uuid::Uuid::new_v4().as_u128() % count as u128) as usize;
+        for offset in 0..count {
+            if wait.over(Instant::now()) {
                 return Ok(None);
+            }
+            let claim = &self.claims[(start + offset) % count];
+            let taken = match patience.try_row(claim, &self.core.settings, wait.deadline(), ttl) {
+                Err(Error::Timeout { .. }) => return Ok(None),
+                other => other?,
+            };
+            if taken.is_some() {
+                return Ok(taken);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The write token, once no read slot is held: a grant of the read slot with the largest
+    /// token (any slot when none has a row), released at once. Its token is above that slot's
+    /// and so above every read slot's, above the deletion floor (rows deleted since), and so
+    /// above every earlier write token, each of which is such a grant; the write token is the
+    /// larger of it and the write row's own token. `None` when the slot was taken meanwhile.
+    fn write_token(
+        &self,
+        claim: &LockGuard,
+        slots: &[&ListedRow],
+        wait: Wait,
+        ttl: Duration,
+    ) -> Result<Option<u64>> {
+        let slot = slots
+            .iter()
+            .max_by_key(|row| row.token)
+            .and_then(|row| self.reader_keys.iter().position(|k| **k == *row.lock_key))
+            .unwrap_or(0);
+        if self.readers[slot].is_held_by_current_thread() {
+            // This thread holds that read slot (its lease ran out, or it asks for an upgrade):
+            // it waits for itself, as any upgrade does.
+            return Ok(None);
+        }
+        let deadline = self.statement_deadline(wait);
+        let grant = match self.readers[slot].try_lock_once_until(deadline, ttl) {
+            // The row did not answer (another session holds it locked): poll again.
+            Err(Error::Timeout { .. }) if !wait.over(Instant::now()) => return Ok(None),
+            other => other?,
+        };
+        let Some(grant) = grant else {
+            return Ok(None);
+        };
+        let token = grant.fencing_token().max(claim.fencing_token());
+        if let Err(e) = grant.unlock() {
+            // The row runs out after its time-to-live; the token is taken all the same.
+            log::warn!(
+                "could not release read slot {slot} of {:?} after taking the write token: {e}",
+                self.name
+            );
+        }
+        Ok(Some(token))
+    }
+
+    /// Registers the held read slots among `slots` for release wake-ups (on MySQL only the
+    /// first [`KEYED_WATCHES`](crate::semaphore::KEYED_WATCHES)).
+    fn watch_readers(&self, slots: &[&ListedRow], poller: &Weak<dyn Nudge>, watched: &mut [bool]) {
+        let watch_limit = match self.core.store.listener_watches_keys().is_some() {
+            true => crate::semaphore::KEYED_WATCHES,
+            false => watched.len(),
+        };
+        for row in slots.iter().filter(|row| row.state == STATE_HELD) {
+            if watched.iter().filter(|w| **w).count() >= watch_limit {
+                break;
+            }
+            let Some(slot) = self.reader_keys.iter().position(|k| **k == *row.lock_key) else {
+                continue;
+            };
+            if !watched[slot] {
+                watched[slot] = self
+                    .core
+                    .wakeups
+                    .register(&self.reader_keys[slot], Weak::clone(poller));
             }
         }
     }
@@ -647,7 +806,7 @@ impl Drop for ReadGuard {
 pub struct WriteGuard {
     lock: Arc<RwInner>,
     guard: Option<LockGuard>,
-    /// The write row's token plus the largest read slot token (see the module docs).
+    /// The write token (see "Fencing" in the module docs).
     token: u64,
 }
 
@@ -655,9 +814,9 @@ impl WriteGuard {
     lease_guard_methods!(lock);
 
     /// The fencing token of this write hold: larger than every earlier grant of the lock, read
-    /// or write (a local handoff between writers of one registry may keep it, as a lock's
-    /// does). It is the write row's token plus the largest token of the read slots, so it is
-    /// not the token the table shows for the write row.
+    /// or write, also after rows of the lock were deleted (see "Fencing" in the module docs).
+    /// Every write hold takes a token of its own, so it may differ from the token the table
+    /// shows for the write row.
     pub fn fencing_token(&self) -> u64 {
         self.token
     }

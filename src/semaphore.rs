@@ -69,7 +69,7 @@
 use crate::admin::{LockRow, LockState};
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
-use crate::registry::{Core, LockRegistry};
+use crate::registry::{Core, LockRegistry, Settings};
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
@@ -86,6 +86,68 @@ pub const MAX_PERMITS: u32 = 256;
 /// wake-ups where the listener watches keys one by one (MySQL: a watcher thread and connection
 /// each, at most 16 per registry); releases of the others are found by polling.
 pub(crate) const KEYED_WATCHES: usize = 4;
+
+/// How long a poller gives one row of a round at first when other rows remain to be tried: a
+/// row another session holds locked (a migration, an operator's `SELECT … FOR UPDATE`) costs
+/// this much, then the round goes on with the next row.
+fn first_patience(settings: &Settings) -> Duration {
+    settings
+        .idle_between_tries
+        .max(Duration::from_millis(100))
+        .min(settings.operation_timeout)
+}
+
+/// The time a poller gives each row of its rounds: one row that does not answer in it (locked
+/// by another session) costs only that row. A round in which no row answered (a server that
+/// is slow for every statement, or gone) doubles it for the next round, up to the full
+/// statement time, so a slow server is still waited for and a server that is gone still
+/// fails the wait.
+pub(crate) struct Patience {
+    per_row: Duration,
+    answered: bool,
+}
+
+impl Patience {
+    pub(crate) fn new(settings: &Settings) -> Self {
+        Patience {
+            per_row: first_patience(settings),
+            answered: false,
+        }
+    }
+
+    /// Called when a round is over.
+    pub(crate) fn round_over(&mut self, settings: &Settings) {
+        if !self.answered {
+            self.per_row = (self.per_row * 2).min(settings.operation_timeout);
+        }
+        self.answered = false;
+    }
+
+    /// One try of one row of a round: the guard, or `None` when the row is held elsewhere or
+    /// did not answer within its share of the wait (see [`Patience`]). The statement gives up
+    /// at `deadline` if there is one, else after `operation_timeout`; `Err(Timeout)` only when
+    /// that whole time ran out.
+    pub(crate) fn try_row(
+        &mut self,
+        lock: &Lock,
+        settings: &Settings,
+        deadline: Option<Instant>,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        let now = Instant::now();
+        let full = deadline.unwrap_or(now + settings.operation_timeout);
+        let row_deadline = full.min(now + self.per_row);
+        fail_point!("semaphore::try_row");
+        match lock.try_lock_once_until(row_deadline, ttl) {
+            Err(Error::Timeout { .. }) if row_deadline < full => Ok(None),
+            Err(e) => Err(e),
+            Ok(granted) => {
+                self.answered = true;
+                Ok(granted)
+            }
+        }
+    }
+}
 
 /// The `LOCK_KEY` of permit `slot` of semaphore `name`: never a UUID, so never a lock's.
 pub(crate) fn slot_lock_key(name: &str, slot: u32) -> String {
@@ -304,6 +366,12 @@ struct LocalState {
     /// When a round last found every permit held. A waiter that took over polling from
     /// another thread knows from it that the permits were held during its wait.
     refused_at: Option<Instant>,
+    /// When a round of this registry last had an answer from the database (a permit held, or
+    /// granted). A bounded wait whose time runs out after it reports "not granted in time".
+    answered_at: Option<Instant>,
+    /// Whether the last round of this registry found every permit held: a thread that waits
+    /// for the poller meanwhile waits for a semaphore found taken.
+    all_held: bool,
     /// Threads waiting on the condition variable between tries (the sleeping poller
     /// included): the ones that can take an offered permit.
     parked: usize,
@@ -354,6 +422,8 @@ impl SemaphoreInner {
                 // Registries start at different slots, so that they rarely try the same row.
                 next_slot: (uuid::Uuid::new_v4().as_u128() % u128::from(permits)) as usize,
                 refused_at: None,
+                answered_at: None,
+                all_held: false,
                 parked: 0,
                 offers: Vec::new(),
                 claiming: Vec::new(),
@@ -398,10 +468,18 @@ impl SemaphoreInner {
     ) -> Result<Option<Permit>> {
         // Whether an attempt of this wait found a permit held.
         let mut refused = false;
+        // Whether this wait has looked at the permits: a round of its own, or a wait while
+        // another thread of this registry polled.
+        let mut looked = false;
+        let mut patience = Patience::new(&self.core.settings);
         let waiting_since = Instant::now();
         loop {
             if let Some(permit) = self.claim(state, wait, ttl)? {
                 return Ok(Some(permit));
+            }
+            if looked && wait.over(Instant::now()) {
+                // No round starts after the deadline.
+                return Ok(None);
             }
             if state.poller.is_none() {
                 if !matches!(wait, Wait::No) && !*registered {
@@ -422,17 +500,24 @@ impl SemaphoreInner {
                     Wait::Until(deadline) => Some(deadline),
                     _ => None,
                 };
-                let round =
-                    MutexGuard::unlocked(state, || self.round(start, ttl, deadline, &mut refused));
+                let round = MutexGuard::unlocked(state, || {
+                    self.round(start, ttl, deadline, &mut refused, &mut patience)
+                });
+                looked = true;
+                patience.round_over(&self.core.settings);
                 // An attempt of this wait (this thread's, or that of the poller it took over
-                // from) found permits held.
-                refused |= state.refused_at.is_some_and(|at| at >= waiting_since);
+                // from) found permits held, or another thread's round had an answer.
+                refused |= state.refused_at.is_some_and(|at| at >= waiting_since)
+                    || state.answered_at.is_some_and(|at| at >= waiting_since);
                 let round = match round {
-                    // Permits were held at an earlier attempt and the caller's time ran out on
-                    // this one (often waiting for a pooled connection): still "all held".
+                    // The database answered during this wait and the caller's time ran out on
+                    // this attempt (often waiting for a pooled connection): "not granted in
+                    // time".
                     Err(Error::Timeout { .. }) if refused && deadline.is_some() => return Ok(None),
                     other => other?,
                 };
+                state.answered_at = Some(Instant::now());
+                state.all_held = round.is_none();
                 if let Some(permit) = round {
                     state.next_slot = (permit.slot as usize + 1) % self.slots.len();
                     return Ok(Some(permit));
@@ -468,6 +553,7 @@ impl SemaphoreInner {
             if wait.over(Instant::now()) {
                 return Ok(None);
             }
+            refused |= state.all_held;
             state.parked += 1;
             match wait {
                 Wait::Until(deadline) => {
@@ -476,6 +562,7 @@ impl SemaphoreInner {
                 _ => self.changed.wait(state),
             }
             state.parked -= 1;
+            looked = true;
         }
     }
 
@@ -579,6 +666,7 @@ impl SemaphoreInner {
         ttl: Duration,
         deadline: Option<Instant>,
         refused: &mut bool,
+        patience: &mut Patience,
     ) -> Result<Option<Permit>> {
         let count = self.slots.len();
         for offset in 0..count {
@@ -590,11 +678,7 @@ impl SemaphoreInner {
             if lock.is_held_by_current_thread() {
                 continue;
             }
-            let granted = match deadline {
-                Some(deadline) => lock.try_lock_once_until(deadline, ttl)?,
-                None => lock.try_lock_with_ttl(ttl)?,
-            };
-            match granted {
+            match patience.try_row(lock, &self.core.settings, deadline, ttl)? {
                 Some(guard) => {
                     return Ok(Some(Permit {
                         semaphore: Arc::clone(self),

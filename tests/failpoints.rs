@@ -890,3 +890,174 @@ fn a_waiters_sleeps_between_attempts_are_spread_around_the_interval() {
     );
     scenario.teardown();
 }
+
+/// Runs `work` on a thread named `name` (fail point callbacks pick threads by name).
+fn named<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    thread::Builder::new()
+        .name(name.into())
+        .spawn(work)
+        .unwrap()
+}
+
+fn on_thread(name: &'static str) -> impl Fn() -> bool + Send + Sync + 'static {
+    move || thread::current().name() == Some(name)
+}
+
+/// A bounded wait for a permit that found every permit held ends in `Ok(None)`, also when the
+/// waiter's own first attempt comes so late that its statement runs out of time: here it waited
+/// while another thread of its registry polled (and found the permit held), took over polling
+/// when that thread gave up, and its statement missed the deadline (forced by a fail point
+/// that holds it past it).
+#[test]
+fn a_bounded_wait_for_a_permit_found_held_times_out_as_none() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("permit_timeout_none");
+    let holder = f.registry();
+    let permit = holder.semaphore("busy", 1).unwrap().acquire().unwrap();
+    // One round per poller: it then sleeps until its deadline.
+    let waiters = f
+        .builder()
+        .idle_between_tries(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let semaphore = waiters.semaphore("busy", 1).unwrap();
+    let first = {
+        let semaphore = semaphore.clone();
+        named("first", move || {
+            semaphore.try_acquire_for(Duration::from_millis(800)).map(|p| p.is_some())
+        })
+    };
+    wait_until("the first waiter polls", || semaphore.waiting_threads() == 1);
+    // The late waiter's statement is held until its deadline has passed.
+    let hits = AtomicUsize::new(0);
+    fail::cfg_callback("lock::acquire_before_statement", move || {
+        if thread::current().name() == Some("late") && hits.fetch_add(1, Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(2500));
+        }
+    })
+    .unwrap();
+    let late = {
+        let semaphore = semaphore.clone();
+        named("late", move || {
+            semaphore.try_acquire_for(Duration::from_millis(1500)).map(|p| p.is_some())
+        })
+    };
+    assert!(!first.join().unwrap().unwrap(), "the permit was held");
+    match late.join().unwrap() {
+        Ok(got) => assert!(!got, "the permit was held"),
+        Err(e) => panic!("a wait for a permit found held failed instead of timing out: {e}"),
+    }
+    permit.unlock().unwrap();
+    scenario.teardown();
+}
+
+/// A bounded write wait that took the write row and then ran out of time in its listing of the
+/// readers (held past the deadline by a fail point) ends in `Ok(None)`.
+#[test]
+fn a_bounded_write_wait_that_runs_out_in_its_listing_times_out_as_none() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("write_timeout_none");
+    let (readers, writers) = (f.registry(), f.registry());
+    let read = readers.rw_lock("doc").unwrap().read().unwrap();
+    fail::cfg("rwlock::write_before_listing", "sleep(400)").unwrap();
+    let outcome = writers
+        .rw_lock("doc")
+        .unwrap()
+        .try_write_for(Duration::from_millis(200));
+    fail::remove("rwlock::write_before_listing");
+    match outcome {
+        Ok(got) => assert!(got.is_none(), "a reader held the lock"),
+        Err(e) => panic!("a bounded write wait failed instead of timing out: {e}"),
+    }
+    read.unlock().unwrap();
+    scenario.teardown();
+}
+
+/// A blocking `write()` whose write row runs out while it waits for a reader (its process
+/// paused past the time-to-live; here its registry renews nothing) was never granted: it goes
+/// on waiting, takes the write row again, and gets the lock once the reader leaves.
+#[test]
+fn a_waiting_writer_whose_claim_runs_out_goes_on_waiting() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("claim_runs_out");
+    let readers = f.registry();
+    let paused = f.builder().renewal(false).build().unwrap();
+    let read = readers.rw_lock("doc").unwrap().read().unwrap();
+    let read_token = read.fencing_token();
+    let lock = paused.rw_lock("doc").unwrap();
+    let writer = named("writer", move || {
+        lock.write_with_ttl(Duration::from_millis(400))
+            .map(|guard| guard.fencing_token())
+    });
+    // Several times the time-to-live: the write row ran out at least twice.
+    thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !writer.is_finished(),
+        "the waiting writer returned: {:?}",
+        writer.join().unwrap()
+    );
+    read.unlock().unwrap();
+    let token = writer
+        .join()
+        .unwrap()
+        .expect("the writer gets the lock once the reader leaves");
+    assert!(token > read_token);
+    scenario.teardown();
+}
+
+/// Writer preference across a timed-out writer: writer 1 holds the write row and waits for a
+/// reader; writer 2 (another instance) waits for the write row, and is held by a fail point
+/// before its next attempt. Writer 1's wait ends and it lets the write row go: a new reader
+/// still stays out, as writer 2's claim keeps the lock; writer 2 then gets the lock once the
+/// first reader leaves.
+#[test]
+fn a_writer_that_times_out_leaves_no_gap_for_readers() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("writer_gap");
+    let (readers, first, second, late) = (f.registry(), f.registry(), f.registry(), f.registry());
+    let read = readers.rw_lock("doc").unwrap().read().unwrap();
+    let one = first.rw_lock("doc").unwrap();
+    let writer_one = named("writer-one", move || {
+        one.try_write_for(Duration::from_millis(1500))
+            .map(|got| got.is_some())
+    });
+    wait_until("writer 1 holds the write row", || {
+        readers
+            .rw_lock_status("doc")
+            .unwrap()
+            .held_writer()
+            .is_some()
+    });
+    // Writer 2's third attempt and later ones stop at the gate: its first attempt at the
+    // write row and its claim (where there is one) have run by then.
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&hits);
+    let gate = Gate::first_at_matching("lock::acquire_before_statement", move || {
+        on_thread("writer-two")() && seen.fetch_add(1, Ordering::SeqCst) >= 2
+    });
+    let two = second.rw_lock("doc").unwrap();
+    let writer_two = named("writer-two", move || {
+        two.write().map(|guard| guard.fencing_token())
+    });
+    gate.wait_entered();
+    assert!(
+        !writer_one.join().unwrap().unwrap(),
+        "writer 1 timed out: the reader held the lock"
+    );
+    // The gap: the write row is free, writer 2 has not taken it yet.
+    let entered = late.rw_lock("doc").unwrap().try_read().unwrap();
+    assert!(
+        entered.is_none(),
+        "a reader entered while writer 2 waited for the write row"
+    );
+    gate.open();
+    read.unlock().unwrap();
+    writer_two
+        .join()
+        .unwrap()
+        .expect("writer 2 gets the lock once the reader leaves");
+    scenario.teardown();
+}
