@@ -1222,7 +1222,9 @@ mod suite {
         let every = stdout(&output(leasehold(f, "list", &[])));
         assert_eq!(every.lines().count(), 4, "{every}");
         assert!(
-            every.lines().any(|l| l.starts_with("unnamed ") && l.contains(" released ")),
+            every
+                .lines()
+                .any(|l| l.starts_with("unnamed ") && l.contains(" released ")),
             "{every}"
         );
 

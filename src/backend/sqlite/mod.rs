@@ -689,7 +689,8 @@ fn unopenable(path: &std::path::Path, read_only: bool) -> Option<String> {
         _ => PathBuf::from("."),
     };
     let (wal, shm) = (beside(path, "-wal"), beside(path, "-shm"));
-    if !writable(&dir) && !(wal.exists() && shm.exists()) {
+    let beside_exist = wal.exists() && shm.exists();
+    if !writable(&dir) && !beside_exist {
         let board = if read_only {
             String::new()
         } else {
