@@ -92,6 +92,20 @@ pub enum Error {
         ddl_file: &'static str,
     },
 
+    /// The table the prefix names exists, but it is not a lock table of any version (it lacks
+    /// the `LOCK_KEY` and `CLIENT_ID` columns every lock table has): most likely a table of
+    /// the application's own, met through a mistaken prefix. Nothing is changed in it.
+    #[error(
+        "table {table} is not a lock table (its columns: {columns}): check the prefix (the lock \
+         table is the prefix followed by LOCK) and the database; nothing was changed in it"
+    )]
+    NotALockTable {
+        /// The table that was checked.
+        table: String,
+        /// The first of its columns, for recognising it.
+        columns: String,
+    },
+
     /// The lock table exists but lacks a column this crate needs.
     #[error("lock table {table} has no column {column}: run `{fix}`")]
     ColumnMissing {

@@ -299,7 +299,8 @@
 // The only unsafe code is SQLite's release board (`backend/sqlite/board.rs`: a shared file
 // mapping, the futex and the presence lock on it) and MySQL's sockets (`set_socket_timeouts`
 // in `backend/mysql/mod.rs` and `shut_down` in `backend/mysql/watchdog.rs`: a borrowed
-// descriptor), each allowing it for itself.
+// descriptor), and SQLite's access(2) check of a file it cannot open (`writable` in
+// `backend/sqlite/mod.rs`), each allowing it for itself.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // docs.rs (`--cfg docsrs`) marks what each feature adds.
@@ -467,6 +468,8 @@ mod wakeups;
 
 pub use admin::{Holder, Listing, LockRow, LockState, Rows, MAX_PAGE_ROWS};
 pub use any_guard::AnyGuard;
+#[cfg(feature = "sqlite")]
+pub use backend::sqlite::{pause_sqlite_statements, SqlitePause};
 pub use backend::{Statements, Statistics};
 pub use error::{DatabaseError, Error, LossReason, Result, TlsProblem};
 pub use fence::{FenceParams, FenceSql, FenceableTransaction, Fenced};

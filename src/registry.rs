@@ -332,6 +332,7 @@ pub struct RegistryBuilder {
     renewal_pool_size: u32,
     idle_connection_timeout: Duration,
     create_table: bool,
+    read_only: bool,
     notifications: bool,
     prepared_statements: bool,
     listener_url: Option<String>,
@@ -362,6 +363,7 @@ impl RegistryBuilder {
             renewal_pool_size: 2,
             idle_connection_timeout: Duration::from_secs(60),
             create_table: false,
+            read_only: false,
             notifications: true,
             prepared_statements: false,
             listener_url: None,
@@ -604,6 +606,19 @@ impl RegistryBuilder {
         self
     }
 
+    /// SQLite: open the database file read-only. Defaults to `false`. For inspection by a user
+    /// who may only read the file ([`holder`](LockRegistry::holder),
+    /// [`listing`](LockRegistry::listing), the semaphore and reader/writer status): a missing
+    /// file is not created, the journal mode is not set, and no release board is opened;
+    /// taking or releasing a lock fails. The database's directory must still be writable for
+    /// SQLite to create its `-wal` and `-shm` files, unless another process has the database
+    /// open. Cannot be combined with [`create_table(true)`](Self::create_table). Ignored by
+    /// the other databases.
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
+
     /// Whether waiters are woken when another instance releases a lock, instead of only at
     /// their next poll. Defaults to `true`. Polling every `idle_between_tries` stays on as the
     /// safety net, and a wake-up never grants anything: the waiter tries the row at once, and
@@ -765,6 +780,7 @@ impl RegistryBuilder {
             region: self.region.clone(),
             client_id: client_id.clone(),
             create_table: self.create_table,
+            read_only: self.read_only,
             custom: self.custom,
             notifications: self.notifications,
         };

@@ -283,7 +283,7 @@ mod suite {
         // The lock was released each time.
         let status = output(leasehold(f, "status", &["--key", "code"]));
         assert_eq!(code(&status), 1, "{status:?}");
-        assert!(String::from_utf8_lossy(&status.stdout).contains("free"));
+        assert!(String::from_utf8_lossy(&status.stdout).contains("code: released"));
     }
 
     pub fn keep_for_makes_a_second_run_inside_the_period_exit_busy(f: &Fixture) {
@@ -1191,7 +1191,8 @@ mod suite {
         assert_eq!(code(&table), 0, "{table:?}");
         let shown = stdout(&table);
         let lines: Vec<&str> = shown.lines().collect();
-        assert_eq!(lines.len(), 4, "{shown}");
+        // `--key` filters: the two rows of those names.
+        assert_eq!(lines.len(), 3, "{shown}");
         let columns: Vec<&str> = lines[0].split("  ").filter(|c| !c.is_empty()).collect();
         let columns: Vec<&str> = columns.iter().map(|c| c.trim()).collect();
         assert_eq!(
@@ -1216,15 +1217,23 @@ mod suite {
         assert!(row.contains(holder.client_id()), "{row}");
         assert!(row.ends_with(&held.fencing_token().to_string()), "{row}");
         assert!(line("named ").contains(" released "), "{shown}");
-        // Not given with --key, but named by the table's LOCK_NAME column.
+        // Without --key every row, each named by the table's LOCK_NAME column.
         let unnamed = leasehold::lock_key_for("unnamed");
-        assert!(line("unnamed ").contains(" released "), "{shown}");
+        let every = stdout(&output(leasehold(f, "list", &[])));
+        assert_eq!(every.lines().count(), 4, "{every}");
+        assert!(
+            every
+                .lines()
+                .any(|l| l.starts_with("unnamed ") && l.contains(" released ")),
+            "{every}"
+        );
 
         let json = output(leasehold(f, "list", &[&["--json"], &names[..]].concat()));
         assert_eq!(code(&json), 0, "{json:?}");
         let json = stdout(&json);
         assert!(json.starts_with("[{") && json.ends_with("}]\n"), "{json}");
-        assert_eq!(json.matches("\"lock_key\":").count(), 3, "{json}");
+        assert_eq!(json.matches("\"lock_key\":").count(), 2, "{json}");
+        let every_json = stdout(&output(leasehold(f, "list", &["--json"])));
         let held_object = format!(
             "{{\"key\":\"nightly \\\"report\\\"\\\\x\",\"lock_key\":\"{}\",\"state\":\"held\",\
              \"client_id\":\"{}\",",
@@ -1237,11 +1246,11 @@ mod suite {
             "{json}"
         );
         assert!(
-            json.contains(&format!(
+            every_json.contains(&format!(
                 "{{\"key\":\"unnamed\",\"lock_key\":\"{unnamed}\",\"state\":\"released\",\
                  \"client_id\":null,"
             )),
-            "{json}"
+            "{every_json}"
         );
         assert!(
             json.contains("\"expires_at\":null,\"expires_in_ms\":null,"),

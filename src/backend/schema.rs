@@ -23,6 +23,9 @@ pub(crate) struct TableSettings {
     pub region: String,
     pub client_id: String,
     pub create_table: bool,
+    /// `RegistryBuilder::read_only`: SQLite opens the file read-only.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub read_only: bool,
     pub custom: CustomQueries,
     /// `RegistryBuilder::notifications`: whether this registry's releases wake other
     /// instances where that costs a connection of its own (MySQL's named locks).
@@ -118,11 +121,28 @@ fn add_column_sql<B: Backend>(table: &str, column: &str) -> String {
     format!("ALTER TABLE {table} ADD COLUMN {column} {definition}")
 }
 
+/// The columns every lock table has had, Spring Integration's first ones included: a table
+/// without them is not a lock table of any version, whatever its name.
+const LOCK_TABLE_MARKS: [&str; 2] = ["LOCK_KEY", "CLIENT_ID"];
+
 fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {
     if columns.is_empty() {
         return Err(Error::TableMissing {
             table: table.to_string(),
             ddl_file: B::DDL_FILE,
+        });
+    }
+    let has = |name: &str| columns.iter().any(|c| c.eq_ignore_ascii_case(name));
+    if !LOCK_TABLE_MARKS.iter().all(|mark| has(mark)) {
+        // Most likely a table of the application's own, named by a mistaken prefix: nothing is
+        // offered that would change it.
+        let mut shown: Vec<&str> = columns.iter().take(6).map(String::as_str).collect();
+        if columns.len() > shown.len() {
+            shown.push("…");
+        }
+        return Err(Error::NotALockTable {
+            table: table.to_string(),
+            columns: shown.join(", "),
         });
     }
     for column in COLUMNS {

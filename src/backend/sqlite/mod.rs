@@ -35,10 +35,61 @@ const NOW_PLUS_TTL: &str = "strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ?4 
 /// Database clock in microseconds since the Unix epoch: the floor of a new fencing token.
 const CLOCK_MICROS: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
 
+/// Every SQLite statement of this process runs under a read hold of this lock, taken for
+/// writing by [`pause_sqlite_statements`].
+static STATEMENTS: parking_lot::RwLock<()> = parking_lot::const_rwlock(());
+
+/// Holds back every SQLite statement of this process while it lives (see
+/// [`pause_sqlite_statements`]).
+#[must_use = "statements run again as soon as the pause is dropped"]
+pub struct SqlitePause {
+    _writing: parking_lot::RwLockWriteGuard<'static, ()>,
+}
+
+impl std::fmt::Debug for SqlitePause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SqlitePause")
+    }
+}
+
+/// Waits until no SQLite statement of this process is running, and keeps new ones from
+/// starting until the returned [`SqlitePause`] is dropped.
+///
+/// A statement that writes holds the database file's write lock while it runs: a process
+/// stopped inside one (SIGTSTP, a debugger) stops every lock of every process on that file
+/// until it is continued, and its own and their leases run out meanwhile. A process that stops
+/// itself on purpose takes this pause first and drops it once continued; the statements held
+/// back then run, in the threads that started them. Only SQLite statements wait (the other
+/// databases keep no lock across a stopped client's statements in this way).
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+/// let pause = leasehold::pause_sqlite_statements();
+/// // … stop this process here (kill(getpid(), SIGTSTP)), safe from a frozen write lock …
+/// drop(pause);
+/// registry.obtain("job")?.lock()?.unlock()?;
+/// # Ok(()) }
+/// ```
+pub fn pause_sqlite_statements() -> SqlitePause {
+    SqlitePause {
+        _writing: STATEMENTS.write(),
+    }
+}
+
+/// A read hold of [`STATEMENTS`] for one statement.
+fn running() -> parking_lot::RwLockReadGuard<'static, ()> {
+    STATEMENTS.read()
+}
+
 /// Opens SQLite connections on one file.
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteManager {
     path: PathBuf,
+    /// Open the file read-only (`RegistryBuilder::read_only`): nothing is written, not even
+    /// the journal mode, and a missing file is not created.
+    read_only: bool,
     /// The file's release board (see [`board`]), opened on first use; `None`
     /// when it could not be (waiters then poll).
     #[cfg(target_os = "linux")]
@@ -49,14 +100,24 @@ impl SqliteManager {
     pub fn new(path: PathBuf) -> Self {
         SqliteManager {
             path,
+            read_only: false,
             #[cfg(target_os = "linux")]
             board: Default::default(),
         }
     }
 
+    /// This manager, opening its connections read-only when `read_only`.
+    fn reading_only(self, read_only: bool) -> Self {
+        SqliteManager { read_only, ..self }
+    }
+
     /// The release board of this file, opening it the first time.
     #[cfg(target_os = "linux")]
     fn board(&self) -> Option<&std::sync::Arc<board::Board>> {
+        if self.read_only {
+            // It is written by every user of the database; a read-only registry only reads.
+            return None;
+        }
         self.board
             .get_or_init(|| match board::Board::open(&self.path) {
                 Ok(board) => Some(std::sync::Arc::new(board)),
@@ -87,10 +148,21 @@ impl r2d2::ManageConnection for SqliteManager {
     type Error = rusqlite::Error;
 
     fn connect(&self) -> Result<SqliteConn, rusqlite::Error> {
-        let mut conn = Connection::open(&self.path)?;
+        use rusqlite::OpenFlags;
+        let _running = running();
+        let mut conn = if self.read_only {
+            Connection::open_with_flags(
+                &self.path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_URI
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?
+        } else {
+            Connection::open(&self.path)?
+        };
         conn.busy_handler(Some(busy_wait))?;
         let mode: String = conn.query_row("PRAGMA journal_mode", [], |row| row.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
+        if !mode.eq_ignore_ascii_case("wal") && !self.read_only {
             conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -101,6 +173,7 @@ impl r2d2::ManageConnection for SqliteManager {
     }
 
     fn is_valid(&self, conn: &mut SqliteConn) -> Result<(), rusqlite::Error> {
+        let _running = running();
         conn.conn.execute_batch("")
     }
 
@@ -267,6 +340,7 @@ impl Backend for Sqlite {
         sql: &str,
         params: &Params,
     ) -> Result<Option<HolderRow>, Failure> {
+        let _running = running();
         let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         let mut rows = statement.raw_query();
@@ -286,6 +360,7 @@ impl Backend for Sqlite {
     }
 
     fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure> {
+        let _running = running();
         let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         let mut rows = statement.raw_query();
@@ -309,6 +384,7 @@ impl Backend for Sqlite {
         sql: &str,
         params: &Params,
     ) -> Result<Option<(i64, bool)>, Failure> {
+        let _running = running();
         let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         let mut rows = statement.raw_query();
@@ -321,16 +397,19 @@ impl Backend for Sqlite {
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {
+        let _running = running();
         let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         Ok(statement.raw_execute().map_err(classify)? as u64)
     }
 
     fn execute_batch(conn: &mut Conn<Self>, sql: &str) -> Result<(), Failure> {
+        let _running = running();
         conn.conn.execute_batch(sql).map_err(classify)
     }
 
     fn columns(conn: &mut Conn<Self>, table: &str) -> Result<Vec<String>, Failure> {
+        let _running = running();
         let mut statement = conn
             .conn
             .prepare_cached("SELECT upper(name) FROM pragma_table_info(?1)")
@@ -342,6 +421,7 @@ impl Backend for Sqlite {
     }
 
     fn floor(conn: &mut Conn<Self>, table: &str) -> Result<FloorFound, Failure> {
+        let _running = running();
         let (tables, triggers) = conn
             .conn
             .query_row(
@@ -367,6 +447,7 @@ impl Backend for Sqlite {
         conn: &mut Conn<Self>,
         table: &str,
     ) -> Result<Vec<(String, String)>, Failure> {
+        let _running = running();
         let mut statement = conn
             .conn
             .prepare_cached(
@@ -381,6 +462,7 @@ impl Backend for Sqlite {
     }
 
     fn describe(conn: &mut Conn<Self>, sql: &str) -> Result<(usize, usize), Failure> {
+        let _running = running();
         let statement = conn.conn.prepare(sql).map_err(classify)?;
         Ok((statement.parameter_count(), statement.column_count()))
     }
@@ -446,6 +528,7 @@ impl Backend for Sqlite {
         params: &Params,
         _pairs: usize,
     ) -> Result<BatchRows, Failure> {
+        let _running = running();
         let mut statement = conn.conn.prepare_cached(&sql[0]).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         let mut rows = statement.raw_query();
@@ -523,7 +606,14 @@ pub(crate) fn open(
     table: &crate::backend::TableSettings,
 ) -> crate::Result<std::sync::Arc<dyn crate::backend::Store>> {
     refuse_private_database(&path)?;
-    let manager = SqliteManager::new(path);
+    if table.read_only && table.create_table {
+        return Err(crate::Error::setting(
+            "read_only",
+            "a read-only registry cannot create the table: drop create_table(true), or build a \
+             registry that may write",
+        ));
+    }
+    let manager = SqliteManager::new(path).reading_only(table.read_only);
     first_open(&manager, pool.connect_timeout)?;
     let store = crate::backend::SqlStore::<Sqlite>::open(manager, pool, table)?;
     Ok(std::sync::Arc::new(store))
@@ -559,18 +649,22 @@ fn first_open(manager: &SqliteManager, timeout: Duration) -> crate::Result<()> {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let failure = match r2d2::ManageConnection::connect(manager) {
+            // SQLite opens a file this user may not write read-only without a word: say so
+            // now rather than at the first lock.
+            Ok(conn) if !manager.read_only && conn.conn.is_readonly("main").unwrap_or(false) => {
+                classify(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_READONLY),
+                    Some("SQLite could open the database file for reading only".to_string()),
+                ))
+            }
             Ok(_) => return Ok(()),
             Err(error) => classify(error),
         };
         if failure.kind == FailureKind::Fatal || std::time::Instant::now() >= deadline {
+            let hint = unopenable(&manager.path, manager.read_only).unwrap_or(failure.hint);
             return Err(crate::Error::Database {
                 operation: "open the SQLite database",
-                hint: format!(
-                    "{} ({}): {}",
-                    failure.hint,
-                    manager.path.display(),
-                    failure.source
-                ),
+                hint: format!("{hint} ({}): {}", manager.path.display(), failure.source),
                 source: failure.source,
             });
         }
@@ -578,9 +672,108 @@ fn first_open(manager: &SqliteManager, timeout: Duration) -> crate::Result<()> {
     }
 }
 
+/// `path` with `suffix` appended: the files SQLite and leasehold keep beside a database.
+fn beside(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Whether this process may write `path` (access(2), which judges by the real user).
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn writable(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) only reads the NUL-terminated path.
+    unsafe { libc::access(c_path.as_ptr(), libc::W_OK) == 0 }
+}
+
+/// Elsewhere the permissions are not looked at.
+#[cfg(not(unix))]
+fn writable(_path: &std::path::Path) -> bool {
+    true
+}
+
+/// Why the file at `path` cannot be opened, when the file system tells: a missing file (for a
+/// read-only open, which never creates it), a directory in which SQLite cannot create the
+/// files of WAL mode, or a file this user may not write. `None` when none of these holds.
+fn unopenable(path: &std::path::Path, read_only: bool) -> Option<String> {
+    if !path.exists() {
+        return read_only.then(|| {
+            "there is no SQLite database at this path (a read-only open does not create one)"
+                .to_string()
+        });
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let (wal, shm) = (beside(path, "-wal"), beside(path, "-shm"));
+    let beside_exist = wal.exists() && shm.exists();
+    if !writable(&dir) && !beside_exist {
+        let board = if read_only {
+            String::new()
+        } else {
+            format!(
+                ", and leasehold its release board {} for wake-ups",
+                beside(path, "-leasehold").display()
+            )
+        };
+        return Some(format!(
+            "this user may not create files in the directory {dir}, and the database is in WAL \
+             mode, for which SQLite creates {wal} and {shm} beside it{board}: let the users of \
+             the locks write that directory (a directory of its own for the database is \
+             simplest)",
+            dir = dir.display(),
+            wal = wal.display(),
+            shm = shm.display(),
+        ));
+    }
+    if !read_only && !writable(path) {
+        return Some(
+            "this user may not write the database file: taking, renewing and releasing locks \
+             write it (a read-only registry, or `leasehold status` and `list`, only read it)"
+                .to_string(),
+        );
+    }
+    if shm.exists() && !writable(&shm) && !read_only {
+        return Some(format!(
+            "this user may not write {}, which another user created: every user of the locks \
+             must be able to write the files beside the database",
+            shm.display()
+        ));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A statement started during a pause runs only once the pause ends; a pause waits for the
+    /// statement in flight.
+    #[test]
+    fn a_pause_holds_statements_back_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = SqliteManager::new(dir.path().join("pause.db"));
+        let mut conn = r2d2::ManageConnection::connect(&manager).unwrap();
+        let pause = pause_sqlite_statements();
+        let (done, finished) = std::sync::mpsc::channel();
+        let statement = std::thread::spawn(move || {
+            Sqlite::execute_batch(&mut conn, "CREATE TABLE t (x INT)").unwrap();
+            done.send(()).unwrap();
+        });
+        // While paused it cannot finish (however long this waits).
+        assert!(finished.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(pause);
+        finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the statement ran after the pause");
+        statement.join().unwrap();
+    }
 
     #[test]
     fn the_busy_handler_retries_within_microseconds_and_gives_up_after_the_busy_wait() {

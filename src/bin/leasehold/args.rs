@@ -13,11 +13,20 @@ ended after the loss); 70 leasehold failed (database, table); 64 bad arguments, 
 own when it ended while leading; 74 when leadership was lost and --once (or a signal) ended \
 the loop; 128 + N when signal N arrived while standing by.
 
+Only `init` creates the lock table (and an SQLite database file); `run` and `lead` create them \
+only with --create. Every other command uses what exists, and exits 70 naming `leasehold init` \
+when the table or file is missing: a mistyped --database or --prefix must not make a second, \
+empty lock table in which the job runs beside another instance.
+
 The command runs in a process group of its own, which gets the terminal when leasehold has \
 it: Ctrl-C reaches the command once. SIGINT, SIGTERM and SIGHUP sent to leasehold go to the \
-whole group. On a loss, and when leasehold dies (even by SIGKILL, through a watchdog process), \
-the group gets SIGTERM, then SIGKILL after --grace; processes that leave the group (setsid) \
-are not tracked.";
+whole group; after a forwarded SIGTERM the group gets SIGKILL once --grace has passed (as \
+`timeout -k` does). SIGTSTP sent to leasehold stops the command's group, SIGCONT continues it; \
+leasehold itself goes on renewing, and it stops itself (after Ctrl-Z on a terminal, or while \
+no command runs) only between two database statements, never inside one. On a loss, and when \
+leasehold dies (even by SIGKILL, through a watchdog process shown as `leasehold-watch` by \
+`ps -e` and as `leasehold __watchdog` by `ps -ef`), the group gets SIGTERM, then SIGKILL after \
+--grace; processes that leave the group (setsid) are not tracked.";
 
 /// Distributed locks in a SQL database for shell scripts and cron jobs.
 #[derive(Parser, Debug)]
@@ -73,9 +82,9 @@ pub struct Database {
     /// transaction-mode pooler.
     #[arg(long)]
     pub prepared_statements: bool,
-    /// `run` and `lead`: only check the table; do not create it (and its deletion floor) when
-    /// missing. `status`, `list`, `release` and `cleanup` never create it; `init` does.
-    #[arg(long)]
+    /// Accepted for scripts written for older versions: no command but `init` (and `run` or
+    /// `lead` with --create) creates the table.
+    #[arg(long, hide = true)]
     pub no_create_table: bool,
     /// Report waiting, acquired, renewed, lost and released on stderr, with timestamps.
     #[arg(long, short)]
@@ -125,10 +134,20 @@ pub struct RunArgs {
     /// lockAtLeastFor); at most 7 days.
     #[arg(long, value_parser = keep_for)]
     pub keep_for: Option<Duration>,
-    /// How long COMMAND's process group has to end after SIGTERM, once the lease is lost (or
-    /// leasehold died), before SIGKILL; at most 7 days.
+    /// How long COMMAND's process group has to end after SIGTERM — once the lease is lost,
+    /// leasehold died, or a SIGTERM sent to leasehold was forwarded to it — before SIGKILL to
+    /// the whole group (as `timeout -k`); at most 7 days.
     #[arg(long, default_value = "10s", value_parser = grace)]
     pub grace: Duration,
+    /// Print nothing when the lock is held elsewhere (--no-wait, or --wait ran out): only the
+    /// exit code tells, as with `flock -n` (with -E 0 a crontab line stays silent when it
+    /// skips). Failures of leasehold itself are still printed.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Create the lock table (and the SQLite database file) when missing, as `init` does.
+    /// Without it, a missing table or file ends leasehold with 70 before anything runs.
+    #[arg(long)]
+    pub create: bool,
     /// Hold one of N permits of the semaphore KEY instead of the lock KEY: at most N commands
     /// run at once with this KEY across all hosts (1 to 256; every run of KEY must give the
     /// same N). The command gets the permit's number, 0 to N-1, in LEASEHOLD_PERMIT.
@@ -162,10 +181,15 @@ pub struct LeadArgs {
     /// How often a standby tries to become leader; 1ms to 1h.
     #[arg(long, default_value = "1s", value_parser = poll)]
     pub poll: Duration,
-    /// How long COMMAND's process group has to end after SIGTERM, once leadership is lost (or
-    /// leasehold died), before SIGKILL; at most 7 days.
+    /// How long COMMAND's process group has to end after SIGTERM — once leadership is lost,
+    /// leasehold died, or a SIGTERM sent to leasehold was forwarded to it — before SIGKILL to
+    /// the whole group (as `timeout -k`); at most 7 days.
     #[arg(long, default_value = "10s", value_parser = grace)]
     pub grace: Duration,
+    /// Create the lock table (and the SQLite database file) when missing, as `init` does.
+    /// Without it, a missing table or file ends leasehold with 70 before anything runs.
+    #[arg(long)]
+    pub create: bool,
     /// Exit (code 74) once leadership is lost and COMMAND has stopped, instead of standing by
     /// to lead again.
     #[arg(long)]
@@ -180,9 +204,10 @@ pub struct LeadArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub key: KeyArgs,
-    /// One JSON object instead of lines: `key`, `lock_key`, `state` ("held" or "free"),
-    /// `client_id`, `acquired`, `expires_at`, `expires_in_ms` and `fencing_token` of the lock
-    /// (null when free); `held` (anything of KEY held: the exit code); `semaphore` (null when
+    /// One JSON object instead of lines: `key`, `lock_key`, `state` ("held", "expired",
+    /// "released", as `list` says, or "free" when the table has no row for KEY), and
+    /// `client_id`, `acquired`, `expires_at`, `expires_in_ms` and `fencing_token` of the lock's
+    /// row as `list --json` shows them (all null when free); `held` (anything of KEY held: the exit code); `semaphore` (null when
     /// KEY has none): `permits`, `held` and `holders`; `rw_lock` (null when KEY has none):
     /// `state` ("free", "read", "write", "writer_waiting"), `readers` and `holders`. Each
     /// holder: `part` ("permit 2", "read 17", "write"), `lock_key`, `client_id`, `acquired`,
@@ -195,8 +220,10 @@ pub struct StatusArgs {
 
 const STATUS_HELP: &str = "\
 A lock, a semaphore (`run --permits N`) and a reader/writer lock (`run --read`/`--write`) of \
-one name are unrelated; status shows each that KEY has. The lock's line (`KEY: held by …`) \
-when it is held, or `KEY: free` when KEY has nothing else. For a semaphore, `KEY: semaphore \
+one name are unrelated; status shows each that KEY has. The lock's line: `KEY: held by …` \
+when it is held; `KEY: released, fencing token N` or `KEY: expired …, fencing token N` (the \
+word and token `list` shows for its row) when its row is not held; `KEY: free` when the table \
+has no row for it and KEY has nothing else. For a semaphore, `KEY: semaphore \
 of N permits, K held` (or `all free`) and a line per held permit (`  permit 2: held by …`); \
 for a reader/writer lock, `KEY: reader/writer lock, free`, `read by K readers`, `written` or \
 `a writer waits for K readers to leave`, and a line for the write row and each read hold. \
@@ -235,8 +262,9 @@ pub struct ReleaseArgs {
 pub struct ListArgs {
     #[command(flatten)]
     pub database: Database,
-    /// A lock name to show instead of its lock key (the table keeps only a hash of each
-    /// name); repeat for several. Rows of other names show their lock key.
+    /// Only the rows of lock NAME: its lock, and the permits of the semaphore and the rows of
+    /// the reader/writer lock of that name; repeat for several. Without it, every row of the
+    /// table and region.
     #[arg(long = "key", value_name = "NAME")]
     pub keys: Vec<String>,
     /// Only the rows held now by client id ID; `HOST/` (ending in `/`) for every holder on

@@ -22,16 +22,20 @@ pub fn without(feature: &str) -> Failure {
     )
 }
 
-/// What a command may do about a missing table.
+/// What a command may do with the database.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Tables {
-    /// `run` and `lead`: create the table and its deletion floor when missing, unless
-    /// `--no-create-table` (`init` creates them itself).
+    /// `run --create`, `lead --create` (and `init` itself): create the SQLite file, the table
+    /// and its deletion floor when missing.
     Create,
-    /// `status`, `list`, `release` and `cleanup`: only use an existing table — a typo'd
-    /// `--prefix` must not leave a table, a floor table and a trigger behind — nor create a
-    /// missing SQLite file.
+    /// `run`, `lead`, `release` and `cleanup`: only use an existing table — a typo'd
+    /// `--prefix` or `--database` must neither leave a table, a floor table and a trigger
+    /// behind nor run the job under a lock nobody else takes — nor create a missing SQLite
+    /// file.
     Existing,
+    /// `status` and `list`: as [`Tables::Existing`], and SQLite opens the file read-only (a
+    /// user who may only read it can look), without the release board.
+    Read,
 }
 
 /// A registry on the database of `database`.
@@ -40,26 +44,45 @@ pub fn registry(
     ttl: Option<Duration>,
     tables: Tables,
 ) -> Result<LockRegistry, Failure> {
-    let mut builder = builder(database)?;
-    if tables == Tables::Existing {
-        if let Some(path) = sqlite_path(&database.database) {
-            if !std::path::Path::new(path).exists() {
-                return Err(Failure::new(
-                    exit::ERROR,
-                    format!(
-                        "there is no SQLite database {path}: create it and its lock table with \
-                         `leasehold init --database sqlite:{path}` (and the same --prefix), or \
-                         check the path for a typo"
-                    ),
-                ));
-            }
-        }
-        builder = builder.create_table(false);
-    }
+    let mut builder = builder_for(database, tables)?;
     if let Some(ttl) = ttl {
         builder = builder.time_to_live(ttl);
     }
     Ok(builder.build()?)
+}
+
+/// A registry builder for `database` that does what `tables` allows.
+pub fn builder_for(database: &Database, tables: Tables) -> Result<RegistryBuilder, Failure> {
+    let builder = builder(database)?;
+    if tables == Tables::Create {
+        return Ok(builder.create_table(true));
+    }
+    if let Some(path) = sqlite_path(&database.database) {
+        if !std::path::Path::new(path).exists() {
+            return Err(Failure::new(
+                exit::ERROR,
+                format!(
+                    "there is no SQLite database {path}: create it and its lock table with \
+                     `leasehold init --database sqlite:{path}` (and the same --prefix; `run` \
+                     and `lead` create them with --create), or check the path for a typo"
+                ),
+            ));
+        }
+    }
+    let builder = builder.create_table(false);
+    Ok(match tables {
+        Tables::Read => builder.read_only(true).notifications(false),
+        _ => builder,
+    })
+}
+
+/// What `run` and `lead` may do: create with `--create`, else only use what exists.
+pub fn creating(create: bool) -> Tables {
+    if create {
+        Tables::Create
+    } else {
+        Tables::Existing
+    }
 }
 
 /// The file a `sqlite:` URL names.
@@ -115,8 +138,7 @@ pub fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
     Ok(builder
         .client_id(client_id())
         .prefix(database.prefix.clone())
-        .region(database.region.clone())
-        .create_table(!database.no_create_table))
+        .region(database.region.clone()))
 }
 
 /// `HOST/PID/RANDOM` (at most 36 characters; the library's format, with the host name from

@@ -43,10 +43,10 @@ impl From<Error> for Failure {
             return Failure::new(
                 ERROR,
                 format!(
-                    "lock table {table} does not exist: create it with `leasehold init` and the \
-                     same --database and --prefix (or have a DBA run what `leasehold init \
-                     --print` shows); check --prefix for a typo, as every instance must use the \
-                     same database, prefix and region"
+                    "table {table} does not exist: create it with `leasehold init` and the same \
+                     --database and --prefix (or have a DBA run what `leasehold init --print` \
+                     shows; `run` and `lead` create it with --create); check --prefix for a \
+                     typo, as every instance must use the same database, prefix and region"
                 ),
             );
         }
@@ -57,6 +57,97 @@ impl From<Error> for Failure {
             | Error::PermitsMismatch { .. } => USAGE,
             _ => ERROR,
         };
-        Failure::new(code, error.to_string())
+        Failure::new(code, for_cli(&error.to_string()))
+    }
+}
+
+/// A message of the library as the command's user reads it: the command's options and
+/// `leasehold init` where the library names its builder's settings, its constructors and the
+/// DDL files of its source tree (which an installed command's user does not have).
+pub fn for_cli(message: &str) -> String {
+    const SAID: [(&str, &str); 15] = [
+        (" and RegistryBuilder::renewal_pool_size", ""),
+        (" and RegistryBuilder::pool_size", ""),
+        (" (with INT_ replaced by the prefix)", ""),
+        (" (with INT_ replaced by your prefix)", ""),
+        (
+            "a registry has been built with create_table(true)",
+            "`leasehold init` has been run",
+        ),
+        (
+            "leave RegistryBuilder::prepared_statements off",
+            "leave out --prepared-statements",
+        ),
+        (
+            "RegistryBuilder::prepared_statements",
+            "--prepared-statements",
+        ),
+        ("RegistryBuilder::listener_url", "--listener-url"),
+        ("RegistryBuilder::create_table(true)", "`leasehold init`"),
+        ("create_table(true)", "`leasehold init`"),
+        ("LockRegistry::postgres", "a postgres:// URL"),
+        ("LockRegistry::mysql", "a mysql:// URL"),
+        ("LockRegistry::sqlite", "a sqlite: URL"),
+        (
+            "check the prefix (the lock table is the prefix",
+            "check --prefix (the lock table is the prefix",
+        ),
+        ("check the prefix", "check --prefix"),
+    ];
+    let mut text = message.to_string();
+    for (library, command) in SAID {
+        text = text.replace(library, command);
+    }
+    // `sql/postgres.sql`, `sql/mysql_floor.sql`, …: what `init --print` prints.
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("sql/") {
+        let after = &rest[at + 4..];
+        let stem = after
+            .bytes()
+            .take_while(|b| b.is_ascii_lowercase() || *b == b'_')
+            .count();
+        if stem > 0 && after[stem..].starts_with(".sql") {
+            out.push_str(&rest[..at]);
+            out.push_str("what `leasehold init --print` shows");
+            rest = &after[stem + 4..];
+        } else {
+            out.push_str(&rest[..at + 4]);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::for_cli;
+
+    #[test]
+    fn library_advice_becomes_the_commands() {
+        assert_eq!(
+            for_cli("no such table: X: create the table with sql/sqlite.sql or RegistryBuilder::create_table(true)"),
+            "no such table: X: create the table with what `leasehold init --print` shows or \
+             `leasehold init`"
+        );
+        assert_eq!(
+            for_cli(
+                "DROP TABLE T_LOCK, then run sql/postgres.sql: column REGION is part of the key"
+            ),
+            "DROP TABLE T_LOCK, then run what `leasehold init --print` shows: column REGION is \
+             part of the key"
+        );
+        let floor = for_cli(
+            "Until sql/mysql_floor.sql (with INT_ replaced by the prefix) has been run, or a \
+             registry has been built with create_table(true) by a user",
+        );
+        assert_eq!(
+            floor,
+            "Until what `leasehold init --print` shows has been run, or `leasehold init` has been \
+             run by a user"
+        );
+        assert_eq!(for_cli("see sql/ and x.sql"), "see sql/ and x.sql");
+        assert!(!for_cli(", or use LockRegistry::mysql").contains("LockRegistry"));
     }
 }

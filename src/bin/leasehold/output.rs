@@ -183,17 +183,19 @@ fn holder_json(row: &LockRow, now: SystemTime) -> HolderJson<'_> {
     }
 }
 
-/// `key`'s status as one JSON object. The lock: `key`, `lock_key`, `state` ("held" or
-/// "free"), and the holder's `client_id`, `acquired` and `expires_at` (RFC 3339, UTC, on the
-/// database clock), `expires_in_ms` and `fencing_token`, all null when free. `held`: whether
-/// anything of the name is held (the exit code). `semaphore` (null when the name has none):
-/// `permits` (null when not recorded), `held` and `holders`. `rw_lock` (null when the name has
-/// none): `state` ("free", "read", "write", or "writer_waiting" while a writer holds the write
-/// row and waits for readers), `readers` and `holders`. A holder: `part` ("permit 2",
-/// "read 17", "write"), `lock_key`, `client_id`, `acquired`, `expires_at`, `expires_in_ms`,
-/// `fencing_token`.
+/// `key`'s status as one JSON object. The lock: `key`, `lock_key`, `state` ("held",
+/// "expired" or "released", as `list` says of its row, or "free" when the table has no row
+/// for it), and the row's `client_id` (null once released), `acquired` and `expires_at` (RFC
+/// 3339, UTC, on the database clock; `expires_at` null once released), `expires_in_ms`
+/// (negative once expired, null once released) and `fencing_token`, as `list --json` shows
+/// them; all null when free. `held`: whether anything of the name is held (the exit code).
+/// `semaphore` (null when the name has none): `permits` (null when not recorded), `held` and
+/// `holders`. `rw_lock` (null when the name has none): `state` ("free", "read", "write", or
+/// "writer_waiting" while a writer holds the write row and waits for readers), `readers` and
+/// `holders`. A holder: `part` ("permit 2", "read 17", "write"), `lock_key`, `client_id`,
+/// `acquired`, `expires_at`, `expires_in_ms`, `fencing_token`.
 pub fn status_json(key: &str, status: &Status) -> String {
-    let (holder, now) = (status.lock.as_ref(), status.now);
+    let (row, now) = (status.lock.as_ref(), status.now);
     let time = |at: SystemTime| humantime::format_rfc3339_millis(at).to_string();
     let semaphore = status.semaphore.exists().then(|| {
         let held = status.semaphore.held();
@@ -220,15 +222,17 @@ pub fn status_json(key: &str, status: &Status) -> String {
                 .collect(),
         }
     });
+    // A released row's expiry is a marker, not a time.
+    let running = row.filter(|row| row.state != LockState::Released);
     let json = StatusJson {
         key,
         lock_key: leasehold::lock_key_for(key),
-        state: if holder.is_some() { "held" } else { "free" },
-        client_id: holder.map(|h| h.client_id.as_str()),
-        acquired: holder.map(|h| time(h.acquired)),
-        expires_at: holder.map(|h| time(h.expires_at)),
-        expires_in_ms: holder.map(|h| millis_until(h.expires_at, now)),
-        fencing_token: holder.map(|h| h.fencing_token),
+        state: row.map_or("free", |row| row.state.as_str()),
+        client_id: row.and_then(|row| row.client_id.as_deref()),
+        acquired: row.map(|row| time(row.acquired)),
+        expires_at: running.map(|row| time(row.expires_at)),
+        expires_in_ms: running.map(|row| millis_until(row.expires_at, now)),
+        fencing_token: row.map(|row| row.fencing_token),
         held: status.held(),
         semaphore,
         rw_lock,

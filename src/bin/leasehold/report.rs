@@ -1,4 +1,5 @@
-//! Reports on stderr: `--verbose`'s steps, and the library's warnings always.
+//! Reports on stderr: `--verbose`'s steps, and the library's warnings always (in the
+//! command's words, see [`crate::exit::for_cli`]).
 
 use std::time::SystemTime;
 
@@ -31,7 +32,7 @@ impl log::Log for Reporter {
                 "{} leasehold: {}: {}",
                 humantime::format_rfc3339_millis(SystemTime::now()),
                 record.level().as_str().to_ascii_lowercase(),
-                record.args()
+                crate::exit::for_cli(&record.args().to_string())
             );
         }
     }

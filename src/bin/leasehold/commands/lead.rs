@@ -2,14 +2,17 @@
 //! leadership is lost, then stand by again (or exit, `--once`).
 
 use crate::args::LeadArgs;
-use crate::database::builder;
+use crate::database::{builder_for, creating};
 use crate::exit::{self, Failure};
 use crate::report::Reporter;
-use crate::supervisor::{code_of, forward_signals, spawn, supervise, Watchdog};
+use crate::supervisor::{code_of, forward_signals, spawn, supervise, Stops, Watchdog};
 use leasehold::{Error, LeaderElection};
 
 pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
-    let election = LeaderElection::builder(builder(&args.database)?, args.group.clone())
+    // First of all: a SIGTSTP must never stop leasehold inside a statement.
+    let stops = Stops::catch()?;
+    let builder = builder_for(&args.database, creating(args.create))?;
+    let election = LeaderElection::builder(builder, args.group.clone())
         .lease_duration(args.ttl)
         .lock_acquire_sleep_interval(args.poll)
         .build()?;
@@ -58,6 +61,7 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
             command,
             leadership.loss_channel(),
             &signals,
+            &stops,
             args.grace,
             &format!("the leadership of {group:?} (term {term})"),
             reporter,

@@ -3,11 +3,11 @@
 //! ends.
 
 use crate::args::RunArgs;
-use crate::database::{registry, Tables};
+use crate::database::{creating, registry};
 use crate::exit::{self, Failure};
 use crate::output::rounded;
 use crate::report::Reporter;
-use crate::supervisor::{code_of, forward_signals, spawn, supervise, Watchdog};
+use crate::supervisor::{code_of, forward_signals, spawn, supervise, Stops, Watchdog};
 use leasehold::{AnyGuard, Error};
 use std::time::Duration;
 
@@ -41,7 +41,9 @@ fn take<T>(
 }
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
-    let registry = registry(&args.database, Some(args.ttl), Tables::Create)?;
+    // First of all: a SIGTSTP must never stop leasehold inside a statement.
+    let stops = Stops::catch()?;
+    let registry = registry(&args.database, Some(args.ttl), creating(args.create))?;
     // Before the lock: without a watchdog the command would not be stopped if leasehold died.
     let mut watchdog = Watchdog::start(args.grace)?;
     reporter.say(format_args!("waiting for {:?}", args.key));
@@ -91,6 +93,9 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         }
     };
     let Some(guard) = guard else {
+        if args.quiet {
+            return Ok(args.conflict_exit_code);
+        }
         if args.read || args.write {
             let side = if args.read { "read" } else { "write" };
             eprintln!(
@@ -159,6 +164,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         group,
         guard.loss_channel(),
         &signals,
+        &stops,
         args.grace,
         &format!("the lease of {:?}", args.key),
         reporter,

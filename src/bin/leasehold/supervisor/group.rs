@@ -141,6 +141,16 @@ pub fn spawn<'w>(
 }
 
 impl Group<'_> {
+    /// The group's id (the command's pid).
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Whether the group was given the terminal.
+    pub fn has_terminal(&self) -> bool {
+        self.terminal.is_some()
+    }
+
     /// Sends `signal` to every process of the group.
     pub fn signal(&self, signal: libc::c_int) {
         signal_group(self.pid, signal);
@@ -204,7 +214,8 @@ impl Group<'_> {
 
     /// The command was stopped. If leasehold has a terminal (Ctrl-Z, or the command read the
     /// terminal from the background after `bg`), leasehold takes the terminal back and stops
-    /// its own process group, as a shell expects of a job; when continued, it gives the
+    /// its own process group, as a shell expects of a job (between two database statements,
+    /// see [`super::stops`]); when continued, it gives the
     /// terminal to the command again if the job is in the foreground (`fg`; after `bg` the
     /// shell keeps it) and continues the command. A group that is orphaned ignores that stop,
     /// and the command is continued at once. A command stopped otherwise (`kill -STOP`,
@@ -214,10 +225,7 @@ impl Group<'_> {
             return;
         };
         terminal.take_back_from(self.pid);
-        // SAFETY: kill(2) on our own process group with a stop signal we do not catch.
-        unsafe {
-            libc::kill(0, libc::SIGTSTP);
-        }
+        super::stops::stop_self(super::stops::Whom::MyGroup);
         if terminal.ours() {
             terminal.give_to(self.pid);
         }

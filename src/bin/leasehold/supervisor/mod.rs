@@ -8,7 +8,9 @@
 //!   group unless it leaves on purpose, so leasehold can signal the whole tree with
 //!   `kill(-pgid)`, and tell when it has ended: `kill(-pgid, 0)` fails with `ESRCH`.
 //! - **Signals** ([`signals`]): SIGINT, SIGTERM and SIGHUP sent to leasehold are forwarded to
-//!   the whole group, once.
+//!   the whole group, once; a forwarded SIGTERM is followed by SIGKILL to the group after
+//!   `--grace`, as after a loss. SIGTSTP and SIGCONT ([`stops`]) go to the group too, and
+//!   leasehold stops itself only between two database statements.
 //! - **A loss**: SIGTERM (and SIGCONT, so that a stopped process can act on it) to the group;
 //!   after `--grace`, SIGKILL to the group. leasehold reports "lost" (74) only once no process
 //!   of the group is left. When the command ends by itself, leasehold waits likewise for what
@@ -51,11 +53,13 @@
 
 mod group;
 mod signals;
+pub mod stops;
 mod terminal;
 pub mod watchdog;
 
 pub use group::{code_of, spawn, Group, State};
 pub use signals::forward_signals;
+pub use stops::Stops;
 pub use watchdog::Watchdog;
 
 use crate::exit::Failure;
@@ -92,11 +96,30 @@ pub struct Ended {
 }
 
 /// Waits until every process of `group` has ended, forwarding `signals` to the group; when
-/// `losses` delivers, stops the group with SIGTERM and, after `grace`, SIGKILL. `what` names
-/// what can be lost in messages ("the lease of \"KEY\""); `tick` runs about every 20 ms until
-/// a loss.
+/// `losses` delivers, stops the group with SIGTERM and, after `grace`, SIGKILL, and likewise
+/// SIGKILL `grace` after a forwarded SIGTERM. `stops` forwards SIGTSTP and SIGCONT while the
+/// group runs. `what` names what can be lost in messages ("the lease of \"KEY\""); `tick`
+/// runs about every 20 ms until a loss.
+#[allow(clippy::too_many_arguments)]
 pub fn supervise<T: Loss>(
     mut group: Group<'_>,
+    losses: crossbeam_channel::Receiver<T>,
+    signals: &crossbeam_channel::Receiver<i32>,
+    stops: &Stops,
+    grace: Duration,
+    what: &str,
+    reporter: &Reporter,
+    tick: impl FnMut(),
+) -> Result<Ended, Failure> {
+    stops.running(group.pid(), group.has_terminal());
+    let ended = watch_group(&mut group, losses, signals, grace, what, reporter, tick);
+    stops.ended();
+    ended
+}
+
+/// [`supervise`], while `stops` knows the group.
+fn watch_group<T: Loss>(
+    group: &mut Group<'_>,
     losses: crossbeam_channel::Receiver<T>,
     signals: &crossbeam_channel::Receiver<i32>,
     grace: Duration,
@@ -106,6 +129,8 @@ pub fn supervise<T: Loss>(
 ) -> Result<Ended, Failure> {
     let mut losses = losses;
     let (mut lost_at, mut killed, mut signalled) = (None::<Instant>, false, false);
+    // When the group was told to end (a loss, or a forwarded SIGTERM): SIGKILL `grace` later.
+    let mut terminated_at = None::<Instant>;
     let mut said_leftovers = false;
     loop {
         select! {
@@ -119,6 +144,7 @@ pub fn supervise<T: Loss>(
                     );
                     group.terminate();
                     lost_at = Some(Instant::now());
+                    terminated_at = terminated_at.or(lost_at);
                 }
                 losses = crossbeam_channel::never();
             },
@@ -128,7 +154,21 @@ pub fn supervise<T: Loss>(
                     reporter.say(format_args!(
                         "forwarding signal {signal} to the command's process group"
                     ));
-                    group.signal(signal);
+                    if signal == libc::SIGTERM {
+                        // As after a loss: stopped processes act on it, and SIGKILL follows
+                        // after the grace (as `timeout -k` does).
+                        group.terminate();
+                        if terminated_at.is_none() {
+                            reporter.say(format_args!(
+                                "the command's process group gets SIGKILL if it has not ended \
+                                 in {}",
+                                humantime::format_duration(grace)
+                            ));
+                            terminated_at = Some(Instant::now());
+                        }
+                    } else {
+                        group.signal(signal);
+                    }
                 }
             },
             default(Duration::from_millis(20)) => {}
@@ -153,10 +193,11 @@ pub fn supervise<T: Loss>(
                 });
             }
         }
-        if !killed && lost_at.is_some_and(|at| at.elapsed() >= grace) {
+        if !killed && terminated_at.is_some_and(|at| at.elapsed() >= grace) {
             eprintln!(
-                "leasehold: the command's process group did not end after SIGTERM; sending \
-                 SIGKILL"
+                "leasehold: the command's process group did not end within {} of SIGTERM; \
+                 sending SIGKILL",
+                humantime::format_duration(grace)
             );
             group.kill();
             killed = true;

@@ -1,0 +1,783 @@
+//! The `leasehold` command's defaults, run as a real process against every database: nothing
+//! but `init` (or `--create`) makes a table or an SQLite file; `-q` keeps refusals silent;
+//! `list --key` filters; a forwarded SIGTERM is followed by SIGKILL after `--grace`; `status`
+//! and `list` say the same of a row; read-only commands open SQLite read-only and a directory
+//! SQLite cannot write is named; messages speak of the command, not of the library; a table of
+//! another shape is not offered a `DROP TABLE`; SIGTSTP never stops leasehold inside a
+//! statement.
+//!
+//! `LEASEHOLD_TEST_BIN` runs the tests against another build of the command.
+
+#![cfg(feature = "cli")]
+
+mod common;
+
+mod suite {
+    use crate::common::{Db, Fixture};
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, Output, Stdio};
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    const GENEROUS: Duration = Duration::from_secs(30);
+
+    fn binary() -> PathBuf {
+        std::env::var_os("LEASEHOLD_TEST_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leasehold")))
+    }
+
+    fn url(f: &Fixture) -> String {
+        match f.db {
+            Db::Sqlite => format!("sqlite:{}", f.sqlite_path().display()),
+            Db::Postgres => crate::common::postgres_url(),
+            Db::Mysql => crate::common::mysql_url(),
+        }
+    }
+
+    /// `leasehold SUBCOMMAND --database … --prefix PREFIX ARGS…`, in a process group of its
+    /// own (so that it never takes the test's terminal).
+    fn leasehold_on(f: &Fixture, prefix: &str, subcommand: &str, args: &[&str]) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(binary());
+        command
+            .arg(subcommand)
+            .args(["--database", &url(f), "--prefix", prefix])
+            .args(args)
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::null())
+            .process_group(0);
+        command
+    }
+
+    fn leasehold(f: &Fixture, subcommand: &str, args: &[&str]) -> Command {
+        leasehold_on(f, &f.prefix, subcommand, args)
+    }
+
+    fn output(mut command: Command) -> Output {
+        command.output().expect("leasehold runs")
+    }
+
+    fn code(output: &Output) -> i32 {
+        output.status.code().unwrap_or_else(|| panic!("{output:?}"))
+    }
+
+    fn stderr(output: &Output) -> String {
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
+    fn stdout(output: &Output) -> String {
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn json(output: &Output) -> serde_json::Value {
+        serde_json::from_str(&stdout(output)).unwrap_or_else(|e| panic!("{e}: {output:?}"))
+    }
+
+    fn wait_for_file(path: &Path) {
+        let deadline = Instant::now() + GENEROUS;
+        while std::fs::read_to_string(path).map_or(true, |text| !text.ends_with('\n')) {
+            assert!(
+                Instant::now() < deadline,
+                "{} never written",
+                path.display()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn read_pid(path: &Path) -> u32 {
+        wait_for_file(path);
+        std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    fn wait_with_deadline(child: &mut Child) -> std::process::ExitStatus {
+        let deadline = Instant::now() + GENEROUS;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("leasehold did not end in {GENEROUS:?}");
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The state letter of process `pid` (`T` when stopped), from `/proc`.
+    fn state_of(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 2..].chars().next()
+    }
+
+    fn send(signal: &str, pid: u32) {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    /// Kills (and continues) a process group when dropped, so that a failing test leaves
+    /// nothing running.
+    struct Reaper(Vec<u32>);
+
+    impl Drop for Reaper {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{pid}")])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+
+    /// Drops the tables of a prefix when dropped, even when the test fails.
+    struct DropTables<'a>(&'a Fixture, String);
+
+    impl Drop for DropTables<'_> {
+        fn drop(&mut self) {
+            self.0.drop_tables(&self.1);
+        }
+    }
+
+    /// Whether table `{prefix}LOCK` exists on the fixture's database.
+    fn table_exists(f: &Fixture, prefix: &str) -> bool {
+        let table = format!("{prefix}LOCK").to_lowercase();
+        match f.db {
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite => {
+                if !f.sqlite_path().exists() {
+                    return false;
+                }
+                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+                conn.query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE lower(name) = ?1",
+                    [&table],
+                    |row| row.get::<_, i64>(0),
+                )
+                .unwrap()
+                    > 0
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                let mut client =
+                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
+                        .unwrap();
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM information_schema.tables \
+                         WHERE lower(table_name) = $1",
+                        &[&table],
+                    )
+                    .unwrap();
+                row.get::<_, i64>(0) > 0
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
+                let mut conn = mysql::Conn::new(opts).unwrap();
+                let count: Option<i64> = conn
+                    .exec_first(
+                        "SELECT count(*) FROM information_schema.tables \
+                         WHERE table_schema = DATABASE() AND lower(table_name) = ?",
+                        (&table,),
+                    )
+                    .unwrap();
+                count.unwrap_or(0) > 0
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("{other:?} support is not compiled in"),
+        }
+    }
+
+    /// Runs `sql` (several statements) on the fixture's database with the driver directly.
+    fn execute(f: &Fixture, sql: &str) {
+        match f.db {
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite => {
+                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+                conn.execute_batch(sql).unwrap();
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres => {
+                let mut client =
+                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
+                        .unwrap();
+                client.batch_execute(sql).unwrap();
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql => {
+                use mysql::prelude::Queryable;
+                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
+                mysql::Conn::new(opts).unwrap().query_drop(sql).unwrap();
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("{other:?} support is not compiled in"),
+        }
+    }
+
+    /// A mistyped `--prefix` (or SQLite path) made `run` and `lead` create a second lock table
+    /// and run the job under it, beside an instance holding the key in the real one.
+    pub fn run_and_lead_use_only_an_existing_table_and_point_at_init(f: &Fixture) {
+        let typo = format!("{}TYPO_", f.prefix);
+        let _dropper = DropTables(f, typo.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let touch = format!("touch '{}'", ran.display());
+        for (subcommand, args) in [
+            ("run", &["--key", "job"][..]),
+            ("run", &["--key", "job", "--permits", "2"][..]),
+            ("run", &["--key", "job", "--read"][..]),
+            ("lead", &["--group", "job", "--once"][..]),
+        ] {
+            let mut command = leasehold_on(f, &typo, subcommand, args);
+            command.args(["--", "sh", "-c", &touch]);
+            let refused = output(command);
+            assert_eq!(code(&refused), 70, "{subcommand} {args:?}: {refused:?}");
+            let said = stderr(&refused);
+            assert!(
+                said.contains(&format!("{typo}LOCK does not exist"))
+                    && said.contains("`leasehold init`")
+                    && said.contains("--create")
+                    && said.contains("--prefix"),
+                "{subcommand} {args:?}: {said}"
+            );
+            assert!(!ran.exists(), "{subcommand} {args:?} ran the command");
+            assert!(
+                !table_exists(f, &typo),
+                "{subcommand} {args:?} made the table"
+            );
+        }
+        // --create makes the table, as init does, and runs.
+        let mut command = leasehold_on(f, &typo, "run", &["--create", "--key", "job"]);
+        command.args(["--", "sh", "-c", &touch]);
+        let created = output(command);
+        assert_eq!(code(&created), 0, "{created:?}");
+        assert!(ran.exists() && table_exists(f, &typo));
+
+        if f.db == Db::Sqlite {
+            // A mistyped file name: no file appears, nothing runs.
+            let file = dir.path().join("jbos.db");
+            std::fs::remove_file(&ran).unwrap();
+            for subcommand in ["run", "lead"] {
+                let key = if subcommand == "run" {
+                    "--key"
+                } else {
+                    "--group"
+                };
+                let refused = output({
+                    let mut c = Command::new(binary());
+                    c.args([subcommand, "--database"])
+                        .arg(format!("sqlite:{}", file.display()))
+                        .args([key, "job", "--", "sh", "-c", &touch])
+                        .stdin(Stdio::null());
+                    c
+                });
+                assert_eq!(code(&refused), 70, "{refused:?}");
+                assert!(
+                    stderr(&refused).contains("leasehold init --database sqlite:"),
+                    "{refused:?}"
+                );
+                assert!(!file.exists() && !ran.exists(), "{subcommand} made or ran");
+            }
+        }
+    }
+
+    /// A crontab line written the flock way (`-n -E 0`) mailed the operator at every skip.
+    pub fn quiet_refusals_print_nothing(f: &Fixture) {
+        let registry = f.registry();
+        let held = registry.obtain("nightly").unwrap().lock().unwrap();
+        for (args, expected) in [
+            (&["-n", "-q", "-E", "0"][..], 0),
+            (&["--no-wait", "--quiet"][..], 75),
+            (&["--wait", "0.2", "-q"][..], 75),
+            (&["--permits", "1", "-q", "-n"][..], 75),
+        ] {
+            if args.contains(&"--permits") {
+                let _permit = registry.semaphore("nightly", 1).unwrap().acquire().unwrap();
+                let mut command = leasehold(f, "run", &["--key", "nightly"]);
+                command.args(args).args(["--", "true"]);
+                let skipped = output(command);
+                assert_eq!(code(&skipped), expected, "{args:?}: {skipped:?}");
+                assert!(
+                    skipped.stderr.is_empty() && skipped.stdout.is_empty(),
+                    "{skipped:?}"
+                );
+                continue;
+            }
+            let mut command = leasehold(f, "run", &["--key", "nightly"]);
+            command.args(args).args(["--", "echo", "ran"]);
+            let skipped = output(command);
+            assert_eq!(code(&skipped), expected, "{args:?}: {skipped:?}");
+            assert!(
+                skipped.stderr.is_empty() && skipped.stdout.is_empty(),
+                "{args:?}: {skipped:?}"
+            );
+        }
+        // Without it the refusal is said; failures are said with it.
+        let mut command = leasehold(f, "run", &["--key", "nightly", "-n", "--", "true"]);
+        command.stdin(Stdio::null());
+        let said = output(command);
+        assert_eq!(code(&said), 75);
+        assert!(stderr(&said).contains("is held"), "{said:?}");
+        let failed = output(leasehold_on(
+            f,
+            &format!("{}NONE_", f.prefix),
+            "run",
+            &["-q", "-n", "--key", "nightly", "--", "true"],
+        ));
+        assert_eq!(code(&failed), 70);
+        assert!(stderr(&failed).contains("leasehold init"), "{failed:?}");
+        held.unlock().unwrap();
+    }
+
+    /// `list --key NAME` only named rows; everyone reads it as a filter, as it is on `status`.
+    pub fn list_key_shows_only_the_rows_of_that_name(f: &Fixture) {
+        let registry = f.registry();
+        registry
+            .obtain("a")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+        let other = registry.obtain("b").unwrap().lock().unwrap();
+        let permit = registry.semaphore("a", 3).unwrap().acquire().unwrap();
+        let other_permit = registry.semaphore("b", 3).unwrap().acquire().unwrap();
+        let reading = registry.rw_lock("a").unwrap().read().unwrap();
+        let listed = output(leasehold(f, "list", &["--key", "a", "--json"]));
+        assert_eq!(code(&listed), 0, "{listed:?}");
+        let rows = json(&listed);
+        let rows = rows.as_array().unwrap();
+        let shown: Vec<(String, String)> = rows
+            .iter()
+            .map(|row| {
+                (
+                    row["key"].as_str().unwrap_or("?").to_string(),
+                    row["state"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(rows.len(), 3, "{shown:?}");
+        assert!(shown.iter().all(|(key, _)| key == "a"), "{shown:?}");
+        let lock_key = leasehold::lock_key_for("a");
+        assert!(
+            rows.iter()
+                .any(|row| row["lock_key"] == lock_key.as_str() && row["state"] == "released"),
+            "{shown:?}"
+        );
+        // The table for people, and two names.
+        let table = output(leasehold(f, "list", &["--key", "a"]));
+        let text = stdout(&table);
+        assert_eq!(text.lines().count(), 4, "{text}");
+        assert!(
+            !text.contains(" b ") && text.contains("a (permit "),
+            "{text}"
+        );
+        let both = json(&output(leasehold(
+            f,
+            "list",
+            &["--key", "a", "--key", "b", "--json"],
+        )));
+        assert_eq!(both.as_array().unwrap().len(), 5, "{both}");
+        let none = output(leasehold(f, "list", &["--key", "c"]));
+        assert_eq!(code(&none), 0);
+        assert!(stdout(&none).starts_with("no locks named c"), "{none:?}");
+        drop((other, permit, other_permit, reading));
+    }
+
+    /// A command that ignores a forwarded SIGTERM kept the lock until something SIGKILLed
+    /// leasehold itself.
+    pub fn a_forwarded_sigterm_is_followed_by_sigkill_after_the_grace(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
+        let script = format!(
+            "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+            ready.display()
+        );
+        let mut run = leasehold(f, "run", &["--key", "stubborn", "--grace", "1s", "--"])
+            .args(["sh", "-c", &script])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _reaper = Reaper(vec![run.id()]);
+        let command = read_pid(&ready);
+        let _command_reaper = Reaper(vec![command]);
+        send("TERM", run.id());
+        let status = wait_with_deadline(&mut run);
+        assert_eq!(status.code(), Some(128 + 9), "{status:?}");
+        let mut said = String::new();
+        std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut said).unwrap();
+        assert!(said.contains("SIGKILL"), "{said}");
+        assert!(state_of(command).is_none(), "the command is gone");
+        let free = output(leasehold(f, "status", &["--key", "stubborn", "--json"]));
+        assert_eq!(code(&free), 1, "released: {free:?}");
+        // --help says so.
+        let help = output({
+            let mut c = Command::new(binary());
+            c.args(["run", "--help"]);
+            c
+        });
+        let help = stdout(&help);
+        assert!(
+            help.contains("SIGTERM sent to leasehold") && help.contains("timeout -k"),
+            "{help}"
+        );
+    }
+
+    /// `status` said `free` (token null) of a row `list` called `released` with its token.
+    pub fn status_and_list_say_the_same_of_a_row(f: &Fixture) {
+        let registry = f.registry();
+        let guard = registry.obtain("done").unwrap().lock().unwrap();
+        let token = guard.fencing_token();
+        guard.unlock().unwrap();
+        let expiring = f
+            .builder()
+            .time_to_live(leasehold::MIN_TIME_TO_LIVE)
+            .renewal(false)
+            .build()
+            .unwrap();
+        let crashed = expiring.obtain("crashed").unwrap().lock().unwrap();
+        let crashed_token = crashed.fencing_token();
+        std::mem::forget(crashed);
+        thread::sleep(Duration::from_millis(200));
+        let listed = json(&output(leasehold(
+            f,
+            "list",
+            &["--key", "done", "--key", "crashed", "--json"],
+        )));
+        for (key, word, expected) in [
+            ("done", "released", token),
+            ("crashed", "expired", crashed_token),
+        ] {
+            let row = listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|row| row["key"] == key)
+                .unwrap_or_else(|| panic!("{key} in {listed}"));
+            assert_eq!(row["state"], word, "{row}");
+            assert_eq!(row["fencing_token"], expected, "{row}");
+            let status = output(leasehold(f, "status", &["--key", key, "--json"]));
+            assert_eq!(code(&status), 1, "{status:?}");
+            let object = json(&status);
+            for field in [
+                "state",
+                "fencing_token",
+                "client_id",
+                "expires_at",
+                "acquired",
+            ] {
+                assert_eq!(object[field], row[field], "{field}: {object} vs {row}");
+            }
+            let line = stdout(&output(leasehold(f, "status", &["--key", key])));
+            assert!(
+                line.starts_with(&format!("{key}: {word}"))
+                    && line.contains(&format!("fencing token {expected}")),
+                "{line}"
+            );
+        }
+        let never = output(leasehold(f, "status", &["--key", "never", "--json"]));
+        assert_eq!(json(&never)["state"], "free");
+        assert_eq!(json(&never)["fencing_token"], serde_json::Value::Null);
+    }
+
+    /// A command that runs `leasehold ARGS` as another user (nobody, when the tests run as
+    /// root) who may not write what root made; `None` when there is no way to.
+    fn as_other_user(args: &[String]) -> Command {
+        let root = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false);
+        let mut command = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(binary());
+            c
+        } else {
+            Command::new(binary())
+        };
+        command
+            .args(args)
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// `status` and `list` of a user who may only read the database file failed ("attempt to
+    /// write a readonly database"); one whose directory is not writable got a message about
+    /// permissions in general, not about the files SQLite needs beside the database.
+    pub fn read_only_users_read_and_unwritable_directories_are_named(f: &Fixture) {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(f.db, Db::Sqlite);
+        let dir = tempfile::tempdir().unwrap();
+        let locks = dir.path().join("locks");
+        std::fs::create_dir(&locks).unwrap();
+        let file = locks.join("jobs.db");
+        let url = format!("sqlite:{}", file.display());
+        let init = output({
+            let mut c = Command::new(binary());
+            c.args(["init", "--database", &url]);
+            c
+        });
+        assert_eq!(code(&init), 0, "{init:?}");
+        let registry = leasehold::LockRegistry::sqlite(&file).build().unwrap();
+        let held = registry.obtain("job").unwrap().lock().unwrap();
+        let token = held.fencing_token();
+        // Another user, or this one without write permission: may read, not write.
+        for path in [dir.path(), &locks] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        for entry in std::fs::read_dir(&locks).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+        }
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let args = |rest: &[&str]| -> Vec<String> {
+            let mut all = vec![rest[0].to_string(), "--database".to_string(), url.clone()];
+            all.extend(rest[1..].iter().map(|s| s.to_string()));
+            all
+        };
+        // While a holder has the database open, its -wal and -shm files are there: reading
+        // needs no write.
+        let status = output(as_other_user(&args(&["status", "--key", "job", "--json"])));
+        assert_eq!(code(&status), 0, "{status:?}");
+        assert_eq!(json(&status)["fencing_token"], token);
+        assert!(stderr(&status).is_empty(), "{status:?}");
+        let list = output(as_other_user(&args(&["list", "--json"])));
+        assert_eq!(code(&list), 0, "{list:?}");
+        // Taking a lock writes: the message says what may not be written.
+        let run = output(as_other_user(&args(&[
+            "run", "--key", "other", "-n", "--", "true",
+        ])));
+        assert_eq!(code(&run), 70, "{run:?}");
+        assert!(
+            stderr(&run).contains("may not write the database file"),
+            "{run:?}"
+        );
+        // Once nobody has it open, SQLite must create -wal and -shm beside it.
+        held.unlock().unwrap();
+        drop(registry);
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for suffix in ["-wal", "-shm"] {
+            let mut name = file.clone().into_os_string();
+            name.push(suffix);
+            let _ = std::fs::remove_file(name);
+        }
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o555)).unwrap();
+        for command in [
+            args(&["status", "--key", "job"]),
+            args(&["run", "--key", "job", "--", "true"]),
+        ] {
+            let refused = output(as_other_user(&command));
+            assert_eq!(code(&refused), 70, "{command:?}: {refused:?}");
+            let said = stderr(&refused);
+            assert!(
+                said.contains(&format!("directory {}", locks.display()))
+                    && said.contains("WAL")
+                    && said.contains("jobs.db-wal")
+                    && said.contains("jobs.db-shm"),
+                "{command:?}: {said}"
+            );
+        }
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// Messages for library users reached command users: a DDL file of the source tree, a
+    /// constructor, `create_table(true)`; and a table of another shape met through a mistaken
+    /// prefix was offered `DROP TABLE`.
+    pub fn messages_name_the_command_and_spare_foreign_tables(f: &Fixture) {
+        let foreign = format!("{}APP_", f.prefix);
+        let _dropper = DropTables(f, foreign.clone());
+        execute(
+            f,
+            &format!(
+                "CREATE TABLE {foreign}LOCK (ID INT PRIMARY KEY, REGION VARCHAR(10), AMOUNT INT)"
+            ),
+        );
+        for (subcommand, args) in [
+            ("status", &["--key", "k"][..]),
+            ("list", &[][..]),
+            ("run", &["--key", "k", "--", "true"][..]),
+            ("run", &["--create", "--key", "k", "--", "true"][..]),
+            ("init", &[][..]),
+        ] {
+            let refused = output(leasehold_on(f, &foreign, subcommand, args));
+            assert_eq!(code(&refused), 70, "{subcommand} {args:?}: {refused:?}");
+            let said = stderr(&refused);
+            assert!(
+                said.contains("not a lock table")
+                    && said.contains("check --prefix")
+                    && !said.contains("DROP")
+                    && !said.contains("ALTER"),
+                "{subcommand} {args:?}: {said}"
+            );
+        }
+        // A lock table of an old shape (Spring Integration's first, without REGION) is
+        // recognised: the fix names the command's DDL, not a file of the source tree.
+        let old = format!("{}OLD_", f.prefix);
+        let _old_dropper = DropTables(f, old.clone());
+        execute(
+            f,
+            &format!(
+                "CREATE TABLE {old}LOCK (LOCK_KEY CHAR(36) PRIMARY KEY, CLIENT_ID CHAR(36), \
+                 CREATED_DATE TIMESTAMP NOT NULL)"
+            ),
+        );
+        let refused = output(leasehold_on(f, &old, "status", &["--key", "k"]));
+        assert_eq!(code(&refused), 70, "{refused:?}");
+        let said = stderr(&refused);
+        assert!(
+            said.contains(&format!("DROP TABLE {old}LOCK"))
+                && said.contains("leasehold init")
+                && !said.contains("sql/"),
+            "{said}"
+        );
+        // A table without its deletion floor: the warning names the command, not a DDL file.
+        let bare = format!("{}BARE_", f.prefix);
+        let _bare_dropper = DropTables(f, bare.clone());
+        let timestamp = if f.db == Db::Mysql {
+            "DATETIME(6)"
+        } else {
+            "TIMESTAMP"
+        };
+        execute(
+            f,
+            &format!(
+                "CREATE TABLE {bare}LOCK (LOCK_KEY CHAR(36) NOT NULL, REGION VARCHAR(100) NOT \
+                 NULL, CLIENT_ID CHAR(36), CREATED_DATE {timestamp} NOT NULL, EXPIRED_AFTER \
+                 {timestamp} NOT NULL, FENCING_TOKEN BIGINT NOT NULL DEFAULT 0, PRIMARY KEY \
+                 (LOCK_KEY, REGION))"
+            ),
+        );
+        let warned = output(leasehold_on(f, &bare, "status", &["--key", "k"]));
+        assert_eq!(code(&warned), 1, "{warned:?}");
+        let said = stderr(&warned);
+        assert!(
+            said.contains("deletion floor")
+                && said.contains("leasehold init")
+                && !said.contains("sql/")
+                && !said.contains("create_table"),
+            "{said}"
+        );
+    }
+
+    /// A `mysql://` URL given PostgreSQL's port was told to use `LockRegistry::postgres`.
+    pub fn a_url_of_the_wrong_database_names_the_url_to_give(f: &Fixture) {
+        assert_eq!(f.db, Db::Postgres);
+        let port = crate::common::postgres_url()
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next().map(str::to_string))
+            .unwrap();
+        let refused = output({
+            let mut c = Command::new(binary());
+            c.args(["status", "--key", "k", "--database"])
+                .arg(format!("mysql://root@127.0.0.1:{port}/test"));
+            c
+        });
+        assert_eq!(code(&refused), 70, "{refused:?}");
+        let said = stderr(&refused);
+        assert!(
+            said.contains("postgres:// URL") && !said.contains("LockRegistry"),
+            "{said}"
+        );
+    }
+
+    /// SIGTSTP stopped leasehold wherever it was, inside an SQLite statement too — which keeps
+    /// the file's write lock and stops every lock on the database — and with it the renewals:
+    /// the lease ran out while the command ran on.
+    pub fn sigtstp_stops_the_command_and_leasehold_keeps_renewing(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
+        let script = format!(
+            "echo $$ > '{}'; while :; do sleep 0.05; done",
+            ready.display()
+        );
+        let mut run = leasehold(f, "run", &["--key", "paused", "--ttl", "1s", "--"])
+            .args(["sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let leasehold_pid = run.id();
+        let _reaper = Reaper(vec![leasehold_pid]);
+        let command = read_pid(&ready);
+        let _command_reaper = Reaper(vec![command]);
+        let first = json(&output(leasehold(
+            f,
+            "status",
+            &["--key", "paused", "--json"],
+        )));
+        send("TSTP", leasehold_pid);
+        let deadline = Instant::now() + GENEROUS;
+        while state_of(command) != Some('T') {
+            assert!(Instant::now() < deadline, "the command was not stopped");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // Three time-to-lives later leasehold runs and holds the lease, renewed.
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            let state = state_of(leasehold_pid);
+            if state == Some('T') {
+                send("CONT", leasehold_pid);
+                panic!("leasehold stopped itself");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let held = output(leasehold(f, "status", &["--key", "paused", "--json"]));
+        assert_eq!(code(&held), 0, "{held:?}");
+        let held = json(&held);
+        assert_eq!(held["fencing_token"], first["fencing_token"]);
+        assert!(
+            held["expires_at"].as_str().unwrap() > first["expires_at"].as_str().unwrap(),
+            "renewed: {first} then {held}"
+        );
+        assert_eq!(state_of(command), Some('T'), "the command stays stopped");
+        // SIGCONT continues the command; SIGTERM ends both.
+        send("CONT", leasehold_pid);
+        while state_of(command) == Some('T') {
+            assert!(Instant::now() < deadline, "the command was not continued");
+            thread::sleep(Duration::from_millis(10));
+        }
+        send("TERM", leasehold_pid);
+        assert_eq!(wait_with_deadline(&mut run).code(), Some(128 + 15));
+    }
+}
+
+macro_rules! defaults {
+    ($db:expr) => {
+        crate::suite_for!($db;
+            run_and_lead_use_only_an_existing_table_and_point_at_init,
+            quiet_refusals_print_nothing,
+            list_key_shows_only_the_rows_of_that_name,
+            a_forwarded_sigterm_is_followed_by_sigkill_after_the_grace,
+            status_and_list_say_the_same_of_a_row,
+            messages_name_the_command_and_spare_foreign_tables,
+            sigtstp_stops_the_command_and_leasehold_keeps_renewing,
+        );
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    defaults!(crate::common::Db::Sqlite);
+    crate::suite_for!(crate::common::Db::Sqlite;
+        read_only_users_read_and_unwritable_directories_are_named);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    defaults!(crate::common::Db::Postgres);
+    crate::suite_for!(crate::common::Db::Postgres;
+        a_url_of_the_wrong_database_names_the_url_to_give);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    defaults!(crate::common::Db::Mysql);
+}
