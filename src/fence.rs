@@ -229,7 +229,20 @@ pub(crate) mod sealed {
 /// It dereferences to the driver's transaction for the work; [`commit`](Self::commit) is the
 /// only way to commit it (the driver's `commit` takes the transaction by value, which this
 /// wrapper keeps), and dropping it rolls back. It borrows the guard: the lock stays held until
-/// the transaction has ended.
+/// the transaction has ended, so this does not compile:
+///
+/// ```compile_fail
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("app.db");
+/// # let registry = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+/// # let mut conn = leasehold::rusqlite::Connection::open(&path).unwrap();
+/// let guard = registry.obtain("ledger")?.lock()?;
+/// let tx = guard.fence(conn.transaction().unwrap())?;
+/// guard.unlock()?; // error: `guard` is borrowed by the open fenced transaction
+/// tx.commit()?;
+/// # Ok(()) }
+/// ```
 #[must_use = "dropping a fenced transaction rolls it back"]
 pub struct Fenced<'g, T: FenceableTransaction> {
     tx: Option<T>,

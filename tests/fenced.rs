@@ -370,6 +370,30 @@ mod suite {
             .lock_with_ttl(Duration::from_millis(300))
             .unwrap();
         wait_lost(|| guard.is_held());
+        // Another session keeps the lock row (SQLite: the file) locked, and the user's
+        // connection waits at most 3 s for a lock: a fence that sent a statement would fail
+        // with a database error after that wait, not with LeaseLost.
+        let mut blocker = ledger.other(f);
+        let row = format!(
+            "SELECT FENCING_TOKEN FROM {} WHERE LOCK_KEY = '{}' FOR UPDATE",
+            f.table(),
+            leasehold::lock_key_for("lost")
+        );
+        match f.db {
+            Db::Sqlite => blocker.conn.run("BEGIN IMMEDIATE"),
+            Db::Postgres => blocker.conn.run(&format!("BEGIN; {row}")),
+            Db::Mysql => {
+                blocker.conn.run("START TRANSACTION");
+                blocker.conn.run(&row);
+            }
+        }
+        match &mut ledger.conn {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(c) => c.busy_timeout(Duration::from_secs(3)).unwrap(),
+            #[allow(unreachable_patterns)]
+            conn if f.db == Db::Postgres => conn.run("SET lock_timeout = '3s'"),
+            conn => conn.run("SET SESSION innodb_lock_wait_timeout = 3"),
+        }
         // SQLite's writer would keep every other writer out; the write before the fence is
         // made on the servers only.
         let early = if f.db == Db::Sqlite { 0 } else { 100 };
@@ -377,6 +401,7 @@ mod suite {
             panic!("the fence let a lost lease through")
         }));
         assert!(matches!(reason, LossReason::Expired(_)), "{reason:?}");
+        blocker.conn.run("ROLLBACK");
         assert!(matches!(guard.fence_sql(), Err(Error::LeaseLost { .. })));
         assert_eq!(
             ledger.total(),
