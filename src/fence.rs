@@ -66,8 +66,10 @@
 //!   still runs, and `unlock` then returns `Err(LeaseLost)`. Its commit was still safe: nobody
 //!   could take the row before it ended. Keep fenced transactions well inside the
 //!   time-to-live.
-//! - **Other instances** wanting the key wait for the transaction (their acquire blocks on the
-//!   row, within their own timeouts), as do Spring Integration instances on the same table.
+//! - **Other instances** wanting the key find it held while the lease runs, as always. Once
+//!   it has expired, their acquire waits for the transaction on the row, as does a Spring
+//!   Integration instance's takeover on the same table; an acquire statement that waits longer
+//!   than its registry's `operation_timeout` ends the call with [`Error::Timeout`].
 //! - **SQLite** has one writer per file: while a fenced transaction runs, every statement that
 //!   writes the file waits — acquires, renewals and releases of every key and registry on it.
 //!   One that waits longer than its `operation_timeout` fails with [`Error::Timeout`] (a

@@ -487,6 +487,47 @@ mod suite {
         );
     }
 
+    /// A fenced transaction that outlasts the lease keeps the holder's own renewal out (the
+    /// renewal skips or waits for the locked row), so the lease is reported lost while the
+    /// transaction runs; its commit is still safe, and the lock goes to nobody before it.
+    pub fn a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut next = ledger.other(f);
+        let holder = f.registry();
+        let other = f.registry();
+        let guard = holder
+            .obtain("long")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(600))
+            .unwrap();
+        let losses = guard.loss_channel();
+        let (granted_tx, granted) = crossbeam_channel::bounded(1);
+        let taker = std::thread::spawn(move || {
+            let lock = other.obtain("long").unwrap();
+            let fresh = lock.try_lock_for(Duration::from_secs(60)).unwrap();
+            let fresh = fresh.expect("granted after the fenced transaction ended");
+            granted_tx.send(()).unwrap();
+            let result = next.fenced_add(&fresh, 0, 10, || {});
+            fresh.unlock().unwrap();
+            result
+        });
+        ledger
+            .fenced_add(&guard, 0, 1, || {
+                losses
+                    .recv_timeout(GENEROUS)
+                    .expect("the lease is lost while its row is locked");
+                std::thread::sleep(Duration::from_millis(600));
+                assert!(
+                    granted.try_recv().is_err(),
+                    "another instance took the lock while a fenced transaction was open"
+                );
+            })
+            .unwrap();
+        assert!(guard.unlock().unwrap_err().is_lease_lost());
+        taker.join().unwrap().unwrap();
+        assert_eq!(ledger.total(), 11, "the next holder saw the fenced write");
+    }
+
     /// A transaction on another type of database than the registry's is refused, and nothing
     /// runs in it.
     #[cfg(all(feature = "sqlite", any(feature = "postgres", feature = "mysql")))]
@@ -583,6 +624,7 @@ macro_rules! fenced {
             a_fence_on_a_lost_lease_fails_at_once,
             the_database_refuses_a_fence_after_the_row_was_taken,
             a_takeover_waits_for_an_open_fenced_transaction,
+            a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease,
         );
         #[cfg(feature = "failpoints")]
         crate::suite_for!($db; a_resumed_stale_holder_is_refused_by_the_database);
