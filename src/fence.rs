@@ -39,15 +39,17 @@
 //!
 //! # What a committed fenced write guarantees
 //!
-//! A transaction that passes the check and commits **committed while no other holder of the
-//! same lock row could commit a fenced transaction**: at the check the row named this grant,
-//! and from then on every statement that would give the row to someone else waits for the
-//! transaction to end — leasehold's acquire of another instance, a Spring Integration
-//! `JdbcLockRegistry`'s takeover `UPDATE` or `DELETE` on the same table, an operator's
-//! `force_release`. A holder that paused past its lease and runs again finds the row taken and
-//! gets [`Error::LeaseLost`]; its transaction is rolled back and nothing of it commits. A
-//! fence on a lease already known to be lost fails at once, without a statement. A refusal
-//! found by the statement marks the lease lost, as a renewal that finds another holder does.
+//! A transaction that passes the check and commits **committed while the lock was this
+//! holder's**: at the check the row named this grant, and until the transaction ends nobody
+//! else can be granted the row — every statement that would give it to someone else waits:
+//! leasehold's acquire of another instance, a Spring Integration `JdbcLockRegistry`'s takeover
+//! `UPDATE` or `DELETE` on the same table, an operator's `force_release`. So fenced
+//! transactions of different holders never overlap, and none commits after a later holder's
+//! grant. A holder that paused past its lease and runs again finds the row taken and gets
+//! [`Error::LeaseLost`]; its transaction is rolled back and nothing of it commits. A fence on
+//! a lease already known to be lost fails at once, without a statement. A refusal found by
+//! the statement marks the lease lost, as a renewal that finds another holder does. Writes a
+//! holder makes without a fence have none of this.
 //!
 //! Fence right after beginning the transaction, before its first read: its reads then see
 //! every fenced write of earlier holders (their commits precede this grant), and a snapshot
@@ -99,11 +101,11 @@
 //! Each guard's fence checks its own row: a permit its slot, a read guard its read slot, a
 //! write guard the write row (parameter `FENCING_TOKEN` is that row's token, not the write
 //! guard's [`fencing_token`](crate::WriteGuard::fencing_token)). So fenced transactions of two
-//! writers never overlap, nor those of two holders of one permit slot. Readers and writers judge
-//! each other's rows on the database clock and do not wait for fenced transactions: a writer
-//! enters once the read slots have expired, and a reader once the write row has, even while a
-//! fenced transaction on them is still open (each sees the other's transaction whole, by the
-//! database's own isolation).
+//! writers never overlap, nor those of two holders of one permit slot. Readers and writers
+//! judge each other's rows on the database clock and do not wait for fenced transactions: a
+//! writer does not wait for a reader's fenced transaction once that reader's slot has expired,
+//! nor a reader for a writer's once the write row has (each sees the other's transaction
+//! whole, by the database's own isolation).
 //!
 //! # Other drivers
 //!
@@ -196,7 +198,8 @@ pub struct FenceParams {
     pub region: String,
     /// 3: the registry's `CLIENT_ID`.
     pub client_id: String,
-    /// 4: the row's `FENCING_TOKEN` for this grant.
+    /// 4: the row's `FENCING_TOKEN` for this grant (for a write guard the write row's, not
+    /// [`WriteGuard::fencing_token`](crate::WriteGuard::fencing_token)).
     pub fencing_token: i64,
 }
 
