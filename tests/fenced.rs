@@ -100,6 +100,27 @@ mod suite {
         }
     }
 
+    impl Conn {
+        /// Runs `sql` outside a transaction; the rows it changed, or the database's refusal.
+        pub fn try_run(&mut self, sql: &str) -> Result<u64, String> {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(c) => c
+                    .execute(sql, [])
+                    .map(|n| n as u64)
+                    .map_err(|e| e.to_string()),
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => c.execute(sql, &[]).map_err(|e| e.to_string()),
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    c.query_drop(sql).map_err(|e| e.to_string())?;
+                    Ok(c.affected_rows())
+                }
+            }
+        }
+    }
+
     impl Ledger {
         pub fn new(f: &Fixture) -> Ledger {
             let table = format!("{}LEDGER", f.prefix);
@@ -528,6 +549,55 @@ mod suite {
         assert_eq!(ledger.total(), 11, "the next holder saw the fenced write");
     }
 
+    /// A Spring Integration instance on the same table waits too: its takeover `UPDATE` of an
+    /// expired row (Spring's statement, its timestamps taken from the database here) cannot
+    /// complete while a fenced transaction holds the row, and takes it after the commit.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub fn a_spring_takeover_waits_for_an_open_fenced_transaction(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut spring = ledger.other(f);
+        let holder = f.builder().renewal(false).build().unwrap();
+        let guard = holder
+            .obtain("spring")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(500))
+            .unwrap();
+        let (now, waits_one_second) = match f.db {
+            Db::Postgres => ("(now() AT TIME ZONE 'UTC')", "SET lock_timeout = '1s'"),
+            _ => (
+                "UTC_TIMESTAMP(6)",
+                "SET SESSION innodb_lock_wait_timeout = 1",
+            ),
+        };
+        spring.conn.run(waits_one_second);
+        let takeover = format!(
+            "UPDATE {table} SET CLIENT_ID = 'spring-instance', CREATED_DATE = {now}, \
+             EXPIRED_AFTER = {now} + INTERVAL '10' SECOND WHERE REGION = '{region}' \
+             AND LOCK_KEY = '{key}' AND (CLIENT_ID = 'spring-instance' OR EXPIRED_AFTER < {now})",
+            table = f.table(),
+            region = holder.region(),
+            key = leasehold::lock_key_for("spring"),
+        );
+        ledger
+            .fenced_add(&guard, 0, 1, || {
+                wait_lost(|| guard.is_held());
+                std::thread::sleep(Duration::from_millis(300));
+                let waited = spring.conn.try_run(&takeover);
+                assert!(
+                    waited.is_err(),
+                    "Spring's takeover did not wait for the fenced transaction: {waited:?}"
+                );
+            })
+            .unwrap();
+        assert_eq!(
+            spring.conn.try_run(&takeover),
+            Ok(1),
+            "Spring takes the expired row"
+        );
+        assert_eq!(ledger.total(), 1);
+        assert!(guard.unlock().unwrap_err().is_lease_lost());
+    }
+
     /// A transaction on another type of database than the registry's is refused, and nothing
     /// runs in it.
     #[cfg(all(feature = "sqlite", any(feature = "postgres", feature = "mysql")))]
@@ -641,6 +711,7 @@ mod postgres {
     fenced!(crate::common::Db::Postgres);
     #[cfg(feature = "sqlite")]
     crate::suite_for!(crate::common::Db::Postgres; a_transaction_on_another_database_type_is_refused);
+    crate::suite_for!(crate::common::Db::Postgres; a_spring_takeover_waits_for_an_open_fenced_transaction);
 }
 
 #[cfg(feature = "mysql")]
@@ -648,6 +719,7 @@ mod mysql {
     fenced!(crate::common::Db::Mysql);
     #[cfg(feature = "sqlite")]
     crate::suite_for!(crate::common::Db::Mysql; a_transaction_on_another_database_type_is_refused);
+    crate::suite_for!(crate::common::Db::Mysql; a_spring_takeover_waits_for_an_open_fenced_transaction);
 }
 
 /// The example's ledger, run by the chaos test's child processes.
