@@ -753,8 +753,10 @@ mod chaos {
     use std::time::{Duration, Instant};
 
     const TTL: Duration = Duration::from_secs(1);
-    const STOPPED_FOR: Duration = Duration::from_secs(3);
-    const STOPS: u32 = 4;
+    const STOPPED_FOR: Duration = Duration::from_secs(4);
+    /// Stops that must catch a holder inside its section (a stop that comes too late, after
+    /// the section ended, does not count).
+    const STOPS: u32 = 3;
     const CHILDREN: usize = 3;
 
     /// What one run counted.
@@ -804,7 +806,7 @@ mod chaos {
             "--ttl-ms",
             &TTL.as_millis().to_string(),
             "--pause-ms",
-            "300",
+            "500",
         ]
         .join("\n");
         let (lines_tx, lines) = crossbeam_channel::unbounded::<(usize, String)>();
@@ -833,7 +835,7 @@ mod chaos {
         let mut stopped: Option<(usize, u64, Instant, bool)> = None;
         let mut settled_at = Instant::now() + Duration::from_secs(1);
         let started = Instant::now();
-        let give_up = started + Duration::from_secs(45);
+        let give_up = started + Duration::from_secs(50);
         // CHAOS_TRACE=1 prints every step and stop, for a look at a run.
         let trace = std::env::var_os("CHAOS_TRACE").is_some();
         let count = |run: &mut Run, line: &str| -> Option<(String, u64)> {
@@ -858,7 +860,7 @@ mod chaos {
                     settled_at = now + Duration::from_secs(1);
                 }
             }
-            if stopped.is_none() && (stops >= STOPS && now >= settled_at || now >= give_up) {
+            if stopped.is_none() && (run.inside >= STOPS && now >= settled_at || now >= give_up) {
                 break;
             }
             let Ok((child, line)) = lines.recv_timeout(Duration::from_millis(20)) else {
@@ -876,7 +878,7 @@ mod chaos {
                 }
             }
             if stopped.is_none()
-                && stops < STOPS
+                && run.inside < STOPS
                 && Instant::now() >= settled_at
                 && stop_at[stops as usize % stop_at.len()] == step
             {
@@ -906,9 +908,10 @@ mod chaos {
         for (_, line) in lines.iter() {
             count(&mut run, &line);
         }
-        assert_eq!(
-            stops, STOPS,
-            "the children ran too few sections to be stopped"
+        assert!(
+            run.inside >= STOPS,
+            "{stops} stops, of which fewer than {STOPS} caught a holder inside its section \
+             within 50 s: {run:?}"
         );
         run.total = ledger.total(&table).unwrap();
         let drop_table = format!("DROP TABLE {table}");
