@@ -101,7 +101,47 @@ mod suite {
     }
 
     impl Conn {
+        /// Drops `table` from a server (SQLite's go with the fixture's directory).
+        #[cfg_attr(
+            not(any(feature = "postgres", feature = "mysql")),
+            allow(unused_variables)
+        )]
+        pub fn drop_table(&mut self, table: &str) {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(_) => {}
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => {
+                    let _ = c.batch_execute(&format!("DROP TABLE IF EXISTS {table}"));
+                }
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    let _ = c.query_drop(format!("DROP TABLE IF EXISTS {table}"));
+                }
+            }
+        }
+
+        /// Makes this connection wait at most `seconds` for a lock held by another session.
+        pub fn wait_for_locks_at_most(&mut self, seconds: u64) {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(c) => c.busy_timeout(Duration::from_secs(seconds)).unwrap(),
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => c
+                    .batch_execute(&format!("SET lock_timeout = '{seconds}s'"))
+                    .unwrap(),
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    c.query_drop(format!("SET SESSION innodb_lock_wait_timeout = {seconds}"))
+                        .unwrap()
+                }
+            }
+        }
+
         /// Runs `sql` outside a transaction; the rows it changed, or the database's refusal.
+        #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
         pub fn try_run(&mut self, sql: &str) -> Result<u64, String> {
             match self {
                 #[cfg(feature = "sqlite")]
@@ -273,20 +313,7 @@ mod suite {
     impl Drop for Ledger {
         fn drop(&mut self) {
             if self.owner {
-                let sql = format!("DROP TABLE IF EXISTS {}", self.table);
-                match &mut self.conn {
-                    #[cfg(feature = "postgres")]
-                    Conn::Postgres(c) => {
-                        let _ = c.batch_execute(&sql);
-                    }
-                    #[cfg(feature = "mysql")]
-                    Conn::Mysql(c) => {
-                        use leasehold::mysql::prelude::Queryable;
-                        let _ = c.query_drop(sql);
-                    }
-                    #[allow(unreachable_patterns)]
-                    _ => {}
-                }
+                self.conn.drop_table(&self.table);
             }
         }
     }
@@ -408,13 +435,7 @@ mod suite {
                 blocker.conn.run(&row);
             }
         }
-        match &mut ledger.conn {
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => c.busy_timeout(Duration::from_secs(3)).unwrap(),
-            #[allow(unreachable_patterns)]
-            conn if f.db == Db::Postgres => conn.run("SET lock_timeout = '3s'"),
-            conn => conn.run("SET SESSION innodb_lock_wait_timeout = 3"),
-        }
+        ledger.conn.wait_for_locks_at_most(3);
         // SQLite's writer would keep every other writer out; the write before the fence is
         // made on the servers only.
         let early = if f.db == Db::Sqlite { 0 } else { 100 };
@@ -562,14 +583,11 @@ mod suite {
             .unwrap()
             .lock_with_ttl(Duration::from_millis(500))
             .unwrap();
-        let (now, waits_one_second) = match f.db {
-            Db::Postgres => ("(now() AT TIME ZONE 'UTC')", "SET lock_timeout = '1s'"),
-            _ => (
-                "UTC_TIMESTAMP(6)",
-                "SET SESSION innodb_lock_wait_timeout = 1",
-            ),
+        let now = match f.db {
+            Db::Postgres => "(now() AT TIME ZONE 'UTC')",
+            _ => "UTC_TIMESTAMP(6)",
         };
-        spring.conn.run(waits_one_second);
+        spring.conn.wait_for_locks_at_most(1);
         let takeover = format!(
             "UPDATE {table} SET CLIENT_ID = 'spring-instance', CREATED_DATE = {now}, \
              EXPIRED_AFTER = {now} + INTERVAL '10' SECOND WHERE REGION = '{region}' \
@@ -914,15 +932,14 @@ mod chaos {
              within 50 s: {run:?}"
         );
         run.total = ledger.total(&table).unwrap();
-        let drop_table = format!("DROP TABLE {table}");
         match &mut ledger {
             Ledger::Sqlite(_) => {}
             #[cfg(feature = "postgres")]
-            Ledger::Postgres(c) => c.batch_execute(&drop_table).unwrap(),
+            Ledger::Postgres(c) => c.batch_execute(&format!("DROP TABLE {table}")).unwrap(),
             #[cfg(feature = "mysql")]
             Ledger::Mysql(c) => {
                 use leasehold::mysql::prelude::Queryable;
-                c.query_drop(drop_table).unwrap()
+                c.query_drop(format!("DROP TABLE {table}")).unwrap()
             }
         }
         run
