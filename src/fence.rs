@@ -39,15 +39,17 @@
 //!
 //! # What a committed fenced write guarantees
 //!
-//! A transaction that passes the check and commits **committed while no other holder of the
-//! same lock row could commit a fenced transaction**: at the check the row named this grant,
-//! and from then on every statement that would give the row to someone else waits for the
-//! transaction to end — leasehold's acquire of another instance, a Spring Integration
-//! `JdbcLockRegistry`'s takeover `UPDATE` or `DELETE` on the same table, an operator's
-//! `force_release`. A holder that paused past its lease and runs again finds the row taken and
-//! gets [`Error::LeaseLost`]; its transaction is rolled back and nothing of it commits. A
-//! fence on a lease already known to be lost fails at once, without a statement. A refusal
-//! found by the statement marks the lease lost, as a renewal that finds another holder does.
+//! A transaction that passes the check and commits **committed while the lock was this
+//! holder's**: at the check the row named this grant, and until the transaction ends nobody
+//! else can be granted the row — every statement that would give it to someone else waits:
+//! leasehold's acquire of another instance, a Spring Integration `JdbcLockRegistry`'s takeover
+//! `UPDATE` or `DELETE` on the same table, an operator's `force_release`. So fenced
+//! transactions of different holders never overlap, and none commits after a later holder's
+//! grant. A holder that paused past its lease and runs again finds the row taken and gets
+//! [`Error::LeaseLost`]; its transaction is rolled back and nothing of it commits. A fence on
+//! a lease already known to be lost fails at once, without a statement. A refusal found by
+//! the statement marks the lease lost, as a renewal that finds another holder does. Writes a
+//! holder makes without a fence have none of this.
 //!
 //! Fence right after beginning the transaction, before its first read: its reads then see
 //! every fenced write of earlier holders (their commits precede this grant), and a snapshot
@@ -66,8 +68,10 @@
 //!   still runs, and `unlock` then returns `Err(LeaseLost)`. Its commit was still safe: nobody
 //!   could take the row before it ended. Keep fenced transactions well inside the
 //!   time-to-live.
-//! - **Other instances** wanting the key wait for the transaction (their acquire blocks on the
-//!   row, within their own timeouts), as do Spring Integration instances on the same table.
+//! - **Other instances** wanting the key find it held while the lease runs, as always. Once
+//!   it has expired, their acquire waits for the transaction on the row, as does a Spring
+//!   Integration instance's takeover on the same table; an acquire statement that waits longer
+//!   than its registry's `operation_timeout` ends the call with [`Error::Timeout`].
 //! - **SQLite** has one writer per file: while a fenced transaction runs, every statement that
 //!   writes the file waits — acquires, renewals and releases of every key and registry on it.
 //!   One that waits longer than its `operation_timeout` fails with [`Error::Timeout`] (a
@@ -97,11 +101,11 @@
 //! Each guard's fence checks its own row: a permit its slot, a read guard its read slot, a
 //! write guard the write row (parameter `FENCING_TOKEN` is that row's token, not the write
 //! guard's [`fencing_token`](crate::WriteGuard::fencing_token)). So fenced transactions of two
-//! writers never overlap, nor those of two holders of one permit slot. Readers and writers judge
-//! each other's rows on the database clock and do not wait for fenced transactions: a writer
-//! enters once the read slots have expired, and a reader once the write row has, even while a
-//! fenced transaction on them is still open (each sees the other's transaction whole, by the
-//! database's own isolation).
+//! writers never overlap, nor those of two holders of one permit slot. Readers and writers
+//! judge each other's rows on the database clock and do not wait for fenced transactions: a
+//! writer does not wait for a reader's fenced transaction once that reader's slot has expired,
+//! nor a reader for a writer's once the write row has (each sees the other's transaction
+//! whole, by the database's own isolation).
 //!
 //! # Other drivers
 //!
@@ -194,7 +198,8 @@ pub struct FenceParams {
     pub region: String,
     /// 3: the registry's `CLIENT_ID`.
     pub client_id: String,
-    /// 4: the row's `FENCING_TOKEN` for this grant.
+    /// 4: the row's `FENCING_TOKEN` for this grant (for a write guard the write row's, not
+    /// [`WriteGuard::fencing_token`](crate::WriteGuard::fencing_token)).
     pub fencing_token: i64,
 }
 
@@ -229,7 +234,20 @@ pub(crate) mod sealed {
 /// It dereferences to the driver's transaction for the work; [`commit`](Self::commit) is the
 /// only way to commit it (the driver's `commit` takes the transaction by value, which this
 /// wrapper keeps), and dropping it rolls back. It borrows the guard: the lock stays held until
-/// the transaction has ended.
+/// the transaction has ended, so this does not compile:
+///
+/// ```compile_fail
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("app.db");
+/// # let registry = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+/// # let mut conn = leasehold::rusqlite::Connection::open(&path).unwrap();
+/// let guard = registry.obtain("ledger")?.lock()?;
+/// let tx = guard.fence(conn.transaction().unwrap())?;
+/// guard.unlock()?; // error: `guard` is borrowed by the open fenced transaction
+/// tx.commit()?;
+/// # Ok(()) }
+/// ```
 #[must_use = "dropping a fenced transaction rolls it back"]
 pub struct Fenced<'g, T: FenceableTransaction> {
     tx: Option<T>,

@@ -100,6 +100,67 @@ mod suite {
         }
     }
 
+    impl Conn {
+        /// Drops `table` from a server (SQLite's go with the fixture's directory).
+        #[cfg_attr(
+            not(any(feature = "postgres", feature = "mysql")),
+            allow(unused_variables)
+        )]
+        pub fn drop_table(&mut self, table: &str) {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(_) => {}
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => {
+                    let _ = c.batch_execute(&format!("DROP TABLE IF EXISTS {table}"));
+                }
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    let _ = c.query_drop(format!("DROP TABLE IF EXISTS {table}"));
+                }
+            }
+        }
+
+        /// Makes this connection wait at most `seconds` for a lock held by another session.
+        pub fn wait_for_locks_at_most(&mut self, seconds: u64) {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(c) => c.busy_timeout(Duration::from_secs(seconds)).unwrap(),
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => c
+                    .batch_execute(&format!("SET lock_timeout = '{seconds}s'"))
+                    .unwrap(),
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    c.query_drop(format!("SET SESSION innodb_lock_wait_timeout = {seconds}"))
+                        .unwrap()
+                }
+            }
+        }
+
+        /// Runs `sql` outside a transaction; the rows it changed, or the database's refusal.
+        #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+        pub fn try_run(&mut self, sql: &str) -> Result<u64, String> {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Conn::Sqlite(c) => c
+                    .execute(sql, [])
+                    .map(|n| n as u64)
+                    .map_err(|e| e.to_string()),
+                #[cfg(feature = "postgres")]
+                Conn::Postgres(c) => c.execute(sql, &[]).map_err(|e| e.to_string()),
+                #[cfg(feature = "mysql")]
+                Conn::Mysql(c) => {
+                    use leasehold::mysql::prelude::Queryable;
+                    c.query_drop(sql).map_err(|e| e.to_string())?;
+                    Ok(c.affected_rows())
+                }
+            }
+        }
+    }
+
     impl Ledger {
         pub fn new(f: &Fixture) -> Ledger {
             let table = format!("{}LEDGER", f.prefix);
@@ -252,20 +313,7 @@ mod suite {
     impl Drop for Ledger {
         fn drop(&mut self) {
             if self.owner {
-                let sql = format!("DROP TABLE IF EXISTS {}", self.table);
-                match &mut self.conn {
-                    #[cfg(feature = "postgres")]
-                    Conn::Postgres(c) => {
-                        let _ = c.batch_execute(&sql);
-                    }
-                    #[cfg(feature = "mysql")]
-                    Conn::Mysql(c) => {
-                        use leasehold::mysql::prelude::Queryable;
-                        let _ = c.query_drop(sql);
-                    }
-                    #[allow(unreachable_patterns)]
-                    _ => {}
-                }
+                self.conn.drop_table(&self.table);
             }
         }
     }
@@ -370,6 +418,24 @@ mod suite {
             .lock_with_ttl(Duration::from_millis(300))
             .unwrap();
         wait_lost(|| guard.is_held());
+        // Another session keeps the lock row (SQLite: the file) locked, and the user's
+        // connection waits at most 3 s for a lock: a fence that sent a statement would fail
+        // with a database error after that wait, not with LeaseLost.
+        let mut blocker = ledger.other(f);
+        let row = format!(
+            "SELECT FENCING_TOKEN FROM {} WHERE LOCK_KEY = '{}' FOR UPDATE",
+            f.table(),
+            leasehold::lock_key_for("lost")
+        );
+        match f.db {
+            Db::Sqlite => blocker.conn.run("BEGIN IMMEDIATE"),
+            Db::Postgres => blocker.conn.run(&format!("BEGIN; {row}")),
+            Db::Mysql => {
+                blocker.conn.run("START TRANSACTION");
+                blocker.conn.run(&row);
+            }
+        }
+        ledger.conn.wait_for_locks_at_most(3);
         // SQLite's writer would keep every other writer out; the write before the fence is
         // made on the servers only.
         let early = if f.db == Db::Sqlite { 0 } else { 100 };
@@ -377,6 +443,7 @@ mod suite {
             panic!("the fence let a lost lease through")
         }));
         assert!(matches!(reason, LossReason::Expired(_)), "{reason:?}");
+        blocker.conn.run("ROLLBACK");
         assert!(matches!(guard.fence_sql(), Err(Error::LeaseLost { .. })));
         assert_eq!(
             ledger.total(),
@@ -460,6 +527,93 @@ mod suite {
             guard.unlock().is_err(),
             "the lease ran out while the transaction ran"
         );
+    }
+
+    /// A fenced transaction that outlasts the lease keeps the holder's own renewal out (the
+    /// renewal skips or waits for the locked row), so the lease is reported lost while the
+    /// transaction runs; its commit is still safe, and the lock goes to nobody before it.
+    pub fn a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut next = ledger.other(f);
+        let holder = f.registry();
+        let other = f.registry();
+        let guard = holder
+            .obtain("long")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(600))
+            .unwrap();
+        let losses = guard.loss_channel();
+        let (granted_tx, granted) = crossbeam_channel::bounded(1);
+        let taker = std::thread::spawn(move || {
+            let lock = other.obtain("long").unwrap();
+            let fresh = lock.try_lock_for(Duration::from_secs(60)).unwrap();
+            let fresh = fresh.expect("granted after the fenced transaction ended");
+            granted_tx.send(()).unwrap();
+            let result = next.fenced_add(&fresh, 0, 10, || {});
+            fresh.unlock().unwrap();
+            result
+        });
+        ledger
+            .fenced_add(&guard, 0, 1, || {
+                losses
+                    .recv_timeout(GENEROUS)
+                    .expect("the lease is lost while its row is locked");
+                std::thread::sleep(Duration::from_millis(600));
+                assert!(
+                    granted.try_recv().is_err(),
+                    "another instance took the lock while a fenced transaction was open"
+                );
+            })
+            .unwrap();
+        assert!(guard.unlock().unwrap_err().is_lease_lost());
+        taker.join().unwrap().unwrap();
+        assert_eq!(ledger.total(), 11, "the next holder saw the fenced write");
+    }
+
+    /// A Spring Integration instance on the same table waits too: its takeover `UPDATE` of an
+    /// expired row (Spring's statement, its timestamps taken from the database here) cannot
+    /// complete while a fenced transaction holds the row, and takes it after the commit.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub fn a_spring_takeover_waits_for_an_open_fenced_transaction(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut spring = ledger.other(f);
+        let holder = f.builder().renewal(false).build().unwrap();
+        let guard = holder
+            .obtain("spring")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(500))
+            .unwrap();
+        let now = match f.db {
+            Db::Postgres => "(now() AT TIME ZONE 'UTC')",
+            _ => "UTC_TIMESTAMP(6)",
+        };
+        spring.conn.wait_for_locks_at_most(1);
+        let takeover = format!(
+            "UPDATE {table} SET CLIENT_ID = 'spring-instance', CREATED_DATE = {now}, \
+             EXPIRED_AFTER = {now} + INTERVAL '10' SECOND WHERE REGION = '{region}' \
+             AND LOCK_KEY = '{key}' AND (CLIENT_ID = 'spring-instance' OR EXPIRED_AFTER < {now})",
+            table = f.table(),
+            region = holder.region(),
+            key = leasehold::lock_key_for("spring"),
+        );
+        ledger
+            .fenced_add(&guard, 0, 1, || {
+                wait_lost(|| guard.is_held());
+                std::thread::sleep(Duration::from_millis(300));
+                let waited = spring.conn.try_run(&takeover);
+                assert!(
+                    waited.is_err(),
+                    "Spring's takeover did not wait for the fenced transaction: {waited:?}"
+                );
+            })
+            .unwrap();
+        assert_eq!(
+            spring.conn.try_run(&takeover),
+            Ok(1),
+            "Spring takes the expired row"
+        );
+        assert_eq!(ledger.total(), 1);
+        assert!(guard.unlock().unwrap_err().is_lease_lost());
     }
 
     /// A transaction on another type of database than the registry's is refused, and nothing
@@ -558,6 +712,7 @@ macro_rules! fenced {
             a_fence_on_a_lost_lease_fails_at_once,
             the_database_refuses_a_fence_after_the_row_was_taken,
             a_takeover_waits_for_an_open_fenced_transaction,
+            a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease,
         );
         #[cfg(feature = "failpoints")]
         crate::suite_for!($db; a_resumed_stale_holder_is_refused_by_the_database);
@@ -574,6 +729,7 @@ mod postgres {
     fenced!(crate::common::Db::Postgres);
     #[cfg(feature = "sqlite")]
     crate::suite_for!(crate::common::Db::Postgres; a_transaction_on_another_database_type_is_refused);
+    crate::suite_for!(crate::common::Db::Postgres; a_spring_takeover_waits_for_an_open_fenced_transaction);
 }
 
 #[cfg(feature = "mysql")]
@@ -581,6 +737,7 @@ mod mysql {
     fenced!(crate::common::Db::Mysql);
     #[cfg(feature = "sqlite")]
     crate::suite_for!(crate::common::Db::Mysql; a_transaction_on_another_database_type_is_refused);
+    crate::suite_for!(crate::common::Db::Mysql; a_spring_takeover_waits_for_an_open_fenced_transaction);
 }
 
 /// The example's ledger, run by the chaos test's child processes.
@@ -614,8 +771,10 @@ mod chaos {
     use std::time::{Duration, Instant};
 
     const TTL: Duration = Duration::from_secs(1);
-    const STOPPED_FOR: Duration = Duration::from_secs(3);
-    const STOPS: u32 = 4;
+    const STOPPED_FOR: Duration = Duration::from_secs(4);
+    /// Stops that must catch a holder inside its section (a stop that comes too late, after
+    /// the section ended, does not count).
+    const STOPS: u32 = 3;
     const CHILDREN: usize = 3;
 
     /// What one run counted.
@@ -665,7 +824,7 @@ mod chaos {
             "--ttl-ms",
             &TTL.as_millis().to_string(),
             "--pause-ms",
-            "300",
+            "500",
         ]
         .join("\n");
         let (lines_tx, lines) = crossbeam_channel::unbounded::<(usize, String)>();
@@ -694,7 +853,7 @@ mod chaos {
         let mut stopped: Option<(usize, u64, Instant, bool)> = None;
         let mut settled_at = Instant::now() + Duration::from_secs(1);
         let started = Instant::now();
-        let give_up = started + Duration::from_secs(45);
+        let give_up = started + Duration::from_secs(50);
         // CHAOS_TRACE=1 prints every step and stop, for a look at a run.
         let trace = std::env::var_os("CHAOS_TRACE").is_some();
         let count = |run: &mut Run, line: &str| -> Option<(String, u64)> {
@@ -719,7 +878,7 @@ mod chaos {
                     settled_at = now + Duration::from_secs(1);
                 }
             }
-            if stopped.is_none() && (stops >= STOPS && now >= settled_at || now >= give_up) {
+            if stopped.is_none() && (run.inside >= STOPS && now >= settled_at || now >= give_up) {
                 break;
             }
             let Ok((child, line)) = lines.recv_timeout(Duration::from_millis(20)) else {
@@ -737,7 +896,7 @@ mod chaos {
                 }
             }
             if stopped.is_none()
-                && stops < STOPS
+                && run.inside < STOPS
                 && Instant::now() >= settled_at
                 && stop_at[stops as usize % stop_at.len()] == step
             {
@@ -767,20 +926,20 @@ mod chaos {
         for (_, line) in lines.iter() {
             count(&mut run, &line);
         }
-        assert_eq!(
-            stops, STOPS,
-            "the children ran too few sections to be stopped"
+        assert!(
+            run.inside >= STOPS,
+            "{stops} stops, of which fewer than {STOPS} caught a holder inside its section \
+             within 50 s: {run:?}"
         );
         run.total = ledger.total(&table).unwrap();
-        let drop_table = format!("DROP TABLE {table}");
         match &mut ledger {
             Ledger::Sqlite(_) => {}
             #[cfg(feature = "postgres")]
-            Ledger::Postgres(c) => c.batch_execute(&drop_table).unwrap(),
+            Ledger::Postgres(c) => c.batch_execute(&format!("DROP TABLE {table}")).unwrap(),
             #[cfg(feature = "mysql")]
             Ledger::Mysql(c) => {
                 use leasehold::mysql::prelude::Queryable;
-                c.query_drop(drop_table).unwrap()
+                c.query_drop(format!("DROP TABLE {table}")).unwrap()
             }
         }
         run
