@@ -162,3 +162,36 @@ fn a_try_lock_of_a_locked_row_is_refused_without_waiting_for_it() {
         "the free key was refused"
     );
 }
+
+/// A reader/writer lock whose read slots used so far another session holds locked:
+/// `try_read_for(1 s)` gets another slot.
+#[test]
+fn locked_read_slot_rows_cost_only_those_slots() {
+    let Some(f) = Fixture::new(Db::Mysql, "locked_read_slot") else {
+        return;
+    };
+    let registry = f.registry();
+    let name = "locked-read-slot";
+    // Two readers at once: two read slots get rows.
+    let rw = registry.rw_lock(name).unwrap();
+    let (first, second) = (rw.read().unwrap(), rw.read().unwrap());
+    drop((first, second));
+    let used: Vec<String> = registry
+        .rw_lock_status(name)
+        .unwrap()
+        .readers
+        .into_iter()
+        .map(|row| row.lock_key)
+        .collect();
+    assert!(!used.is_empty(), "no read slot rows");
+    let held = RowsHeld::on(&f, &used);
+    let other = f.registry();
+    let read = other
+        .rw_lock(name)
+        .unwrap()
+        .try_read_for(Duration::from_secs(1))
+        .unwrap_or_else(|e| panic!("read slots {used:?} locked: {e}"));
+    assert!(read.is_some(), "read slots {used:?} locked: no read in 1 s");
+    drop(read);
+    held.end();
+}
