@@ -286,11 +286,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The statements of a batch renewal for `table` (see [`Backend::renew_batch`]).
     fn renew_batch_sql(table: &str) -> Vec<String>;
 
-    /// Renews many leases of one time-to-live in one transaction with `sql` (from
-    /// [`Backend::renew_batch_sql`]): parameter 1 is a JSON array of `pairs` `[LOCK_KEY,
-    /// token]` pairs, 2–4 as for renew; each pair's row is renewed under renew's conditions
-    /// (client, token, not expired). A row another session holds locked must be skipped, never
-    /// waited for, and returned in [`BatchRows::busy`] when it still matches those conditions.
+    /// Renews many leases of one time-to-live with `sql` (from [`Backend::renew_batch_sql`]):
+    /// parameter 1 is a JSON array of `pairs` `[LOCK_KEY, token]` pairs, 2–4 as for renew;
+    /// each pair's row is renewed under renew's conditions (client, token, not expired). A row
+    /// another session holds locked must be skipped, never waited for, and returned in
+    /// [`BatchRows::busy`] when it still matches those conditions. No row lock it takes may
+    /// outlast a round trip: a holder stopped between two of its statements (SIGSTOP, a VM
+    /// pause) must leave no row locked, so each statement that locks rows runs alone in
+    /// autocommit, or the whole transaction goes in one round trip.
     fn renew_batch(
         conn: &mut Conn<Self>,
         sql: &[String],
@@ -300,13 +303,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Whether another session can hold one row of the table locked (a transaction that
     /// updated it, `SELECT … FOR UPDATE`), so that a statement could wait on it. Then even a
-    /// single background renewal runs through [`Backend::renew_batch`], which skips such rows.
+    /// single background renewal runs through [`Backend::renew_batch`], which skips such rows:
+    /// a renewal that waited would hold a renewal worker, and with it the leases queued behind.
     const ROW_LOCKS: bool = true;
-
-    /// With [`ROW_LOCKS`](Self::ROW_LOCKS): whether a lone lease whose renewals have not failed
-    /// renews with the plain statement anyway (cheaper there; it waits for a locked row, which
-    /// costs only that lease, and its retries take the batch).
-    const LONE_RENEWAL_PLAIN: bool = false;
 
     /// Whether the main pool keeps the connection last given back parked for the next caller,
     /// outside r2d2's checkout (see `pools`, "The parked connection"): SQLite's, whose

@@ -104,13 +104,11 @@ pub(crate) trait Store: Send + Sync {
     /// became of lease `i`; `Err` when the outcome is unknown for all of them. A row another
     /// session holds locked is skipped, not waited for ([`Batched::RowBusy`]), where the
     /// database has row locks and the default statements run.
-    /// `retrying`: a renewal of one of the leases has failed before.
     fn renew_batch(
         &self,
         leases: &[(&str, i64)],
         ttl: Duration,
         deadline: Instant,
-        retrying: bool,
     ) -> Result<(Instant, Vec<Batched>)>;
     /// Releases; `Ok(false)` when the lease had already been lost. `turn`: whether notified
     /// waiters continue the turn, or the turn ends and the row is reserved for pollers.
@@ -325,13 +323,11 @@ impl<B: Backend> Store for SqlStore<B> {
         leases: &[(&str, i64)],
         ttl: Duration,
         deadline: Instant,
-        retrying: bool,
     ) -> Result<(Instant, Vec<Batched>)> {
         // One lease: the plain renew statement would wait for a row another session holds
         // locked; where that can happen the batch runs even for one lease, since it skips
         // such a row.
-        let one_is_enough =
-            leases.len() == 1 && (!B::ROW_LOCKS || (B::LONE_RENEWAL_PLAIN && !retrying));
+        let one_is_enough = leases.len() == 1 && !B::ROW_LOCKS;
         let batch = match &self.batch_renew {
             Some(batch) if !one_is_enough && !self.batch_refused.load(Ordering::Relaxed) => batch,
             _ => return renew_each(self, leases, ttl, deadline),

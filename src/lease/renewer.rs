@@ -306,10 +306,7 @@ fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Optio
         .collect();
     fail_point!("lease::renew_batch_before_statement");
     let sent = Instant::now();
-    let retrying = group
-        .iter()
-        .any(|(lease, _)| lease.state.lock().last_error.is_some());
-    let outcome = store.renew_batch(&keys, ttl, deadline, retrying);
+    let outcome = store.renew_batch(&keys, ttl, deadline);
     let (renewed, failed) = match &outcome {
         Ok((_, found)) => (
             found.iter().filter(|f| **f == Batched::Renewed).count(),

@@ -41,12 +41,15 @@
 //!   lock is held the row is set to its own values, which InnoDB skips: no redo, no sync. Two
 //!   acquirers of one key serialize on the row (or on the duplicate key); the second sees the
 //!   first's new `EXPIRED_AFTER` and changes nothing. A deadlock victim (1213) is retried.
-//!   Reading the floor is a primary-key lookup that, as every read inside an `INSERT` under
-//!   `REPEATABLE READ`, share-locks the floor's row (or the gap where it would be) until the
-//!   statement ends: acquires do not block each other, a deletion of a key with the same first
-//!   two characters waits for them and they for it (until its commit), and the rare deadlock
-//!   of an acquire with such a deletion is retried. It also means an acquire always sees the
-//!   deletions committed before it.
+//!   An acquire does not wait for a row lock, though (see [`RowLockWaits`]): one that finds
+//!   the row locked looks again twice within a few milliseconds on MariaDB and is then
+//!   refused as held. Reading the floor is a primary-key lookup that, as every read inside an
+//!   `INSERT` under `REPEATABLE READ`, share-locks the floor's row (or the gap where it would
+//!   be) until the statement ends: acquires do not block each other, a deletion of a key with
+//!   the same first two characters blocks them (until its commit: a deletion that lasts is
+//!   treated as a locked row) and they it, and the rare deadlock of an acquire with such a
+//!   deletion is retried. It also means an acquire always sees the deletions committed before
+//!   it.
 //!   A replacement acquire statement may return the token this way too (it then counts as
 //!   returning one column when it is checked: its text must contain `LAST_INSERT_ID(`), or as
 //!   a one-column row.
@@ -316,9 +319,9 @@ enum Waits {
 /// - An acquire waits for no row on MariaDB (`SET STATEMENT innodb_lock_wait_timeout=0 FOR`
 ///   before it) and at most 1 s on MySQL (the session's `innodb_lock_wait_timeout`, whose
 ///   least value is 1 s; MySQL has no per-statement form). A row still locked makes the acquire
-///   come back refused, as for a held lock, after two more looks within a few milliseconds
-///   (statements of leasehold itself hold a row for microseconds): a semaphore's poller then
-///   goes on to the next permit.
+///   come back refused, as for a held lock — on MariaDB after two more looks within a few
+///   milliseconds, since statements of leasehold itself hold a row for microseconds — and a
+///   semaphore's poller goes on to the next permit.
 /// - Other statements (a manual renewal, a release, administration) wait as the session says
 ///   (the server's setting on MariaDB, 1 s on MySQL) and are retried until their deadline.
 struct RowLockWaits;
@@ -959,13 +962,20 @@ impl Backend for Mysql {
     }
 
     /// Waits for no row lock (at most 1 s on MySQL): a row another session holds locked is
-    /// refused as held, after two more looks a few milliseconds apart (see [`RowLockWaits`]).
+    /// refused as held, on MariaDB after two more looks a few milliseconds apart (see
+    /// [`RowLockWaits`]).
     fn acquire(
         conn: &mut Conn<Self>,
         sql: &str,
         params: &Params,
     ) -> Result<Option<(i64, bool)>, Failure> {
-        let mut pauses = RowLockWaits::ACQUIRE_RETRIES.iter();
+        // Looks again only where the statement did not wait (MariaDB): on MySQL each look
+        // waits 1 s.
+        let retries: &[Duration] = match conn.mariadb {
+            true => &RowLockWaits::ACQUIRE_RETRIES,
+            false => &[],
+        };
+        let mut pauses = retries.iter();
         loop {
             match acquire_once(conn, sql, params, Waits::Never) {
                 Err(failure) if row_locked(&failure) => match pauses.next() {
