@@ -30,6 +30,12 @@
 //! reader's slot. So a reader and a writer never both hold the lock; at worst both back off
 //! (the reader lets go, the writer waits for it) and the writer gets in.
 //!
+//! **Bounded waits** (`try_read_for`, `try_write_until`, …) return `Ok(None)` when the side
+//! was not granted in time, [`Error::Timeout`] only when no statement of the wait had an answer
+//! from the database. A read slot or claim row that another session holds locked costs only
+//! that row: a reader passes over it as a semaphore's poller passes over a permit's row (see
+//! `crate::semaphore`, "A row that does not answer").
+//!
 //! # Writer preference
 //!
 //! A writer that finds the write row taken by another writer first takes a free claim row, and

@@ -44,6 +44,16 @@
 //! only [`KEYED_WATCHES`] of them, from the one it will try first); other local threads sleep on the condition variable and cost
 //! nothing. The poller that gets a permit, or gives up, wakes them so that one of them polls.
 //!
+//! **A row that does not answer.** Another session may hold a slot's row locked (a migration,
+//! an operator's `SELECT … FOR UPDATE`), and a statement on it may wait for that lock. The
+//! poller gives each row of a round a share of its time ([`Patience`]: the larger of
+//! `idle_between_tries` and 100 ms, never more than the caller's deadline or
+//! `operation_timeout`); a row that does not answer in it is passed over like a held one, and
+//! the round goes on with the next row. So a locked row costs only that row: a free permit is
+//! found in the same round. A round in which no row answered (a server slow for every
+//! statement, or gone) doubles the share for the next round, up to the whole statement time,
+//! so a slow server is still waited for and a server that is gone still fails the wait.
+//!
 //! **Handoff.** A permit released while a thread of this registry waits between its tries
 //! (`parked` counts them) is handed to it without a statement, through the slot's lock: the
 //! releaser puts the slot in `offers` and waits (on the condition variable) until a waiter
@@ -65,6 +75,11 @@
 //! are held. [`MAX_PERMITS`] bounds N for that reason. A try (`try_acquire`) makes one round at
 //! most, each statement bounded by `operation_timeout`; the statements of `try_acquire_for`
 //! and `try_acquire_until` are bounded by their deadline, and none starts after it.
+//!
+//! A bounded wait returns `Ok(None)` when no permit was granted in time. It returns
+//! [`Error::Timeout`] only when no statement of the wait had an answer from the database (no
+//! permit found held, none granted, and no other thread of this registry polling with an
+//! answer meanwhile): the database was out of reach for the whole wait.
 
 use crate::admin::{LockRow, LockState};
 use crate::error::{Error, Result};

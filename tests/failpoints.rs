@@ -927,10 +927,14 @@ fn a_bounded_wait_for_a_permit_found_held_times_out_as_none() {
     let first = {
         let semaphore = semaphore.clone();
         named("first", move || {
-            semaphore.try_acquire_for(Duration::from_millis(800)).map(|p| p.is_some())
+            semaphore
+                .try_acquire_for(Duration::from_millis(800))
+                .map(|p| p.is_some())
         })
     };
-    wait_until("the first waiter polls", || semaphore.waiting_threads() == 1);
+    wait_until("the first waiter polls", || {
+        semaphore.waiting_threads() == 1
+    });
     // The late waiter's statement is held until its deadline has passed.
     let hits = AtomicUsize::new(0);
     fail::cfg_callback("lock::acquire_before_statement", move || {
@@ -942,7 +946,9 @@ fn a_bounded_wait_for_a_permit_found_held_times_out_as_none() {
     let late = {
         let semaphore = semaphore.clone();
         named("late", move || {
-            semaphore.try_acquire_for(Duration::from_millis(1500)).map(|p| p.is_some())
+            semaphore
+                .try_acquire_for(Duration::from_millis(1500))
+                .map(|p| p.is_some())
         })
     };
     assert!(!first.join().unwrap().unwrap(), "the permit was held");

@@ -574,7 +574,9 @@ mod suite {
         drop(all);
         let status = registry.semaphore_status("locked-row").unwrap();
         let locked = status.rows[0].lock_key.clone();
-        let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[locked.clone()]) else {
+        let Some(row_lock) =
+            crate::common::row_lock::RowLock::hold(f, std::slice::from_ref(&locked))
+        else {
             return;
         };
         let slot_of = |permit: &leasehold::Permit| {
@@ -597,9 +599,9 @@ mod suite {
             };
             assert_ne!(slot_of(&permit).as_ref(), Some(&locked));
             permit.unlock().unwrap();
-            let permit = semaphore.acquire().unwrap_or_else(|e| {
-                panic!("{:?}: round {round}: acquire failed: {e}", f.db)
-            });
+            let permit = semaphore
+                .acquire()
+                .unwrap_or_else(|e| panic!("{:?}: round {round}: acquire failed: {e}", f.db));
             permit.unlock().unwrap();
         }
         drop(row_lock);

@@ -7,7 +7,7 @@ use super::{Db, Fixture};
 /// back when dropped.
 pub enum RowLock {
     #[cfg(feature = "postgres")]
-    Postgres(postgres::Client),
+    Postgres(Box<postgres::Client>),
     #[cfg(feature = "mysql")]
     Mysql(mysql::Conn),
 }
@@ -28,20 +28,20 @@ impl RowLock {
         match f.db {
             #[cfg(feature = "postgres")]
             Db::Postgres => {
-                let mut client =
-                    postgres::Client::connect(&super::postgres_url(), postgres::NoTls)
-                        .expect("connect to PostgreSQL");
+                let mut client = postgres::Client::connect(&super::postgres_url(), postgres::NoTls)
+                    .expect("connect to PostgreSQL");
                 client.batch_execute("BEGIN").expect("BEGIN");
                 let rows = client.query(&sql, &[]).expect("SELECT … FOR UPDATE");
                 assert_eq!(rows.len(), lock_keys.len(), "every row to lock exists");
-                Some(RowLock::Postgres(client))
+                Some(RowLock::Postgres(Box::new(client)))
             }
             #[cfg(feature = "mysql")]
             Db::Mysql => {
                 use mysql::prelude::Queryable;
                 let opts = mysql::Opts::from_url(&super::mysql_url()).expect("url");
                 let mut conn = mysql::Conn::new(opts).expect("connect to MySQL");
-                conn.query_drop("START TRANSACTION").expect("START TRANSACTION");
+                conn.query_drop("START TRANSACTION")
+                    .expect("START TRANSACTION");
                 let rows: Vec<String> = conn.query(&sql).expect("SELECT … FOR UPDATE");
                 assert_eq!(rows.len(), lock_keys.len(), "every row to lock exists");
                 Some(RowLock::Mysql(conn))
