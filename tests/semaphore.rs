@@ -606,6 +606,54 @@ mod suite {
         }
         drop(row_lock);
     }
+
+    /// A blocking acquire whose rounds meet a locked permit row (the other permit held by
+    /// another instance) goes on waiting, rather than fail with the row's timeout, and gets
+    /// the permit that instance releases.
+    pub fn a_blocking_acquire_waits_past_a_locked_row_for_a_released_permit(f: &Fixture) {
+        let holder = f.registry();
+        let held = holder.semaphore("locked-wait", 2).unwrap();
+        let (first, second) = (held.acquire().unwrap(), held.acquire().unwrap());
+        let locked = slot_key(&holder, "locked-wait", first.slot());
+        first.unlock().unwrap();
+        let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[locked]) else {
+            return;
+        };
+        // Statements that wait on the locked row run out after a second.
+        let waiter = f
+            .builder()
+            .operation_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let semaphore = waiter.semaphore("locked-wait", 2).unwrap();
+        let acquiring = thread::spawn(move || semaphore.acquire().map(|permit| permit.slot()));
+        // Several times the operation timeout: each round met the locked row.
+        thread::sleep(Duration::from_secs(3));
+        assert!(
+            !acquiring.is_finished(),
+            "{:?}: the blocking acquire returned: {:?}",
+            f.db,
+            acquiring.join().unwrap()
+        );
+        let free = second.slot();
+        second.unlock().unwrap();
+        let got = acquiring.join().unwrap().expect("the released permit");
+        assert_eq!(got, free);
+        drop(row_lock);
+    }
+
+    /// The `LOCK_KEY` of permit `slot` of semaphore `name`, from its status.
+    fn slot_key(registry: &leasehold::LockRegistry, name: &str, slot: u32) -> String {
+        registry
+            .semaphore_status(name)
+            .unwrap()
+            .rows
+            .iter()
+            .find(|row| row.part() == Some(format!("permit {slot}")))
+            .expect("the permit's row")
+            .lock_key
+            .clone()
+    }
 }
 
 macro_rules! semaphores {
@@ -627,6 +675,7 @@ macro_rules! semaphores {
             without_local_handoff_a_waiting_thread_gets_a_grant_of_its_own,
             handoffs_between_threads_keep_at_most_permits_holders,
             a_permit_row_another_session_holds_locked_costs_only_that_row,
+            a_blocking_acquire_waits_past_a_locked_row_for_a_released_permit,
         );
     };
 }
