@@ -557,7 +557,11 @@ impl RwInner {
                     .collect();
                 if !slots.iter().any(|row| row.state == STATE_HELD) {
                     if let Some(token) = self.write_token(&guard, &slots, wait, ttl)? {
-                        return Ok(Some((guard, token)));
+                        if guard.is_held() {
+                            return Ok(Some((guard, token)));
+                        }
+                        // The claim ran out meanwhile: claim again.
+                        continue;
                     }
                     // A reader took the slot meanwhile (it lets go, as it sees the claim).
                 }

@@ -106,9 +106,9 @@ pub const MAX_PERMITS: u32 = 256;
 /// each, at most 16 per registry); releases of the others are found by polling.
 pub(crate) const KEYED_WATCHES: usize = 4;
 
-/// How long a poller gives one row of a round at first when other rows remain to be tried: a
-/// row another session holds locked (a migration, an operator's `SELECT … FOR UPDATE`) costs
-/// this much, then the round goes on with the next row.
+/// How long a poller gives one row of a round at first: a row another session holds locked (a
+/// migration, an operator's `SELECT … FOR UPDATE`) costs this much, then the round goes on
+/// with the next row.
 fn first_patience(settings: &Settings) -> Duration {
     settings
         .idle_between_tries
@@ -176,7 +176,6 @@ impl Patience {
         let now = Instant::now();
         let full = deadline.unwrap_or(now + settings.operation_timeout);
         let row_deadline = full.min(now + self.per_row);
-        fail_point!("semaphore::try_row");
         match lock.try_lock_once_until(row_deadline, ttl) {
             Err(Error::Timeout { .. }) if row_deadline < full => {
                 self.ran_out = true;
