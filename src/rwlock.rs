@@ -67,7 +67,9 @@
 //! deleted since (see "Fencing tokens" in the crate docs): above every earlier read grant and
 //! every earlier write token (each of which is such a grant), whatever rows were deleted, on
 //! any database and whatever its clock did. The write token is the larger of that grant's
-//! token and the write row's own; tokens are only ever compared, never added. A read guard's
+//! token and the write row's own; tokens are only ever compared, never added. It costs two
+//! statements per write hold (the slot's grant and release), a local handoff between writers
+//! of one registry included: every write hold has a token of its own. A read guard's
 //! token is its slot's grant: above every earlier grant of its slot, and below every later
 //! write token. The table shows the rows' own tokens.
 //!
