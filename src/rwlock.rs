@@ -30,26 +30,33 @@
 //! reader's slot. So a reader and a writer never both hold the lock; at worst both back off
 //! (the reader lets go, the writer waits for it) and the writer gets in.
 //!
+//! **Bounded waits** (`try_read_for`, `try_write_until`, …) return `Ok(None)` when the side
+//! was not granted in time, [`Error::Timeout`] only when no statement of the wait had an answer
+//! from the database. A read slot or claim row that another session holds locked costs only
+//! that row: a reader passes over it as a semaphore's poller passes over a permit's row (see
+//! `crate::semaphore`, "A row that does not answer").
+//!
 //! # Writer preference
 //!
-//! A writer that finds the write row taken by another writer first takes a free claim row, and
-//! keeps it until it has the write row or its own wait ends. So from a writer's first attempt
-//! on, new readers of every instance stay out as long as any writer waits or writes: a writer
-//! whose timed wait ends lets the write row go, but each other waiting writer still holds its
-//! claim row (or the write row), and the write row goes to one of them. A waiting writer's
-//! rows are renewed in the background like any lease; a row that runs out while its writer
-//! waits (the process was paused past the time-to-live) was never a grant, and the writer
-//! takes the write row again within the same wait.
+//! A writer's *claim* is the write row, or, while another writer has the write row, a claim
+//! row: a writer that finds the write row taken takes a free claim row at once and keeps it
+//! until it has the write row or its own wait ends. Readers check for both, so from the moment
+//! a writer holds its claim, new readers of every instance stay out as long as any writer
+//! waits or writes: a writer whose timed wait ends lets its claim go, but every other waiting
+//! writer still holds its own, and the write row goes to one of them. A waiting writer's rows
+//! are renewed in the background like any lease; a claim that runs out while its writer waits
+//! (the process was paused past the time-to-live) was never a grant, and the writer claims
+//! again within the same wait.
 //!
-//! The bound: **a blocking `write()` waits for the readers that hold the lock at its first
-//! attempt to leave, and for the writes of writers that get the write row before it; no reader
-//! enters in between, and a writer that times out while it holds the write row delays it by
-//! at most one poll (`idle_between_tries`; none when the release wakes it, or when both are
+//! The bound: **once a blocking `write()` holds its claim, it waits only for the readers in at
+//! that moment to leave and for the writes of the writers that get the write row before it; no
+//! reader enters meanwhile, and a writer that times out while it holds the write row delays it
+//! by at most one poll (`idle_between_tries`; none when the release wakes it, or when both are
 //! threads of one registry and the write row passes between them).** A stream of readers
 //! therefore cannot starve a writer, nor can a stream of writers that time out. Writers of
-//! different instances take the write row in no particular order (each polls), and when more
-//! than eight writers wait at once, the others wait without a claim row of their
-//! own (the claims of the first keep readers out meanwhile).
+//! different instances take the write row in no particular order (each polls). When more than
+//! eight writers wait at once, the others wait without a claim row of their own (the claims of
+//! the first keep readers out meanwhile).
 //!
 //! # Fencing
 //!
@@ -60,7 +67,9 @@
 //! deleted since (see "Fencing tokens" in the crate docs): above every earlier read grant and
 //! every earlier write token (each of which is such a grant), whatever rows were deleted, on
 //! any database and whatever its clock did. The write token is the larger of that grant's
-//! token and the write row's own; tokens are only ever compared, never added. A read guard's
+//! token and the write row's own; tokens are only ever compared, never added. It costs two
+//! statements per write hold (the slot's grant and release), a local handoff between writers
+//! of one registry included: every write hold has a token of its own. A read guard's
 //! token is its slot's grant: above every earlier grant of its slot, and below every later
 //! write token. The table shows the rows' own tokens.
 //!
@@ -550,7 +559,11 @@ impl RwInner {
                     .collect();
                 if !slots.iter().any(|row| row.state == STATE_HELD) {
                     if let Some(token) = self.write_token(&guard, &slots, wait, ttl)? {
-                        return Ok(Some((guard, token)));
+                        if guard.is_held() {
+                            return Ok(Some((guard, token)));
+                        }
+                        // The claim ran out meanwhile: claim again.
+                        continue;
                     }
                     // A reader took the slot meanwhile (it lets go, as it sees the claim).
                 }
@@ -583,9 +596,12 @@ impl RwInner {
             .try_lock_once_until(self.statement_deadline(wait), ttl)
         {
             Err(Error::Timeout { .. }) if !wait.over(Instant::now()) => None,
-            other => other?,
+            Err(e) => return Err(e),
+            Ok(first) => {
+                *answered = true;
+                first
+            }
         };
-        *answered = true;
         if first.is_some() {
             return Ok(first);
         }
@@ -643,9 +659,15 @@ impl RwInner {
             // it waits for itself, as any upgrade does.
             return Ok(None);
         }
-        let deadline = self.statement_deadline(wait);
-        let grant = match self.readers[slot].try_lock_once_until(deadline, ttl) {
-            // The row did not answer (another session holds it locked): poll again.
+        // A row that does not answer in its share of the wait (another session holds it
+        // locked): poll again.
+        let mut patience = Patience::new(&self.core.settings);
+        let grant = match patience.try_row(
+            &self.readers[slot],
+            &self.core.settings,
+            wait.deadline(),
+            ttl,
+        ) {
             Err(Error::Timeout { .. }) if !wait.over(Instant::now()) => return Ok(None),
             other => other?,
         };

@@ -44,6 +44,20 @@
 //! only [`KEYED_WATCHES`] of them, from the one it will try first); other local threads sleep on the condition variable and cost
 //! nothing. The poller that gets a permit, or gives up, wakes them so that one of them polls.
 //!
+//! **A row that does not answer.** Another session may hold a slot's row locked (a migration,
+//! an operator's `SELECT … FOR UPDATE`), and a statement on it may wait for that lock. The
+//! poller gives each row of a round a share of its time ([`Patience`]: the larger of
+//! `idle_between_tries` and 100 ms, never more than the caller's deadline or
+//! `operation_timeout`); a row that does not answer in it is passed over like a held one, and
+//! the round goes on with the next row. So a locked row costs only that row: a free permit is
+//! found in the same round. Later rounds of the same wait pass over that row without a
+//! statement for 1, 2, 4, … rounds (at most 64) before they try it again: a statement that
+//! ran out of its share may still wait on the server until the lock is released, so a row
+//! locked for long costs one such statement now and then, not one per round. A round in which
+//! rows were tried and none answered (a server slow for every statement, or gone) doubles the
+//! share for the next round, up to the whole statement time, so a slow server is still waited
+//! for and a server that is gone still fails the wait.
+//!
 //! **Handoff.** A permit released while a thread of this registry waits between its tries
 //! (`parked` counts them) is handed to it without a statement, through the slot's lock: the
 //! releaser puts the slot in `offers` and waits (on the condition variable) until a waiter
@@ -65,6 +79,11 @@
 //! are held. [`MAX_PERMITS`] bounds N for that reason. A try (`try_acquire`) makes one round at
 //! most, each statement bounded by `operation_timeout`; the statements of `try_acquire_for`
 //! and `try_acquire_until` are bounded by their deadline, and none starts after it.
+//!
+//! A bounded wait returns `Ok(None)` when no permit was granted in time. It returns
+//! [`Error::Timeout`] only when no statement of the wait had an answer from the database (no
+//! permit found held, none granted, and no other thread of this registry polling with an
+//! answer meanwhile): the database was out of reach for the whole wait.
 
 use crate::admin::{LockRow, LockState};
 use crate::error::{Error, Result};
@@ -87,9 +106,9 @@ pub const MAX_PERMITS: u32 = 256;
 /// each, at most 16 per registry); releases of the others are found by polling.
 pub(crate) const KEYED_WATCHES: usize = 4;
 
-/// How long a poller gives one row of a round at first when other rows remain to be tried: a
-/// row another session holds locked (a migration, an operator's `SELECT … FOR UPDATE`) costs
-/// this much, then the round goes on with the next row.
+/// How long a poller gives one row of a round at first: a row another session holds locked (a
+/// migration, an operator's `SELECT … FOR UPDATE`) costs this much, then the round goes on
+/// with the next row.
 fn first_patience(settings: &Settings) -> Duration {
     settings
         .idle_between_tries
@@ -97,14 +116,23 @@ fn first_patience(settings: &Settings) -> Duration {
         .min(settings.operation_timeout)
 }
 
+/// The most rounds a wait passes over a row that did not answer before it tries it again.
+const MOST_ROUNDS_PASSED_OVER: u32 = 64;
+
 /// The time a poller gives each row of its rounds: one row that does not answer in it (locked
-/// by another session) costs only that row. A round in which no row answered (a server that
-/// is slow for every statement, or gone) doubles it for the next round, up to the full
-/// statement time, so a slow server is still waited for and a server that is gone still
-/// fails the wait.
+/// by another session) costs only that row, and the rounds of the same wait then pass over it
+/// without a statement for 1, 2, 4, … rounds (at most [`MOST_ROUNDS_PASSED_OVER`]) before
+/// they try it again, so a row locked for long costs a statement now and then, not one per
+/// round. A round in which rows were tried and none answered (a server that is slow for every
+/// statement, or gone) doubles the time for the next round, up to the full statement time, so
+/// a slow server is still waited for and a server that is gone still fails the wait.
 pub(crate) struct Patience {
     per_row: Duration,
+    /// Whether a row answered in this round, and whether one ran out of its time.
     answered: bool,
+    ran_out: bool,
+    /// Rows that did not answer: `LOCK_KEY`, rounds still passed over, rounds the next time.
+    passed_over: Vec<(String, u32, u32)>,
 }
 
 impl Patience {
@@ -112,21 +140,27 @@ impl Patience {
         Patience {
             per_row: first_patience(settings),
             answered: false,
+            ran_out: false,
+            passed_over: Vec::new(),
         }
     }
 
     /// Called when a round is over.
     pub(crate) fn round_over(&mut self, settings: &Settings) {
-        if !self.answered {
+        if self.ran_out && !self.answered {
             self.per_row = (self.per_row * 2).min(settings.operation_timeout);
         }
         self.answered = false;
+        self.ran_out = false;
+        for (_, left, _) in &mut self.passed_over {
+            *left = left.saturating_sub(1);
+        }
     }
 
-    /// One try of one row of a round: the guard, or `None` when the row is held elsewhere or
-    /// did not answer within its share of the wait (see [`Patience`]). The statement gives up
-    /// at `deadline` if there is one, else after `operation_timeout`; `Err(Timeout)` only when
-    /// that whole time ran out.
+    /// One try of one row of a round: the guard, or `None` when the row is held elsewhere,
+    /// did not answer within its share of the wait, or is passed over (see [`Patience`]). The
+    /// statement gives up at `deadline` if there is one, else after `operation_timeout`;
+    /// `Err(Timeout)` only when that whole time ran out.
     pub(crate) fn try_row(
         &mut self,
         lock: &Lock,
@@ -134,15 +168,34 @@ impl Patience {
         deadline: Option<Instant>,
         ttl: Duration,
     ) -> Result<Option<LockGuard>> {
+        let key = lock.lock_key();
+        let known = self.passed_over.iter().position(|(k, _, _)| k == key);
+        if known.is_some_and(|at| self.passed_over[at].1 > 0) {
+            return Ok(None);
+        }
         let now = Instant::now();
         let full = deadline.unwrap_or(now + settings.operation_timeout);
         let row_deadline = full.min(now + self.per_row);
-        fail_point!("semaphore::try_row");
         match lock.try_lock_once_until(row_deadline, ttl) {
-            Err(Error::Timeout { .. }) if row_deadline < full => Ok(None),
+            Err(Error::Timeout { .. }) if row_deadline < full => {
+                self.ran_out = true;
+                match known {
+                    Some(at) => {
+                        let (_, left, next) = &mut self.passed_over[at];
+                        // `round_over` counts this round too.
+                        *left = *next + 1;
+                        *next = (*next * 2).min(MOST_ROUNDS_PASSED_OVER);
+                    }
+                    None => self.passed_over.push((key.to_string(), 2, 2)),
+                }
+                Ok(None)
+            }
             Err(e) => Err(e),
             Ok(granted) => {
                 self.answered = true;
+                if let Some(at) = known {
+                    self.passed_over.swap_remove(at);
+                }
                 Ok(granted)
             }
         }

@@ -927,10 +927,14 @@ fn a_bounded_wait_for_a_permit_found_held_times_out_as_none() {
     let first = {
         let semaphore = semaphore.clone();
         named("first", move || {
-            semaphore.try_acquire_for(Duration::from_millis(800)).map(|p| p.is_some())
+            semaphore
+                .try_acquire_for(Duration::from_millis(800))
+                .map(|p| p.is_some())
         })
     };
-    wait_until("the first waiter polls", || semaphore.waiting_threads() == 1);
+    wait_until("the first waiter polls", || {
+        semaphore.waiting_threads() == 1
+    });
     // The late waiter's statement is held until its deadline has passed.
     let hits = AtomicUsize::new(0);
     fail::cfg_callback("lock::acquire_before_statement", move || {
@@ -942,7 +946,9 @@ fn a_bounded_wait_for_a_permit_found_held_times_out_as_none() {
     let late = {
         let semaphore = semaphore.clone();
         named("late", move || {
-            semaphore.try_acquire_for(Duration::from_millis(1500)).map(|p| p.is_some())
+            semaphore
+                .try_acquire_for(Duration::from_millis(1500))
+                .map(|p| p.is_some())
         })
     };
     assert!(!first.join().unwrap().unwrap(), "the permit was held");
@@ -1059,5 +1065,34 @@ fn a_writer_that_times_out_leaves_no_gap_for_readers() {
         .join()
         .unwrap()
         .expect("writer 2 gets the lock once the reader leaves");
+    scenario.teardown();
+}
+
+/// A bounded read wait that found the lock free and then ran out of time in its attempt at a
+/// read slot (held past the deadline by a fail point) ends in `Ok(None)`: the database had
+/// answered during the wait.
+#[test]
+fn a_bounded_read_wait_that_runs_out_in_its_slot_attempt_times_out_as_none() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("read_timeout_none");
+    let registry = f.registry();
+    let hits = AtomicUsize::new(0);
+    fail::cfg_callback("lock::acquire_before_statement", move || {
+        if thread::current().name() == Some("reader") && hits.fetch_add(1, Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(600));
+        }
+    })
+    .unwrap();
+    let lock = registry.rw_lock("doc").unwrap();
+    let outcome = named("reader", move || {
+        lock.try_read_for(Duration::from_millis(300))
+            .map(|got| got.is_some())
+    })
+    .join()
+    .unwrap();
+    match outcome {
+        Ok(got) => assert!(!got, "its only attempt at a slot ran past the deadline"),
+        Err(e) => panic!("a bounded read wait failed instead of timing out: {e}"),
+    }
     scenario.teardown();
 }

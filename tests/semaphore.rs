@@ -560,6 +560,100 @@ mod suite {
         let stats = registry.statistics();
         assert_eq!(stats.held_leases, 0, "{stats:?}");
     }
+
+    /// A permit row another session holds locked (`SELECT … FOR UPDATE` in an open
+    /// transaction) costs only that row: every bounded and blocking acquire gets one of the
+    /// free permits, also when its round starts at the locked row (the rounds of one registry
+    /// start after the slot it was last granted, so they come to it). SQLite locks whole files,
+    /// not rows: nothing to check there.
+    pub fn a_permit_row_another_session_holds_locked_costs_only_that_row(f: &Fixture) {
+        const PERMITS: u32 = 3;
+        let registry = f.registry();
+        let semaphore = registry.semaphore("locked-row", PERMITS).unwrap();
+        let all: Vec<_> = (0..PERMITS).map(|_| semaphore.acquire().unwrap()).collect();
+        drop(all);
+        let status = registry.semaphore_status("locked-row").unwrap();
+        let locked = status.rows[0].lock_key.clone();
+        let Some(row_lock) =
+            crate::common::row_lock::RowLock::hold(f, std::slice::from_ref(&locked))
+        else {
+            return;
+        };
+        let slot_of = |permit: &leasehold::Permit| {
+            registry
+                .semaphore_status("locked-row")
+                .unwrap()
+                .rows
+                .iter()
+                .find(|row| row.part() == Some(format!("permit {}", permit.slot())))
+                .map(|row| row.lock_key.clone())
+        };
+        for round in 0..2 * PERMITS {
+            let permit = match semaphore.try_acquire_for(Duration::from_secs(5)) {
+                Ok(Some(permit)) => permit,
+                other => panic!(
+                    "{:?}: round {round}: {other:?} although {} permits were free",
+                    f.db,
+                    PERMITS - 1
+                ),
+            };
+            assert_ne!(slot_of(&permit).as_ref(), Some(&locked));
+            permit.unlock().unwrap();
+            let permit = semaphore
+                .acquire()
+                .unwrap_or_else(|e| panic!("{:?}: round {round}: acquire failed: {e}", f.db));
+            permit.unlock().unwrap();
+        }
+        drop(row_lock);
+    }
+
+    /// A blocking acquire whose rounds meet a locked permit row (the other permit held by
+    /// another instance) goes on waiting, rather than fail with the row's timeout, and gets
+    /// the permit that instance releases.
+    pub fn a_blocking_acquire_waits_past_a_locked_row_for_a_released_permit(f: &Fixture) {
+        let holder = f.registry();
+        let held = holder.semaphore("locked-wait", 2).unwrap();
+        let (first, second) = (held.acquire().unwrap(), held.acquire().unwrap());
+        let locked = slot_key(&holder, "locked-wait", first.slot());
+        first.unlock().unwrap();
+        let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[locked]) else {
+            return;
+        };
+        // Statements that wait on the locked row run out after a second.
+        let waiter = f
+            .builder()
+            .operation_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let semaphore = waiter.semaphore("locked-wait", 2).unwrap();
+        let acquiring = thread::spawn(move || semaphore.acquire().map(|permit| permit.slot()));
+        // Several times the operation timeout: each round met the locked row.
+        thread::sleep(Duration::from_secs(3));
+        assert!(
+            !acquiring.is_finished(),
+            "{:?}: the blocking acquire returned: {:?}",
+            f.db,
+            acquiring.join().unwrap()
+        );
+        let free = second.slot();
+        second.unlock().unwrap();
+        let got = acquiring.join().unwrap().expect("the released permit");
+        assert_eq!(got, free);
+        drop(row_lock);
+    }
+
+    /// The `LOCK_KEY` of permit `slot` of semaphore `name`, from its status.
+    fn slot_key(registry: &leasehold::LockRegistry, name: &str, slot: u32) -> String {
+        registry
+            .semaphore_status(name)
+            .unwrap()
+            .rows
+            .iter()
+            .find(|row| row.part() == Some(format!("permit {slot}")))
+            .expect("the permit's row")
+            .lock_key
+            .clone()
+    }
 }
 
 macro_rules! semaphores {
@@ -580,6 +674,8 @@ macro_rules! semaphores {
             a_released_permit_is_handed_to_a_waiting_thread_without_a_statement,
             without_local_handoff_a_waiting_thread_gets_a_grant_of_its_own,
             handoffs_between_threads_keep_at_most_permits_holders,
+            a_permit_row_another_session_holds_locked_costs_only_that_row,
+            a_blocking_acquire_waits_past_a_locked_row_for_a_released_permit,
         );
     };
 }

@@ -117,7 +117,7 @@ mod suite {
         let give_up = Instant::now() + GENEROUS;
         loop {
             std::thread::sleep(Duration::from_millis(3));
-            let deleted = if round % 2 == 0 {
+            let deleted = if round.is_multiple_of(2) {
                 registry
                     .delete_released_and_expired(Duration::ZERO)
                     .unwrap()
@@ -155,7 +155,7 @@ mod suite {
         let mut raw = Raw::open(f);
         let mut highest = Highest::default();
         for round in 0..ROUNDS {
-            let registry = if round % 2 == 0 { &a } else { &b };
+            let registry = if round.is_multiple_of(2) { &a } else { &b };
             let guard = registry.obtain("ledger").unwrap().lock().unwrap();
             highest.rises("lock", 0, guard.fencing_token(), f.db);
             guard.unlock().unwrap();
@@ -168,7 +168,11 @@ mod suite {
         let mut raw = Raw::open(f);
         let mut highest = Highest::default();
         for round in 0..ROUNDS {
-            let (first, second) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+            let (first, second) = if round.is_multiple_of(2) {
+                (&a, &b)
+            } else {
+                (&b, &a)
+            };
             let one = first.semaphore("exports", 2).unwrap().acquire().unwrap();
             let two = second.semaphore("exports", 2).unwrap().acquire().unwrap();
             for permit in [&one, &two] {
@@ -192,7 +196,7 @@ mod suite {
         let mut every_grant = 0u64;
         let mut deletions = 0;
         for round in 0..ROUNDS {
-            let (reader, writer) = if round % 2 == 0 {
+            let (reader, writer) = if round.is_multiple_of(2) {
                 (&at_a, &at_b)
             } else {
                 (&at_b, &at_a)
@@ -206,7 +210,7 @@ mod suite {
             read.unlock().unwrap();
             also.unlock().unwrap();
             // The released read rows stay for the write in even rounds, go in odd ones.
-            if round % 2 == 1 {
+            if !round.is_multiple_of(2) {
                 delete_released_rows(f, &a, &mut raw, deletions);
                 deletions += 1;
             }
@@ -289,7 +293,7 @@ mod suite {
         let mut raw = Raw::open(f);
         let mut highest = Highest::default();
         for round in 0..ROUNDS {
-            let election = if round % 2 == 0 { &a } else { &b };
+            let election = if round.is_multiple_of(2) { &a } else { &b };
             let term = election
                 .try_acquire_for(GENEROUS)
                 .unwrap()

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod mariadb;
+pub mod row_lock;
 
 use leasehold::{LockRegistry, RegistryBuilder};
 use std::sync::atomic::{AtomicU32, Ordering};
