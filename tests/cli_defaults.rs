@@ -397,29 +397,39 @@ mod suite {
     /// A command that ignores a forwarded SIGTERM kept the lock until something SIGKILLed
     /// leasehold itself.
     pub fn a_forwarded_sigterm_is_followed_by_sigkill_after_the_grace(f: &Fixture) {
-        let dir = tempfile::tempdir().unwrap();
-        let ready = dir.path().join("ready");
-        let script = format!(
-            "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
-            ready.display()
-        );
-        let mut run = leasehold(f, "run", &["--key", "stubborn", "--grace", "1s", "--"])
-            .args(["sh", "-c", &script])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let _reaper = Reaper(vec![run.id()]);
-        let command = read_pid(&ready);
-        let _command_reaper = Reaper(vec![command]);
-        send("TERM", run.id());
-        let status = wait_with_deadline(&mut run);
-        assert_eq!(status.code(), Some(128 + 9), "{status:?}");
-        let mut said = String::new();
-        std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut said).unwrap();
-        assert!(said.contains("SIGKILL"), "{said}");
-        assert!(state_of(command).is_none(), "the command is gone");
-        let free = output(leasehold(f, "status", &["--key", "stubborn", "--json"]));
-        assert_eq!(code(&free), 1, "released: {free:?}");
+        for subcommand in ["run", "lead"] {
+            let dir = tempfile::tempdir().unwrap();
+            let ready = dir.path().join("ready");
+            let script = format!(
+                "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+                ready.display()
+            );
+            let name = if subcommand == "run" {
+                "--key"
+            } else {
+                "--group"
+            };
+            let mut run = leasehold(f, subcommand, &[name, "stubborn", "--grace", "1s", "--"])
+                .args(["sh", "-c", &script])
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let _reaper = Reaper(vec![run.id()]);
+            let command = read_pid(&ready);
+            let _command_reaper = Reaper(vec![command]);
+            send("TERM", run.id());
+            let status = wait_with_deadline(&mut run);
+            assert_eq!(status.code(), Some(128 + 9), "{subcommand}: {status:?}");
+            let mut said = String::new();
+            std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut said).unwrap();
+            assert!(said.contains("SIGKILL"), "{subcommand}: {said}");
+            assert!(
+                state_of(command).is_none(),
+                "{subcommand}: the command is gone"
+            );
+            let free = output(leasehold(f, "status", &["--key", "stubborn", "--json"]));
+            assert_eq!(code(&free), 1, "{subcommand}: released: {free:?}");
+        }
         // --help says so.
         let help = output({
             let mut c = Command::new(binary());
