@@ -397,29 +397,39 @@ mod suite {
     /// A command that ignores a forwarded SIGTERM kept the lock until something SIGKILLed
     /// leasehold itself.
     pub fn a_forwarded_sigterm_is_followed_by_sigkill_after_the_grace(f: &Fixture) {
-        let dir = tempfile::tempdir().unwrap();
-        let ready = dir.path().join("ready");
-        let script = format!(
-            "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
-            ready.display()
-        );
-        let mut run = leasehold(f, "run", &["--key", "stubborn", "--grace", "1s", "--"])
-            .args(["sh", "-c", &script])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let _reaper = Reaper(vec![run.id()]);
-        let command = read_pid(&ready);
-        let _command_reaper = Reaper(vec![command]);
-        send("TERM", run.id());
-        let status = wait_with_deadline(&mut run);
-        assert_eq!(status.code(), Some(128 + 9), "{status:?}");
-        let mut said = String::new();
-        std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut said).unwrap();
-        assert!(said.contains("SIGKILL"), "{said}");
-        assert!(state_of(command).is_none(), "the command is gone");
-        let free = output(leasehold(f, "status", &["--key", "stubborn", "--json"]));
-        assert_eq!(code(&free), 1, "released: {free:?}");
+        for subcommand in ["run", "lead"] {
+            let dir = tempfile::tempdir().unwrap();
+            let ready = dir.path().join("ready");
+            let script = format!(
+                "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+                ready.display()
+            );
+            let name = if subcommand == "run" {
+                "--key"
+            } else {
+                "--group"
+            };
+            let mut run = leasehold(f, subcommand, &[name, "stubborn", "--grace", "1s", "--"])
+                .args(["sh", "-c", &script])
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let _reaper = Reaper(vec![run.id()]);
+            let command = read_pid(&ready);
+            let _command_reaper = Reaper(vec![command]);
+            send("TERM", run.id());
+            let status = wait_with_deadline(&mut run);
+            assert_eq!(status.code(), Some(128 + 9), "{subcommand}: {status:?}");
+            let mut said = String::new();
+            std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut said).unwrap();
+            assert!(said.contains("SIGKILL"), "{subcommand}: {said}");
+            assert!(
+                state_of(command).is_none(),
+                "{subcommand}: the command is gone"
+            );
+            let free = output(leasehold(f, "status", &["--key", "stubborn", "--json"]));
+            assert_eq!(code(&free), 1, "{subcommand}: released: {free:?}");
+        }
         // --help says so.
         let help = output({
             let mut c = Command::new(binary());
@@ -747,6 +757,48 @@ mod suite {
         send("TERM", leasehold_pid);
         assert_eq!(wait_with_deadline(&mut run).code(), Some(128 + 15));
     }
+
+    /// A process stopped inside an SQLite statement keeps the file's write lock: every lock of
+    /// every process on the database waits until it is continued. A fail point keeps
+    /// leasehold's acquire inside its statement (it has written; the write lock is held) while
+    /// SIGTSTP arrives: leasehold stops only once the statement has ended.
+    #[cfg(feature = "failpoints")]
+    pub fn sigtstp_never_stops_leasehold_inside_an_sqlite_statement(f: &Fixture) {
+        assert_eq!(f.db, Db::Sqlite);
+        let mut run = leasehold(f, "run", &["--key", "frozen", "--", "true"])
+            .env(
+                "FAILPOINTS",
+                "sqlite::acquire_inside_statement=1*sleep(1500)",
+            )
+            .spawn()
+            .unwrap();
+        let pid = run.id();
+        let _reaper = Reaper(vec![pid]);
+        let observer = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+        let write = |wait: Duration| {
+            observer.busy_timeout(wait).unwrap();
+            observer.execute_batch("BEGIN IMMEDIATE; ROLLBACK")
+        };
+        // Inside the statement: the write lock is taken.
+        let deadline = Instant::now() + GENEROUS;
+        while write(Duration::ZERO).is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "leasehold never took the write lock"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+        send("TSTP", pid);
+        while state_of(pid) != Some('T') {
+            assert!(Instant::now() < deadline, "leasehold did not stop");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // Stopped, and not inside the statement: others write.
+        let written = write(Duration::from_secs(10));
+        send("CONT", pid);
+        written.expect("the database is free while leasehold is stopped");
+        assert_eq!(wait_with_deadline(&mut run).code(), Some(0));
+    }
 }
 
 macro_rules! defaults {
@@ -768,6 +820,9 @@ mod sqlite {
     defaults!(crate::common::Db::Sqlite);
     crate::suite_for!(crate::common::Db::Sqlite;
         read_only_users_read_and_unwritable_directories_are_named);
+    #[cfg(feature = "failpoints")]
+    crate::suite_for!(crate::common::Db::Sqlite;
+        sigtstp_never_stops_leasehold_inside_an_sqlite_statement);
 }
 
 #[cfg(feature = "postgres")]

@@ -393,6 +393,8 @@ impl Backend for Sqlite {
             Some(row) => Some((row.get::<_, i64>(0).map_err(classify)?, false)),
             None => None,
         };
+        // The statement has written and holds the file's write lock until it is reset.
+        fail_point!("sqlite::acquire_inside_statement");
         Ok(token)
     }
 

@@ -82,8 +82,8 @@ pub struct Database {
     /// transaction-mode pooler.
     #[arg(long)]
     pub prepared_statements: bool,
-    /// Accepted for scripts written for older versions: no command but `init` (and `run` or
-    /// `lead` with --create) creates the table.
+    /// Accepted and ignored: no command but `init` (and `run` or `lead` with --create)
+    /// creates the table.
     #[arg(long, hide = true)]
     pub no_create_table: bool,
     /// Report waiting, acquired, renewed, lost and released on stderr, with timestamps.

@@ -80,6 +80,9 @@ fn main() -> std::process::ExitCode {
     use report::Reporter;
     use std::process::ExitCode;
 
+    // Test builds only: fail points named in FAILPOINTS (see the crate's `failpoints` feature).
+    #[cfg(feature = "failpoints")]
+    let _fail_points = fail::FailScenario::setup();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
