@@ -211,6 +211,8 @@ pub(crate) struct PgConn {
     statements: Option<PerStatement<Statement>>,
     deadline: Instant,
     broken: bool,
+    /// The connector, for the cancel request of a call that runs out of time.
+    tls: Tls,
     /// Declared last, so dropped after the socket it drives.
     runtime: ConnRuntime,
 }
@@ -249,6 +251,7 @@ impl PgConn {
             statements: prepared.then(PerStatement::new),
             deadline: Instant::now() + DEFAULT_CALL_LIMIT,
             broken: false,
+            tls: tls.clone(),
         })
     }
 }
@@ -451,11 +454,15 @@ macro_rules! call {
             Some(outcome) => outcome.map_err(classify),
             None => {
                 conn.broken = true;
+                conn.cancel_in_background();
                 Err(no_answer())
             }
         }
     }};
 }
+
+/// How long the cancel request of a call that ran out of time may take (connecting included).
+const CANCEL_LIMIT: Duration = Duration::from_secs(10);
 
 /// The failure of a call that was still unanswered at its deadline.
 fn no_answer() -> Failure {
@@ -467,6 +474,32 @@ fn no_answer() -> Failure {
 }
 
 impl PgConn {
+    /// Asks the server, from a short-lived thread and connection of its own, to cancel what
+    /// this connection runs: a call given up at its deadline is still running on the server,
+    /// and would go on taking its share of a busy server and holding the row locks it took
+    /// (which the next renewal of those rows would find locked) until it ends. The connection
+    /// itself is discarded anyway.
+    #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
+    fn cancel_in_background(&self) {
+        let token = self.client.cancel_token();
+        let tls = self.tls.clone();
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-cancel".into())
+            .spawn(move || {
+                let Ok(runtime) = connection_runtime() else {
+                    return;
+                };
+                let cancel =
+                    async { tokio::time::timeout(CANCEL_LIMIT, token.cancel_query(tls)).await };
+                if let Ok(Err(e)) = runtime.block_on(cancel) {
+                    log::debug!("cancelling a PostgreSQL statement that ran out of time: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            log::debug!("no thread to cancel a PostgreSQL statement that ran out of time: {e}");
+        }
+    }
+
     /// Runs `sql` with the five parameters and returns its rows: as a named statement,
     /// prepared on first use and kept, or as an unnamed one (parsed, planned and run in one
     /// round trip, nothing left on the server), which a transaction-mode pooler can send to any
@@ -857,25 +890,44 @@ impl Backend for Postgres {
         "SELECT CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS BIGINT)"
     }
 
-    /// `mine`: the pairs whose rows are this client's (a snapshot read: it waits for nothing);
-    /// `locked`: those of them whose row locks can be taken at once (`SKIP LOCKED` passes over a
-    /// row another session holds, rather than wait for it); `renewed`: the update of those.
-    /// Every row of `mine` comes back, with whether it was renewed.
+    /// No step of the statement joins the batch's pairs with the table or with each other, so
+    /// it costs time linear in the batch whatever row counts the planner guesses (it cannot
+    /// estimate those of a function's result or of a CTE, and a join it plans as a nested loop
+    /// over two such lists is quadratic):
+    ///
+    /// - `j` unpacks the pairs;
+    /// - `locked` looks each pair's row up by primary key (a `LIMIT 1` subquery per pair, which
+    ///   is never flattened into a join), keeps it if it is still this client's lease, and
+    ///   takes its row lock if that can be done at once (`SKIP LOCKED` passes over a row
+    ///   another session holds, rather than wait for it); it returns the rows' addresses
+    ///   (`ctid`), which cannot change while the lock is held;
+    /// - `renewed` updates the rows at those addresses (a TID scan, or one pass over a table
+    ///   small enough to scan);
+    /// - the last branch, `mine`, looks each pair's row up again as the statement's snapshot
+    ///   shows it, waiting for nothing.
+    ///
+    /// The result: `TRUE` rows for the renewed pairs, `FALSE` rows for every pair still this
+    /// client's; those not also renewed were skipped (see `renew_batch`). A row changed by
+    /// another committed statement after the snapshot was taken (this registry renewing the
+    /// same lease on another connection) is locked in its new version, which the update does
+    /// not see: it counts as skipped, and is retried like a locked row.
     fn renew_batch_sql(table: &str) -> Vec<String> {
+        let this_lease = format!(
+            "l.LOCK_KEY = j.k AND l.REGION = $2 AND l.CLIENT_ID = $3 AND l.FENCING_TOKEN = j.t \
+             AND l.EXPIRED_AFTER >= {NOW}"
+        );
         vec![format!(
             "WITH j AS (SELECT CAST(e ->> 0 AS CHAR(36)) AS k, CAST(e ->> 1 AS BIGINT) AS t \
              FROM jsonb_array_elements(CAST(CAST($1 AS TEXT) AS JSONB)) AS e), \
-             mine AS (SELECT l.LOCK_KEY AS k, l.FENCING_TOKEN AS t FROM {table} AS l JOIN j \
-             ON l.LOCK_KEY = j.k AND l.FENCING_TOKEN = j.t WHERE l.REGION = $2 \
-             AND l.CLIENT_ID = $3 AND l.EXPIRED_AFTER >= {NOW}), \
-             locked AS (SELECT l.LOCK_KEY AS k FROM {table} AS l JOIN mine \
-             ON l.LOCK_KEY = mine.k AND l.FENCING_TOKEN = mine.t WHERE l.REGION = $2 \
-             AND l.CLIENT_ID = $3 AND l.EXPIRED_AFTER >= {NOW} FOR UPDATE OF l SKIP LOCKED), \
-             renewed AS (UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} FROM locked \
-             WHERE l.LOCK_KEY = locked.k AND l.REGION = $2 AND l.CLIENT_ID = $3 \
-             RETURNING l.LOCK_KEY AS k) \
-             SELECT CAST(mine.k AS TEXT), mine.t, renewed.k IS NOT NULL FROM mine \
-             LEFT JOIN renewed ON renewed.k = mine.k"
+             locked AS (SELECT m.id FROM j CROSS JOIN LATERAL (SELECT l.ctid AS id \
+             FROM {table} AS l WHERE {this_lease} LIMIT 1 FOR UPDATE OF l SKIP LOCKED) AS m), \
+             renewed AS (UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} \
+             WHERE l.ctid = ANY(ARRAY(SELECT id FROM locked)) AND l.REGION = $2 \
+             AND l.CLIENT_ID = $3 RETURNING l.LOCK_KEY AS k, l.FENCING_TOKEN AS t) \
+             SELECT CAST(k AS TEXT), t, TRUE FROM renewed \
+             UNION ALL SELECT CAST(mine.k AS TEXT), mine.t, FALSE FROM j CROSS JOIN LATERAL \
+             (SELECT l.LOCK_KEY AS k, l.FENCING_TOKEN AS t FROM {table} AS l \
+             WHERE {this_lease} LIMIT 1) AS mine"
         )]
     }
 
@@ -887,6 +939,7 @@ impl Backend for Postgres {
     ) -> Result<BatchRows, Failure> {
         let rows = conn.rows(&sql[0], params)?;
         let mut found = BatchRows::default();
+        let mut mine = Vec::new();
         for row in &rows {
             let pair = (
                 row.try_get(0).map_err(classify)?,
@@ -895,9 +948,16 @@ impl Backend for Postgres {
             if row.try_get(2).map_err(classify)? {
                 found.renewed.push(pair);
             } else {
-                found.busy.push(pair);
+                mine.push(pair);
             }
         }
+        // Still this client's but not renewed: another session held the row locked.
+        let renewed: std::collections::HashSet<&(String, i64)> = found.renewed.iter().collect();
+        let busy: Vec<_> = mine
+            .into_iter()
+            .filter(|pair| !renewed.contains(pair))
+            .collect();
+        found.busy = busy;
         Ok(found)
     }
 
