@@ -15,17 +15,26 @@
 //! would turn it into a text comparison and a sequential scan), and so that a statement may
 //! leave parameters out (the holder query has no `$3`; the clock query has none).
 //!
-//! By default every statement goes *unnamed* (`query_typed`: parse, bind, describe, execute
-//! and sync in one message, one round trip): the server parses and plans it on every call and
-//! keeps nothing. That is what a transaction-mode pooler (PgBouncer `pool_mode = transaction`
-//! without `max_prepared_statements`, and its kind) needs: it hands each statement to
-//! whichever server connection is free, where a named statement prepared earlier is missing
-//! (`26000`) or is another client's (`42P05`). With `prepared_statements(true)` each
-//! connection prepares a named statement per text on first use and keeps it (the driver has
-//! no cache of its own), which saves the server the planning; the difference is measured by
-//! `benches/databases.rs` (`lock_unlock` vs `lock_unlock_prepared`). Catalog queries run
-//! unnamed either way, and checking a replacement statement prepares it inside a transaction,
-//! which a pooler keeps on one server connection, and closes it before the commit.
+//! A statement goes *named* or *unnamed*. Named, each connection prepares it once, on first
+//! use, and keeps it (the driver has no cache of its own): the server parses and plans it
+//! once per connection. Unnamed (`query_typed`: parse, bind, describe, execute and sync in
+//! one message, one round trip), the server parses and plans it on every call and keeps
+//! nothing — what a transaction-mode pooler (PgBouncer `pool_mode = transaction` without
+//! `max_prepared_statements`, and its kind) needs: it hands each statement to whichever
+//! server connection is free, where a named statement prepared earlier is missing (`26000`)
+//! or is another client's (`42P05`, or worse, another statement of the same name). The
+//! difference is measured by `benches/databases.rs` (`lock_unlock` vs
+//! `lock_unlock_prepared`).
+//!
+//! `prepared_statements(…)` forces either. Unset, each connection decides when it opens
+//! ([`pooler`]): named when its cancel key names the server process that serves it
+//! (`pg_backend_pid()`, one round trip), which is so straight to the server and never through
+//! a pooler, whose keys are its own; unnamed otherwise. A connection that chose named
+//! statements and still sees one fail with `26000` or `42P05` sends that statement again
+//! unnamed (it did not run), and the registry's connections send every statement unnamed
+//! from then on (a warning says so once). Catalog queries run unnamed either way, and
+//! checking a replacement statement prepares it inside a transaction, which a pooler keeps on
+//! one server connection, and closes it before the commit.
 //!
 //! - **acquire** is one statement, one round trip:
 //!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now RETURNING FENCING_TOKEN),
@@ -134,6 +143,7 @@
 //! as a pool timeout.
 
 mod listener;
+mod pooler;
 mod tls;
 use crate::backend::pools::Finding;
 use crate::backend::{
@@ -146,6 +156,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -184,8 +195,13 @@ pub(crate) struct PgManager {
     config: Config,
     tls: Tls,
     /// Whether connections prepare named statements and keep them
-    /// (`RegistryBuilder::prepared_statements`), or send every statement unnamed.
-    prepared: bool,
+    /// (`RegistryBuilder::prepared_statements`): `Some` when the user said, `None` to decide
+    /// per connection (see [`PgConn::open`]).
+    prepared: Option<bool>,
+    /// Set once a named statement failed the way it does only behind a transaction-mode
+    /// pooler (`26000`, `42P05`): from then on every connection of the registry sends its
+    /// statements unnamed.
+    pooler_found: Arc<AtomicBool>,
     /// Where the release listener connects (`RegistryBuilder::listener_url`), with its TLS;
     /// `None`: where the pools connect.
     listener: Option<(Config, Tls)>,
@@ -209,6 +225,8 @@ pub(crate) struct PgConn {
     /// The named statements prepared so far; `None` when statements go unnamed (see
     /// [`PgManager::prepared`]).
     statements: Option<PerStatement<Statement>>,
+    /// [`PgManager::pooler_found`], when this connection chose named statements itself.
+    pooler_found: Option<Arc<AtomicBool>>,
     deadline: Instant,
     broken: bool,
     /// The connector, for the cancel request of a call that runs out of time.
@@ -240,19 +258,40 @@ impl Drop for ConnRuntime {
 
 impl PgConn {
     /// Connects; the configuration's connect timeout bounds the whole wait, the startup
-    /// handshake included (a server that accepts connections but never answers).
-    fn open(config: &Config, tls: &Tls, prepared: bool) -> Result<PgConn, PgConnError> {
+    /// handshake included (a server that accepts connections but never answers). Statements
+    /// go named or unnamed as `prepared` says; without a say (`None`), named when the
+    /// connection goes straight to the server ([`PgConn::straight_to_the_server`]) and no
+    /// connection of the registry has found a transaction-mode pooler (`pooler_found`).
+    #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
+    fn open(
+        config: &Config,
+        tls: &Tls,
+        prepared: Option<bool>,
+        pooler_found: &Arc<AtomicBool>,
+    ) -> Result<PgConn, PgConnError> {
         let runtime = connection_runtime()?;
         let (client, connection) = connect_on(&runtime, config, tls)?;
-        Ok(PgConn {
+        let mut conn = PgConn {
             runtime,
             client,
             driver: Some(Box::pin(connection)),
-            statements: prepared.then(PerStatement::new),
+            statements: None,
+            pooler_found: None,
             deadline: Instant::now() + DEFAULT_CALL_LIMIT,
             broken: false,
             tls: tls.clone(),
-        })
+        };
+        let named = match prepared {
+            Some(forced) => forced,
+            None => {
+                !pooler_found.load(Ordering::Relaxed) && {
+                    conn.pooler_found = Some(Arc::clone(pooler_found));
+                    conn.straight_to_the_server()
+                }
+            }
+        };
+        conn.statements = named.then(PerStatement::new);
+        Ok(conn)
     }
 }
 
@@ -474,6 +513,21 @@ fn no_answer() -> Failure {
 }
 
 impl PgConn {
+    /// Whether this connection goes straight to the server (see [`pooler`]): its cancel key
+    /// names the server process that serves it. One round trip; a connection that fails it is
+    /// taken as going through a pooler (and is likely broken anyway).
+    fn straight_to_the_server(&mut self) -> bool {
+        fail_point!("postgres::straight_to_the_server", |answer| answer
+            .is_some_and(|answer| answer == "yes"));
+        let Some(key) = pooler::key_process_id(&self.runtime, &self.client.cancel_token()) else {
+            return false;
+        };
+        let pid = call!(self, |client| client
+            .query_typed_one("SELECT pg_backend_pid()", &[]))
+        .and_then(|row| row.try_get::<_, i32>(0).map_err(classify));
+        matches!(pid, Ok(pid) if pid == key)
+    }
+
     /// Asks the server, from a short-lived thread and connection of its own, to cancel what
     /// this connection runs: a call given up at its deadline is still running on the server,
     /// and would go on taking its share of a busy server and holding the row locks it took
@@ -506,39 +560,75 @@ impl PgConn {
     /// server connection.
     fn rows(&mut self, sql: &str, params: &Params) -> Result<Vec<Row>, Failure> {
         let values = values(params);
-        match self.prepared(sql)? {
-            Some(statement) => call!(self, |client| client.query(&statement, &values)),
-            None => {
-                let typed = typed(&values);
-                call!(self, |client| client.query_typed(sql, &typed))
+        if let Some(statement) = self.prepared(sql)? {
+            match call!(self, |client| client.query(&statement, &values)) {
+                Err(failure) if self.behind_a_pooler(&failure) => {}
+                outcome => return outcome,
             }
         }
+        let typed = typed(&values);
+        call!(self, |client| client.query_typed(sql, &typed))
     }
 
     /// Runs `sql` like [`PgConn::rows`] and returns the number of rows it affected.
     fn affected(&mut self, sql: &str, params: &Params) -> Result<u64, Failure> {
         let values = values(params);
-        match self.prepared(sql)? {
-            Some(statement) => call!(self, |client| client.execute(&statement, &values)),
-            None => {
-                let typed = typed(&values);
-                call!(self, |client| client.execute_typed(sql, &typed))
+        if let Some(statement) = self.prepared(sql)? {
+            match call!(self, |client| client.execute(&statement, &values)) {
+                Err(failure) if self.behind_a_pooler(&failure) => {}
+                outcome => return outcome,
             }
         }
+        let typed = typed(&values);
+        call!(self, |client| client.execute_typed(sql, &typed))
     }
 
     /// The named statement for `sql`, prepared on first use; `None` when statements go
     /// unnamed.
     fn prepared(&mut self, sql: &str) -> Result<Option<Statement>, Failure> {
+        if self
+            .pooler_found
+            .as_ref()
+            .is_some_and(|found| found.load(Ordering::Relaxed))
+        {
+            self.statements = None;
+        }
         let Some(statements) = &self.statements else {
             return Ok(None);
         };
         if let Some(statement) = statements.get(sql) {
             return Ok(Some(statement.clone()));
         }
-        let statement = call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
+        let statement = match call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES)) {
+            Err(failure) if self.behind_a_pooler(&failure) => return Ok(None),
+            outcome => outcome?,
+        };
         let statements = self.statements.as_mut().expect("checked above");
         Ok(Some(statements.insert(sql, statement).clone()))
+    }
+
+    /// Whether `failure` of a named statement says that a transaction-mode pooler stands in
+    /// between (`26000`: the statement is missing on the server connection the pooler chose;
+    /// `42P05`: another client's statement of that name is there), on a connection that chose
+    /// named statements itself. Then this connection and every later one of the registry
+    /// send their statements unnamed, and the statement, which did not run, is sent again so.
+    fn behind_a_pooler(&mut self, failure: &Failure) -> bool {
+        let Some(found) = &self.pooler_found else {
+            return false;
+        };
+        if !matches!(sql_state(failure), Some("26000" | "42P05")) {
+            return false;
+        }
+        if !found.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "leasehold: PostgreSQL named statements failed as they do behind a \
+                 transaction-mode pooler ({}); this registry sends its statements unnamed \
+                 from now on",
+                failure.source
+            );
+        }
+        self.statements = None;
+        true
     }
 }
 
@@ -569,7 +659,7 @@ impl r2d2::ManageConnection for PgManager {
     type Error = PgConnError;
 
     fn connect(&self) -> Result<PgConn, PgConnError> {
-        PgConn::open(&self.config, &self.tls, self.prepared)
+        PgConn::open(&self.config, &self.tls, self.prepared, &self.pooler_found)
     }
 
     fn is_valid(&self, conn: &mut PgConn) -> Result<(), PgConnError> {
@@ -1041,8 +1131,8 @@ fn classify(error: tokio_postgres::Error) -> Failure {
                 format!(
                     "{message}: named prepared statements do not survive a transaction-mode \
                      pooler (PgBouncer pool_mode = transaction), which runs each statement on \
-                     whichever server connection is free: leave \
-                     RegistryBuilder::prepared_statements off"
+                     whichever server connection is free: do not set \
+                     RegistryBuilder::prepared_statements(true) for such a URL"
                 ),
             ),
             "42P01" => (
@@ -1130,7 +1220,10 @@ fn check_connect(
     crate::backend::first_connection(Postgres::NAME, &server, timeout, |limit, deadline| {
         let mut attempt = config.clone();
         attempt.connect_timeout(connect_limit(config).min(limit));
-        let Err(error) = outside_async(|| PgConn::open(&attempt, tls, false)) else {
+        let unnamed = Some(false);
+        let Err(error) = outside_async(|| {
+            PgConn::open(&attempt, tls, unnamed, &Arc::new(AtomicBool::new(false)))
+        }) else {
             return Ok(());
         };
         // Reached a server (not refused, not unresolved) that did not answer as PostgreSQL.
@@ -1246,6 +1339,7 @@ pub(crate) fn open(
         config,
         tls,
         prepared: pool.prepared_statements,
+        pooler_found: Arc::new(AtomicBool::new(false)),
         listener,
     };
     let store = crate::backend::SqlStore::<Postgres>::open(manager, pool, table)?;
