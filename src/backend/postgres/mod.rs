@@ -88,6 +88,15 @@
 //! Unsubscribed for `idle_connection_timeout`, the listener closes its connection; the next
 //! subscription opens a new one.
 //!
+//! The listener never takes one of a server's last free connection slots: each connection it
+//! opens first reads `max_connections`, the reserved slots (`superuser_reserved_connections`,
+//! `reserved_connections`) and the client connections open, and the listener keeps it only
+//! while a tenth of the slots ordinary users may take (at least 5) stay free beside it; it
+//! checks again with every liveness check (every 30 s). Short of that it closes the
+//! connection, logs one warning with the arithmetic, and connects again no sooner than 30 s
+//! later; the registry's waiters poll meanwhile. Wake-ups only make waiters try sooner, while
+//! pooled connections, which renew leases, need a slot whenever one opens.
+//!
 //! The listener connects to `listener_url` when the registry has one, else to the registry's
 //! URL. `LISTEN` needs a session that stays on one server connection: through a
 //! transaction-mode pooler it succeeds, but the server connection goes back to the pool and
@@ -107,8 +116,8 @@
 //!   The listener connects when a thread of the registry first waits for a lock held
 //!   elsewhere, not in `build()`; a server that does not answer costs the waiters nothing
 //!   (they poll meanwhile), and the thread tries again every tick while they wait.
-//! - **`LISTEN`**, **`UNLISTEN`** and the liveness check (an empty query every 30 s while
-//!   subscribed) are each bounded by the same connect timeout.
+//! - **`LISTEN`**, **`UNLISTEN`** and the liveness check (the free-slot query every 30 s
+//!   while subscribed) are each bounded by the same connect timeout.
 //! - **waiting for notifications** lasts one tick (a second) at a time.
 //!
 //! A call that fails or runs out of time drops the connection; the next subscription opens a
