@@ -334,7 +334,7 @@ pub struct RegistryBuilder {
     create_table: bool,
     read_only: bool,
     notifications: bool,
-    prepared_statements: bool,
+    prepared_statements: Option<bool>,
     listener_url: Option<String>,
     custom: CustomQueries,
     on_lost: Option<LostCallback>,
@@ -365,7 +365,7 @@ impl RegistryBuilder {
             create_table: false,
             read_only: false,
             notifications: true,
-            prepared_statements: false,
+            prepared_statements: None,
             listener_url: None,
             custom: CustomQueries::default(),
             on_lost: None,
@@ -644,18 +644,27 @@ impl RegistryBuilder {
     }
 
     /// PostgreSQL: whether pooled connections prepare each statement once, as a named
-    /// statement, and reuse it. Defaults to `false`: every statement is sent unnamed, parsed
-    /// and planned by the server on each call, in the same single round trip, which works
-    /// through a transaction-mode pooler (PgBouncer `pool_mode = transaction`, RDS Proxy,
-    /// Supavisor, pgcat) that hands each statement to whichever server connection is free,
-    /// where a named statement is missing or is another client's. `true` saves the server
-    /// that planning (measured in the README's *Fleets and poolers*) and is only for
-    /// connections straight to the server or through a session-mode pooler: through a
-    /// transaction-mode pooler, statements fail (`26000`, `42P05`, named in the error) or, worse,
-    /// a statement name another client prepared on that server connection runs that client's
-    /// statement with this one's parameters. Ignored by the other databases.
+    /// statement, and reuse it (which saves the server parsing and planning it on every call),
+    /// or send every statement unnamed (parsed and planned on each call, in the same single
+    /// round trip), which works through a transaction-mode pooler (PgBouncer
+    /// `pool_mode = transaction`, RDS Proxy, Supavisor, pgcat) that hands each statement to
+    /// whichever server connection is free, where a named statement is missing or is another
+    /// client's.
+    ///
+    /// Unset (the default), each connection decides when it opens: named statements when it
+    /// goes straight to the server — the cancel key the server gave it names the server
+    /// process that serves it (`pg_backend_pid()`), which a pooler's keys never do — and
+    /// unnamed ones otherwise, one round trip per new connection. Should a named statement
+    /// still fail as it does behind a transaction-mode pooler (`26000`, `42P05`), the
+    /// registry sends every statement unnamed from then on (the failed one again) and logs
+    /// a warning once. `false` forces unnamed statements (a session-mode pooler gets them
+    /// too, unless forced `true`); `true` forces named ones, for connections straight to the
+    /// server or through a session-mode pooler only: through a transaction-mode pooler
+    /// statements fail (`26000`, `42P05`, named in the error) or, worse, a statement name
+    /// another client prepared on that server connection runs that client's statement with
+    /// this one's parameters. Ignored by the other databases.
     pub fn prepared_statements(mut self, enabled: bool) -> Self {
-        self.prepared_statements = enabled;
+        self.prepared_statements = Some(enabled);
         self
     }
 

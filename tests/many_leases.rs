@@ -1,6 +1,7 @@
-//! Many leases, few connections (issue 12): one registry holds thousands of locks across
-//! several renewals and loses none, renewing them in batches rather than one statement each,
-//! on every backend; and a registry holding one lock keeps at most two connections open at
+//! Many leases, few connections: one registry holds thousands of locks across several renewals
+//! and loses none, renewing them in batches rather than one statement each, on every backend —
+//! also with a short time-to-live while busy processes keep every core of the machine occupied,
+//! where a batch whose cost grows with the square of its size falls behind its deadlines; and a registry holding one lock keeps at most two connections open at
 //! rest, counted by the server (PostgreSQL `pg_stat_activity` by `application_name`, MariaDB
 //! `PROCESSLIST` by a user of the test's own). SQLite has no server to count them: its pooled
 //! connections are open files, opened and closed by the same pool code.
@@ -16,6 +17,27 @@ mod suite {
     use std::time::{Duration, Instant};
 
     const LEASES: usize = 2_000;
+
+    /// The test under load runs alone: the others of this file (which `cargo test` runs in
+    /// parallel) take it shared, so that no test meets another's CPU hogs and no two sets of
+    /// hogs add up.
+    static UNDER_LOAD: RunAlone = RunAlone(std::sync::RwLock::new(()));
+
+    struct RunAlone(std::sync::RwLock<()>);
+
+    impl RunAlone {
+        fn write(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+            self.0
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        fn read(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+            self.0
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+    }
 
     /// Counts the connections one registry has open, as its database server sees them.
     #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -154,6 +176,7 @@ mod suite {
     /// none.
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub fn one_lock_keeps_at_most_two_connections_at_rest(f: &Fixture) {
+        let _beside_others = UNDER_LOAD.read();
         let idle = Duration::from_secs(3);
         // Renewals every 2 s: the renewal connection stays, and the lease survives a renewal
         // up to 4 s late on a busy machine.
@@ -231,7 +254,153 @@ mod suite {
         guard.unlock().unwrap();
     }
 
+    /// Processes that keep the machine's cores busy until dropped: shell busy loops, each in a
+    /// session of its own where `setsid` exists, so that the scheduler weighs them as it weighs
+    /// other programs on the host (Linux groups a session's threads and children, and splits
+    /// the processor between such groups before it splits a group's share among its threads).
+    struct CpuHogs(Vec<std::process::Child>);
+
+    impl CpuHogs {
+        fn start(count: usize) -> CpuHogs {
+            let busy_loop = ["sh", "-c", "while :; do :; done"];
+            let setsid = std::path::Path::new("/usr/bin/setsid").exists();
+            let hogs = (0..count)
+                .map(|_| {
+                    let mut command = if setsid {
+                        let mut command = std::process::Command::new("/usr/bin/setsid");
+                        command.args(busy_loop);
+                        command
+                    } else {
+                        let mut command = std::process::Command::new(busy_loop[0]);
+                        command.args(&busy_loop[1..]);
+                        command
+                    };
+                    command
+                        .stdin(std::process::Stdio::null())
+                        .spawn()
+                        .expect("a CPU hog (sh)")
+                })
+                .collect();
+            CpuHogs(hogs)
+        }
+    }
+
+    impl Drop for CpuHogs {
+        fn drop(&mut self) {
+            for hog in &mut self.0 {
+                let _ = hog.kill();
+                let _ = hog.wait();
+            }
+        }
+    }
+
+    /// Leases held under load: enough for a dozen full batches per renewal.
+    const LEASES_UNDER_LOAD: usize = 6_000;
+    /// Threads that take (and give back) the leases of the test under load.
+    const TAKERS: usize = 4;
+
+    /// Thousands of leases with a short time-to-live, taken by four threads and then held for
+    /// three times that while three busy processes keep the cores occupied (the database server
+    /// and the renewal threads get a share of the machine, not all of it): none is lost. Every
+    /// lease falls due once per renewal period (a third of the time-to-live), so each period the
+    /// registry renews all of them in a dozen batches of up to 500, while taking them too; a
+    /// batch whose cost grows with the square of its size (or with the table) falls behind its
+    /// deadlines, and leases run out.
+    pub fn thousands_of_leases_outlive_several_ttls_with_the_cores_busy(f: &Fixture) {
+        let _alone = UNDER_LOAD.write();
+        let lost = Arc::new(AtomicUsize::new(0));
+        let ttl = Duration::from_secs(3);
+        let registry = {
+            let lost = Arc::clone(&lost);
+            f.builder()
+                .time_to_live(ttl)
+                .pool_size(TAKERS as u32)
+                .on_lease_lost(move |_| {
+                    lost.fetch_add(1, Ordering::SeqCst);
+                })
+                .build()
+                .unwrap()
+        };
+        let started = Instant::now();
+        // Guards belong to the thread that locked: each taker holds its share until told to
+        // give it back, then says how many it still held and how many unlocks found the
+        // lease theirs.
+        let (held, unlocked) = std::thread::scope(|scope| {
+            let (taken_tx, taken) = std::sync::mpsc::channel::<()>();
+            let mut give_back = Vec::new();
+            let mut takers = Vec::new();
+            for taker in 0..TAKERS {
+                let (registry, taken_tx) = (&registry, taken_tx.clone());
+                let (give_back_tx, give_back_rx) = std::sync::mpsc::channel::<()>();
+                give_back.push(give_back_tx);
+                takers.push(scope.spawn(move || {
+                    let guards: Vec<_> = (taker..LEASES_UNDER_LOAD)
+                        .step_by(TAKERS)
+                        .map(|n| {
+                            registry
+                                .obtain(&format!("loaded-{n}"))
+                                .unwrap()
+                                .lock()
+                                .unwrap()
+                        })
+                        .collect();
+                    taken_tx.send(()).unwrap();
+                    let _ = give_back_rx.recv();
+                    let held = guards.iter().filter(|guard| guard.is_held()).count();
+                    let unlocked = guards
+                        .into_iter()
+                        .map(|guard| guard.unlock())
+                        .filter(Result::is_ok)
+                        .count();
+                    (held, unlocked)
+                }));
+            }
+            drop(taken_tx);
+            for _ in 0..TAKERS {
+                taken.recv().expect("a taker failed to lock");
+            }
+            let taken_in = started.elapsed();
+            let lost_while_taking = lost.load(Ordering::SeqCst);
+            let hogs = CpuHogs::start(3);
+            let before = registry.statistics();
+            // Three times the time-to-live: every lease renewed about nine times, each time in
+            // a batch.
+            std::thread::sleep(3 * ttl);
+            let after = registry.statistics();
+            drop(hogs);
+            println!(
+                "{:?}: {LEASES_UNDER_LOAD} leases taken in {taken_in:?} ({lost_while_taking} lost \
+                 meanwhile), then held {:?} with 3 CPU hogs: {} renew statements for {} \
+                 renewals, {} failed; {} lost",
+                f.db,
+                3 * ttl,
+                after.renewals - before.renewals,
+                after.leases_renewed - before.leases_renewed,
+                after.renewals_failed - before.renewals_failed,
+                lost.load(Ordering::SeqCst)
+            );
+            assert_eq!(
+                lost.load(Ordering::SeqCst),
+                0,
+                "leases lost under load (expired: {}, another holder: {})",
+                after.leases_lost_expired,
+                after.leases_lost_not_owner
+            );
+            drop(give_back);
+            takers
+                .into_iter()
+                .map(|taker| taker.join().unwrap())
+                .fold((0, 0), |(held, unlocked), (h, u)| (held + h, unlocked + u))
+        });
+        assert_eq!(held, LEASES_UNDER_LOAD, "leases not held at the end");
+        assert_eq!(
+            unlocked, LEASES_UNDER_LOAD,
+            "unlocks that found the lease lost"
+        );
+    }
+
     pub fn thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost(f: &Fixture) {
+        let _beside_others = UNDER_LOAD.read();
         let lost = Arc::new(AtomicUsize::new(0));
         // Renewals every 2 s: a batch of thousands may run late by seconds on a busy machine
         // without a lease running out.
@@ -284,16 +453,19 @@ mod suite {
     }
 }
 
-crate::suite_for!(crate::common::Db::Sqlite; thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost);
+crate::suite_for!(crate::common::Db::Sqlite; thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost,
+    thousands_of_leases_outlive_several_ttls_with_the_cores_busy);
 
 #[cfg(feature = "postgres")]
 mod postgres {
     crate::suite_for!(crate::common::Db::Postgres; thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost,
+        thousands_of_leases_outlive_several_ttls_with_the_cores_busy,
         one_lock_keeps_at_most_two_connections_at_rest);
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
     crate::suite_for!(crate::common::Db::Mysql; thousands_of_held_leases_are_renewed_in_batches_and_none_is_lost,
+        thousands_of_leases_outlive_several_ttls_with_the_cores_busy,
         one_lock_keeps_at_most_two_connections_at_rest);
 }

@@ -115,9 +115,9 @@ pub(crate) struct PoolSettings {
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub operation_timeout: Duration,
     /// PostgreSQL: whether connections prepare named statements and keep them
-    /// (`RegistryBuilder::prepared_statements`).
+    /// (`RegistryBuilder::prepared_statements`); `None`: each connection decides.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub prepared_statements: bool,
+    pub prepared_statements: Option<bool>,
     /// PostgreSQL: where the release listener connects instead of the registry's URL
     /// (`RegistryBuilder::listener_url`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -811,7 +811,7 @@ mod parking {
             idle_timeout,
             connect_timeout: Duration::from_secs(10),
             operation_timeout: Duration::from_secs(10),
-            prepared_statements: false,
+            prepared_statements: None,
             listener_url: None,
         };
         let manager = SqliteManager::new(dir.path().join("parking.db"));

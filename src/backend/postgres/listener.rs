@@ -30,6 +30,8 @@ pub(super) fn start(
         handler,
         requests,
         requested: Cell::new(false),
+        full_until: Cell::new(None),
+        said_full: Cell::new(false),
     };
     // No connection yet: the listener opens one when a thread of the registry first waits
     // (polling covers waiters meanwhile), so a registry that never waits never has one.
@@ -70,6 +72,11 @@ struct Listener {
     requests: crossbeam_channel::Receiver<()>,
     /// A request [`Listener::gone`] took off the channel, still to be served.
     requested: Cell<bool>,
+    /// Until when the listener does not connect: it found the server short of free slots
+    /// (see [`Slots`]).
+    full_until: Cell<Option<Instant>>,
+    /// Whether the warning about a server short of slots was logged.
+    said_full: Cell<bool>,
 }
 
 impl Listener {
@@ -123,11 +130,19 @@ impl Listener {
     /// `TICK` until it works; `false` once the registry is gone.
     fn subscribe(&self, conn: &mut Option<ListenerConn>) -> bool {
         loop {
-            if conn.as_ref().is_none_or(ListenerConn::is_closed) {
+            let waiting_for_slots = self
+                .full_until
+                .get()
+                .is_some_and(|until| Instant::now() < until);
+            if conn.as_ref().is_none_or(ListenerConn::is_closed) && !waiting_for_slots {
                 *conn = None;
                 fail_point!("postgres::listener_before_connect");
                 match ListenerConn::open(&self.config, &self.tls) {
-                    Ok(fresh) => *conn = Some(fresh),
+                    Ok(mut fresh) => {
+                        if self.room_for(&mut fresh) {
+                            *conn = Some(fresh);
+                        }
+                    }
                     Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
                 }
                 if self.gone() {
@@ -190,6 +205,44 @@ impl Listener {
                 return false;
             }
         }
+    }
+
+    /// Whether the server leaves enough connection slots free beside `conn` (see [`Slots`]);
+    /// one bounded call. Not: says so in a warning (once), and the listener connects again no
+    /// sooner than [`Listener::CHECK`] later, while waiters poll. A call that fails means a
+    /// lost connection (`false`).
+    fn room_for(&self, conn: &mut ListenerConn) -> bool {
+        let slots = match conn.slots(self.limit) {
+            Ok(slots) => slots,
+            Err(e) => {
+                log::debug!("PostgreSQL release listener lost its connection: {e}");
+                return false;
+            }
+        };
+        if slots.enough() {
+            self.full_until.set(None);
+            return true;
+        }
+        self.full_until.set(Some(Instant::now() + Self::CHECK));
+        if !self.said_full.replace(true) {
+            log::warn!(
+                "leasehold: the PostgreSQL server at {} has {} connection slots free beside the \
+                 release listener's ({} max_connections - {} reserved - {} connected); a \
+                 listener leaves at least {} free (a tenth of the slots, at least {MIN_SPARE}) \
+                 for the connections that renew leases, so this registry's waiters poll (every \
+                 idle_between_tries) and the listener looks again every {:?}. Each waiting \
+                 registry with a listener takes one slot: raise max_connections, or let a \
+                 fleet's registries share fewer listeners (notifications(false) on some)",
+                address(&self.config),
+                slots.free(),
+                slots.max,
+                slots.reserved,
+                slots.connected,
+                slots.spare(),
+                Self::CHECK
+            );
+        }
+        false
     }
 
     /// Whether `LISTEN` on `conn` hears other sessions: it listens on a channel of its own,
@@ -281,10 +334,9 @@ impl Listener {
             let mut lost = open.is_closed();
             if !lost && checked.elapsed() >= Self::CHECK {
                 checked = Instant::now();
-                if let Err(e) = open.execute("", self.limit) {
-                    log::debug!("PostgreSQL release listener lost its connection: {e}");
-                    lost = true;
-                }
+                // The liveness check also looks at the server's free slots: a listener gives
+                // its slot back when the server fills up.
+                lost = !self.room_for(open);
                 if self.gone() {
                     return false;
                 }
@@ -313,6 +365,45 @@ impl Listener {
             }
         }
         true
+    }
+}
+
+/// A listener leaves at least this many of a server's connection slots free for others.
+const MIN_SPARE: i64 = 5;
+
+/// A server's connection slots, as a listener's connection sees them: a listener keeps its
+/// connection only while at least a tenth of the slots ordinary users may take (at least
+/// [`MIN_SPARE`]) stay free beside it, since its wake-ups only make waiters try sooner,
+/// while pooled connections, which renew leases, need a slot when they open.
+#[derive(Debug)]
+struct Slots {
+    /// `max_connections`.
+    max: i64,
+    /// Slots kept for superusers and roles with `pg_use_reserved_connections`
+    /// (`superuser_reserved_connections` + `reserved_connections`).
+    reserved: i64,
+    /// Client connections open, the listener's included.
+    connected: i64,
+}
+
+impl Slots {
+    /// The statement that reads them.
+    const SQL: &'static str = "SELECT current_setting('max_connections'), \
+        CAST(current_setting('superuser_reserved_connections') AS INTEGER) \
+        + COALESCE(CAST(NULLIF(current_setting('reserved_connections', true), '') AS INTEGER), 0), \
+        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')";
+
+    fn free(&self) -> i64 {
+        self.max - self.reserved - self.connected
+    }
+
+    /// How many a listener leaves free.
+    fn spare(&self) -> i64 {
+        ((self.max - self.reserved) / 10).max(MIN_SPARE)
+    }
+
+    fn enough(&self) -> bool {
+        self.free() >= self.spare()
     }
 }
 
@@ -375,6 +466,49 @@ impl ListenerConn {
             Some(Err(e)) => Err(e.to_string()),
             None => Err(format!("no answer within {limit:?}")),
         }
+    }
+
+    /// The server's connection slots now (see [`Slots`]), giving up after `limit`. Fail point
+    /// `postgres::listener_slots_taken` (tests): its value is added to the connections open.
+    fn slots(&mut self, limit: Duration) -> Result<Slots, String> {
+        let mut call = pin!(self.client.simple_query(Slots::SQL));
+        let outcome = read_messages(
+            &self.runtime,
+            &mut self.connection,
+            &mut self.pending,
+            Instant::now() + limit,
+            |cx, _, _| call.as_mut().poll(cx),
+        );
+        let messages = match outcome {
+            Some(Ok(messages)) => messages,
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err(format!("no answer within {limit:?}")),
+        };
+        let row = messages
+            .iter()
+            .find_map(|message| match message {
+                tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+                _ => None,
+            })
+            .ok_or("no row")?;
+        let number = |i: usize| -> Result<i64, String> {
+            row.get(i)
+                .and_then(|text| text.parse().ok())
+                .ok_or_else(|| format!("column {i} is not a number"))
+        };
+        #[allow(unused_mut)]
+        let mut slots = Slots {
+            max: number(0)?,
+            reserved: number(1)?,
+            connected: number(2)?,
+        };
+        #[cfg(feature = "failpoints")]
+        if let Some(Some(taken)) = fail::eval("postgres::listener_slots_taken", |value| {
+            value.and_then(|value| value.parse::<i64>().ok())
+        }) {
+            slots.connected += taken;
+        }
+        Ok(slots)
     }
 
     /// The next notification, waiting until `deadline` at most; `None` at the deadline or once

@@ -15,17 +15,26 @@
 //! would turn it into a text comparison and a sequential scan), and so that a statement may
 //! leave parameters out (the holder query has no `$3`; the clock query has none).
 //!
-//! By default every statement goes *unnamed* (`query_typed`: parse, bind, describe, execute
-//! and sync in one message, one round trip): the server parses and plans it on every call and
-//! keeps nothing. That is what a transaction-mode pooler (PgBouncer `pool_mode = transaction`
-//! without `max_prepared_statements`, and its kind) needs: it hands each statement to
-//! whichever server connection is free, where a named statement prepared earlier is missing
-//! (`26000`) or is another client's (`42P05`). With `prepared_statements(true)` each
-//! connection prepares a named statement per text on first use and keeps it (the driver has
-//! no cache of its own), which saves the server the planning; the difference is measured by
-//! `benches/databases.rs` (`lock_unlock` vs `lock_unlock_prepared`). Catalog queries run
-//! unnamed either way, and checking a replacement statement prepares it inside a transaction,
-//! which a pooler keeps on one server connection, and closes it before the commit.
+//! A statement goes *named* or *unnamed*. Named, each connection prepares it once, on first
+//! use, and keeps it (the driver has no cache of its own): the server parses and plans it
+//! once per connection. Unnamed (`query_typed`: parse, bind, describe, execute and sync in
+//! one message, one round trip), the server parses and plans it on every call and keeps
+//! nothing — what a transaction-mode pooler (PgBouncer `pool_mode = transaction` without
+//! `max_prepared_statements`, and its kind) needs: it hands each statement to whichever
+//! server connection is free, where a named statement prepared earlier is missing (`26000`)
+//! or is another client's (`42P05`, or worse, another statement of the same name). The
+//! difference is measured by `benches/databases.rs` (`lock_unlock` vs
+//! `lock_unlock_prepared`).
+//!
+//! `prepared_statements(…)` forces either. Unset, each connection decides when it opens
+//! ([`pooler`]): named when its cancel key names the server process that serves it
+//! (`pg_backend_pid()`, one round trip), which is so straight to the server and never through
+//! a pooler, whose keys are its own; unnamed otherwise. A connection that chose named
+//! statements and still sees one fail with `26000` or `42P05` sends that statement again
+//! unnamed (it did not run), and the registry's connections send every statement unnamed
+//! from then on (a warning says so once). Catalog queries run unnamed either way, and
+//! checking a replacement statement prepares it inside a transaction, which a pooler keeps on
+//! one server connection, and closes it before the commit.
 //!
 //! - **acquire** is one statement, one round trip:
 //!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now RETURNING FENCING_TOKEN),
@@ -79,6 +88,15 @@
 //! Unsubscribed for `idle_connection_timeout`, the listener closes its connection; the next
 //! subscription opens a new one.
 //!
+//! The listener never takes one of a server's last free connection slots: each connection it
+//! opens first reads `max_connections`, the reserved slots (`superuser_reserved_connections`,
+//! `reserved_connections`) and the client connections open, and the listener keeps it only
+//! while a tenth of the slots ordinary users may take (at least 5) stay free beside it; it
+//! checks again with every liveness check (every 30 s). Short of that it closes the
+//! connection, logs one warning with the arithmetic, and connects again no sooner than 30 s
+//! later; the registry's waiters poll meanwhile. Wake-ups only make waiters try sooner, while
+//! pooled connections, which renew leases, need a slot whenever one opens.
+//!
 //! The listener connects to `listener_url` when the registry has one, else to the registry's
 //! URL. `LISTEN` needs a session that stays on one server connection: through a
 //! transaction-mode pooler it succeeds, but the server connection goes back to the pool and
@@ -98,8 +116,8 @@
 //!   The listener connects when a thread of the registry first waits for a lock held
 //!   elsewhere, not in `build()`; a server that does not answer costs the waiters nothing
 //!   (they poll meanwhile), and the thread tries again every tick while they wait.
-//! - **`LISTEN`**, **`UNLISTEN`** and the liveness check (an empty query every 30 s while
-//!   subscribed) are each bounded by the same connect timeout.
+//! - **`LISTEN`**, **`UNLISTEN`** and the liveness check (the free-slot query every 30 s
+//!   while subscribed) are each bounded by the same connect timeout.
 //! - **waiting for notifications** lasts one tick (a second) at a time.
 //!
 //! A call that fails or runs out of time drops the connection; the next subscription opens a
@@ -134,6 +152,7 @@
 //! as a pool timeout.
 
 mod listener;
+mod pooler;
 mod tls;
 use crate::backend::pools::Finding;
 use crate::backend::{
@@ -146,6 +165,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -184,8 +204,13 @@ pub(crate) struct PgManager {
     config: Config,
     tls: Tls,
     /// Whether connections prepare named statements and keep them
-    /// (`RegistryBuilder::prepared_statements`), or send every statement unnamed.
-    prepared: bool,
+    /// (`RegistryBuilder::prepared_statements`): `Some` when the user said, `None` to decide
+    /// per connection (see [`PgConn::open`]).
+    prepared: Option<bool>,
+    /// Set once a named statement failed the way it does only behind a transaction-mode
+    /// pooler (`26000`, `42P05`): from then on every connection of the registry sends its
+    /// statements unnamed.
+    pooler_found: Arc<AtomicBool>,
     /// Where the release listener connects (`RegistryBuilder::listener_url`), with its TLS;
     /// `None`: where the pools connect.
     listener: Option<(Config, Tls)>,
@@ -209,8 +234,12 @@ pub(crate) struct PgConn {
     /// The named statements prepared so far; `None` when statements go unnamed (see
     /// [`PgManager::prepared`]).
     statements: Option<PerStatement<Statement>>,
+    /// [`PgManager::pooler_found`], when this connection chose named statements itself.
+    pooler_found: Option<Arc<AtomicBool>>,
     deadline: Instant,
     broken: bool,
+    /// The connector, for the cancel request of a call that runs out of time.
+    tls: Tls,
     /// Declared last, so dropped after the socket it drives.
     runtime: ConnRuntime,
 }
@@ -238,18 +267,40 @@ impl Drop for ConnRuntime {
 
 impl PgConn {
     /// Connects; the configuration's connect timeout bounds the whole wait, the startup
-    /// handshake included (a server that accepts connections but never answers).
-    fn open(config: &Config, tls: &Tls, prepared: bool) -> Result<PgConn, PgConnError> {
+    /// handshake included (a server that accepts connections but never answers). Statements
+    /// go named or unnamed as `prepared` says; without a say (`None`), named when the
+    /// connection goes straight to the server ([`PgConn::straight_to_the_server`]) and no
+    /// connection of the registry has found a transaction-mode pooler (`pooler_found`).
+    #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
+    fn open(
+        config: &Config,
+        tls: &Tls,
+        prepared: Option<bool>,
+        pooler_found: &Arc<AtomicBool>,
+    ) -> Result<PgConn, PgConnError> {
         let runtime = connection_runtime()?;
         let (client, connection) = connect_on(&runtime, config, tls)?;
-        Ok(PgConn {
+        let mut conn = PgConn {
             runtime,
             client,
             driver: Some(Box::pin(connection)),
-            statements: prepared.then(PerStatement::new),
+            statements: None,
+            pooler_found: None,
             deadline: Instant::now() + DEFAULT_CALL_LIMIT,
             broken: false,
-        })
+            tls: tls.clone(),
+        };
+        let named = match prepared {
+            Some(forced) => forced,
+            None => {
+                !pooler_found.load(Ordering::Relaxed) && {
+                    conn.pooler_found = Some(Arc::clone(pooler_found));
+                    conn.straight_to_the_server()
+                }
+            }
+        };
+        conn.statements = named.then(PerStatement::new);
+        Ok(conn)
     }
 }
 
@@ -451,11 +502,15 @@ macro_rules! call {
             Some(outcome) => outcome.map_err(classify),
             None => {
                 conn.broken = true;
+                conn.cancel_in_background();
                 Err(no_answer())
             }
         }
     }};
 }
+
+/// How long the cancel request of a call that ran out of time may take (connecting included).
+const CANCEL_LIMIT: Duration = Duration::from_secs(10);
 
 /// The failure of a call that was still unanswered at its deadline.
 fn no_answer() -> Failure {
@@ -467,45 +522,122 @@ fn no_answer() -> Failure {
 }
 
 impl PgConn {
+    /// Whether this connection goes straight to the server (see [`pooler`]): its cancel key
+    /// names the server process that serves it. One round trip; a connection that fails it is
+    /// taken as going through a pooler (and is likely broken anyway).
+    fn straight_to_the_server(&mut self) -> bool {
+        fail_point!("postgres::straight_to_the_server", |answer| answer
+            .is_some_and(|answer| answer == "yes"));
+        let Some(key) = pooler::key_process_id(&self.runtime, &self.client.cancel_token()) else {
+            return false;
+        };
+        let pid = call!(self, |client| client
+            .query_typed_one("SELECT pg_backend_pid()", &[]))
+        .and_then(|row| row.try_get::<_, i32>(0).map_err(classify));
+        matches!(pid, Ok(pid) if pid == key)
+    }
+
+    /// Asks the server, from a short-lived thread and connection of its own, to cancel what
+    /// this connection runs: a call given up at its deadline is still running on the server,
+    /// and would go on taking its share of a busy server and holding the row locks it took
+    /// (which the next renewal of those rows would find locked) until it ends. The connection
+    /// itself is discarded anyway.
+    #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
+    fn cancel_in_background(&self) {
+        let token = self.client.cancel_token();
+        let tls = self.tls.clone();
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-cancel".into())
+            .spawn(move || {
+                let Ok(runtime) = connection_runtime() else {
+                    return;
+                };
+                let cancel =
+                    async { tokio::time::timeout(CANCEL_LIMIT, token.cancel_query(tls)).await };
+                if let Ok(Err(e)) = runtime.block_on(cancel) {
+                    log::debug!("cancelling a PostgreSQL statement that ran out of time: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            log::debug!("no thread to cancel a PostgreSQL statement that ran out of time: {e}");
+        }
+    }
+
     /// Runs `sql` with the five parameters and returns its rows: as a named statement,
     /// prepared on first use and kept, or as an unnamed one (parsed, planned and run in one
     /// round trip, nothing left on the server), which a transaction-mode pooler can send to any
     /// server connection.
     fn rows(&mut self, sql: &str, params: &Params) -> Result<Vec<Row>, Failure> {
         let values = values(params);
-        match self.prepared(sql)? {
-            Some(statement) => call!(self, |client| client.query(&statement, &values)),
-            None => {
-                let typed = typed(&values);
-                call!(self, |client| client.query_typed(sql, &typed))
+        if let Some(statement) = self.prepared(sql)? {
+            match call!(self, |client| client.query(&statement, &values)) {
+                Err(failure) if self.behind_a_pooler(&failure) => {}
+                outcome => return outcome,
             }
         }
+        let typed = typed(&values);
+        call!(self, |client| client.query_typed(sql, &typed))
     }
 
     /// Runs `sql` like [`PgConn::rows`] and returns the number of rows it affected.
     fn affected(&mut self, sql: &str, params: &Params) -> Result<u64, Failure> {
         let values = values(params);
-        match self.prepared(sql)? {
-            Some(statement) => call!(self, |client| client.execute(&statement, &values)),
-            None => {
-                let typed = typed(&values);
-                call!(self, |client| client.execute_typed(sql, &typed))
+        if let Some(statement) = self.prepared(sql)? {
+            match call!(self, |client| client.execute(&statement, &values)) {
+                Err(failure) if self.behind_a_pooler(&failure) => {}
+                outcome => return outcome,
             }
         }
+        let typed = typed(&values);
+        call!(self, |client| client.execute_typed(sql, &typed))
     }
 
     /// The named statement for `sql`, prepared on first use; `None` when statements go
     /// unnamed.
     fn prepared(&mut self, sql: &str) -> Result<Option<Statement>, Failure> {
+        if self
+            .pooler_found
+            .as_ref()
+            .is_some_and(|found| found.load(Ordering::Relaxed))
+        {
+            self.statements = None;
+        }
         let Some(statements) = &self.statements else {
             return Ok(None);
         };
         if let Some(statement) = statements.get(sql) {
             return Ok(Some(statement.clone()));
         }
-        let statement = call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES))?;
+        let statement = match call!(self, |client| client.prepare_typed(sql, &PARAM_TYPES)) {
+            Err(failure) if self.behind_a_pooler(&failure) => return Ok(None),
+            outcome => outcome?,
+        };
         let statements = self.statements.as_mut().expect("checked above");
         Ok(Some(statements.insert(sql, statement).clone()))
+    }
+
+    /// Whether `failure` of a named statement says that a transaction-mode pooler stands in
+    /// between (`26000`: the statement is missing on the server connection the pooler chose;
+    /// `42P05`: another client's statement of that name is there), on a connection that chose
+    /// named statements itself. Then this connection and every later one of the registry
+    /// send their statements unnamed, and the statement, which did not run, is sent again so.
+    fn behind_a_pooler(&mut self, failure: &Failure) -> bool {
+        let Some(found) = &self.pooler_found else {
+            return false;
+        };
+        if !matches!(sql_state(failure), Some("26000" | "42P05")) {
+            return false;
+        }
+        if !found.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "leasehold: PostgreSQL named statements failed as they do behind a \
+                 transaction-mode pooler ({}); this registry sends its statements unnamed \
+                 from now on",
+                failure.source
+            );
+        }
+        self.statements = None;
+        true
     }
 }
 
@@ -536,7 +668,7 @@ impl r2d2::ManageConnection for PgManager {
     type Error = PgConnError;
 
     fn connect(&self) -> Result<PgConn, PgConnError> {
-        PgConn::open(&self.config, &self.tls, self.prepared)
+        PgConn::open(&self.config, &self.tls, self.prepared, &self.pooler_found)
     }
 
     fn is_valid(&self, conn: &mut PgConn) -> Result<(), PgConnError> {
@@ -857,25 +989,44 @@ impl Backend for Postgres {
         "SELECT CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS BIGINT)"
     }
 
-    /// `mine`: the pairs whose rows are this client's (a snapshot read: it waits for nothing);
-    /// `locked`: those of them whose row locks can be taken at once (`SKIP LOCKED` passes over a
-    /// row another session holds, rather than wait for it); `renewed`: the update of those.
-    /// Every row of `mine` comes back, with whether it was renewed.
+    /// No step of the statement joins the batch's pairs with the table or with each other, so
+    /// it costs time linear in the batch whatever row counts the planner guesses (it cannot
+    /// estimate those of a function's result or of a CTE, and a join it plans as a nested loop
+    /// over two such lists is quadratic):
+    ///
+    /// - `j` unpacks the pairs;
+    /// - `locked` looks each pair's row up by primary key (a `LIMIT 1` subquery per pair, which
+    ///   is never flattened into a join), keeps it if it is still this client's lease, and
+    ///   takes its row lock if that can be done at once (`SKIP LOCKED` passes over a row
+    ///   another session holds, rather than wait for it); it returns the rows' addresses
+    ///   (`ctid`), which cannot change while the lock is held;
+    /// - `renewed` updates the rows at those addresses (a TID scan, or one pass over a table
+    ///   small enough to scan);
+    /// - the last branch, `mine`, looks each pair's row up again as the statement's snapshot
+    ///   shows it, waiting for nothing.
+    ///
+    /// The result: `TRUE` rows for the renewed pairs, `FALSE` rows for every pair still this
+    /// client's; those not also renewed were skipped (see `renew_batch`). A row changed by
+    /// another committed statement after the snapshot was taken (this registry renewing the
+    /// same lease on another connection) is locked in its new version, which the update does
+    /// not see: it counts as skipped, and is retried like a locked row.
     fn renew_batch_sql(table: &str) -> Vec<String> {
+        let this_lease = format!(
+            "l.LOCK_KEY = j.k AND l.REGION = $2 AND l.CLIENT_ID = $3 AND l.FENCING_TOKEN = j.t \
+             AND l.EXPIRED_AFTER >= {NOW}"
+        );
         vec![format!(
             "WITH j AS (SELECT CAST(e ->> 0 AS CHAR(36)) AS k, CAST(e ->> 1 AS BIGINT) AS t \
              FROM jsonb_array_elements(CAST(CAST($1 AS TEXT) AS JSONB)) AS e), \
-             mine AS (SELECT l.LOCK_KEY AS k, l.FENCING_TOKEN AS t FROM {table} AS l JOIN j \
-             ON l.LOCK_KEY = j.k AND l.FENCING_TOKEN = j.t WHERE l.REGION = $2 \
-             AND l.CLIENT_ID = $3 AND l.EXPIRED_AFTER >= {NOW}), \
-             locked AS (SELECT l.LOCK_KEY AS k FROM {table} AS l JOIN mine \
-             ON l.LOCK_KEY = mine.k AND l.FENCING_TOKEN = mine.t WHERE l.REGION = $2 \
-             AND l.CLIENT_ID = $3 AND l.EXPIRED_AFTER >= {NOW} FOR UPDATE OF l SKIP LOCKED), \
-             renewed AS (UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} FROM locked \
-             WHERE l.LOCK_KEY = locked.k AND l.REGION = $2 AND l.CLIENT_ID = $3 \
-             RETURNING l.LOCK_KEY AS k) \
-             SELECT CAST(mine.k AS TEXT), mine.t, renewed.k IS NOT NULL FROM mine \
-             LEFT JOIN renewed ON renewed.k = mine.k"
+             locked AS (SELECT m.id FROM j CROSS JOIN LATERAL (SELECT l.ctid AS id \
+             FROM {table} AS l WHERE {this_lease} LIMIT 1 FOR UPDATE OF l SKIP LOCKED) AS m), \
+             renewed AS (UPDATE {table} AS l SET EXPIRED_AFTER = {NOW_PLUS_TTL} \
+             WHERE l.ctid = ANY(ARRAY(SELECT id FROM locked)) AND l.REGION = $2 \
+             AND l.CLIENT_ID = $3 RETURNING l.LOCK_KEY AS k, l.FENCING_TOKEN AS t) \
+             SELECT CAST(k AS TEXT), t, TRUE FROM renewed \
+             UNION ALL SELECT CAST(mine.k AS TEXT), mine.t, FALSE FROM j CROSS JOIN LATERAL \
+             (SELECT l.LOCK_KEY AS k, l.FENCING_TOKEN AS t FROM {table} AS l \
+             WHERE {this_lease} LIMIT 1) AS mine"
         )]
     }
 
@@ -887,6 +1038,7 @@ impl Backend for Postgres {
     ) -> Result<BatchRows, Failure> {
         let rows = conn.rows(&sql[0], params)?;
         let mut found = BatchRows::default();
+        let mut mine = Vec::new();
         for row in &rows {
             let pair = (
                 row.try_get(0).map_err(classify)?,
@@ -895,9 +1047,16 @@ impl Backend for Postgres {
             if row.try_get(2).map_err(classify)? {
                 found.renewed.push(pair);
             } else {
-                found.busy.push(pair);
+                mine.push(pair);
             }
         }
+        // Still this client's but not renewed: another session held the row locked.
+        let renewed: std::collections::HashSet<&(String, i64)> = found.renewed.iter().collect();
+        let busy: Vec<_> = mine
+            .into_iter()
+            .filter(|pair| !renewed.contains(pair))
+            .collect();
+        found.busy = busy;
         Ok(found)
     }
 
@@ -981,8 +1140,8 @@ fn classify(error: tokio_postgres::Error) -> Failure {
                 format!(
                     "{message}: named prepared statements do not survive a transaction-mode \
                      pooler (PgBouncer pool_mode = transaction), which runs each statement on \
-                     whichever server connection is free: leave \
-                     RegistryBuilder::prepared_statements off"
+                     whichever server connection is free: do not set \
+                     RegistryBuilder::prepared_statements(true) for such a URL"
                 ),
             ),
             "42P01" => (
@@ -1070,7 +1229,10 @@ fn check_connect(
     crate::backend::first_connection(Postgres::NAME, &server, timeout, |limit, deadline| {
         let mut attempt = config.clone();
         attempt.connect_timeout(connect_limit(config).min(limit));
-        let Err(error) = outside_async(|| PgConn::open(&attempt, tls, false)) else {
+        let unnamed = Some(false);
+        let Err(error) = outside_async(|| {
+            PgConn::open(&attempt, tls, unnamed, &Arc::new(AtomicBool::new(false)))
+        }) else {
             return Ok(());
         };
         // Reached a server (not refused, not unresolved) that did not answer as PostgreSQL.
@@ -1186,6 +1348,7 @@ pub(crate) fn open(
         config,
         tls,
         prepared: pool.prepared_statements,
+        pooler_found: Arc::new(AtomicBool::new(false)),
         listener,
     };
     let store = crate::backend::SqlStore::<Postgres>::open(manager, pool, table)?;
