@@ -67,10 +67,11 @@
 //! and `try_acquire_until` are bounded by their deadline, and none starts after it.
 
 use crate::admin::{LockRow, LockState};
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
-use crate::registry::{Core, LockRegistry};
 use crate::wakeups::Nudge;
+use crate::LockRegistry;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
@@ -617,7 +618,7 @@ impl SemaphoreInner {
 
 impl Nudge for SemaphoreInner {
     /// Called by the release listener: a slot was released elsewhere, poll now.
-    fn nudge(&self, _turn_age: Duration) {
+    fn nudge(&self) {
         self.released();
     }
 }
