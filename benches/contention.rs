@@ -8,9 +8,9 @@
 //!   comparable, at the price of sharing the process's lease clock);
 //! - `leasehold_linger_2ms`, `leasehold_linger_1ms`: the same with shorter lingers than the
 //!   default 5 ms;
-//! - `leasehold_without_linger`: the same with `linger(Duration::ZERO)` (every release nobody
-//!   here queues on runs its statement at once: the defaults before lingering releases);
-//! - `leasehold_without_turns`: the same with `turn_window(None)` and `local_handoff_limit(None)`
+//! - `leasehold_without_linger`: the same with `Tuning::linger` zero (every release nobody
+//!   here queues on runs its statement at once);
+//! - `leasehold_without_turns`: the same with `Tuning::turn_limit` `None`
 //!   (no fair turns: what the fairness for polling instances costs);
 //! - `raw_row`: a bare lease row per key — `UPDATE … SET holder, expires = now + 30 s WHERE
 //!   key AND expires < now` to take it (one row affected: held), the same `UPDATE` setting
@@ -147,16 +147,17 @@ fn bench_leasehold(
 }
 
 fn with_linger(builder: leasehold::RegistryBuilder, millis: u64) -> leasehold::RegistryBuilder {
-    builder
-        .create_table(true)
-        .linger(Duration::from_millis(millis))
+    builder.create_table(true).tuning(leasehold::Tuning {
+        linger: Duration::from_millis(millis),
+        ..Default::default()
+    })
 }
 
 fn without_turns(builder: leasehold::RegistryBuilder) -> leasehold::RegistryBuilder {
-    builder
-        .create_table(true)
-        .turn_window(None)
-        .local_handoff_limit(None)
+    builder.create_table(true).tuning(leasehold::Tuning {
+        turn_limit: None,
+        ..Default::default()
+    })
 }
 
 fn sqlite_raw(path: &std::path::Path) -> Threads {

@@ -45,7 +45,7 @@
 //!   named lock, the other waits in `GET_LOCK` on it, the first lets go after the same idle
 //!   pause — the baseline of MySQL's wake-ups, which use the same primitive.
 //! - `handoff_instances_default_turns` (PostgreSQL with notifications): `handoff_instances` with
-//!   the default `local_handoff_limit` and `turn_window` (the others run without a limit), to
+//!   the default `Tuning::turn_limit` (the others run without a limit), to
 //!   show what fair turns cost.
 //!
 //! Every backend runs the handoffs twice: with release wake-ups (PostgreSQL's
@@ -124,7 +124,10 @@ impl Target {
             .prefix("BENCH_")
             .create_table(true)
             .notifications(notifications)
-            .local_handoff_limit(None)
+            .tuning(leasehold::Tuning {
+                turn_limit: None,
+                ..Default::default()
+            })
     }
 }
 
@@ -338,13 +341,17 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
         // What skipping the disk sync on release buys: the same release, committed durably.
         let durable = target
             .builder(true)
-            .release_sql(
-                "WITH released AS (UPDATE BENCH_LOCK SET CLIENT_ID = NULL, \
+            .custom_sql(leasehold::CustomSql {
+                release: Some(
+                    "WITH released AS (UPDATE BENCH_LOCK SET CLIENT_ID = NULL, \
                  EXPIRED_AFTER = TIMESTAMP '1970-01-01 00:00:00' WHERE LOCK_KEY = $1 \
                  AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
                  AND EXPIRED_AFTER >= (now() AT TIME ZONE 'UTC') RETURNING 1) \
-                 SELECT pg_notify('bench_lock', $1 || ' ' || $2) FROM released",
-            )
+                 SELECT pg_notify('bench_lock', $1 || ' ' || $2) FROM released"
+                        .into(),
+                ),
+                ..Default::default()
+            })
             .build()
             .expect("registry with a durable release");
         let lock = durable.obtain("bench-uncontended-durable").unwrap();
@@ -412,12 +419,15 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
             b.iter_custom(|n| handoffs(&holder, &mut process_waiter, n))
         });
         if *notifications && name == "postgres" {
-            // What fair turns cost a ping-pong handoff: the default local_handoff_limit (1 s)
-            // and turn_window (2 × idle_between_tries) instead of no limit.
+            // What fair turns cost a ping-pong handoff: the default turn limit (1 s) instead of
+            // no limit.
             let with_turns = |target: &Target| {
                 target
                     .builder(true)
-                    .local_handoff_limit(Some(Duration::from_secs(1)))
+                    .tuning(leasehold::Tuning {
+                        turn_limit: Some(Duration::from_secs(1)),
+                        ..Default::default()
+                    })
                     .build()
                     .unwrap()
             };

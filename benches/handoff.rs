@@ -196,7 +196,10 @@ fn local_handoff(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let registry = LockRegistry::sqlite(dir.path().join("bench.db"))
         .create_table(true)
-        .local_handoff_limit(None)
+        .tuning(leasehold::Tuning {
+            turn_limit: None,
+            ..Default::default()
+        })
         .build()
         .unwrap();
     let lock = registry.obtain("ping-pong").unwrap();

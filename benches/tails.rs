@@ -5,19 +5,17 @@
 //! the maximum and the share slower than 10 ms (`cargo bench --all-features --bench tails`).
 //!
 //! Shape (as `databases`' `handoff_processes`, but with the registry's defaults: wake-ups on,
-//! fair turns with `local_handoff_limit` 1 s and `turn_window` 200 ms): this process holds the
+//! fair turns with `Tuning::turn_limit` 1 s): this process holds the
 //! key and tells a child process (this binary, re-spawned) to `lock()` it; after an idle pause
 //! of 5 to 105 ms it calls `unlock()`. The *handoff* is the time from that call to the child's
 //! grant. The child lets go at once and says so; this process then takes the key back (the
-//! *return*, timed too: it finds the key free unless the child's release ended a turn and
-//! reserved the row) and the next round begins. Each round passes the key twice, so the turn
-//! the two processes share grows until it reaches `local_handoff_limit` and a release ends it.
+//! *return*, timed too) and the next round begins. Each grant serves one hold, so no release
+//! ends a turn: every release wakes the other process.
 //!
 //! Besides the latency, the child reports how many acquire statements each `lock()` sent: 2
 //! (the first try, found held, and the one its wake-up started) is a woken handoff; more is a
-//! waiter that polled (its wake-up was missed, or nobody sent one because the release ended a
-//! turn). Slow handoffs are listed with that count and with the time since the previous slow
-//! one: a turn ending about once per `local_handoff_limit` shows as about 1 s between them.
+//! waiter that polled (its wake-up was missed). Slow handoffs are listed with that count and
+//! with the time since the previous slow one.
 //!
 //! `LEASEHOLD_TAILS_HANDOFFS` sets the rounds per backend (default 200, about 15 s each);
 //! `LEASEHOLD_TAILS_BACKENDS` (a comma-separated subset of `sqlite,postgres,mysql`) which run.

@@ -33,7 +33,10 @@ fn main() {
         .prefix("CYCLES_")
         .create_table(true)
         .notifications(mode != "quiet")
-        .local_handoff_limit(None)
+        .tuning(leasehold::Tuning {
+            turn_limit: None,
+            ..Default::default()
+        })
         .build()
         .unwrap();
     let lock = registry.obtain(KEY).unwrap();

@@ -29,7 +29,10 @@ fn main() {
     let registry = LockRegistry::sqlite(&path)
         .create_table(true)
         .notifications(mode != "quiet")
-        .local_handoff_limit(None)
+        .tuning(leasehold::Tuning {
+            turn_limit: None,
+            ..Default::default()
+        })
         .build()
         .unwrap();
     let lock = registry.obtain(KEY).unwrap();

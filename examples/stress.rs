@@ -204,7 +204,10 @@ impl Config {
             .prefix(self.prefix.clone())
             .time_to_live(self.ttl)
             .idle_between_tries(self.idle)
-            .local_handoff_limit(self.handoff_limit)
+            .tuning(leasehold::Tuning {
+                turn_limit: self.handoff_limit,
+                ..Default::default()
+            })
             .pool_size(self.threads as u32 + 2))
     }
 

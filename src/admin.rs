@@ -4,8 +4,9 @@
 //! them); a program that only takes locks never needs them.
 
 use crate::backend::{ListedRow, STATE_EXPIRED, STATE_HELD};
+use crate::core::Database;
 use crate::error::{Error, Result};
-use crate::registry::{Database, LockRegistry, RegistryBuilder};
+use crate::registry::{LockRegistry, RegistryBuilder};
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -455,7 +456,7 @@ impl RegistryBuilder {
                 semaphore_ddl.trim_end()
             )
         }
-        let table = crate::registry::validate_prefix(&self.prefix)? + "LOCK";
+        let table = crate::core::validate_prefix(&self.prefix)? + "LOCK";
         Ok(match &self.database {
             #[cfg(feature = "sqlite")]
             Database::Sqlite(_) => both::<crate::backend::sqlite::Sqlite>(&table),

@@ -454,6 +454,7 @@ mod admin;
 mod any_guard;
 mod backend;
 mod cache;
+mod core;
 mod error;
 pub mod fence;
 mod key;
@@ -508,6 +509,7 @@ pub use mysql;
 /// `leasehold::crossbeam_channel::select! { recv(guard.loss_channel()) -> lost => …, … }`.
 pub use crossbeam_channel;
 pub use registry::{
-    client_id_for_host, default_client_id, LockRegistry, RegistryBuilder, MAX_IDLE_BETWEEN_TRIES,
-    MAX_PREFIX_CHARS, MAX_REGION_CHARS, MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
+    client_id_for_host, default_client_id, CustomSql, LockRegistry, RegistryBuilder, Tuning,
+    MAX_IDLE_BETWEEN_TRIES, MAX_LINGER, MAX_POOL_SIZE, MAX_PREFIX_CHARS, MAX_REGION_CHARS,
+    MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
 };

@@ -11,14 +11,14 @@
 //! # Metric names (feature `metrics`)
 //!
 //! Every metric carries the labels `table` and `region`; with
-//! [`RegistryBuilder::metrics_key_labels`](crate::RegistryBuilder::metrics_key_labels) the
+//! [`Tuning::metrics_key_labels`](crate::Tuning::metrics_key_labels) the
 //! per-key ones also carry `key` (off by default: one series per lock name can be many).
 //!
 //! | name | kind | labels | what |
 //! |------|------|--------|------|
 //! | `leasehold_grants_total` | counter | `via` = `database` / `local_handoff`, key | locks granted to a caller |
 //! | `leasehold_contended_tries_total` | counter | key | acquire statements that found the lock held elsewhere |
-//! | `leasehold_turns_ended_total` | counter | key | releases that ended a contended turn, leaving the key to other instances for `turn_window` |
+//! | `leasehold_turns_ended_total` | counter | key | releases that ended a turn, reserving the key for other instances (see [`Tuning::turn_limit`](crate::Tuning::turn_limit)) |
 //! | `leasehold_leases_lost_total` | counter | `reason` = `expired` / `not_owner`, key | leases lost |
 //! | `leasehold_renewals_total` | counter | | leases renewed in the background or by hand |
 //! | `leasehold_renewals_failed_total` | counter | | renewals whose outcome is unknown (no answer, an error, a row locked by another session) |
@@ -193,7 +193,7 @@ impl Meter {
         Labels::counter(&self.labels.per_key(&self.labels.contended_tries, key), 1);
     }
 
-    /// A release of `key` ended a contended turn (see `RegistryBuilder::turn_window`).
+    /// A release of `key` ended a turn (see "Bounded turn" in the `lock` module docs).
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub fn turn_ended(&self, key: &str) {
         self.turns_ended.fetch_add(1, Ordering::Relaxed);

@@ -1,118 +1,28 @@
-//! The registry: configuration, the handle cache, and the way into a backend.
+//! The registry: the facade that validates a configuration, builds the shared [`Core`] on a
+//! backend, and hands out the primitives (locks here; semaphores, reader/writer locks and
+//! administration in their own modules).
 
 use crate::backend::{
     CustomQueries, ListenerHandler, ListenerReply, PoolSettings, Statements, Store, TableSettings,
 };
 use crate::cache::HandleCache;
+use crate::core::{
+    check_pool_size, check_timeout, validate_client_id, validate_prefix, validate_region, Core,
+    Database, Settings,
+};
+pub use crate::core::{
+    client_id_for_host, default_client_id, CustomSql, Tuning, MAX_IDLE_BETWEEN_TRIES, MAX_LINGER,
+    MAX_POOL_SIZE, MAX_PREFIX_CHARS, MAX_REGION_CHARS, MAX_TIMEOUT, MAX_TIME_TO_LIVE,
+    MIN_TIME_TO_LIVE,
+};
 use crate::error::{Error, Result};
-use crate::lease::{callback_thread, KeeperSettings, LeaseLost, LossSink, LostCallback, Renewer};
-use crate::lock::{Lingerer, Lock, LockInner};
+use crate::lease::{callback_thread, KeeperSettings, LeaseLost, LostCallback, Renewer};
+use crate::lock::{Lock, LockInner};
 use crate::meter::Meter;
 use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The shortest time-to-live accepted: a lease shorter than this cannot be renewed reliably.
-pub const MIN_TIME_TO_LIVE: Duration = Duration::from_millis(10);
-/// The longest time-to-live accepted: a crashed holder blocks its key this long.
-pub const MAX_TIME_TO_LIVE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// The longest `idle_between_tries` accepted.
-pub const MAX_IDLE_BETWEEN_TRIES: Duration = Duration::from_secs(3600);
-/// The longest `operation_timeout` and `connect_timeout` accepted: a day. Deadlines are
-/// instants computed from them, so an absurd value must be refused, not overflow.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-/// The default [`RegistryBuilder::linger`].
-const DEFAULT_LINGER: Duration = Duration::from_millis(5);
-/// The longest [`RegistryBuilder::linger`] accepted.
-const MAX_LINGER: Duration = Duration::from_secs(1);
-/// The longest region accepted, in characters (the column is `VARCHAR(100)`).
-pub const MAX_REGION_CHARS: usize = 100;
-/// The longest table prefix accepted: the longest name made from it, `{prefix}LOCK_FLOOR` (the
-/// deletion floor beside the table `{prefix}LOCK`), then fits PostgreSQL's 63 characters.
-pub const MAX_PREFIX_CHARS: usize = 53;
-
-/// Settings every lock of a registry reads; validated by the builder.
-#[derive(Clone, Debug)]
-pub(crate) struct Settings {
-    pub time_to_live: Duration,
-    pub idle_between_tries: Duration,
-    pub local_handoff_limit: Option<Duration>,
-    /// `false`: every holder takes the lock from the database (a token of its own).
-    pub local_handoff: bool,
-    /// How long a released lease nobody here queues on is kept for a thread of this registry
-    /// that may come for it (see "Linger" in the `lock` module docs); zero: released at once.
-    pub linger: Duration,
-    /// How long a registry that ended a long turn leaves the key to other instances.
-    pub turn_window: Option<Duration>,
-    pub operation_timeout: Duration,
-    pub keeper: KeeperSettings,
-}
-
-impl Settings {
-    /// A release followed by a grant within this gap (with no refusal between) continues the
-    /// registry's turn: pollers of other instances cannot be expected to have noticed the gap.
-    pub fn turn_gap(&self) -> Duration {
-        self.turn_window
-            .unwrap_or_default()
-            .max(self.idle_between_tries * 2)
-    }
-
-    pub fn check_ttl(&self, setting: &'static str, ttl: Duration) -> Result<()> {
-        if ttl < MIN_TIME_TO_LIVE || ttl > MAX_TIME_TO_LIVE {
-            return Err(Error::setting(
-                setting,
-                format!(
-                    "{ttl:?} is outside {MIN_TIME_TO_LIVE:?}..={MAX_TIME_TO_LIVE:?}; pick a lease \
-                     a little longer than the longest pause you expect between renewals"
-                ),
-            ));
-        }
-        if let Some(every) = self.keeper.renew_every.filter(|_| self.keeper.renew) {
-            if every > ttl / 2 {
-                return Err(Error::setting(
-                    setting,
-                    format!(
-                        "{ttl:?} is less than twice renew_every ({every:?}): a renewal that \
-                         fails would leave no time for another before the lease ends; use a \
-                         time-to-live of at least {:?}, or renew more often",
-                        every * 2
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// What every lock of one registry shares: the store, the settings, the loss callback.
-pub(crate) struct Core {
-    pub store: Arc<dyn Store>,
-    pub settings: Settings,
-    /// The registry's loss callback, on its own thread (see [`callback_thread`]).
-    pub on_lost: Option<LossSink>,
-    pub client_id: String,
-    pub region: String,
-    pub table: String,
-    /// Release notifications: which pollers to wake, and when to listen.
-    pub wakeups: Wakeups,
-    /// Background renewals of this registry's leases.
-    pub renewer: Arc<Renewer>,
-    /// What the registry measures (see [`crate::meter`]).
-    pub meter: Arc<Meter>,
-    /// Ends the lingers of this registry's locks (see "Linger" in the `lock` module docs).
-    pub lingerer: Arc<Lingerer>,
-}
-
-/// Where the lock table lives.
-pub(crate) enum Database {
-    #[cfg(feature = "sqlite")]
-    Sqlite(std::path::PathBuf),
-    #[cfg(feature = "postgres")]
-    Postgres(String),
-    #[cfg(feature = "mysql")]
-    Mysql(String),
-}
 
 /// A set of named distributed locks kept in one table of one database.
 ///
@@ -322,23 +232,17 @@ pub struct RegistryBuilder {
     pub(crate) prefix: String,
     renewal: bool,
     renew_every: Option<Duration>,
-    local_handoff_limit: Option<Duration>,
-    local_handoff: bool,
-    linger: Duration,
-    turn_window: Option<Option<Duration>>,
     operation_timeout: Duration,
     connect_timeout: Duration,
     pool_size: u32,
-    renewal_pool_size: u32,
-    idle_connection_timeout: Duration,
     create_table: bool,
     read_only: bool,
     notifications: bool,
     prepared_statements: Option<bool>,
     listener_url: Option<String>,
-    custom: CustomQueries,
+    custom: CustomSql,
     on_lost: Option<LostCallback>,
-    metrics_key_labels: bool,
+    tuning: Tuning,
 }
 
 impl RegistryBuilder {
@@ -353,23 +257,17 @@ impl RegistryBuilder {
             prefix: "INT_".into(),
             renewal: true,
             renew_every: None,
-            local_handoff_limit: Some(Duration::from_secs(1)),
-            local_handoff: true,
-            linger: DEFAULT_LINGER,
-            turn_window: None,
             operation_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             pool_size: 8,
-            renewal_pool_size: 2,
-            idle_connection_timeout: Duration::from_secs(60),
             create_table: false,
             read_only: false,
             notifications: true,
             prepared_statements: None,
             listener_url: None,
-            custom: CustomQueries::default(),
+            custom: CustomSql::default(),
             on_lost: None,
-            metrics_key_labels: false,
+            tuning: Tuning::default(),
         }
     }
 
@@ -381,18 +279,15 @@ impl RegistryBuilder {
         self
     }
 
-    /// How long a waiter sleeps between database attempts while another instance holds the
-    /// lock. Defaults to 100 ms. Each sleep is this ± 25 % at random, so that a waiter does
-    /// not keep the phase of another instance's polls of the same interval (Spring's, say) and
-    /// lose every release to it. A release by another thread of this registry wakes waiters at
-    /// once; a release by another instance is seen at the next attempt (about half this on
-    /// average) unless wake-ups tell sooner. While instances that only poll (Spring
-    /// Integration's) take turns with a key (see [`local_handoff_limit`](Self::local_handoff_limit)),
-    /// a waiter polls every quarter of this (at least 1 ms), unless its wake-ups see their
-    /// releases (MySQL's, when `notifications` are on, while the registry waits for at most
-    /// 16 keys at once: beyond that some keys have no watcher, and every waiter polls as
-    /// without one): such an instance announces nothing and takes the key again a few
-    /// milliseconds after its unlock. Must be within
+    /// The longest a waiter goes without a database attempt while another instance holds the
+    /// lock. Defaults to 100 ms (Spring Integration's `idleBetweenTries`). Each sleep is a
+    /// random time between half of this and this, so that a waiter does not keep the phase of
+    /// another instance's polls of the same interval and lose every release to it. A release
+    /// by another thread of this registry wakes waiters at once; a release by another instance
+    /// is seen at the next attempt unless a release wake-up (see
+    /// [`notifications`](Self::notifications)) tells sooner. It also sets the fair turns
+    /// between instances: a release that ends a turn reserves the row for twice this and the
+    /// registry stays away for three times this (see [`Tuning`]). Must be within
     /// 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`].
     pub fn idle_between_tries(mut self, idle: Duration) -> Self {
         self.idle_between_tries = idle;
@@ -447,106 +342,6 @@ impl RegistryBuilder {
         self
     }
 
-    /// How long a run of local handoffs may keep a database grant before the holder releases
-    /// it to the database and local waiters hold off for one `idle_between_tries`, giving
-    /// other instances a turn. Defaults to `Some(1 s)`; `None` hands off locally without limit
-    /// (fastest, but other instances can starve under continuous local contention). Every
-    /// thread that queued before the turn's grant still gets one hold of it: a turn outlasts
-    /// the limit by at most one hold per such thread.
-    ///
-    /// While instances that only poll take turns with a key, this registry's turns with it
-    /// last one `idle_between_tries` (at most the limit): for 10 s after one of its
-    /// grants had to insert the key's row although this registry had released it before, or
-    /// although an attempt of the same wait had found the row held. Leasehold keeps released
-    /// rows; Spring Integration's `JdbcLockRegistry` deletes its row on unlock, so a missing
-    /// row shows that such an instance held the key meanwhile. A turn begun by a grant that
-    /// inserted the row without either sign (a new key, a row deleted while nobody here
-    /// looked) is as short, that turn only: a registry alone with a new key whose threads
-    /// contend for it steps aside once, for `turn_window`, `idle_between_tries` in. A turn of
-    /// one poll interval ends just before the next poll of a polling instance that just had
-    /// the key, so that another polling instance usually gets the next one (README,
-    /// *Guarantees*, "Fairness"). On
-    /// PostgreSQL and MySQL with the default statements (a replacement `acquire_sql`, and
-    /// SQLite, never shorten turns); a manual `DELETE` of released rows shortens them for 10 s.
-    pub fn local_handoff_limit(mut self, limit: Option<Duration>) -> Self {
-        self.local_handoff_limit = limit;
-        self
-    }
-
-    /// Whether a release passes the lock straight to a waiting thread of this registry, keeping
-    /// the database grant (and its fencing token). Defaults to `true`: the handoff costs no
-    /// statement, and the local holders of one grant are ordered by this registry's mutex.
-    ///
-    /// With `false` every holder takes the lock from the database and gets a **fencing token of
-    /// its own**, so a resource that refuses tokens below the largest it has seen also refuses a
-    /// late write of the previous *local* holder (with `true` both carry the same token). The
-    /// cost: each handoff between threads is a release and an acquire (two commits instead of
-    /// none), and another instance may take the lock in between.
-    pub fn local_handoff(mut self, enabled: bool) -> Self {
-        self.local_handoff = enabled;
-        self
-    }
-
-    /// How long a lease released while no thread of this registry queues on it is kept, so that
-    /// a thread of this registry that comes for the key within that while takes it without a
-    /// statement (the same grant and fencing token, like a local handoff). Defaults to 5 ms (on PostgreSQL and MariaDB, a few
-    /// round trips: shorter lingers ran out before the next local thread came under the load
-    /// of `benches/contention.rs`); `Duration::ZERO` turns it off (every such release runs its statement before `unlock()`
-    /// returns); at most 1 s.
-    ///
-    /// It applies only to a key this registry has shown it comes back to: one whose last
-    /// database grant was asked for within `linger` of this registry's own release of it, by
-    /// another of its threads, with no attempt refused in between (a hot key: several threads
-    /// of this registry share it; not one thread locking it in a loop, whose row stays free
-    /// between its holds, nor a key passed back and forth with another instance). A linger that runs out unused releases the key (on a thread of the registry)
-    /// and makes it cold again, so a key locked now and then is released at once as without
-    /// it. While a key lingers it is still held on the database (its lease is renewed as
-    /// usual), so another instance waits for it up to `linger` longer, and a thread of this
-    /// registry re-taking it continues the current turn: it counts against
-    /// `local_handoff_limit`, and a turn kept going by lingers ends with the turn window (as one
-    /// with local waiters does), so other instances, pollers too, get the key within the
-    /// bound of [`turn_window`](Self::turn_window). No linger with `local_handoff(false)`,
-    /// for `unlock_keeping_for`, or for semaphores and reader/writer locks.
-    ///
-    /// What it changes for `unlock()`: a lingering release runs after `unlock()` returned, so
-    /// its outcome cannot be returned: a failed release is logged (`warn`) and the row runs out
-    /// after its time-to-live, as after a failed `unlock()`; a loss found then goes to the loss
-    /// callback and the meter. `unlock()` still returns `Err(LeaseLost)` for a lease lost
-    /// before it. Dropping the registry (its last handle and every `Lock` of the key) releases
-    /// a lingering key at once; a process that exits without dropping them leaves it to its
-    /// time-to-live if it exits within `linger` of the unlock.
-    pub fn linger(mut self, linger: Duration) -> Self {
-        self.linger = linger;
-        self
-    }
-
-    /// How long a registry whose turn with a key ended (it held the key for
-    /// `local_handoff_limit`, through local handoffs or by taking it again at once after each
-    /// release) stays away from that key, so that other instances get it — including those that
-    /// only poll, like Spring Integration's `JdbcLockRegistry` (every 100 ms by default). The
-    /// release that ends a turn does not wake other instances' waiters (no `NOTIFY`, no release
-    /// board slot; MySQL keeps the key's named lock a quarter second longer): everyone polls,
-    /// on equal footing — and for the first half of the window the released row is *reserved*
-    /// for instances that only poll: leasehold's grant statement leaves it alone (the release
-    /// set its `CREATED_DATE` to the end of the reservation), Spring's takes it. The registry
-    /// that ended its turn stays away for the whole window, so other leasehold instances have
-    /// its second half. Defaults to `Some(2 × idle_between_tries)`, which is longer than one poll
-    /// period plus a round trip when other instances poll at the same interval; raise it to
-    /// twice the longest poll period in the fleet. `None` ends a turn with a plain release
-    /// (notified waiters wake, and this registry competes again at once): the fastest, but
-    /// instances that only poll can starve under continuous contention.
-    ///
-    /// The cost: under continuous contention the key is free for up to this long once per
-    /// `local_handoff_limit`, until a poller takes it. Handoffs between instances that keep
-    /// the key busy without a break count as one turn too (PostgreSQL's notification and
-    /// SQLite's release board carry the turn's age; every release also stores it in the row,
-    /// as the epoch + the age in `EXPIRED_AFTER`, where MySQL's woken watcher reads it), so about
-    /// one such handoff per `local_handoff_limit` waits for a poll. Uncontended locks and a single long hold never end a turn and pay nothing.
-    pub fn turn_window(mut self, window: Option<Duration>) -> Self {
-        self.turn_window = Some(window);
-        self
-    }
-
     /// How long an operation without a caller deadline (`lock()`'s attempts, `try_lock()`,
     /// release, manual renew) keeps retrying transient database failures before it returns
     /// [`Error::Timeout`]. Defaults to 5 s; at most [`MAX_TIMEOUT`].
@@ -566,35 +361,10 @@ impl RegistryBuilder {
     /// Defaults to 8. Connections open when needed and close after
     /// [`idle_connection_timeout`](Self::idle_connection_timeout), so this bounds a burst, not
     /// what the process keeps open. Background renewals use a separate pool
-    /// ([`renewal_pool_size`](Self::renewal_pool_size)), so a full main pool never makes a held
-    /// lease expire. Must be at least 1.
+    /// ([`Tuning::renewal_pool_size`]), so a full main pool never makes a held lease expire.
+    /// Must be within 1..=[`MAX_POOL_SIZE`].
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
-        self
-    }
-
-    /// The most connections in the renewal pool, used only by background renewals. Defaults to
-    /// 2. A registry renews its leases one batch statement at a time, so one connection is busy
-    /// at most; the second lets the next attempt go out at once while an attempt that got no
-    /// answer in time still holds the first (a connection given up at a deadline is discarded
-    /// and replaced, which takes a moment). Raise it if renewals log that they did not
-    /// complete in time while the server is healthy. Must be at least 1.
-    pub fn renewal_pool_size(mut self, size: u32) -> Self {
-        self.renewal_pool_size = size;
-        self
-    }
-
-    /// How long a pooled connection may stay unused before it is closed. Defaults to 60 s.
-    /// Pools open connections only when a statement needs one, so a process holding one lock
-    /// keeps one renewal connection open (renewals reuse it every third of the time-to-live),
-    /// plus the main connection until it has been idle this long. The pools check every 30 s,
-    /// so a connection closes up to 30 s after the timeout. PostgreSQL's release listener
-    /// closes its connection when no thread has waited for this long. On SQLite a connection
-    /// is an open file and its page cache; the main connection used last stays parked for the
-    /// next statement and is looked at every half timeout (at most 15 s), so it closes within
-    /// 1.5 × the timeout (30 s after it for long ones). Must be within 1 ms..=[`MAX_TIMEOUT`].
-    pub fn idle_connection_timeout(mut self, timeout: Duration) -> Self {
-        self.idle_connection_timeout = timeout;
         self
     }
 
@@ -627,7 +397,7 @@ impl RegistryBuilder {
     /// - **PostgreSQL** (`LISTEN`/`NOTIFY`): one extra connection per registry, outside the
     ///   pools, opened when a thread of this registry waits for a lock held elsewhere,
     ///   subscribed only while one does, closed after
-    ///   [`idle_connection_timeout`](Self::idle_connection_timeout) without a waiter. Releases
+    ///   [`Tuning::idle_connection_timeout`] without a waiter. Releases
     ///   notify whatever this setting says.
     /// - **SQLite** (Linux): a 32 KiB file beside the database, `<database>-leasehold`, mapped
     ///   by every process that uses the database (the *release board*; its directory must be
@@ -685,26 +455,31 @@ impl RegistryBuilder {
         self
     }
 
-    /// Replaces the acquire statement. It gets parameters 1–4 and 6 (see [`Statements`]) and must
-    /// return one row with the fencing token when granted, none otherwise; a second, boolean
-    /// column may say whether the grant inserted the row (there was none), as PostgreSQL's
-    /// default does (it shortens turns while polling instances take part; see
-    /// [`local_handoff_limit`](Self::local_handoff_limit)). Checked against the table by
-    /// `build()`; [`LockRegistry::statements`] shows the default to start from.
-    pub fn acquire_sql(mut self, sql: impl Into<String>) -> Self {
-        self.custom.acquire = Some(sql.into());
-        self
-    }
-
-    /// Replaces the renew statement (parameters 1–5; one affected row means renewed).
-    pub fn renew_sql(mut self, sql: impl Into<String>) -> Self {
-        self.custom.renew = Some(sql.into());
-        self
-    }
-
-    /// Replaces the release statement (parameters 1–5; one affected row means released).
-    pub fn release_sql(mut self, sql: impl Into<String>) -> Self {
-        self.custom.release = Some(sql.into());
+    /// Replaces some of the lease statements; a `None` field keeps the default. Each is
+    /// checked against the table by `build()`, and [`LockRegistry::statements`] shows the
+    /// defaults to start from:
+    ///
+    /// - `acquire` gets parameters 1–4 and 6 (see [`Statements`]) and must return one row with
+    ///   the fencing token when granted, none otherwise (a second column is allowed and
+    ///   ignored);
+    /// - `renew` gets parameters 1–5; one affected row means renewed;
+    /// - `release` gets parameters 1–5; one affected row means released. Parameter 4 is the
+    ///   reservation of a release that ends a turn in µs (zero otherwise; see [`Tuning`]).
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("locks.db");
+    /// use leasehold::{CustomSql, LockRegistry};
+    /// let defaults = LockRegistry::sqlite(&path).create_table(true).build()?.statements().clone();
+    /// let registry = LockRegistry::sqlite(&path)
+    ///     .custom_sql(CustomSql { renew: Some(defaults.renew), ..CustomSql::default() })
+    ///     .build()?;
+    /// # drop(registry);
+    /// # Ok(()) }
+    /// ```
+    pub fn custom_sql(mut self, sql: CustomSql) -> Self {
+        self.custom = sql;
         self
     }
 
@@ -724,12 +499,10 @@ impl RegistryBuilder {
         self
     }
 
-    /// Whether the per-key metrics (grants, contended tries, losses, wait and hold times) carry
-    /// a `key` label with the lock's name (feature `metrics`; see the README's "Metrics").
-    /// Off by default: a series per lock name can be more than a metrics backend wants.
-    /// Without the `metrics` feature this changes nothing.
-    pub fn metrics_key_labels(mut self, enabled: bool) -> Self {
-        self.metrics_key_labels = enabled;
+    /// The tuning of the mechanisms behind the locks (handoffs, lingers, turns, pools). Defaults
+    /// to [`Tuning::default`]; each field's default and range are in [`Tuning`]'s table.
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
         self
     }
 
@@ -751,34 +524,29 @@ impl RegistryBuilder {
             None => default_client_id(),
         };
         if self.cache_capacity == 0 {
-            return Err(Error::setting("cache_capacity", "must be at least 1"));
-        }
-        if self.pool_size == 0 {
-            return Err(Error::setting("pool_size", "must be at least 1"));
-        }
-        if self.renewal_pool_size == 0 {
             return Err(Error::setting(
-                "renewal_pool_size",
-                "must be at least 1: background renewals need a connection",
+                "cache_capacity",
+                "must be at least 1: the cache holds every lock handle in use",
             ));
         }
-        if self.idle_connection_timeout < Duration::from_millis(1)
-            || self.idle_connection_timeout > MAX_TIMEOUT
+        check_pool_size("pool_size", self.pool_size)?;
+        check_timeout("connect_timeout", self.connect_timeout)?;
+        if self
+            .listener_url
+            .as_ref()
+            .is_some_and(|url| url.trim().is_empty())
         {
             return Err(Error::setting(
-                "idle_connection_timeout",
-                format!(
-                    "{:?} is outside 1ms..={MAX_TIMEOUT:?}: idle connections close after it, so \
-                     pick seconds to minutes",
-                    self.idle_connection_timeout
-                ),
+                "listener_url",
+                "is empty: give the server's own address, or leave it unset to listen through \
+                 the registry's URL",
             ));
         }
-        check_timeout("connect_timeout", self.connect_timeout)?;
+        let tuning = self.tuning;
         let pool = PoolSettings {
             pool_size: self.pool_size,
-            renewal_pool_size: self.renewal_pool_size,
-            idle_timeout: self.idle_connection_timeout,
+            renewal_pool_size: tuning.renewal_pool_size,
+            idle_timeout: tuning.idle_connection_timeout,
             connect_timeout: self.connect_timeout,
             operation_timeout: self.operation_timeout,
             prepared_statements: self.prepared_statements,
@@ -790,7 +558,11 @@ impl RegistryBuilder {
             client_id: client_id.clone(),
             create_table: self.create_table,
             read_only: self.read_only,
-            custom: self.custom,
+            custom: CustomQueries {
+                acquire: self.custom.acquire,
+                renew: self.custom.renew,
+                release: self.custom.release,
+            },
             notifications: self.notifications,
         };
         let store: Arc<dyn Store> = match self.database {
@@ -804,7 +576,7 @@ impl RegistryBuilder {
             Database::Mysql(url) => crate::backend::mysql::open(&url, &pool, &table_settings)?,
         };
         let (wakeups, subscription_requests) = Wakeups::new();
-        let renewer = Renewer::new(Arc::downgrade(&store), self.renewal_pool_size as usize);
+        let renewer = Renewer::new(Arc::downgrade(&store), tuning.renewal_pool_size as usize);
         let on_lost = match self.on_lost {
             Some(callback) => Some(callback_thread(callback).map_err(|e| {
                 Error::setting(
@@ -814,7 +586,7 @@ impl RegistryBuilder {
             })?),
             None => None,
         };
-        let meter = Arc::new(Meter::new(&table, &self.region, self.metrics_key_labels));
+        let meter = Arc::new(Meter::new(&table, &self.region, tuning.metrics_key_labels));
         let core = Arc::new(Core {
             lingerer: Arc::default(),
             meter,
@@ -837,7 +609,8 @@ impl RegistryBuilder {
                 .store
                 .listen_for_releases(handler, subscription_requests)
             {
-                core.wakeups.enable(core.store.listener_watches_keys());
+                core.wakeups
+                    .enable(core.store.listener_watches_keys().is_some());
             }
         }
         Ok(LockRegistry {
@@ -863,36 +636,18 @@ impl RegistryBuilder {
         }
         check_timeout("operation_timeout", self.operation_timeout)?;
         if self.renew_every.is_some_and(|every| every.is_zero()) {
-            return Err(Error::setting("renew_every", "must be longer than zero"));
-        }
-        if let Some(limit) = self
-            .local_handoff_limit
-            .filter(|limit| *limit > MAX_TIME_TO_LIVE)
-        {
             return Err(Error::setting(
-                "local_handoff_limit",
-                format!("{limit:?} is longer than {MAX_TIME_TO_LIVE:?}; use None for no limit"),
+                "renew_every",
+                "must be longer than zero; use renewal(false) for no background renewal",
             ));
         }
-        if self.linger > MAX_LINGER {
-            return Err(Error::setting(
-                "linger",
-                format!(
-                    "{:?} is longer than {MAX_LINGER:?}: other instances wait this much longer \
-                     for a key this registry keeps; a few milliseconds at most is the point",
-                    self.linger
-                ),
-            ));
-        }
+        self.tuning.validate()?;
         let settings = Settings {
             time_to_live: self.time_to_live,
-            linger: self.linger,
+            linger: self.tuning.linger,
             idle_between_tries: self.idle_between_tries,
-            local_handoff_limit: self.local_handoff_limit,
-            local_handoff: self.local_handoff,
-            turn_window: self
-                .turn_window
-                .unwrap_or(Some(self.idle_between_tries * 2)),
+            turn_limit: self.tuning.turn_limit,
+            local_handoff: self.tuning.local_handoff,
             operation_timeout: self.operation_timeout,
             keeper: KeeperSettings {
                 renew: self.renewal,
@@ -901,143 +656,5 @@ impl RegistryBuilder {
         };
         settings.check_ttl("time_to_live", self.time_to_live)?;
         Ok(settings)
-    }
-}
-
-/// A timeout must be above zero and at most [`MAX_TIMEOUT`].
-fn check_timeout(setting: &'static str, timeout: Duration) -> Result<()> {
-    if timeout.is_zero() || timeout > MAX_TIMEOUT {
-        return Err(Error::setting(
-            setting,
-            format!(
-                "{timeout:?} is outside (0s, {MAX_TIMEOUT:?}]: it bounds how long a call waits \
-                 for the database, so pick seconds to minutes"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Checks a table prefix and returns it: it is spliced into SQL.
-pub(crate) fn validate_prefix(prefix: &str) -> Result<String> {
-    let identifier = |part: &str| {
-        part.chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    };
-    let (schema, name) = match prefix.split_once('.') {
-        Some((schema, name)) => (Some(schema), name),
-        None => (None, prefix),
-    };
-    let valid = prefix.len() <= MAX_PREFIX_CHARS
-        && schema.is_none_or(identifier)
-        && (name.is_empty() || identifier(name));
-    if !valid {
-        return Err(Error::setting(
-            "prefix",
-            format!(
-                "{prefix:?} is not a plain SQL identifier: use letters, digits and _ (not \
-                 starting with a digit), optionally preceded by `schema.`, at most \
-                 {MAX_PREFIX_CHARS} characters"
-            ),
-        ));
-    }
-    Ok(prefix.to_string())
-}
-
-fn validate_region(region: &str) -> Result<()> {
-    let chars = region.chars().count();
-    if chars == 0 || chars > MAX_REGION_CHARS {
-        return Err(Error::setting(
-            "region",
-            format!("{chars} characters; use 1 to {MAX_REGION_CHARS} (the column is VARCHAR(100))"),
-        ));
-    }
-    Ok(())
-}
-
-/// A `CLIENT_ID` that names this process: `HOST/PID/RANDOM` — the host name (up to 18
-/// characters, printable ASCII other than `/`), the process id and 8 random hexadecimal digits
-/// (a new value on every call, so registries of one process differ, and a reused pid does not
-/// repeat an id) — at most 36 characters, the width of Spring Integration's `CLIENT_ID` column.
-/// The default of every registry and of the `leasehold` command; `leasehold list --holder` and
-/// [`LockRegistry::held_by_this_registry`] find a node's locks by it.
-///
-/// The host name comes from `/proc/sys/kernel/hostname` (Linux), else the `HOSTNAME` or
-/// `COMPUTERNAME` environment variable, else `host`.
-pub fn default_client_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .or_else(|| std::env::var("COMPUTERNAME").ok())
-        .unwrap_or_default();
-    client_id_for_host(&host)
-}
-
-/// [`default_client_id`] for a host name the caller found itself (the `leasehold` command asks
-/// `gethostname`): `HOST/PID/RANDOM`, the host cut to 18 printable characters other than `/`.
-pub fn client_id_for_host(host: &str) -> String {
-    let mut host: String = host
-        .trim()
-        .chars()
-        .filter(|c| c.is_ascii_graphic() && *c != '/')
-        .take(18)
-        .collect();
-    if host.is_empty() {
-        host = "host".into();
-    }
-    let random = uuid::Uuid::new_v4().simple().to_string();
-    let id = format!("{host}/{}/{}", std::process::id(), &random[..8]);
-    id.chars().take(36).collect()
-}
-
-fn validate_client_id(id: String) -> Result<String> {
-    if id.is_empty() || id.len() > 36 || !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(Error::setting(
-            "client_id",
-            format!("{id:?}: use 1 to 36 printable ASCII characters, e.g. a UUID"),
-        ));
-    }
-    Ok(id)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefixes_that_could_inject_sql_are_rejected() {
-        for bad in [
-            "INT_; DROP TABLE x",
-            "1INT_",
-            "INT-",
-            "a.b.c",
-            "\"INT_\"",
-            "INT_ ",
-        ] {
-            assert!(validate_prefix(bad).is_err(), "{bad:?} accepted");
-        }
-        for good in ["INT_", "", "app_", "myschema.INT_", "_x9"] {
-            assert!(validate_prefix(good).is_ok(), "{good:?} rejected");
-        }
-    }
-
-    #[test]
-    fn regions_and_client_ids_are_bounded() {
-        assert!(validate_region("").is_err());
-        assert!(validate_region(&"r".repeat(101)).is_err());
-        assert!(validate_region(&"é".repeat(100)).is_ok());
-        assert!(validate_client_id(String::new()).is_err());
-        assert!(validate_client_id("x".repeat(37)).is_err());
-        assert!(validate_client_id("node 1".into()).is_err());
-        assert!(validate_client_id("node-1".into()).is_ok());
-        let (first, second) = (default_client_id(), default_client_id());
-        assert_ne!(first, second, "each registry gets its own");
-        assert_eq!(validate_client_id(first.clone()).ok(), Some(first.clone()));
-        let parts: Vec<&str> = first.split('/').collect();
-        assert_eq!(parts.len(), 3, "{first}");
-        assert_eq!(parts[1], std::process::id().to_string());
-        assert_eq!(parts[2].len(), 8);
     }
 }

@@ -89,11 +89,12 @@
 
 use crate::admin::{LockRow, LockState};
 use crate::backend::{ListedRow, STATE_HELD};
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
-use crate::registry::{Core, LockRegistry};
 use crate::semaphore::Patience;
 use crate::wakeups::Nudge;
+use crate::LockRegistry;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -726,7 +727,7 @@ impl RwInner {
 
 impl Nudge for RwInner {
     /// Called by the release listener: a row of this lock was released elsewhere.
-    fn nudge(&self, _turn_age: Duration) {
+    fn nudge(&self) {
         self.released();
     }
 }

@@ -86,10 +86,12 @@
 //! answer meanwhile): the database was out of reach for the whole wait.
 
 use crate::admin::{LockRow, LockState};
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
-use crate::registry::{Core, LockRegistry, Settings};
+use crate::core::Settings;
 use crate::wakeups::Nudge;
+use crate::LockRegistry;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
@@ -754,7 +756,7 @@ impl SemaphoreInner {
 
 impl Nudge for SemaphoreInner {
     /// Called by the release listener: a slot was released elsewhere, poll now.
-    fn nudge(&self, _turn_age: Duration) {
+    fn nudge(&self) {
         self.released();
     }
 }

@@ -39,15 +39,12 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Something a release notification wakes: it should try the database again now.
 pub(crate) trait Nudge: Send + Sync {
-    /// `turn_age`: the released turn's age as its registry reported it (how long the key had
-    /// been busy without a break, more for a short turn; zero when unknown), so that the next
-    /// holder continues that turn (see `RegistryBuilder::turn_window`).
-    fn nudge(&self, turn_age: std::time::Duration);
+    fn nudge(&self);
 }
 
 /// The registry's side of release notifications.
@@ -56,8 +53,6 @@ pub(crate) struct Wakeups {
     enabled: AtomicBool,
     /// Whether the listener serves keys one by one (MySQL's): it must hear of each new one.
     watches_keys: AtomicBool,
-    /// How many waited-for keys such a listener serves at most (MySQL: one watcher each).
-    watched_keys_max: AtomicUsize,
     /// Asks the listener to subscribe.
     demand: Sender<()>,
     state: Mutex<State>,
@@ -96,7 +91,6 @@ impl Wakeups {
         let wakeups = Wakeups {
             enabled: AtomicBool::new(false),
             watches_keys: AtomicBool::new(false),
-            watched_keys_max: AtomicUsize::new(usize::MAX),
             demand,
             state: Mutex::new(State {
                 pollers: HashMap::default(),
@@ -108,33 +102,16 @@ impl Wakeups {
         (wakeups, requests)
     }
 
-    /// Called once a listener runs.
-    /// `watches_keys`: the listener serves only the keys waited for, at most this many, and
-    /// must hear of each new one, also while subscribed (see `Backend::LISTENER_WATCHES_KEYS`);
-    /// `None`: it serves every key.
-    pub fn enable(&self, watches_keys: Option<usize>) {
-        if let Some(most) = watches_keys {
-            self.watched_keys_max.store(most, Ordering::Relaxed);
-        }
-        self.watches_keys
-            .store(watches_keys.is_some(), Ordering::Release);
+    /// Called once a listener runs. `watches_keys`: the listener serves only the keys waited
+    /// for and must hear of each new one, also while subscribed (see
+    /// `Backend::LISTENER_WATCHES_KEYS`).
+    pub fn enable(&self, watches_keys: bool) {
+        self.watches_keys.store(watches_keys, Ordering::Release);
         self.enabled.store(true, Ordering::Release);
     }
 
     fn is_enabled(&self) -> bool {
         self.enabled.load(Ordering::Acquire)
-    }
-
-    /// Whether the listener looks at each waited-for key's row itself (MySQL's watchers), and
-    /// so also reports releases that no holder announces: Spring Integration's deletes. Not
-    /// while more keys are waited for than it serves: which of them have a watcher is not
-    /// known here, so every waiter then counts as unseen (and polls as such).
-    pub fn sees_rows(&self) -> bool {
-        if !(self.is_enabled() && self.watches_keys.load(Ordering::Acquire)) {
-            return false;
-        }
-        let state = self.state.lock();
-        state.pollers.len() - state.empty <= self.watched_keys_max.load(Ordering::Relaxed)
     }
 
     /// `poller` is about to ask the database for `lock_key` and will wait if the lock is held;
@@ -204,29 +181,22 @@ impl Wakeups {
 
     /// What the listener reports; the registry answers what it should do next.
     pub fn handle(&self, event: ListenerEvent<'_>) -> ListenerReply {
-        let zero = std::time::Duration::ZERO;
-        let woken: Vec<(Arc<dyn Nudge>, std::time::Duration)> = {
+        let woken: Vec<Arc<dyn Nudge>> = {
             let mut state = self.state.lock();
             match event {
-                ListenerEvent::Released { lock_key, turn_age } => state
+                ListenerEvent::Released { lock_key, .. } => state
                     .pollers
                     .get(lock_key)
                     .into_iter()
                     .flatten()
                     .filter_map(Weak::upgrade)
-                    .map(|poller| (poller, turn_age))
                     .collect(),
                 ListenerEvent::ReleasedAmong { released } => state
                     .pollers
                     .iter()
                     .filter(|(_, pollers)| !pollers.is_empty())
-                    .filter_map(|(lock_key, pollers)| Some((released(lock_key)?, pollers)))
-                    .flat_map(|(turn_age, pollers)| {
-                        pollers
-                            .iter()
-                            .filter_map(Weak::upgrade)
-                            .map(move |poller| (poller, turn_age))
-                    })
+                    .filter(|(lock_key, _)| released(lock_key).is_some())
+                    .flat_map(|(_, pollers)| pollers.iter().filter_map(Weak::upgrade))
                     .collect(),
                 ListenerEvent::Watched { each } => {
                     for (lock_key, pollers) in &state.pollers {
@@ -243,7 +213,6 @@ impl Wakeups {
                         .values()
                         .flatten()
                         .filter_map(Weak::upgrade)
-                        .map(|poller| (poller, zero))
                         .collect()
                 }
                 ListenerEvent::Tick => {
@@ -257,8 +226,8 @@ impl Wakeups {
                 }
             }
         };
-        for (poller, turn_age) in woken {
-            poller.nudge(turn_age);
+        for poller in woken {
+            poller.nudge();
         }
         ListenerReply::Keep
     }
@@ -273,7 +242,7 @@ mod tests {
     struct Counter(AtomicUsize);
 
     impl Nudge for Counter {
-        fn nudge(&self, _turn_age: std::time::Duration) {
+        fn nudge(&self) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -292,29 +261,8 @@ mod tests {
 
     fn enabled() -> (Wakeups, Receiver<()>) {
         let (wakeups, requests) = Wakeups::new();
-        wakeups.enable(None);
+        wakeups.enable(false);
         (wakeups, requests)
-    }
-
-    /// MySQL's listener watches at most 16 keys: with more keys waited for, some have no
-    /// watcher, and nothing sees a Spring unlock of theirs. `sees_rows` said yes all the same,
-    /// and their waiters polled at the plain interval while Spring instances took turns.
-    #[test]
-    fn rows_are_seen_only_while_no_more_keys_are_waited_for_than_watched() {
-        let (wakeups, _requests) = Wakeups::new();
-        wakeups.enable(Some(2));
-        let pollers: Vec<_> = (0..3).map(|_| poller()).collect();
-        let keys: Vec<Arc<str>> = ["a", "b", "c"].into_iter().map(Arc::from).collect();
-        assert!(wakeups.sees_rows(), "no key waited for");
-        assert!(wakeups.register(&keys[0], pollers[0].1.clone()));
-        assert!(wakeups.register(&keys[1], pollers[1].1.clone()));
-        assert!(wakeups.sees_rows(), "two keys, two watchers");
-        assert!(wakeups.register(&keys[2], pollers[2].1.clone()));
-        assert!(!wakeups.sees_rows(), "three keys, two watchers");
-        wakeups.unregister(&keys[2], &pollers[2].1);
-        assert!(wakeups.sees_rows(), "two again");
-        let (every, _requests) = enabled();
-        assert!(!every.sees_rows(), "a listener of every key reads no rows");
     }
 
     #[test]
@@ -346,10 +294,7 @@ mod tests {
             ListenerReply::Keep
         );
         assert_eq!((a.count(), b.count()), (1, 1));
-        wakeups.handle(ListenerEvent::Released {
-            lock_key: "a",
-            turn_age: std::time::Duration::ZERO,
-        });
+        wakeups.handle(ListenerEvent::Released { lock_key: "a" });
         assert_eq!(
             (a.count(), b.count()),
             (2, 1),
@@ -442,7 +387,6 @@ mod tests {
         assert_eq!(wakeups.state.lock().empty, empty.saturating_sub(1));
         wakeups.handle(ListenerEvent::Released {
             lock_key: &keys[199],
-            turn_age: std::time::Duration::ZERO,
         });
         assert_eq!(a.count(), 1);
         wakeups.unregister(&keys[199], &weak);

@@ -630,7 +630,14 @@ fn make_it_linger(registry: &LockRegistry, lock: &leasehold::Lock) {
 fn a_release_stuck_at_the_end_of_a_linger_holds_up_no_other_keys_linger() {
     let scenario = fail::FailScenario::setup();
     let f = sqlite("stuck_linger_end");
-    let registry = f.builder().linger(Duration::from_secs(1)).build().unwrap();
+    let registry = f
+        .builder()
+        .tuning(leasehold::Tuning {
+            linger: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
     // Only a release that ends a linger stops here (they run on the registry's linger
     // threads), and only the first.
     let release = Gate::first_at_matching("lock::release_before_statement", || {

@@ -1278,7 +1278,10 @@ fn hot_key(url: &dyn Fn(usize) -> String, prefix: &str, time: Duration) -> HotKe
         .flat_map(|node| {
             let registry = LockRegistry::mysql(url(node))
                 .prefix(prefix)
-                .local_handoff(false)
+                .tuning(leasehold::Tuning {
+                    local_handoff: false,
+                    ..Default::default()
+                })
                 .idle_between_tries(Duration::from_millis(1))
                 .build()
                 .expect("a registry on a Galera node");

@@ -710,18 +710,15 @@ mod suite {
                 .lock_keep_alive_period(keep_alive)
         };
         // The seed's own example: renewing every 10 s a lease of 5 s.
-        assert_eq!(setting(with(s(5), s(10))), "lock_keep_alive_period");
-        assert_eq!(setting(with(s(10), s(10))), "lock_keep_alive_period");
+        assert_eq!(setting(with(s(5), s(10))), "renew_every");
+        assert_eq!(setting(with(s(10), s(10))), "renew_every");
         // Less than one period of slack before the step-down (10 s lease: at most 4.5 s).
-        assert_eq!(setting(with(s(10), ms(4501))), "lock_keep_alive_period");
-        assert_eq!(
-            setting(with(s(10), Duration::ZERO)),
-            "lock_keep_alive_period"
-        );
-        assert_eq!(setting(with(Duration::ZERO, ms(1))), "lease_duration");
+        assert_eq!(setting(with(s(10), ms(4501))), "renew_every");
+        assert_eq!(setting(with(s(10), Duration::ZERO)), "renew_every");
+        assert_eq!(setting(with(Duration::ZERO, ms(1))), "time_to_live");
         assert_eq!(
             setting(with(s(10), s(1)).lock_acquire_sleep_interval(Duration::ZERO)),
-            "lock_acquire_sleep_interval"
+            "idle_between_tries"
         );
         let fine = with(s(10), ms(4500)).build().unwrap();
         assert_eq!(fine.lock_keep_alive_period(), ms(4500));

@@ -1,8 +1,9 @@
-//! Lingering releases (issue 25, `RegistryBuilder::linger`): a hot key released while no
-//! thread of its registry queues on it stays held for a short while, so that a thread of the
-//! registry coming for it takes it without a statement. On every backend: the re-take costs no
-//! statement and keeps the grant; another instance still gets the key within the turn bound;
-//! a lease lost while it lingers is never handed on; dropping the registry releases the row.
+//! Lingering releases (`Tuning::linger`): a key whose grant has passed between threads of its
+//! registry, released while none of them queues on it, stays held for a short while, so that a
+//! thread of the registry coming for it takes it without a statement. On every backend: the
+//! re-take costs no statement and keeps the grant; a key one thread uses never lingers;
+//! another instance still gets the key within the turn bound; a lease lost while it lingers is
+//! never handed on; dropping the registry releases the row.
 //!
 //! Timing-robust: the linger of these tests is the longest accepted (1 s), and a step that a
 //! stalled machine may miss (a linger that ran out before the thread came) is tried again.
@@ -19,32 +20,47 @@ mod suite {
 
     const LINGER: Duration = Duration::from_secs(1);
 
-    /// Locks and unlocks `lock`, each time on a new thread (a key one thread locks in a loop
-    /// never lingers), until an unlock lingers (the registry ran no release statement for
-    /// it); returns that grant's fencing token.
+    /// A registry whose locks linger for [`LINGER`].
+    fn lingering(f: &Fixture) -> LockRegistry {
+        f.builder()
+            .tuning(leasehold::Tuning {
+                linger: LINGER,
+                ..Default::default()
+            })
+            .build()
+            .unwrap()
+    }
+
+    /// Passes `lock` from this thread to another one (a handoff: the grant is shared), whose
+    /// unlock then finds nobody queued and lingers (the registry ran no release statement
+    /// for it); returns that grant's fencing token.
     fn make_it_linger(registry: &LockRegistry, lock: &Lock) -> u64 {
         for _ in 0..20 {
+            let guard = lock.lock().unwrap();
+            let token = guard.fencing_token();
             let before = registry.statistics().releases;
-            let lock = lock.clone();
-            let token = thread::spawn(move || {
-                let guard = lock.lock().unwrap();
-                let token = guard.fencing_token();
-                guard.unlock().unwrap();
-                token
-            })
-            .join()
-            .unwrap();
+            let next = {
+                let lock = lock.clone();
+                thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
+            };
+            while lock.queued_threads() == 0 {
+                thread::sleep(Duration::from_millis(1));
+            }
+            guard.unlock().unwrap();
+            next.join().unwrap();
             if registry.statistics().releases == before {
                 return token;
             }
+            // Past the linger already (a stalled machine): let it run out, and try again.
+            thread::sleep(LINGER + Duration::from_millis(200));
         }
-        panic!("no unlock of a key locked again at once by another thread lingered in 20 tries");
+        panic!("no unlock after a handoff lingered in 20 tries");
     }
 
     /// One thread locking a key in a loop keeps the plain release: the row is free between
     /// its holds, for other instances and outside observers alike.
     pub fn a_key_one_thread_locks_in_a_loop_does_not_linger(f: &Fixture) {
-        let registry = f.builder().linger(LINGER).build().unwrap();
+        let registry = lingering(f);
         let lock = registry.obtain("one-thread").unwrap();
         let before = registry.statistics();
         for _ in 0..5 {
@@ -62,7 +78,7 @@ mod suite {
     }
 
     pub fn a_lingering_lease_is_retaken_by_a_local_thread_without_a_statement(f: &Fixture) {
-        let registry = f.builder().linger(LINGER).build().unwrap();
+        let registry = lingering(f);
         let lock = registry.obtain("hot").unwrap();
         let mut retaken = false;
         for _ in 0..10 {
@@ -103,29 +119,46 @@ mod suite {
     }
 
     pub fn linger_zero_releases_at_every_unlock(f: &Fixture) {
-        let registry = f.builder().linger(Duration::ZERO).build().unwrap();
+        let registry = f
+            .builder()
+            .tuning(leasehold::Tuning {
+                linger: Duration::ZERO,
+                ..Default::default()
+            })
+            .build()
+            .unwrap();
         let lock = registry.obtain("cold").unwrap();
         let before = registry.statistics();
         for _ in 0..5 {
-            lock.lock().unwrap().unlock().unwrap();
+            // A handoff, then an unlock with nobody queued: released at once.
+            let guard = lock.lock().unwrap();
+            let next = {
+                let lock = lock.clone();
+                thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
+            };
+            while lock.queued_threads() == 0 {
+                thread::sleep(Duration::from_millis(1));
+            }
+            guard.unlock().unwrap();
+            next.join().unwrap();
         }
         let after = registry.statistics();
         assert_eq!(after.releases, before.releases + 5);
-        assert_eq!(after.local_handoffs, before.local_handoffs);
+        assert_eq!(after.local_handoffs, before.local_handoffs + 5);
     }
 
     /// Two threads of instance A lock and unlock a key as fast as they can — a release either
     /// hands the key to the other thread or lingers and is taken again at once, so the row is
-    /// never free — while B asks for the key now and then. A's turn ends at `local_handoff_limit`, with the turn window
-    /// (a turn kept by lingers counts as contended), so B gets the key within the bound.
+    /// never free — while B asks for the key now and then. A's turn ends at `turn_limit` (its
+    /// grant was shared), so B gets the key within the bound.
     pub fn another_instance_gets_a_key_kept_by_lingers_within_the_turn_bound(f: &Fixture) {
         kept_by_lingers(f, true);
     }
 
     /// The same with every instance polling (no wake-ups, as Spring's instances do): the row
-    /// is free only in the turn window, which a turn kept by lingers must end with (a plain
-    /// release at the end of A's turn leaves B a gap of one statement between A's release and
-    /// A's next grant, which a poll every 50 ms almost never hits).
+    /// is free for B only while A stays away after its turn (a plain release at the end of A's
+    /// turn would leave B a gap of one statement between A's release and A's next grant, which
+    /// a poll every 50 ms almost never hits).
     pub fn a_polling_instance_gets_a_key_kept_by_lingers_within_the_turn_bound(f: &Fixture) {
         kept_by_lingers(f, false);
     }
@@ -137,7 +170,10 @@ mod suite {
         let builder = || {
             f.builder()
                 .idle_between_tries(IDLE)
-                .local_handoff_limit(Some(LIMIT))
+                .tuning(leasehold::Tuning {
+                    turn_limit: Some(LIMIT),
+                    ..Default::default()
+                })
                 .notifications(notifications)
         };
         let (a, b) = (builder().build().unwrap(), builder().build().unwrap());
@@ -190,7 +226,10 @@ mod suite {
         const TTL: Duration = Duration::from_millis(100);
         let registry = f
             .builder()
-            .linger(LINGER)
+            .tuning(leasehold::Tuning {
+                linger: LINGER,
+                ..Default::default()
+            })
             .renewal(false)
             .time_to_live(TTL)
             .build()
@@ -221,7 +260,7 @@ mod suite {
     pub fn dropping_the_registry_releases_a_lingering_key(f: &Fixture) {
         let other = f.registry();
         for _ in 0..10 {
-            let registry = f.builder().linger(LINGER).build().unwrap();
+            let registry = lingering(f);
             let lock = registry.obtain("dropped").unwrap();
             make_it_linger(&registry, &lock);
             let lingered_at = Instant::now();

@@ -188,7 +188,10 @@ mod suite {
             let lost = Arc::clone(&lost);
             holder
                 .time_to_live(ttl)
-                .idle_connection_timeout(idle)
+                .tuning(leasehold::Tuning {
+                    idle_connection_timeout: idle,
+                    ..Default::default()
+                })
                 .on_lease_lost(move |_| {
                     lost.fetch_add(1, Ordering::SeqCst);
                 })
@@ -198,7 +201,13 @@ mod suite {
         let guard = holder.obtain("at-rest").unwrap().lock().unwrap();
         let (mut holder_most, mut waiter_most) = (0, 0);
         let (builder, mut waiter_census) = Census::new(f, "waiter");
-        let waiter = builder.idle_connection_timeout(idle).build().unwrap();
+        let waiter = builder
+            .tuning(leasehold::Tuning {
+                idle_connection_timeout: idle,
+                ..Default::default()
+            })
+            .build()
+            .unwrap();
         let waiting = {
             let lock = waiter.obtain("at-rest").unwrap();
             std::thread::spawn(move || lock.try_lock_for(Duration::from_secs(3)).unwrap().is_none())

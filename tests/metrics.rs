@@ -89,7 +89,10 @@ fn grants_waits_holds_renewals_and_losses_reach_the_recorder_and_the_statistics(
     let node = f
         .builder()
         .time_to_live(Duration::from_secs(3))
-        .metrics_key_labels(true)
+        .tuning(leasehold::Tuning {
+            metrics_key_labels: true,
+            ..Default::default()
+        })
         .build()
         .unwrap();
     let other = f.registry();
@@ -140,7 +143,10 @@ fn grants_waits_holds_renewals_and_losses_reach_the_recorder_and_the_statistics(
     // back and forth until a release leaves it to other instances.
     let turner = f
         .builder()
-        .local_handoff_limit(Some(Duration::from_millis(100)))
+        .tuning(leasehold::Tuning {
+            turn_limit: Some(Duration::from_millis(100)),
+            ..Default::default()
+        })
         .build()
         .unwrap();
     let turned = turner.obtain("turned").unwrap();

@@ -560,7 +560,10 @@ fn prepared_statements_work_straight_to_the_server() {
     let replacement = f
         .builder()
         .prepared_statements(true)
-        .renew_sql(unnamed.statements().renew.clone())
+        .custom_sql(leasehold::CustomSql {
+            renew: Some(unnamed.statements().renew.clone()),
+            ..Default::default()
+        })
         .build()
         .unwrap();
     for round in 0..3 {

@@ -441,7 +441,10 @@ mod suite {
         // long poll interval: the waiter stays parked (it would not be between two polls).
         let registry = f
             .builder()
-            .local_handoff_limit(None)
+            .tuning(leasehold::Tuning {
+                turn_limit: None,
+                ..Default::default()
+            })
             .idle_between_tries(Duration::from_secs(60))
             .build()
             .unwrap();
@@ -488,7 +491,10 @@ mod suite {
         // The release nudges the parked waiter, which polls at once.
         let registry = f
             .builder()
-            .local_handoff(false)
+            .tuning(leasehold::Tuning {
+                local_handoff: false,
+                ..Default::default()
+            })
             .idle_between_tries(Duration::from_secs(60))
             .build()
             .unwrap();
@@ -521,7 +527,14 @@ mod suite {
     /// permits, nor two holders on one slot (an outside count and a flag per slot).
     pub fn handoffs_between_threads_keep_at_most_permits_holders(f: &Fixture) {
         const PERMITS: u32 = 2;
-        let registry = f.builder().local_handoff_limit(None).build().unwrap();
+        let registry = f
+            .builder()
+            .tuning(leasehold::Tuning {
+                turn_limit: None,
+                ..Default::default()
+            })
+            .build()
+            .unwrap();
         let semaphore = registry.semaphore("handoffs", PERMITS).unwrap();
         let inside = Arc::new(AtomicUsize::new(0));
         let slots: Arc<Vec<AtomicBool>> =

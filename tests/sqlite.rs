@@ -133,7 +133,10 @@ fn a_keeper_stuck_in_a_renewal_still_reports_the_loss_at_the_deadline() {
                       WHERE (SELECT max(n) FROM spin) > 0 AND LOCK_KEY = ?1 AND REGION = ?2 \
                       AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 AND ?4 > 0";
     let registry = LockRegistry::sqlite(&path)
-        .renew_sql(slow_renew)
+        .custom_sql(leasehold::CustomSql {
+            renew: Some(slow_renew.into()),
+            ..Default::default()
+        })
         .time_to_live(Duration::from_millis(300))
         .renew_every(Duration::from_millis(50))
         .build()

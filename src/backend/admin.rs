@@ -122,13 +122,7 @@ impl<B: Backend> SqlStore<B> {
             Ok(B::update(conn, &admin.force_release, &params.borrowed())? > 0)
         })?;
         if released {
-            B::release_done(
-                &self.manager,
-                &self.table,
-                lock_key,
-                Some(true),
-                Some(Duration::ZERO),
-            );
+            B::release_done(&self.manager, &self.table, lock_key, Some(true), true);
         }
         Ok(released)
     }
@@ -158,10 +152,10 @@ impl<B: Backend> SqlStore<B> {
             counters.releases.fetch_add(1, Ordering::Relaxed);
             Ok(B::update(conn, &admin.release_keeping, &params.borrowed())? > 0)
         });
-        // The row stays held until the keep runs out, so nobody is to be woken now (turn age
-        // `None`); but the lease ends here, so MySQL lets its named lock go.
+        // The row stays held until the keep runs out, so nobody is to be woken now; but the
+        // lease ends here, so MySQL lets its named lock go.
         let outcome = released.as_ref().ok().copied();
-        B::release_done(&self.manager, &self.table, lock_key, outcome, None);
+        B::release_done(&self.manager, &self.table, lock_key, outcome, false);
         released
     }
 }

@@ -7,16 +7,12 @@ use std::time::Duration;
 #[derive(Clone, Copy)]
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) enum ListenerEvent<'a> {
-    /// The row of this `LOCK_KEY` was released in the registry's region, after a turn of
-    /// `turn_age` (as the releasing registry reports it: see [`crate::backend::Turn`]).
+    /// The row of this `LOCK_KEY` was released in the registry's region.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Released {
-        lock_key: &'a str,
-        turn_age: Duration,
-    },
+    Released { lock_key: &'a str },
     /// Some rows may have been released (a listener that knows only hashes of the keys, such
     /// as SQLite's release board): `released` says, for a `LOCK_KEY`, whether it may have been
-    /// and after which turn age (zero when unknown).
+    /// (`Some`; the duration is the board's age field, which the registry ignores).
     #[cfg_attr(not(all(feature = "sqlite", target_os = "linux")), allow(dead_code))]
     ReleasedAmong {
         released: &'a dyn Fn(&str) -> Option<Duration>,

@@ -8,7 +8,7 @@
 //! # The statements
 //!
 //! Every statement takes the same numbered parameters (listed on [`Statements`]), so a
-//! replacement written by a user (`RegistryBuilder::acquire_sql` and friends) binds the same
+//! replacement written by a user (`RegistryBuilder::custom_sql`) binds the same
 //! way on every database:
 //!
 //! - **acquire** (1–4, 6): one statement that takes the row when it is absent or expired on the
@@ -112,7 +112,7 @@ pub(crate) use statements::PerStatement;
 pub use statements::Statements;
 pub(crate) use statements::{pairs_json, CustomQueries, OwnedParams, Params};
 pub use statistics::Statistics;
-pub(crate) use store::{Batched, Grant, Path, SqlStore, Store, Turn};
+pub(crate) use store::{Batched, Grant, Path, SqlStore, Store};
 
 /// A connection of a backend, as its pool hands it out.
 pub(crate) type Conn<B> = <<B as Backend>::Manager as r2d2::ManageConnection>::Connection;
@@ -252,7 +252,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     const LISTENER_WATCHES_KEYS: bool = false;
 
     /// How many waited-for keys such a listener serves at most: beyond that, some keys have no
-    /// watcher (see `Wakeups::sees_rows`).
+    /// watcher and their waiters only poll.
     const LISTENER_WATCHED_KEYS_MAX: usize = usize::MAX;
 
     /// Wake-up work after a grant of `lock_key` (MySQL takes the key's named lock). Must not
@@ -268,14 +268,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Wake-up work after a release statement of `lock_key`, for a database whose release
     /// statement cannot wake other instances itself (PostgreSQL's does, with `pg_notify`):
     /// `released` is `Some(true)` when it released the row, `Some(false)` when the lease had
-    /// been lost, `None` when the outcome is unknown; `turn_age` is `None` for a release that
-    /// ends a turn quietly. Must not block.
+    /// been lost, `None` when the outcome is unknown; `wakes`: whether the release wakes
+    /// waiters (a release that ends a turn, or keeps the row, does not). Must not block.
     fn release_done(
         _manager: &Self::Manager,
         _table: &TableSettings,
         _lock_key: &str,
         _released: Option<bool>,
-        _turn_age: Option<Duration>,
+        _wakes: bool,
     ) {
     }
 

@@ -352,10 +352,13 @@ impl<B: Backend> SqlStore<B> {
             Ok(_connection) => return Ok(()),
             Err(e) => e,
         };
-        let quietly = super::Turn::Ends {
-            reserved: Duration::ZERO,
-        };
-        let released = Store::release(self, lock_key, grant.token, Instant::now() + wait, quietly);
+        let released = Store::release(
+            self,
+            lock_key,
+            grant.token,
+            Instant::now() + wait,
+            Duration::ZERO,
+        );
         let given_back = match released {
             Ok(_) => "the lock was granted and given back at once",
             Err(_) => "the lock was granted and is left to expire (giving it back failed too)",

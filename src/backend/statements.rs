@@ -9,7 +9,7 @@ use std::time::Instant;
 
 /// The three statements a registry runs, with its table name spliced in (see
 /// [`LockRegistry::statements`](crate::LockRegistry::statements)): the backend's defaults, or
-/// the replacements given to the builder (`acquire_sql`, `renew_sql`, `release_sql`) — start
+/// the replacements given to the builder ([`CustomSql`](crate::CustomSql)) — start
 /// from the defaults when writing a replacement.
 ///
 /// Every statement takes the same parameters (`$1` on PostgreSQL, `?1` on SQLite; MySQL names
@@ -21,7 +21,7 @@ use std::time::Instant;
 /// | 1 | `LOCK_KEY` (the key's UUID, see [`lock_key_for`](crate::lock_key_for)) | text |
 /// | 2 | `REGION` | text |
 /// | 3 | `CLIENT_ID` of this registry | text |
-/// | 4 | time-to-live in microseconds (release: how long the key has been busy without a break, stored as the epoch + the age in `EXPIRED_AFTER`; or minus the row's reservation for pollers for a release that ends a turn, which sets `CREATED_DATE` to now + the reservation; see [`RegistryBuilder::turn_window`](crate::RegistryBuilder::turn_window)) | integer |
+/// | 4 | time-to-live in microseconds (release: the row's reservation for pollers, zero except for a release that ends a turn, which sets `CREATED_DATE` to now + the reservation; see [`Tuning`](crate::Tuning)) | integer |
 /// | 5 | fencing token of the lease | integer |
 /// | 6 | the lock's name (acquire only; stored in `LOCK_NAME` where the table has it) | text |
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -23,9 +23,8 @@ pub struct Statistics {
     pub local_handoffs: u64,
     /// Acquire statements that found the lock held elsewhere.
     pub contended_tries: u64,
-    /// Turns that ended: releases that left a contended key to other instances for
-    /// `turn_window` instead of handing it on (see
-    /// [`RegistryBuilder::turn_window`](crate::RegistryBuilder::turn_window)).
+    /// Turns that ended: releases past [`Tuning::turn_limit`](crate::Tuning::turn_limit) that
+    /// reserved the key for other instances while threads of this registry still wanted it.
     pub turns_ended: u64,
     /// Leases lost because their deadline passed (renewal failed, or was off).
     pub leases_lost_expired: u64,

@@ -19,8 +19,6 @@ use std::time::{Duration, Instant};
 pub(crate) struct Grant {
     pub token: i64,
     pub sent_at: Instant,
-    /// The grant inserted the row: there was none (see `Backend::acquire`).
-    pub inserted: bool,
 }
 
 /// What a batch renewal found for one lease.
@@ -40,43 +38,6 @@ pub(crate) enum Batched {
 pub(crate) enum Path {
     Main,
     Renewal,
-}
-
-/// How a release hands its key on: parameter 4 of the release statement (see
-/// [`RegistryBuilder::turn_window`](crate::RegistryBuilder::turn_window)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Turn {
-    /// The turn's age: how long the key has been busy without a break, plus, for a short turn,
-    /// the part of `local_handoff_limit` it lacks (`LockInner::reported_age`); woken waiters
-    /// continue the turn (parameter 4: the age in µs, at least 0).
-    Continues(Duration),
-    /// The turn ends: nobody is woken, and the released row stays out of reach of leasehold's
-    /// grant for this long, for instances that only poll (parameter 4: minus the reservation
-    /// in µs, at most -1).
-    Ends {
-        /// How long the row is reserved for pollers.
-        reserved: Duration,
-    },
-}
-
-impl Turn {
-    /// Parameter 4 of the release statement.
-    pub(crate) fn param(self) -> i64 {
-        match self {
-            Turn::Continues(age) => i64::try_from(age.as_micros()).unwrap_or(i64::MAX),
-            Turn::Ends { reserved } => -i64::try_from(reserved.as_micros())
-                .unwrap_or(i64::MAX)
-                .max(1),
-        }
-    }
-
-    /// The turn's age for notified waiters; `None` when it ends quietly.
-    pub(crate) fn age(self) -> Option<Duration> {
-        match self {
-            Turn::Continues(age) => Some(age),
-            Turn::Ends { .. } => None,
-        }
-    }
 }
 
 /// The registry's view of a database: the three lease operations with deadlines.
@@ -110,14 +71,15 @@ pub(crate) trait Store: Send + Sync {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<(Instant, Vec<Batched>)>;
-    /// Releases; `Ok(false)` when the lease had already been lost. `turn`: whether notified
-    /// waiters continue the turn, or the turn ends and the row is reserved for pollers.
+    /// Releases; `Ok(false)` when the lease had already been lost. A non-zero `reserve` ends
+    /// a turn: the row stays out of reach of leasehold's grant for that long (parameter 4 of
+    /// the release statement, in µs) and nobody is woken; zero wakes the key's waiters.
     fn release(
         &self,
         lock_key: &Arc<str>,
         token: i64,
         deadline: Instant,
-        turn: Turn,
+        reserve: Duration,
     ) -> Result<bool>;
     /// `SQLite`, `PostgreSQL`, `MySQL`.
     fn backend_name(&self) -> &'static str;
@@ -280,11 +242,7 @@ impl<B: Backend> Store for SqlStore<B> {
             if granted.is_some() {
                 counters.grants.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(granted.map(|(token, inserted)| Grant {
-                token,
-                sent_at,
-                inserted,
-            }))
+            Ok(granted.map(|(token, _inserted)| Grant { token, sent_at }))
         })
         .and_then(|grant| {
             if let Some(grant) = &grant {
@@ -381,18 +339,22 @@ impl<B: Backend> Store for SqlStore<B> {
         lock_key: &Arc<str>,
         token: i64,
         deadline: Instant,
-        turn: Turn,
+        reserve: Duration,
     ) -> Result<bool> {
-        let mut params = self.params(Arc::clone(lock_key), Duration::ZERO, token);
-        params.ttl_micros = turn.param();
-        let turn_age = turn.age();
+        let params = self.params(Arc::clone(lock_key), reserve, token);
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         let released = self.run(Path::Main, "release", deadline, move |conn| {
             counters.releases.fetch_add(1, Ordering::Relaxed);
             Ok(B::update(conn, &queries.release, &params.borrowed())? > 0)
         });
         let outcome = released.as_ref().ok().copied();
-        B::release_done(&self.manager, &self.table, lock_key, outcome, turn_age);
+        B::release_done(
+            &self.manager,
+            &self.table,
+            lock_key,
+            outcome,
+            reserve.is_zero(),
+        );
         released
     }
 

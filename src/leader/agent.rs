@@ -98,7 +98,7 @@ pub(super) struct ReleaseWatch {
 }
 
 impl Nudge for ReleaseWatch {
-    fn nudge(&self, _turn_age: Duration) {
+    fn nudge(&self) {
         // One pending wake-up is enough.
         let _ = self.woken.try_send(());
     }

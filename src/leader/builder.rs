@@ -31,27 +31,46 @@ impl LeaderElectionBuilder {
     /// How long leadership lasts on the database clock after the last successful grant or
     /// renewal; the longest a crashed leader keeps the group without a leader. Defaults to 10 s.
     /// Must be within [`MIN_TIME_TO_LIVE`]..=[`MAX_TIME_TO_LIVE`]. Becomes the registry's
-    /// `time_to_live`.
-    pub fn lease_duration(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+    /// [`time_to_live`](RegistryBuilder::time_to_live). ActiveMQ's name for it:
+    /// [`lease_duration`](Self::lease_duration).
+    pub fn time_to_live(mut self, ttl: Duration) -> Self {
+        self.lease = ttl;
         self
     }
 
-    /// The leader's renewal cadence: each renewal is sent this long after the previous one was
-    /// sent. Defaults to a third of the lease. Must satisfy
-    /// `2 × period + lease / 10 ≤ lease` (see [`LeaderElection`]). Becomes the registry's
-    /// `renew_every`.
-    pub fn lock_keep_alive_period(mut self, period: Duration) -> Self {
+    /// The leader's renewal period: each renewal is sent this long after the previous one was
+    /// sent. Defaults to a third of the time-to-live. Must satisfy
+    /// `2 × period + time_to_live / 10 ≤ time_to_live` (see [`LeaderElection`]). Becomes the
+    /// registry's [`renew_every`](RegistryBuilder::renew_every). ActiveMQ's name for it:
+    /// [`lock_keep_alive_period`](Self::lock_keep_alive_period).
+    pub fn renew_every(mut self, period: Duration) -> Self {
         self.keep_alive = Some(period);
         self
     }
 
     /// How long a standby sleeps between attempts to become leader. Defaults to 1 s. A crashed
-    /// leader is replaced within about lease + this; a resigning one within about this. Must be
-    /// within 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`]. Becomes the registry's `idle_between_tries`.
-    pub fn lock_acquire_sleep_interval(mut self, interval: Duration) -> Self {
+    /// leader is replaced within about its time-to-live + this; a resigning one within about
+    /// this. Must be within 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`]. Becomes the registry's
+    /// [`idle_between_tries`](RegistryBuilder::idle_between_tries). ActiveMQ's name for it:
+    /// [`lock_acquire_sleep_interval`](Self::lock_acquire_sleep_interval).
+    pub fn idle_between_tries(mut self, interval: Duration) -> Self {
         self.sleep = interval;
         self
+    }
+
+    /// ActiveMQ's name for [`time_to_live`](Self::time_to_live); the same setting.
+    pub fn lease_duration(self, lease: Duration) -> Self {
+        self.time_to_live(lease)
+    }
+
+    /// ActiveMQ's name for [`renew_every`](Self::renew_every); the same setting.
+    pub fn lock_keep_alive_period(self, period: Duration) -> Self {
+        self.renew_every(period)
+    }
+
+    /// ActiveMQ's name for [`idle_between_tries`](Self::idle_between_tries); the same setting.
+    pub fn lock_acquire_sleep_interval(self, interval: Duration) -> Self {
+        self.idle_between_tries(interval)
     }
 
     /// How far this instance's clock may be from the database's before the wall-clock times
@@ -95,22 +114,25 @@ impl LeaderElectionBuilder {
         let lease = self.lease;
         if !(MIN_TIME_TO_LIVE..=MAX_TIME_TO_LIVE).contains(&lease) {
             return Err(Error::setting(
-                "lease_duration",
-                format!("{lease:?} is outside {MIN_TIME_TO_LIVE:?}..={MAX_TIME_TO_LIVE:?}"),
+                "time_to_live",
+                format!(
+                    "{lease:?} is outside {MIN_TIME_TO_LIVE:?}..={MAX_TIME_TO_LIVE:?}; pick a \
+                     lease a little longer than the longest pause you expect between renewals"
+                ),
             ));
         }
         let margin = lease / 10;
         let keep_alive = self.keep_alive.unwrap_or(lease / 3);
         if keep_alive.is_zero() {
             return Err(Error::setting(
-                "lock_keep_alive_period",
-                "must be longer than zero",
+                "renew_every",
+                "must be longer than zero; a third of the time-to-live is the default",
             ));
         }
         let needed = keep_alive.saturating_mul(2).saturating_add(margin);
         if needed > lease {
             return Err(Error::setting(
-                "lock_keep_alive_period",
+                "renew_every",
                 format!(
                     "{keep_alive:?} leaves no time to renew a {lease:?} lease: the first renewal \
                      is due {keep_alive:?} after the grant and needs one more period of slack \
@@ -123,7 +145,7 @@ impl LeaderElectionBuilder {
         let sleep = self.sleep;
         if sleep < Duration::from_millis(1) || sleep > MAX_IDLE_BETWEEN_TRIES {
             return Err(Error::setting(
-                "lock_acquire_sleep_interval",
+                "idle_between_tries",
                 format!(
                     "{sleep:?} is outside 1ms..={MAX_IDLE_BETWEEN_TRIES:?}; zero would spin on \
                      the database"

@@ -124,9 +124,9 @@ impl fmt::Display for LeadershipLost {
 ///
 /// | setting | meaning | default | registry setting it becomes |
 /// |---------|---------|---------|-----------------------------|
-/// | [`lease_duration`](LeaderElectionBuilder::lease_duration) | how long a grant or renewal keeps the leadership on the **database clock** without another renewal; the longest a crashed leader blocks the group | 10 s | `time_to_live` |
-/// | [`lock_keep_alive_period`](LeaderElectionBuilder::lock_keep_alive_period) | the leader's **renewal cadence**: a renewal is sent this long after the previous one was sent | a third of the lease | `renew_every` |
-/// | [`lock_acquire_sleep_interval`](LeaderElectionBuilder::lock_acquire_sleep_interval) | how long a **standby** sleeps between two attempts to become leader (one statement each; a read when the lease is held) | 1 s | `idle_between_tries` |
+/// | [`time_to_live`](LeaderElectionBuilder::time_to_live) (ActiveMQ: `lease_duration`) | how long a grant or renewal keeps the leadership on the **database clock** without another renewal; the longest a crashed leader blocks the group | 10 s | `time_to_live` |
+/// | [`renew_every`](LeaderElectionBuilder::renew_every) (ActiveMQ: `lock_keep_alive_period`) | the leader's **renewal period**: a renewal is sent this long after the previous one was sent | a third of the time-to-live | `renew_every` |
+/// | [`idle_between_tries`](LeaderElectionBuilder::idle_between_tries) (ActiveMQ: `lock_acquire_sleep_interval`) | how long a **standby** sleeps between two attempts to become leader (one statement each; a read when the lease is held) | 1 s | `idle_between_tries` |
 /// | [`max_allowable_diff_from_db_time`](LeaderElectionBuilder::max_allowable_diff_from_db_time) | how far this instance's wall clock may be from the database's before the times this election reports are corrected by the measured offset (and a warning is logged); zero turns the correction off | 0 (off) | — |
 /// | [`fail_if_locked`](LeaderElectionBuilder::fail_if_locked) | [`acquire`](LeaderElection::acquire) and the first round of [`run`](LeaderElection::run) make one attempt and fail if another instance leads, instead of standing by | `false` | — |
 ///

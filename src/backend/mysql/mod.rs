@@ -864,9 +864,8 @@ impl Backend for Mysql {
                  AND EXPIRED_AFTER >= {NOW}"
             ),
             release: format!(
-                "UPDATE {table} SET CLIENT_ID = NULL, \
-                 EXPIRED_AFTER = {RELEASED} + INTERVAL GREATEST(:ttl_micros, 0) MICROSECOND, \
-                 CREATED_DATE = {NOW} + INTERVAL GREATEST(-:ttl_micros, 0) MICROSECOND \
+                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED}, \
+                 CREATED_DATE = {NOW} + INTERVAL :ttl_micros MICROSECOND \
                  WHERE LOCK_KEY = :lock_key AND REGION = :region AND CLIENT_ID = :client_id \
                  AND FENCING_TOKEN = :token AND EXPIRED_AFTER >= {NOW}"
             ),
@@ -1142,12 +1141,12 @@ impl Backend for Mysql {
         table: &crate::backend::TableSettings,
         lock_key: &str,
         _released: Option<bool>,
-        turn_age: Option<Duration>,
+        wakes: bool,
     ) {
         if let Some(named_locks) = manager.named_locks.get() {
-            let delay = match turn_age {
-                Some(_) => Duration::ZERO,
-                None => wakeups::QUIET_HOLD,
+            let delay = match wakes {
+                true => Duration::ZERO,
+                false => wakeups::QUIET_HOLD,
             };
             let name = wakeups::lock_name(&table.table, &table.region, lock_key);
             named_locks.drop_after(name, delay);

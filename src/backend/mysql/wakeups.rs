@@ -16,7 +16,7 @@
 //!   that lasted (see `Holder::run`), so while this registry's leases come and go faster
 //!   than [`TAKE_DELAY`] a longer one is named up to [`MAX_GLANCE`] after its grant. A session
 //!   may hold many named locks, so one connection serves every lease of the registry. A
-//!   release that ends a fair turn quietly (see `RegistryBuilder::turn_window`) keeps the
+//!   release that ends a turn (see "Bounded turn" in `lock.rs`) keeps the
 //!   named lock for [`QUIET_HOLD`], so that the instances it stepped aside for — pollers,
 //!   Spring Integration — get there first.
 //! - **Waiters** (the registry's listener, only while one of its threads waits, as on
@@ -25,7 +25,7 @@
 //!   (beyond that, waiters poll). A watcher blocks in `GET_LOCK(name, 1)`; when that returns 1
 //!   it reads the key's row ([`look_sql`]) and, if it shows a release newer than the
 //!   watcher's previous `GET_LOCK` and than the release it reported last, tells the registry
-//!   (which tries the row at once, continuing the turn the release ended); then it lets the
+//!   (which tries the row at once); then it lets the
 //!   name go. The row decides, never how long `GET_LOCK` took: another watcher holding the
 //!   name for an instant is no release, and on a busy machine an instant answer can be slow.
 //!
@@ -515,23 +515,10 @@ impl Listener {
 /// A key's last release, read off its row (see [`look_sql`]).
 #[derive(Debug, Clone, Copy)]
 struct Release {
-    /// The age of the turn it ended; zero for a quiet release.
-    turn_age: Duration,
     /// How long ago it was, on the server's clock.
     since: Duration,
     /// When it was (µs after the epoch, the server's clock): tells one release from the next.
     at: i64,
-}
-
-impl Release {
-    /// How long the key had been busy without a break when `release` ended it, as of now;
-    /// zero when unknown (no release read, a quiet release, a release that is not recent).
-    fn turn_age(release: Option<Release>) -> Duration {
-        match release {
-            Some(r) if !r.turn_age.is_zero() && r.since <= RECENT_RELEASE => r.turn_age + r.since,
-            _ => Duration::ZERO,
-        }
-    }
 }
 
 /// A held row as one look saw it: its holder, grant time and expiry. Any change (another
@@ -575,12 +562,11 @@ struct Watcher {
     stop: Arc<AtomicBool>,
 }
 
-/// One look at a key's row, with whether its named lock is held. A release stores the turn's
-/// age after the epoch in `EXPIRED_AFTER` (the row stays expired for everyone) and its own
-/// time in `CREATED_DATE` — or, for a turn that ended quietly, age zero and the end of the
-/// row's reservation for pollers, a time to come. Returns (released, age or expiry, time
-/// since the release or grant, the release's or grant's time, expired, named, holder), times
-/// in µs after the epoch; no row when there is none.
+/// One look at a key's row, with whether its named lock is held. A release stores its own
+/// time in `CREATED_DATE` — or, for a release that ends a turn, the end of the row's
+/// reservation for pollers, a time to come. Returns (released, expiry, time since the release
+/// or grant, the release's or grant's time, expired, named, holder), times in µs after the
+/// epoch; no row when there is none.
 fn look_sql(table: &str) -> String {
     format!(
         "SELECT CLIENT_ID IS NULL, \
@@ -596,10 +582,6 @@ fn look_sql(table: &str) -> String {
 /// How much older than a watcher's previous `GET_LOCK` a release found on the row may be and
 /// still be reported (the server's clock against this host's, and the statements between).
 const RELEASE_SLACK: Duration = Duration::from_millis(5);
-
-/// A release older than this is not the one a watcher was woken by (a watcher that took a
-/// free name for a release, on a busy machine): it reports no turn to continue.
-const RECENT_RELEASE: Duration = Duration::from_secs(1);
 
 /// The pause between a watcher's looks at a row held without its named lock (a Spring
 /// Integration holder, a lease younger than [`TAKE_DELAY`]) while the row keeps changing.
@@ -630,17 +612,11 @@ impl Watcher {
             return Some(Row::Gone);
         };
         if released == Some(true) {
-            let release = match (expires, since, created) {
-                (Some(age), Some(since), Some(at)) => {
-                    match (u64::try_from(age), u64::try_from(since)) {
-                        (Ok(age), Ok(since)) => Some(Release {
-                            turn_age: Duration::from_micros(age),
-                            since: Duration::from_micros(since),
-                            at,
-                        }),
-                        _ => None,
-                    }
-                }
+            let release = match (since.map(u64::try_from), created) {
+                (Some(Ok(since)), Some(at)) => Some(Release {
+                    since: Duration::from_micros(since),
+                    at,
+                }),
                 _ => None,
             };
             return Some(Row::Released(release));
@@ -657,10 +633,9 @@ impl Watcher {
     }
 
     /// Tells the registry that the key may be free; `false` when the registry is gone.
-    fn report(&self, turn_age: Duration) -> bool {
+    fn report(&self) -> bool {
         let event = ListenerEvent::Released {
             lock_key: &self.lock_key,
-            turn_age,
         };
         (self.handler)(event) != ListenerReply::Stop
     }
@@ -696,7 +671,7 @@ impl Watcher {
             if let Some((seen, changed)) = unnamed.take() {
                 // Looking: one statement a look, no named lock taken.
                 std::thread::sleep(backoff);
-                let free = match self.look(open) {
+                match self.look(open) {
                     None => {
                         conn = None;
                         continue;
@@ -720,18 +695,17 @@ impl Watcher {
                         continue;
                     }
                     // Deleted (Spring Integration's unlock) or run out: nobody holds it.
-                    Some(Row::Gone) | Some(Row::Held { expired: true, .. }) => Duration::ZERO,
+                    Some(Row::Gone) | Some(Row::Held { expired: true, .. }) => {}
                     // Released by its holder: reported unless it was already, or it is a
                     // quiet release whose reservation for pollers lasts (back to blocking).
                     Some(Row::Released(Some(release))) if reported != Some(release.at) => {
                         reported = Some(release.at);
-                        Release::turn_age(Some(release))
                     }
                     Some(Row::Released(_)) => continue,
-                };
+                }
                 held_since_report = false;
                 backoff = Duration::ZERO;
-                if !self.report(free) {
+                if !self.report() {
                     return;
                 }
                 continue;
@@ -752,34 +726,34 @@ impl Watcher {
                             let unannounced = release.is_some_and(|r| {
                                 r.since <= since_previous + RELEASE_SLACK && reported != Some(r.at)
                             });
-                            (first || unannounced).then(|| {
+                            if first || unannounced {
                                 reported = release.map(|r| r.at);
-                                Release::turn_age(*release)
-                            })
+                            }
+                            first || unannounced
                         }
                         // Deleted, or run out, since a holder was seen.
                         Some(Row::Gone) | Some(Row::Held { expired: true, .. }) => {
-                            (first || held_since_report).then_some(Duration::ZERO)
+                            first || held_since_report
                         }
                         Some(Row::Held { holding, .. }) => {
                             held_since_report = true;
                             // Held without its name: look at the row from now on.
                             unnamed = Some((holding.clone(), Instant::now()));
-                            first.then_some(Duration::ZERO)
+                            first
                         }
-                        None => first.then_some(Duration::ZERO),
+                        None => first,
                     };
                     first = false;
                     match news {
-                        Some(turn_age) => {
+                        true => {
                             held_since_report = false;
-                            if !self.report(turn_age) {
+                            if !self.report() {
                                 return;
                             }
                             backoff = Duration::ZERO;
                         }
-                        None if unnamed.is_some() => backoff = LOOK,
-                        None => {
+                        false if unnamed.is_some() => backoff = LOOK,
+                        false => {
                             backoff = (backoff * 2).max(Duration::from_millis(1)).min(MAX_BACKOFF)
                         }
                     }

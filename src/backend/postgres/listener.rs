@@ -355,10 +355,9 @@ impl Listener {
     fn deliver(&self, conn: &mut ListenerConn) -> bool {
         let until = Instant::now() + Self::TICK;
         while let Some(notification) = conn.next_notification(until) {
-            if let Some((lock_key, turn_age, region)) = parse_release(notification.payload()) {
+            if let Some((lock_key, _, region)) = parse_release(notification.payload()) {
                 if region == self.region
-                    && (self.handler)(ListenerEvent::Released { lock_key, turn_age })
-                        == ListenerReply::Stop
+                    && (self.handler)(ListenerEvent::Released { lock_key }) == ListenerReply::Stop
                 {
                     return false;
                 }

@@ -58,17 +58,18 @@
 //!   floor is a primary-key lookup; a try that finds the lock held does not read it.
 //! - **renew** moves `EXPIRED_AFTER` to now + `$4` µs where key, region, client and token match
 //!   and the lease has not expired; durable (default `synchronous_commit`).
-//! - **release** sets `CLIENT_ID = NULL, EXPIRED_AFTER = 1970` under the same condition, in a
-//!   statement that also runs `set_config('synchronous_commit', 'off', true)`: the commit does
-//!   not wait for the disk, in the same single round trip. Losing a release in a server crash
-//!   only leaves the lease to expire; and since WAL is written in order, the next durable grant
-//!   of the key makes the release durable too. For each released row it also calls
-//!   `pg_notify(<table>, '<LOCK_KEY> <TURN_AGE_µs> <REGION>')` (sent at commit, only if a row
-//!   was released, and not when `$4` is -1 — a release that ends a turn, so that notified
-//!   waiters do not beat instances that only poll; the commit is not waiting for
-//!   the disk, so the database-wide lock PostgreSQL takes to order notifications is held only
-//!   briefly). Its result is one row per released row, which the driver reports as the
-//!   affected-row count.
+//! - **release** sets `CLIENT_ID = NULL, EXPIRED_AFTER = 1970, CREATED_DATE = now + $4 µs`
+//!   under the same condition (`$4` is zero, or the reservation of a release that ends a turn:
+//!   see "Bounded turn" in `lock.rs`), in a statement that also runs
+//!   `set_config('synchronous_commit', 'off', true)`: the commit does not wait for the disk, in
+//!   the same single round trip. Losing a release in a server crash only leaves the lease to
+//!   expire; and since WAL is written in order, the next durable grant of the key makes the
+//!   release durable too. For each released row of a release without reservation it also
+//!   calls `pg_notify(<table>, '<LOCK_KEY> 0 <REGION>')` (sent at commit, only if a row was
+//!   released; a release that ends a turn wakes nobody, so that notified waiters do not beat
+//!   instances that only poll; the commit is not waiting for the disk, so the database-wide
+//!   lock PostgreSQL takes to order notifications is held only briefly). Its result is one row
+//!   per released row, which the driver reports as the affected-row count.
 //!
 //! # Release notifications
 //!
@@ -767,13 +768,11 @@ impl Backend for Postgres {
             ),
             release: format!(
                 "WITH no_sync AS (SELECT set_config('synchronous_commit', 'off', true)), \
-                 released AS (UPDATE {table} SET CLIENT_ID = NULL, \
-                 EXPIRED_AFTER = {RELEASED} + GREATEST($4, 0) * INTERVAL '1 microsecond', \
-                 CREATED_DATE = {NOW} + GREATEST(-$4, 0) * INTERVAL '1 microsecond' \
+                 released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED}, \
+                 CREATED_DATE = {NOW} + $4 * INTERVAL '1 microsecond' \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3 AND FENCING_TOKEN = $5 \
                  AND EXPIRED_AFTER >= {NOW} RETURNING 1) \
-                 SELECT (SELECT pg_notify('{channel}', $1 || ' ' || $4 || ' ' || $2) \
-                 WHERE $4 >= 0) \
+                 SELECT (SELECT pg_notify('{channel}', $1 || ' 0 ' || $2) WHERE $4 = 0) \
                  FROM released, no_sync",
                 channel = channel(table)
             ),
@@ -808,7 +807,7 @@ impl Backend for Postgres {
                 expires = micros("EXPIRED_AFTER"),
                 state = crate::backend::state_sql(NOW),
             ),
-            // Notifies as release does (turn age 0), so waiters elsewhere poll at once.
+            // Notifies as release does, so waiters elsewhere poll at once.
             force_release: format!(
                 "WITH released AS (UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = {RELEASED} \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID IS NOT NULL \

@@ -280,10 +280,9 @@ impl Backend for Sqlite {
                  AND EXPIRED_AFTER >= {NOW}"
             ),
             release: format!(
-                "UPDATE {table} SET CLIENT_ID = NULL, EXPIRED_AFTER = strftime('%Y-%m-%d %H:%M:%f', \
-                 julianday('1970-01-01') + max(?4, 0) / 86400000000.0), \
-                 CREATED_DATE = strftime('%Y-%m-%d %H:%M:%f', \
-                 julianday('now') + max(-?4, 0) / 86400000000.0) \
+                "UPDATE {table} SET CLIENT_ID = NULL, \
+                 EXPIRED_AFTER = '1970-01-01 00:00:00.000', \
+                 CREATED_DATE = strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ?4 / 86400000000.0) \
                  WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?5 \
                  AND EXPIRED_AFTER >= {NOW}"
             ),
@@ -499,14 +498,14 @@ impl Backend for Sqlite {
         table: &crate::backend::TableSettings,
         lock_key: &str,
         released: Option<bool>,
-        turn_age: Option<Duration>,
+        wakes: bool,
     ) {
-        let (Some(true), Some(turn_age)) = (released, turn_age) else {
+        if released != Some(true) || !wakes {
             return;
-        };
+        }
         if let Some(board) = manager.board() {
             let slot = || board::slot_of(&table.table, &table.region, lock_key);
-            board.release(slot, turn_age);
+            board.release(slot, Duration::ZERO);
         }
     }
 

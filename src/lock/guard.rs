@@ -1,0 +1,416 @@
+//! The typed API of one lock: the [`Lock`] handle and the [`LockGuard`] a holder keeps.
+
+use super::{LockInner, Wait};
+use crate::error::{Error, LossReason, Result};
+use crate::lease::{Lease, LeaseLost, Renewal};
+use crate::wakeups::Nudge;
+use crossbeam_channel::Receiver;
+use std::marker::PhantomData;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// A handle on one named lock of a registry. Cheap to clone; all clones (and every later
+/// [`LockRegistry::obtain`](crate::LockRegistry::obtain) of the same key while this one is in
+/// use) share one local queue.
+///
+/// Acquiring is reentrant per thread: a thread that holds the lock and asks again gets another
+/// guard at once (and the lock is released when the outermost guard goes). A nested acquire
+/// keeps the lease's current time-to-live.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+/// use std::time::Duration;
+/// let lock = registry.obtain("account-42")?;
+/// let guard = lock.lock()?;
+/// let worker = {
+///     let lock = lock.clone(); // another thread of this instance queues behind us
+///     std::thread::spawn(move || lock.lock().map(|guard| guard.fencing_token()))
+/// };
+/// let nested = lock.try_lock()?.expect("reentrant on this thread");
+/// drop(nested);
+/// let token = guard.fencing_token();
+/// while lock.queued_threads() == 0 {
+///     std::thread::yield_now(); // until the worker waits for us
+/// }
+/// guard.unlock()?; // handed to the worker without a statement, same grant
+/// assert_eq!(worker.join().unwrap()?, token);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    inner: Arc<LockInner>,
+}
+
+impl Nudge for LockInner {
+    /// Called by the release listener: the lock was released elsewhere, poll now.
+    fn nudge(&self) {
+        self.state.lock().nudged = true;
+        self.changed.notify_all();
+    }
+}
+
+impl Lock {
+    pub(crate) fn new(inner: Arc<LockInner>) -> Self {
+        Lock { inner }
+    }
+
+    /// The key this lock was obtained with.
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// Registers (`watch`) or unregisters `poller` for release notifications of this key, for
+    /// a poller that calls `try_lock` on its own schedule (a leader election's agent). Returns
+    /// whether it is registered now.
+    pub(crate) fn watch_releases(&self, poller: &Weak<dyn Nudge>, watch: bool) -> bool {
+        let wakeups = &self.inner.core.wakeups;
+        if watch {
+            return wakeups.register(&self.inner.lock_key, Weak::clone(poller));
+        }
+        wakeups.unregister(&self.inner.lock_key, poller);
+        false
+    }
+
+    /// A watching poller found the lock held and sleeps until its next attempt.
+    pub(crate) fn expect_release(&self) {
+        self.inner.core.wakeups.before_sleep();
+    }
+
+    /// The `LOCK_KEY` stored in the table (see [`lock_key_for`](crate::lock_key_for)).
+    pub fn lock_key(&self) -> &str {
+        &self.inner.lock_key
+    }
+
+    /// How many threads of this registry are inside an acquire of this lock right now
+    /// (waiting for a local holder, polling, or about to be handed the lock). For monitoring.
+    pub fn queued_threads(&self) -> usize {
+        self.inner.state.lock().queue.len()
+    }
+
+    /// `true` if the calling thread holds this lock through this registry.
+    pub fn is_held_by_current_thread(&self) -> bool {
+        self.inner.state.lock().owner == Some(std::thread::current().id())
+    }
+
+    /// Blocks until the lock is granted, with the registry's default time-to-live.
+    ///
+    /// Polls the database at least once per `idle_between_tries` while another instance holds the lock, and
+    /// wakes at once when another thread of this registry releases it. Returns `Err` only when
+    /// the database keeps failing for `operation_timeout` or refuses for good.
+    pub fn lock(&self) -> Result<LockGuard> {
+        self.lock_with_ttl(self.inner.core.settings.time_to_live)
+    }
+
+    /// [`lock`](Self::lock) with a time-to-live for this lease only.
+    pub fn lock_with_ttl(&self, ttl: Duration) -> Result<LockGuard> {
+        let guard = self.inner.acquire(Wait::Forever, ttl)?;
+        Ok(guard.expect("an unbounded wait ends only with a grant or an error"))
+    }
+
+    /// Locks (waiting as [`lock`](Self::lock) does), runs `work` with the guard, unlocks, and
+    /// returns what `work` returned.
+    ///
+    /// `Err(LeaseLost)` means `work` ran but the lease was lost before it finished: another
+    /// instance may have held the lock meanwhile, so treat its effects as unprotected (its value
+    /// is dropped). `work` can watch [`LockGuard::loss_channel`] or
+    /// [`LockGuard::is_held`] to stop early. A panic in `work` unlocks and goes on unwinding.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+    /// let rows = registry.obtain("nightly-export")?.with_lock(|guard| {
+    ///     // ... export, passing guard.fencing_token() along with each write ...
+    ///     42
+    /// })?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_lock<T>(&self, work: impl FnOnce(&LockGuard) -> T) -> Result<T> {
+        let guard = self.lock()?;
+        let value = work(&guard);
+        guard.unlock().map(|()| value)
+    }
+
+    /// One attempt: `Ok(None)` when the lock is held elsewhere (another instance, or another
+    /// thread of this registry, or one that is acquiring it right now).
+    ///
+    /// The attempt retries transient failures (a server restarting, a busy file) for up to
+    /// `operation_timeout` (5 s by default), so against a server that went away it blocks that
+    /// long before returning [`Error::Timeout`]. For a bounded wait use
+    /// [`try_lock_for`](Self::try_lock_for): a caller deadline bounds database calls too.
+    pub fn try_lock(&self) -> Result<Option<LockGuard>> {
+        self.try_lock_with_ttl(self.inner.core.settings.time_to_live)
+    }
+
+    /// [`try_lock`](Self::try_lock) with a time-to-live for this lease only.
+    pub fn try_lock_with_ttl(&self, ttl: Duration) -> Result<Option<LockGuard>> {
+        self.inner.acquire(Wait::No, ttl)
+    }
+
+    /// One attempt, like [`try_lock_with_ttl`](Self::try_lock_with_ttl), whose statement gives
+    /// up at `deadline` ([`Error::Timeout`]) rather than after `operation_timeout`.
+    pub(crate) fn try_lock_once_until(
+        &self,
+        deadline: Instant,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        self.inner.acquire(Wait::Once(deadline), ttl)
+    }
+
+    /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in that time.
+    pub fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        self.try_lock_for_with_ttl(timeout, self.inner.core.settings.time_to_live)
+    }
+
+    /// [`try_lock_for`](Self::try_lock_for) with a time-to-live for this lease only.
+    pub fn try_lock_for_with_ttl(
+        &self,
+        timeout: Duration,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.try_lock_until_with_ttl(deadline, ttl),
+            None => self.lock_with_ttl(ttl).map(Some),
+        }
+    }
+
+    /// Waits until `deadline`; `Ok(None)` if the lock was not granted by then. A deadline in the
+    /// past makes one attempt, like [`try_lock`](Self::try_lock).
+    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
+        self.try_lock_until_with_ttl(deadline, self.inner.core.settings.time_to_live)
+    }
+
+    /// [`try_lock_until`](Self::try_lock_until) with a time-to-live for this lease only.
+    pub fn try_lock_until_with_ttl(
+        &self,
+        deadline: Instant,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        if deadline <= Instant::now() {
+            return self.inner.acquire(Wait::No, ttl);
+        }
+        self.inner.acquire(Wait::Until(deadline), ttl)
+    }
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("key", &self.inner.key)
+            .field("lock_key", &self.inner.lock_key)
+            .finish()
+    }
+}
+
+/// Proof that the current thread holds a lock. Releases it when dropped.
+///
+/// Dropping releases on a best-effort basis and logs failures; call [`unlock`](Self::unlock)
+/// to learn whether the lease was still held when it was released. The guard is `!Send`: a
+/// lock is held by a thread, which is what makes reentrancy well defined.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+/// use leasehold::crossbeam_channel::{select, tick};
+/// use std::time::Duration;
+/// let guard = registry.obtain("import")?.lock()?;
+/// let lost = guard.loss_channel();
+/// let work = tick(Duration::from_millis(1));
+/// for _batch in 0..3 {
+///     select! {
+///         recv(lost) -> event => return Err(leasehold::Error::LeaseLost {
+///             key: guard.key().into(),
+///             reason: event.expect("lost, not released").reason,
+///         }),
+///         recv(work) -> _ => { /* one batch, written with guard.fencing_token() */ }
+///     }
+/// }
+/// assert!(guard.is_held() && guard.remaining() > Duration::ZERO);
+/// guard.unlock()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "if unused the lock is released at once"]
+pub struct LockGuard {
+    pub(super) lock: Arc<LockInner>,
+    pub(super) lease: Arc<Lease>,
+    pub(super) released: bool,
+    /// When this (outermost) guard was granted; `None` for a nested one.
+    pub(super) held_since: Option<Instant>,
+    pub(super) _not_send: PhantomData<*const ()>,
+}
+
+impl LockGuard {
+    /// The lease behind this guard (for the leader election).
+    pub(crate) fn lease(&self) -> &Arc<Lease> {
+        &self.lease
+    }
+
+    /// The key of the lock held.
+    pub fn key(&self) -> &str {
+        &self.lock.key
+    }
+
+    /// `true` while the lease is held: not reported lost and not past its deadline.
+    pub fn is_held(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// The fencing token of the database grant behind this guard. Every grant of a key carries
+    /// a larger token than all earlier grants of that key. Pass it to the resource you protect
+    /// and have it refuse tokens smaller than the largest it has seen.
+    ///
+    /// **A local handoff keeps the token**: threads of one registry that pass the lock among
+    /// themselves share their grant's token, so the rule above refuses late writes of other
+    /// instances' earlier holders but not of an earlier thread of this registry (its hold ended
+    /// before the next began, yet a write it started may arrive late). If the resource must
+    /// tell those apart too, build the registry with
+    /// [`Tuning::local_handoff`](crate::Tuning::local_handoff) `false`: every holder then gets
+    /// its own grant and token, at the cost of a release and an acquire per handoff.
+    pub fn fencing_token(&self) -> u64 {
+        self.lease.token as u64
+    }
+
+    /// How long the lease is certainly still held if no renewal succeeds from now on.
+    pub fn remaining(&self) -> Duration {
+        self.lease
+            .deadline()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// A channel that receives one [`LeaseLost`] if the lease is lost (at once if it already
+    /// is); it disconnects without a message when the lease ends normally. Use it with
+    /// `crossbeam_channel::select!` to stop work promptly.
+    pub fn loss_channel(&self) -> Receiver<LeaseLost> {
+        self.lease.loss_channel()
+    }
+
+    /// Renews the lease now with its current time-to-live.
+    pub fn renew(&self) -> Result<()> {
+        self.renew_with_ttl(self.lease.ttl())
+    }
+
+    /// Renews the lease now with a new time-to-live, which later renewals keep.
+    /// `Err(LeaseLost)` if the database no longer records this holder.
+    ///
+    /// Renewals of one lease never overlap: this waits for a background renewal in flight. A
+    /// renewal that fails or times out may still run later on the database, so the lease's
+    /// deadline then becomes no later than it would be if it had run
+    /// ([`remaining`](Self::remaining) shows it): with a shorter time-to-live than the lease's,
+    /// the lease ends sooner even if later renewals succeed.
+    pub fn renew_with_ttl(&self, ttl: Duration) -> Result<()> {
+        let core = &self.lock.core;
+        core.settings.check_ttl("time_to_live", ttl)?;
+        if let Some(reason) = self.lease.check() {
+            return Err(self.lock.lost(reason));
+        }
+        let deadline = self
+            .lease
+            .deadline()
+            .min(Instant::now() + core.settings.operation_timeout);
+        match self.lease.renew(&*core.store, ttl, deadline) {
+            Renewal::Renewed => Ok(()),
+            Renewal::NotOwner => Err(self
+                .lock
+                .lost(self.lease.loss().unwrap_or(LossReason::NotOwner))),
+            Renewal::Failed(e) => match self.lease.check() {
+                Some(reason) => Err(self.lock.lost(reason)),
+                None => Err(e),
+            },
+        }
+    }
+
+    /// Releases the lock and reports whether the lease was still held until then.
+    ///
+    /// `Err(LeaseLost)` means another instance may have held the lock while this guard
+    /// existed. For a nested (reentrant) guard this only lowers the hold count.
+    pub fn unlock(mut self) -> Result<()> {
+        self.released = true;
+        self.measure_release();
+        self.lock.release(&self.lease)
+    }
+
+    /// Records how long this guard held the lock (an outermost guard only).
+    fn measure_release(&mut self) {
+        if let Some(since) = self.held_since.take() {
+            self.lock
+                .core
+                .meter
+                .released(&self.lock.key, since.elapsed());
+        }
+    }
+
+    /// Releases the lock but leaves the row held by this registry until `keep` after the grant
+    /// (on the database clock), or releases it outright if that time has passed: ShedLock's
+    /// `lockAtLeastFor`. A job that every host starts on the same schedule then runs once per
+    /// period, even when a host starts it a little late or a run ends early — the others find
+    /// the lock held until the period ends. Renewal stops here; the row simply runs out.
+    ///
+    /// Nobody takes the lock before then, not even threads of this registry: the lease is
+    /// released to the database even when local threads queue (no local handoff), and they
+    /// poll until the row runs out. For a nested (reentrant) guard this only lowers the hold
+    /// count and `keep` does not apply. `keep` is at most
+    /// [`MAX_TIME_TO_LIVE`](crate::MAX_TIME_TO_LIVE); a longer one is refused with
+    /// [`Error::InvalidSetting`] and the lock is released as by [`unlock`](Self::unlock).
+    /// `Err(LeaseLost)` as for `unlock`.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("l.db");
+    /// use std::time::Duration;
+    /// let host_a = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+    /// let host_b = leasehold::LockRegistry::sqlite(&path).build()?;
+    /// let guard = host_a.obtain("daily-report")?.lock()?;
+    /// // ... the report, done in seconds ...
+    /// guard.unlock_keeping_for(Duration::from_secs(600))?;
+    /// // Host B's run of the same job, started a little later, finds it taken.
+    /// assert!(host_b.obtain("daily-report")?.try_lock()?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn unlock_keeping_for(mut self, keep: Duration) -> Result<()> {
+        if keep > crate::MAX_TIME_TO_LIVE {
+            // Released as by `unlock`, but at once: a caller who asked to keep the row did
+            // not mean a local thread to have it (no linger).
+            self.released = true;
+            self.measure_release();
+            if let Err(e) = self.lock.release_keeping(&self.lease, None, false) {
+                log::warn!("releasing lock {:?}: {e}", self.lock.key);
+            }
+            return Err(Error::setting(
+                "keep",
+                format!(
+                    "{keep:?} is longer than {:?}; keep a row at most as long as a lease",
+                    crate::MAX_TIME_TO_LIVE
+                ),
+            ));
+        }
+        self.released = true;
+        self.measure_release();
+        self.lock.release_keeping(&self.lease, Some(keep), false)
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            self.measure_release();
+            if let Err(e) = self.lock.release(&self.lease) {
+                log::warn!("releasing lock {:?} on drop: {e}", self.lock.key);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lock.key)
+            .field("fencing_token", &self.lease.token)
+            .field("held", &self.lease.is_held())
+            .finish()
+    }
+}
