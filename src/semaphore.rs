@@ -87,9 +87,9 @@
 
 use crate::admin::{LockRow, LockState};
 use crate::core::Core;
+use crate::core::Settings;
 use crate::error::{Error, Result};
 use crate::lock::{Lock, LockGuard, LockInner};
-use crate::core::Settings;
 use crate::wakeups::Nudge;
 use crate::LockRegistry;
 use parking_lot::{Condvar, Mutex, MutexGuard};

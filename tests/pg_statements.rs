@@ -55,10 +55,13 @@ fn recording(f: &Fixture, builder: leasehold::RegistryBuilder) -> leasehold::Reg
     let rest = default
         .strip_prefix("WITH ")
         .expect("the default acquire statement starts with a CTE");
-    builder.acquire_sql(format!(
-        "WITH seen AS (INSERT INTO {table} (NAMED) SELECT count(*) FROM pg_prepared_statements \
-         WHERE NOT from_sql), {rest}"
-    ))
+    builder.custom_sql(leasehold::CustomSql {
+        acquire: Some(format!(
+            "WITH seen AS (INSERT INTO {table} (NAMED) SELECT count(*) FROM \
+             pg_prepared_statements WHERE NOT from_sql), {rest}"
+        )),
+        ..leasehold::CustomSql::default()
+    })
 }
 
 /// The most named statements any run of the acquire statement saw in its session, and how

@@ -24,7 +24,10 @@ fn a_hung_renewal_of_long_leases_does_not_hold_a_short_lease_past_its_deadline()
     let f = Fixture::new(Db::Sqlite, "hung_long_renewal").expect("SQLite fixture");
     let registry = f
         .builder()
-        .renewal_pool_size(1)
+        .tuning(leasehold::Tuning {
+            renewal_pool_size: 1,
+            ..leasehold::Tuning::default()
+        })
         .time_to_live(Duration::from_secs(3))
         .build()
         .unwrap();
