@@ -5,7 +5,7 @@
 //! migration) from acting when it runs again. When the data it protects lives in the same
 //! database as the lock table, the holder can close that gap inside its own transaction:
 //! [`LockGuard::fence`] (and the same method on [`Permit`](crate::Permit),
-//! [`ReadGuard`](crate::ReadGuard), [`WriteGuard`](crate::WriteGuard) and
+//! [`ReadGuard`](crate::ReadGuard), [`WriteGuard`](crate::WriteGuard), [`AnyGuard`] and
 //! [`Leadership`]) runs one statement in the caller's open transaction that
 //! finds the lock row still naming this holder — `LOCK_KEY`, `REGION`, `CLIENT_ID` and the
 //! grant's `FENCING_TOKEN` — and not expired on the database clock, and keeps that row locked
@@ -115,7 +115,7 @@
 
 use crate::error::{DatabaseError, Error, LossReason, Result};
 use crate::lease::Lease;
-use crate::{Leadership, LockGuard};
+use crate::{AnyGuard, Leadership, LockGuard};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -404,6 +404,28 @@ impl LockGuard {
     /// (see [`FenceSql`]). `Err(LeaseLost)` when the lease is known to be lost.
     pub fn fence_sql(&self) -> Result<FenceSql> {
         fence_sql(self.lease()).map(|(fence, _)| fence)
+    }
+}
+
+impl AnyGuard {
+    /// [`LockGuard::fence`] for the guard inside: checks its own row (see the module docs).
+    pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
+        match self {
+            AnyGuard::Lock(guard) => guard.fence(tx),
+            AnyGuard::Permit(guard) => guard.fence(tx),
+            AnyGuard::Read(guard) => guard.fence(tx),
+            AnyGuard::Write(guard) => guard.fence(tx),
+        }
+    }
+
+    /// [`LockGuard::fence_sql`] for the guard inside.
+    pub fn fence_sql(&self) -> Result<FenceSql> {
+        match self {
+            AnyGuard::Lock(guard) => guard.fence_sql(),
+            AnyGuard::Permit(guard) => guard.fence_sql(),
+            AnyGuard::Read(guard) => guard.fence_sql(),
+            AnyGuard::Write(guard) => guard.fence_sql(),
+        }
     }
 }
 
