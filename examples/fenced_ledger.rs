@@ -23,9 +23,10 @@
 //! the lease had run out; `busy N …` when the lock could not be asked for in time.
 //!
 //! Unprotected, a holder stopped between its read and its write loses the updates made
-//! meanwhile on PostgreSQL and MySQL. On SQLite a plain transaction that read before a takeover
-//! cannot write after it (SQLite refuses a write from a stale snapshot), so there only
-//! `autocommit` shows lost updates.
+//! meanwhile on PostgreSQL and MySQL. On SQLite a plain transaction that read before another
+//! connection wrote the file (a takeover, but also a renewal) cannot write after it: SQLite
+//! refuses a write from a stale snapshot ("database is locked"), so there only `autocommit`
+//! shows lost updates.
 
 use leasehold::{LockGuard, LockRegistry};
 use std::io::Write;

@@ -53,7 +53,10 @@
 //!
 //! Fence right after beginning the transaction, before its first read: its reads then see
 //! every fenced write of earlier holders (their commits precede this grant), and a snapshot
-//! (`REPEATABLE READ`) cannot predate them.
+//! (`REPEATABLE READ`) cannot predate them. On SQLite the fence also makes the transaction the
+//! file's writer from its start (whatever its `BEGIN`); a deferred transaction that reads
+//! first cannot write once any other connection wrote the file since its read — a renewal or
+//! an acquire of any key counts — and fails with "database is locked".
 //!
 //! # What it costs
 //!
