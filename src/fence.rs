@@ -312,7 +312,8 @@ fn driver_error(operation: &'static str, source: DatabaseError) -> Error {
     Error::Database {
         operation,
         hint: "the database refused the fenced transaction, which is rolled back; check that \
-               it runs on the registry's database, then run it again"
+               it runs on the registry's database and is fenced before its first statement, \
+               then run it again"
             .into(),
         source,
     }
