@@ -115,6 +115,11 @@
 //! [`LockGuard::fence_sql`] returns the check as SQL text and its parameters for drivers
 //! leasehold does not wrap (sqlx, diesel, …): run it inside the transaction, and roll back
 //! unless it returns a row (see [`FenceSql`]).
+//!
+//! # Fail point (feature `failpoints`, tests only)
+//!
+//! `fence::before_check`: a fence whose lease passed this process's own check, about to send
+//! its statement (where a holder paused now finds the row taken when it resumes).
 
 use crate::error::{DatabaseError, Error, LossReason, Result};
 use crate::lease::Lease;
