@@ -5,6 +5,8 @@
 //! Each test keeps a ledger (`{prefix}LEDGER`, one row with a total) in the database of the
 //! lock table and writes it through the database's own driver. Waits are bounded generously;
 //! a lease that must expire has a short time-to-live and renewal off, and is only waited out.
+//! `chaos` runs `examples/fenced_ledger.rs` in child processes (this test binary, started again
+//! with `FENCED_LEDGER_CHILD` set) and stops them with `SIGSTOP` inside their sections.
 
 mod common;
 
