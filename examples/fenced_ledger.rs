@@ -16,9 +16,17 @@
 //!
 //! Options: `--sections N` (default 20; 0 runs until `--until FILE` exists), `--mode fenced`
 //! (default) or the unprotected `plain` (the same transaction without the fence) and
-//! `autocommit` (read and write outside a transaction), `--ttl-ms`, `--pause-ms`, `--prefix`.
-//! Each section prints one line per step: `granted N`, `read N TOTAL`, then `committed N`,
-//! `refused N …` (the fence found the lease lost) or `failed N …` (the database refused).
+//! `autocommit` (read and write outside a transaction), `--ttl-ms`, `--pause-ms`, `--prefix`
+//! (of the lock table and of the ledger, `INT_LEDGER` by default). Each section prints one line
+//! per step: `granted N`, `read N TOTAL`, then `committed N`, `refused N …` (the fence found
+//! the lease lost) or `failed N …` (the database refused), and `lost N …` when the unlock finds
+//! the lease had run out; `busy N …` when the lock could not be asked for in time.
+//!
+//! Unprotected, a holder stopped between its read and its write loses the updates made
+//! meanwhile on PostgreSQL and MySQL. On SQLite a plain transaction that read before another
+//! connection wrote the file (a takeover, but also a renewal) cannot write after it: SQLite
+//! refuses a write from a stale snapshot ("database is locked"), so there only `autocommit`
+//! shows lost updates.
 
 use leasehold::{LockGuard, LockRegistry};
 use std::io::Write;

@@ -5,7 +5,7 @@
 //! migration) from acting when it runs again. When the data it protects lives in the same
 //! database as the lock table, the holder can close that gap inside its own transaction:
 //! [`LockGuard::fence`] (and the same method on [`Permit`](crate::Permit),
-//! [`ReadGuard`](crate::ReadGuard), [`WriteGuard`](crate::WriteGuard) and
+//! [`ReadGuard`](crate::ReadGuard), [`WriteGuard`](crate::WriteGuard), [`AnyGuard`] and
 //! [`Leadership`]) runs one statement in the caller's open transaction that
 //! finds the lock row still naming this holder — `LOCK_KEY`, `REGION`, `CLIENT_ID` and the
 //! grant's `FENCING_TOKEN` — and not expired on the database clock, and keeps that row locked
@@ -53,7 +53,10 @@
 //!
 //! Fence right after beginning the transaction, before its first read: its reads then see
 //! every fenced write of earlier holders (their commits precede this grant), and a snapshot
-//! (`REPEATABLE READ`) cannot predate them.
+//! (`REPEATABLE READ`) cannot predate them. On SQLite the fence also makes the transaction the
+//! file's writer from its start (whatever its `BEGIN`); a deferred transaction that reads
+//! first cannot write once any other connection wrote the file since its read — a renewal or
+//! an acquire of any key counts — and fails with "database is locked".
 //!
 //! # What it costs
 //!
@@ -112,10 +115,15 @@
 //! [`LockGuard::fence_sql`] returns the check as SQL text and its parameters for drivers
 //! leasehold does not wrap (sqlx, diesel, …): run it inside the transaction, and roll back
 //! unless it returns a row (see [`FenceSql`]).
+//!
+//! # Fail point (feature `failpoints`, tests only)
+//!
+//! `fence::before_check`: a fence whose lease passed this process's own check, about to send
+//! its statement (where a holder paused now finds the row taken when it resumes).
 
 use crate::error::{DatabaseError, Error, LossReason, Result};
 use crate::lease::Lease;
-use crate::{Leadership, LockGuard};
+use crate::{AnyGuard, Leadership, LockGuard};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -309,7 +317,8 @@ fn driver_error(operation: &'static str, source: DatabaseError) -> Error {
     Error::Database {
         operation,
         hint: "the database refused the fenced transaction, which is rolled back; check that \
-               it runs on the registry's database, then run it again"
+               it runs on the registry's database and is fenced before its first statement, \
+               then run it again"
             .into(),
         source,
     }
@@ -404,6 +413,28 @@ impl LockGuard {
     /// (see [`FenceSql`]). `Err(LeaseLost)` when the lease is known to be lost.
     pub fn fence_sql(&self) -> Result<FenceSql> {
         fence_sql(self.lease()).map(|(fence, _)| fence)
+    }
+}
+
+impl AnyGuard {
+    /// [`LockGuard::fence`] for the guard inside: checks its own row (see the module docs).
+    pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
+        match self {
+            AnyGuard::Lock(guard) => guard.fence(tx),
+            AnyGuard::Permit(guard) => guard.fence(tx),
+            AnyGuard::Read(guard) => guard.fence(tx),
+            AnyGuard::Write(guard) => guard.fence(tx),
+        }
+    }
+
+    /// [`LockGuard::fence_sql`] for the guard inside.
+    pub fn fence_sql(&self) -> Result<FenceSql> {
+        match self {
+            AnyGuard::Lock(guard) => guard.fence_sql(),
+            AnyGuard::Permit(guard) => guard.fence_sql(),
+            AnyGuard::Read(guard) => guard.fence_sql(),
+            AnyGuard::Write(guard) => guard.fence_sql(),
+        }
     }
 }
 

@@ -5,14 +5,16 @@
 //! Each test keeps a ledger (`{prefix}LEDGER`, one row with a total) in the database of the
 //! lock table and writes it through the database's own driver. Waits are bounded generously;
 //! a lease that must expire has a short time-to-live and renewal off, and is only waited out.
+//! `chaos` runs `examples/fenced_ledger.rs` in child processes (this test binary, started again
+//! with `FENCED_LEDGER_CHILD` set) and stops them with `SIGSTOP` inside their sections.
 
 mod common;
 
 mod suite {
     use crate::common::{Db, Fixture};
     use leasehold::{
-        Error, FenceSql, FenceableTransaction, Fenced, LeaderElection, Leadership, LockGuard,
-        LossReason, Permit, ReadGuard, WriteGuard,
+        AnyGuard, Error, FenceSql, FenceableTransaction, Fenced, LeaderElection, Leadership,
+        LockGuard, LossReason, Permit, ReadGuard, WriteGuard,
     };
     use std::time::{Duration, Instant};
 
@@ -35,7 +37,7 @@ mod suite {
             }
         )*};
     }
-    fence_for!(LockGuard, Permit, ReadGuard, WriteGuard, Leadership);
+    fence_for!(LockGuard, Permit, ReadGuard, WriteGuard, AnyGuard, Leadership);
 
     /// A connection of the user's own, on the fixture's database.
     pub enum Conn {
@@ -364,7 +366,20 @@ mod suite {
         ledger.fenced_add(&leadership, 0, 1, || {}).unwrap();
         leadership.resign().unwrap();
 
-        assert_eq!(ledger.total(), 5);
+        let any: AnyGuard = registry
+            .obtain("ledger-any")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .into();
+        ledger.fenced_add(&any, 0, 1, || {}).unwrap();
+        assert_eq!(
+            any.fence_sql().unwrap().params.lock_key,
+            leasehold::lock_key_for("ledger-any")
+        );
+        any.unlock().unwrap();
+
+        assert_eq!(ledger.total(), 6);
     }
 
     /// A fence's SQL, run through the driver by hand, finds the row of every primitive's grant
