@@ -57,8 +57,9 @@
 //! sections) never reaches them. Each lease keeps its own responsibility: its turn, its deadline,
 //! its loss report; a batch whose answer never comes only bounds the deadlines of its leases
 //! (see above), which are retried and, if their deadlines pass, reported one by one by the
-//! clock. One attempt gets half a renewal period at most, and never runs past the earliest
-//! deadline among its leases, so that a statement stuck on a hung server or a frozen connection
+//! clock. One attempt gets half a renewal period at most, never runs past the earliest
+//! deadline among its leases, nor past half the slack of any lease it may hold back (see
+//! "Bounds" on [`Renewer`]), so that a statement stuck on a hung server or a frozen connection
 //! is retried on a new connection — to the new primary after a failover — before the deadline.
 //! With renewal turned off no renewal runs; the clock reports the loss at the deadline.
 //!
@@ -72,16 +73,17 @@
 //!   anything; a blocking callback delays only later callbacks of its own registry.
 //! - **A slow statement delays only its leases.** A chunk submitted while every worker is busy
 //!   starts another worker (up to one per renewal connection), so a statement that hangs holds up
-//!   only the leases it carries.
+//!   only the leases it carries; with every worker busy, each attempt ends early enough that a
+//!   lease queued behind it still gets a worker before its deadline, whatever its time-to-live.
 //! - **A locked row costs only its own lease.** The batch renewal skips rows another session
 //!   holds locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL and MySQL/MariaDB) and never waits for
 //!   them; such a lease is retried alone a quarter period later, and if its row stays locked past
 //!   its deadline it is reported lost as *expired* with the reason (the row was never found to have
-//!   another holder). On PostgreSQL even a single lease renews through the batch statement; on
-//!   MySQL a lone lease runs the plain renew statement until one of its renewals fails (that
-//!   one may wait for its locked row: its own lease only, within the attempt's deadline), and
-//!   its retries take the batch. A custom renew statement (`renew_sql`) runs one plain
-//!   statement per lease and may wait.
+//!   another holder). Even a single lease renews through the batch statement, so no renewal
+//!   worker ever waits for a locked row. No renewal holds a row lock past its own statement
+//!   (on MySQL the batch is one `UPDATE` in autocommit), so a holder frozen mid-renewal blocks
+//!   its keys only until its leases run out. A custom renew statement (`renew_sql`) runs one
+//!   plain statement per lease and may wait.
 //! - **A shorter time-to-live bounds the deadline from the moment it may run.** When a renewal
 //!   carrying a shorter time-to-live than the lease's last takes its turn (a local handoff to a
 //!   thread that asked for it, `renew_with_ttl`), the deadline drops at once to its send instant
@@ -106,6 +108,8 @@
 //! | `lease::clock_before_expiry` | the clock about to report leases whose deadline passed |
 //! | `lock::acquire_before_statement`, `lock::release_before_statement` | the poller's acquire, the last holder's release |
 //! | `backend::acquire_sent`, `backend::renew_sent` | the instant a statement counts as sent; `renew_sent` can `return` a transient failure |
+//! | `backend::renewal_hangs` | a renewal attempt; `return(ms)` makes one whose deadline is more than `ms` away get no answer before its deadline |
+//! | `mysql::renew_batch_between_statements` | MySQL's batch renewal after its `UPDATE`, before it reads which rows it renewed |
 //! | `leader::agent_watch` | the leader agent about to look at its lease |
 //! | `semaphore::claim_before_lock` | a waiter that claimed a permit offered by a releasing thread, about to queue on the slot's lock |
 

@@ -210,9 +210,9 @@ impl Renewer {
     }
 }
 
-/// The latest an attempt starting now may end (see "Bounds" on [`Renewer`]): half the shortest
-/// slack among the queued leases and those handed over recently, from now.
-fn limit(due: &RenewerState) -> Option<Instant> {
+/// How long an attempt may last at most (see "Bounds" on [`Renewer`]): half the shortest slack
+/// among the queued leases and those handed over recently.
+fn limit(due: &RenewerState) -> Option<Duration> {
     let now = Instant::now();
     let queued = due
         .chunks
@@ -225,7 +225,7 @@ fn limit(due: &RenewerState) -> Option<Instant> {
         .filter(|slack| slack.current(now))
         .map(|slack| slack.slack);
     let shortest = queued.into_iter().chain(recent).min()?;
-    Some(now + shortest / 2)
+    Some(shortest / 2)
 }
 
 /// When the earliest renewal among the queued leases is due.
@@ -259,8 +259,8 @@ type Taken = (Arc<Lease>, Turn);
 
 /// Renews one chunk of leases (see [`Renewer`]): one statement per time-to-live their turns
 /// carry (one, unless a holder asked for another since the chunk was made).
-/// `limit`: the latest the attempts may end (see "Bounds" on [`Renewer`]).
-fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>, limit: Option<Instant>) {
+/// `limit`: how long each attempt may last at most (see "Bounds" on [`Renewer`]).
+fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>, limit: Option<Duration>) {
     let mut by_ttl: Vec<(Duration, Vec<Taken>)> = Vec::new();
     for lease in chunk {
         if lease.is_over() {
@@ -282,12 +282,12 @@ fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>, limit: Option<Instant>
 }
 
 /// One renew statement for leases of one time-to-live, and what it found for each.
-fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Option<Instant>) {
+fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Option<Duration>) {
     // One attempt may take half a renewal period, never the leases' whole remaining life, nor
-    // past the earliest deadline among them, nor past `limit` (the leases it may hold back): a
-    // statement that hangs (a hung server, a frozen connection) is given up and retried on
-    // another connection a quarter period later (see `end_turn`), several times before the
-    // deadline — what lets a lease outlive a primary that hangs.
+    // past the earliest deadline among them, nor longer than `limit` (for the leases it may
+    // hold back): a statement that hangs (a hung server, a frozen connection) is given up and
+    // retried on another connection a quarter period later (see `end_turn`), several times
+    // before the deadline — what lets a lease outlive a primary that hangs.
     let period = group
         .iter()
         .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
@@ -299,7 +299,7 @@ fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Optio
         .min()
         .expect("a group is never empty")
         .min(Instant::now() + period / 2);
-    let deadline = limit.map_or(deadline, |limit| deadline.min(limit));
+    let deadline = limit.map_or(deadline, |limit| deadline.min(Instant::now() + limit));
     let keys: Vec<(&str, i64)> = group
         .iter()
         .map(|(lease, _)| (&*lease.lock_key, lease.token))
