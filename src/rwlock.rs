@@ -39,25 +39,25 @@
 //!
 //! # Writer preference
 //!
-//! A writer's *claim* is the write row, or, while another writer has the write row, a claim
-//! row: a writer that finds the write row taken takes a free claim row at once and keeps it
-//! until it has the write row or its own wait ends. Readers check for both before they take a
-//! slot, so from the moment a writer holds its claim, new readers of every instance stay out
-//! as long as any writer waits or writes: a writer whose timed wait ends lets its claim go, but every other waiting
-//! writer still holds its own, and the write row goes to one of them. A waiting writer's rows
-//! are renewed in the background like any lease; a claim that runs out while its writer waits
-//! (the process was paused past the time-to-live) was never a grant, and the writer claims
-//! again within the same wait.
+//! A writer's *claim* is the write row, or, while another writer has the write row, a claim row: a
+//! writer that finds the write row taken takes a free claim row at once and keeps it until it has
+//! the write row or its own wait ends. Readers check for both before they take a slot, so from the
+//! moment a writer holds its claim, new readers of every instance stay out as long as any writer
+//! waits or writes: a writer whose timed wait ends lets its claim go, but every other waiting
+//! writer still holds its own, and the write row goes to one of them. A waiting writer's rows are
+//! renewed in the background like any lease; a claim that runs out while its writer waits (the
+//! process was paused past the time-to-live) was never a grant, and the writer claims again within
+//! the same wait.
 //!
-//! The bound: **once a blocking `write()` holds its claim, it waits only for the readers in at
-//! that moment (those past their first check included) to leave and for the writes of the
-//! writers that get the write row before it; no other reader enters meanwhile, and a writer that times out while it holds the write row delays it
-//! by at most one poll (`idle_between_tries`; none when the release wakes it, or when both are
-//! threads of one registry and the write row passes between them).** A stream of readers
-//! therefore cannot starve a writer, nor can a stream of writers that time out. Writers of
-//! different instances take the write row in no particular order (each polls). When more than
-//! eight writers wait at once, the others wait without a claim row of their own (the claims of
-//! the first keep readers out meanwhile).
+//! The bound: **once a blocking `write()` holds its claim, it waits only for the readers in at that
+//! moment (those past their first check included) to leave and for the writes of the writers that
+//! get the write row before it; no other reader enters meanwhile, and a writer that times out while
+//! it holds the write row delays it by at most one poll (`idle_between_tries`; none when the
+//! release wakes it, or when both are threads of one registry and the write row passes between
+//! them).** A stream of readers therefore cannot starve a writer, nor can a stream of writers that
+//! time out. Writers of different instances take the write row in no particular order (each polls).
+//! When more than eight writers wait at once, the others wait without a claim row of their own (the
+//! claims of the first keep readers out meanwhile).
 //!
 //! # Fencing
 //!
