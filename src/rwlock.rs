@@ -16,9 +16,10 @@
 //!
 //! - **A reader** checks that no writer holds or claims the lock (one listing of the claim
 //!   rows and the write row), takes a free read slot (one acquire, as a semaphore's permit),
-//!   and checks again. If a writer holds or claims the lock at either check, the reader lets
-//!   its slot go and waits until the write row is free, polling every `idle_between_tries`
-//!   (woken at once by the write row's release, as a lock's waiter is).
+//!   and checks the write row again (one read). If a writer holds or claims the lock at the
+//!   first check, or holds the write row at the second, the reader lets its slot go (if it has
+//!   one) and waits until the write row is free, polling every `idle_between_tries` (woken at
+//!   once by the write row's release, as a lock's waiter is).
 //! - **A writer** takes the write row (as a lock, waiting like one), which from then on keeps
 //!   new readers out, and then waits until no read slot is held on the database clock (one
 //!   listing per poll, woken by a read slot's release). Then it takes its token (see
@@ -38,25 +39,25 @@
 //!
 //! # Writer preference
 //!
-//! A writer's *claim* is the write row, or, while another writer has the write row, a claim
-//! row: a writer that finds the write row taken takes a free claim row at once and keeps it
-//! until it has the write row or its own wait ends. Readers check for both, so from the moment
-//! a writer holds its claim, new readers of every instance stay out as long as any writer
+//! A writer's *claim* is the write row, or, while another writer has the write row, a claim row: a
+//! writer that finds the write row taken takes a free claim row at once and keeps it until it has
+//! the write row or its own wait ends. Readers check for both before they take a slot, so from the
+//! moment a writer holds its claim, new readers of every instance stay out as long as any writer
 //! waits or writes: a writer whose timed wait ends lets its claim go, but every other waiting
-//! writer still holds its own, and the write row goes to one of them. A waiting writer's rows
-//! are renewed in the background like any lease; a claim that runs out while its writer waits
-//! (the process was paused past the time-to-live) was never a grant, and the writer claims
-//! again within the same wait.
+//! writer still holds its own, and the write row goes to one of them. A waiting writer's rows are
+//! renewed in the background like any lease; a claim that runs out while its writer waits (the
+//! process was paused past the time-to-live) was never a grant, and the writer claims again within
+//! the same wait.
 //!
-//! The bound: **once a blocking `write()` holds its claim, it waits only for the readers in at
-//! that moment to leave and for the writes of the writers that get the write row before it; no
-//! reader enters meanwhile, and a writer that times out while it holds the write row delays it
-//! by at most one poll (`idle_between_tries`; none when the release wakes it, or when both are
-//! threads of one registry and the write row passes between them).** A stream of readers
-//! therefore cannot starve a writer, nor can a stream of writers that time out. Writers of
-//! different instances take the write row in no particular order (each polls). When more than
-//! eight writers wait at once, the others wait without a claim row of their own (the claims of
-//! the first keep readers out meanwhile).
+//! The bound: **once a blocking `write()` holds its claim, it waits only for the readers in at that
+//! moment (those past their first check included) to leave and for the writes of the writers that
+//! get the write row before it; no other reader enters meanwhile, and a writer that times out while
+//! it holds the write row delays it by at most one poll (`idle_between_tries`; none when the
+//! release wakes it, or when both are threads of one registry and the write row passes between
+//! them).** A stream of readers therefore cannot starve a writer, nor can a stream of writers that
+//! time out. Writers of different instances take the write row in no particular order (each polls).
+//! When more than eight writers wait at once, the others wait without a claim row of their own (the
+//! claims of the first keep readers out meanwhile).
 //!
 //! # Fencing
 //!
@@ -377,6 +378,17 @@ impl RwInner {
         }
     }
 
+    /// Whether the write row is held on the database clock (by anyone, this registry too): one
+    /// primary-key read.
+    fn write_row_held(&self, wait: Wait) -> Result<bool> {
+        let deadline = self.statement_deadline(wait);
+        Ok(self
+            .core
+            .store
+            .holder(&self.writer_key, deadline)?
+            .is_some())
+    }
+
     /// Whether a writer holds or waits for the lock: the write row or a claim row held on
     /// the database clock (by anyone, this registry too). One listing: the claim rows and the
     /// write row sort together.
@@ -451,7 +463,7 @@ impl RwInner {
                 }
                 continue;
             };
-            if self.claimed(wait)? {
+            if self.write_row_held(wait)? {
                 // A writer came in between: let it have the lock.
                 drop(guard);
                 if !self.sleep_between_polls(wait, seen) {
