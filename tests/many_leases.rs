@@ -271,7 +271,8 @@ mod suite {
 
     impl CpuHogs {
         fn start(count: usize) -> CpuHogs {
-            let busy_loop = ["sh", "-c", "while :; do :; done"];
+            // Each ends by itself once the test process is gone, killed or not.
+            let busy_loop = ["sh", "-c", "while kill -0 $PPID 2>/dev/null; do :; done"];
             let setsid = std::path::Path::new("/usr/bin/setsid").exists();
             let hogs = (0..count)
                 .map(|_| {

@@ -152,6 +152,8 @@
 //! the registry is built, so a wrong password or database name is reported as such instead of
 //! as a pool timeout.
 
+#[cfg(test)]
+mod batch_plan;
 mod listener;
 mod pooler;
 mod tls;
