@@ -298,8 +298,9 @@ impl LockInner {
         let settings = &self.core.settings;
         // The first pass reads no clock again: it is the start of the wait.
         let mut first_pass = Some(Instant::now());
-        // An attempt of this thread found the key held.
-        let mut refused = false;
+        // This call has waited: an attempt found the key held, or it waited behind another
+        // thread of the registry (holding or polling).
+        let mut waited = false;
         loop {
             let now = first_pass.take().unwrap_or_else(Instant::now);
             if state.owner == Some(me) {
@@ -350,9 +351,10 @@ impl LockInner {
                 state.db_user = None;
                 let arrived = Instant::now();
                 let granted = match granted {
-                    // The lock was held at this thread's last attempt and the caller's time
-                    // ran out on this one (often waiting for a pooled connection): "held".
-                    Err(Error::Timeout { .. }) if refused && matches!(wait, Wait::Until(_)) => {
+                    // The call has waited for a key held (here or elsewhere) and the caller's
+                    // time ran out on this attempt (often waiting for a pooled connection):
+                    // "held".
+                    Err(Error::Timeout { .. }) if waited && matches!(wait, Wait::Until(_)) => {
                         return Ok(None)
                     }
                     other => other?,
@@ -401,7 +403,7 @@ impl LockInner {
                         return Ok(Some((lease, false, false)));
                     }
                     None => {
-                        refused = true;
+                        waited = true;
                         self.core.meter.contended(&self.key);
                         let next_poll = Instant::now() + jittered(settings.idle_between_tries);
                         let wake_at = match wait {
@@ -423,6 +425,7 @@ impl LockInner {
                 Wait::Until(deadline) => Some(away.map_or(deadline, |away| away.min(deadline))),
                 Wait::Forever => away,
             };
+            waited = true;
             match until {
                 Some(until) => {
                     self.changed.wait_until(state, until);
