@@ -9,7 +9,6 @@
 use crate::backend::Store;
 use crate::error::{Error, Result};
 use crate::lease::{KeeperSettings, LossSink, Renewer};
-use crate::lock::Lingerer;
 use crate::meter::Meter;
 use crate::wakeups::Wakeups;
 use std::sync::Arc;
@@ -215,8 +214,6 @@ pub(crate) struct Core {
     pub renewer: Arc<Renewer>,
     /// What the registry measures (see [`crate::meter`]).
     pub meter: Arc<Meter>,
-    /// Ends the lingers of this registry's locks (see "Linger" in the `lock` module docs).
-    pub lingerer: Arc<Lingerer>,
 }
 
 /// Where the lock table lives.

@@ -174,15 +174,17 @@ pub(crate) struct LockInner {
     core: Arc<Core>,
     state: Mutex<LocalState>,
     changed: Condvar,
-    /// Whether a release may linger: a plain lock's key (not a semaphore's permit or a side of
-    /// a reader/writer lock, whose rows other code reasons about).
-    may_linger: bool,
+    /// The registry's lingerer, for a key whose releases may linger: a plain lock's key (not
+    /// a semaphore's permit or a side of a reader/writer lock, whose rows other code reasons
+    /// about).
+    lingerer: Option<Arc<Lingerer>>,
 }
 
 impl LockInner {
-    pub fn new(key: &str, core: Arc<Core>) -> Self {
+    /// A plain lock's key; its releases may linger, ended by `lingerer`.
+    pub fn new(key: &str, core: Arc<Core>, lingerer: &Arc<Lingerer>) -> Self {
         let mut inner = Self::with_lock_key(key, crate::key::lock_key_for(key), core);
-        inner.may_linger = true;
+        inner.lingerer = Some(Arc::clone(lingerer));
         inner
     }
 
@@ -205,7 +207,7 @@ impl LockInner {
                 linger_end: None,
             }),
             changed: Condvar::new(),
-            may_linger: false,
+            lingerer: None,
         }
     }
 
@@ -492,12 +494,13 @@ impl LockInner {
                 self.changed.notify_all();
                 return Ok(());
             }
-            if linger && self.may_linger && state.shared && !settings.linger.is_zero() {
+            let lingerer = self.lingerer.as_ref().filter(|_| linger && state.shared);
+            if let Some(lingerer) = lingerer.filter(|_| !settings.linger.is_zero()) {
                 let until = now + settings.linger;
                 let queued = state.linger_end.replace(until).is_some();
                 lease.handed_over();
                 if !queued {
-                    self.core.lingerer.add(until, Arc::downgrade(self));
+                    lingerer.add(until, Arc::downgrade(self));
                 }
                 return Ok(());
             }
@@ -569,7 +572,9 @@ impl LockInner {
         let mut state = self.state.lock();
         match state.linger_end {
             Some(end) if state.lingers() && end > Instant::now() => {
-                self.core.lingerer.add(end, Arc::downgrade(self));
+                if let Some(lingerer) = &self.lingerer {
+                    lingerer.add(end, Arc::downgrade(self));
+                }
             }
             Some(_) if state.lingers() => {
                 state.linger_end = None;
