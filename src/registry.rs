@@ -358,7 +358,7 @@ impl RegistryBuilder {
 
     /// The most connections in the main pool, used by acquires, releases and manual renewals.
     /// Defaults to 8. Connections open when needed and close after
-    /// [`idle_connection_timeout`](Self::idle_connection_timeout), so this bounds a burst, not
+    /// [`Tuning::idle_connection_timeout`], so this bounds a burst, not
     /// what the process keeps open. Background renewals use a separate pool
     /// ([`Tuning::renewal_pool_size`]), so a full main pool never makes a held lease expire.
     /// Must be within 1..=[`MAX_POOL_SIZE`].
