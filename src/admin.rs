@@ -6,7 +6,7 @@
 use crate::backend::{ListedRow, STATE_EXPIRED, STATE_HELD};
 use crate::core::Database;
 use crate::error::{Error, Result};
-use crate::registry::{LockRegistry, RegistryBuilder};
+use crate::{LockRegistry, RegistryBuilder};
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

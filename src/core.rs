@@ -9,7 +9,6 @@
 use crate::backend::Store;
 use crate::error::{Error, Result};
 use crate::lease::{KeeperSettings, LossSink, Renewer};
-use crate::lock::Lingerer;
 use crate::meter::Meter;
 use crate::wakeups::Wakeups;
 use std::sync::Arc;
@@ -215,8 +214,6 @@ pub(crate) struct Core {
     pub renewer: Arc<Renewer>,
     /// What the registry measures (see [`crate::meter`]).
     pub meter: Arc<Meter>,
-    /// Ends the lingers of this registry's locks (see "Linger" in the `lock` module docs).
-    pub lingerer: Arc<Lingerer>,
 }
 
 /// Where the lock table lives.
@@ -301,7 +298,7 @@ pub(crate) fn validate_region(region: &str) -> Result<()> {
 /// (a new value on every call, so registries of one process differ, and a reused pid does not
 /// repeat an id) — at most 36 characters, the width of Spring Integration's `CLIENT_ID` column.
 /// The default of every registry and of the `leasehold` command; `leasehold list --holder` and
-/// [`LockRegistry::held_by_this_registry`] find a node's locks by it.
+/// [`LockRegistry::held_by_this_registry`](crate::LockRegistry::held_by_this_registry) find a node's locks by it.
 ///
 /// The host name comes from `/proc/sys/kernel/hostname` (Linux), else the `HOSTNAME` or
 /// `COMPUTERNAME` environment variable, else `host`.

@@ -145,7 +145,7 @@
 //! Integration never sees, and the number of permits is recorded per name, so instances that
 //! disagree about it get [`Error::PermitsMismatch`] (see the `semaphore` module docs).
 //!
-//! //! # Reader/writer locks
+//! # Reader/writer locks
 //!
 //! [`LockRegistry::rw_lock`] gives an [`RwLock`]: many readers ([`ReadGuard`], up to
 //! [`MAX_READERS`]) or one writer ([`WriteGuard`]) at a time across every instance, each hold a
@@ -188,8 +188,9 @@
 //!  thread ─┐                          ┌─ lease clock (one per process): hands leases whose
 //!  thread ─┼─ Lock ── LockInner ──────┤    renewal is due to their registry's renewer; reports
 //!  thread ─┘  (per key: parking_lot   │    expired leases
-//!              mutex, FIFO queue,     ├─ renewal workers (per registry, up to renewal_pool_size):
-//!              one DB poller)         │    renew due leases together, a statement per batch
+//!              mutex, FIFO queue,     ├─ renewal workers (per registry, up to
+//!              one DB poller, handoff,│    Tuning::renewal_pool_size): renew due leases
+//!              linger, turns)         │    together, a statement per batch
 //!                                     └─ Store (SqlStore<Backend>): pools, deadlines, retries;
 //!                                          statements on the caller's thread (MySQL's bounded
 //!                                          by socket timeouts; statement threads only where
@@ -209,37 +210,45 @@
 //! | lease clock | 1 per process | hands due leases to their registry's renewer; marks a lease lost at its deadline even if its renewal is stuck |
 //! | renewal worker | per registry, on demand, at most `renewal_pool_size` (each ends after 1 s idle) | gathers due leases and renews them in batches; a batch that finds every worker busy starts another, so a stuck statement holds up only its own leases; reports "not the owner" per lease at once |
 //! | callback | 1 per registry with `on_lease_lost` | runs the loss callback, one loss after another, after the lease is marked lost; the only thread that runs user code |
+//! | lingerer | 1 per registry while a key lingers (ends after 1 s without one) | releases a key whose linger ran out unused, each release on a short-lived thread of its own (`leasehold-linger-end`) |
 //! | statement | as many as MySQL statements in flight (reused) | runs a MySQL statement so its caller can give up at its deadline (PostgreSQL calls carry the deadline themselves and run on the caller's thread) |
 //! | listener | 1 per registry with `notifications` on | while a local thread waits, wakes the local poller of a key released elsewhere: PostgreSQL `LISTEN`s; SQLite waits on the release board's futex; MySQL starts watchers |
 //! | watcher | MySQL: 1 per key a local thread waits for (at most 16 per registry) | blocks in `GET_LOCK` on the key's named lock, with a connection of its own |
 //! | named locks | MySQL: 1 per registry that has held a lock | takes a key's named lock after each grant and lets it go after the release, on one connection for all keys (closed when idle) |
-//! | pool timers | r2d2's, 3 per pool | close connections idle for `idle_connection_timeout`; on SQLite also the main pool's parked connection (see `backend::pools`) |
+//! | pool timers | r2d2's, 3 per pool | close connections idle for `Tuning::idle_connection_timeout`; on SQLite also the main pool's parked connection (see `backend::pools`) |
 //!
-//! | module | job |
-//! |--------|-----|
-//! | `registry` | builder, validation, the registry and its shared core |
-//! | `admin` | inspecting and administering the table: holder, listing, forced release, cleanup |
-//! | `cache` | bounded LRU of per-key state that never evicts a key in use |
-//! | `lock` | the local state machine: queue, poller, instant handoff, `LockGuard` |
-//! | `lease` | one database grant, its deadline, loss reporting; `lease::clock` the lease clock, `lease::renewer` the renewal workers |
-//! | `meter` | what `Statistics` and the `metrics` feature report |
-//! | `backend` | the statements, the retry loop, pools and statement threads; one folder per database (`sqlite/`, `postgres/`, `mysql/`) with its SQL, connections, errors and wake-ups |
-//! | `wakeups` | which pollers a release notification wakes, and when the listener subscribes |
-//! | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
-//! | `leader` | leader election on top of the registry |
-//! | `semaphore` | counting semaphores: a lock row per permit, the local poller, `Permit` |
-//! | `rwlock` | reader/writer locks: read slots and a write row, writer preference, the guards |
-//! | `error` | the error enum |
+//! The modules in layers, each using only those below it (the registry is the facade on top):
+//!
+//! | layer | module | job |
+//! |-------|--------|-----|
+//! | facade | `registry` | the builder and its validation; builds the core and hands out locks |
+//! | primitives | `semaphore` | counting semaphores: a lock row per permit, the local poller, `Permit` |
+//! | | `rwlock` | reader/writer locks: read slots and a write row, writer preference, the guards |
+//! | | `leader` | leader election on one lock |
+//! | | `admin` | inspecting and administering the table: holder, listing, forced release, cleanup |
+//! | one key | `lock` | the local state machine of a key (queue, one poller, handoff, linger, bounded turns; stated in its module docs), `Lock` and `LockGuard` |
+//! | | `cache` | bounded LRU of per-key state that never evicts a key in use |
+//! | shared core | `core` | what every primitive of a registry shares: validated settings, `Tuning`, the store, renewer, wake-ups and meter |
+//! | leases | `lease` | one database grant, its deadline, loss reporting; `lease::clock` the lease clock, `lease::renewer` the renewal workers |
+//! | | `meter` | what `Statistics` and the `metrics` feature report |
+//! | database | `backend` | the statements, the retry loop, pools and statement threads; one folder per database (`sqlite/`, `postgres/`, `mysql/`) with its SQL, connections, errors and wake-ups |
+//! | | `wakeups` | which pollers a release notification wakes, and when the listener subscribes |
+//! | | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
+//! | | `error` | the error enum |
 //!
 //! ## Which SQL runs when
 //!
 //! A thread that finds the key free in its registry runs **acquire**
 //! (one statement: take the row if absent or expired on the database clock, bump the fencing
 //! token, return it). If the lock is held elsewhere, that thread — the only one per key per
-//! registry — polls again every `idle_between_tries`; other local threads wait on a condition
+//! registry — polls again within `idle_between_tries`; other local threads wait on a condition
 //! variable and cost nothing. The registry's renewal thread runs **renew** every third of the
-//! time-to-live, for all the leases due in the same window at once. Unlocking with a local thread waiting hands the lease over with **no
-//! statement**; otherwise **release** runs. The release also wakes other instances: on
+//! time-to-live, for all the leases due in the same window at once. Unlocking with a local
+//! thread waiting hands the lease over with **no statement**, and a grant that several threads
+//! of the registry use lingers for a few milliseconds for the next of them; otherwise
+//! **release** runs. Past the turn limit, a release that threads of the registry still want
+//! reserves the row for instances that only poll and wakes nobody (see the `lock` module
+//! docs). Every other release also wakes other instances: on
 //! PostgreSQL it notifies (`pg_notify` in the statement), on SQLite it bumps the key's slot on
 //! the release board, on MySQL it lets go of the key's named lock; and a registry whose thread
 //! sleeps between polls listens (only while it has such a sleeper) and wakes that thread at

@@ -174,15 +174,17 @@ pub(crate) struct LockInner {
     core: Arc<Core>,
     state: Mutex<LocalState>,
     changed: Condvar,
-    /// Whether a release may linger: a plain lock's key (not a semaphore's permit or a side of
-    /// a reader/writer lock, whose rows other code reasons about).
-    may_linger: bool,
+    /// The registry's lingerer, for a key whose releases may linger: a plain lock's key (not
+    /// a semaphore's permit or a side of a reader/writer lock, whose rows other code reasons
+    /// about).
+    lingerer: Option<Arc<Lingerer>>,
 }
 
 impl LockInner {
-    pub fn new(key: &str, core: Arc<Core>) -> Self {
+    /// A plain lock's key; its releases may linger, ended by `lingerer`.
+    pub fn new(key: &str, core: Arc<Core>, lingerer: &Arc<Lingerer>) -> Self {
         let mut inner = Self::with_lock_key(key, crate::key::lock_key_for(key), core);
-        inner.may_linger = true;
+        inner.lingerer = Some(Arc::clone(lingerer));
         inner
     }
 
@@ -205,7 +207,7 @@ impl LockInner {
                 linger_end: None,
             }),
             changed: Condvar::new(),
-            may_linger: false,
+            lingerer: None,
         }
     }
 
@@ -298,8 +300,9 @@ impl LockInner {
         let settings = &self.core.settings;
         // The first pass reads no clock again: it is the start of the wait.
         let mut first_pass = Some(Instant::now());
-        // An attempt of this thread found the key held.
-        let mut refused = false;
+        // This call has waited: an attempt found the key held, or it waited behind another
+        // thread of the registry (holding or polling).
+        let mut waited = false;
         loop {
             let now = first_pass.take().unwrap_or_else(Instant::now);
             if state.owner == Some(me) {
@@ -350,9 +353,10 @@ impl LockInner {
                 state.db_user = None;
                 let arrived = Instant::now();
                 let granted = match granted {
-                    // The lock was held at this thread's last attempt and the caller's time
-                    // ran out on this one (often waiting for a pooled connection): "held".
-                    Err(Error::Timeout { .. }) if refused && matches!(wait, Wait::Until(_)) => {
+                    // The call has waited for a key held (here or elsewhere) and the caller's
+                    // time ran out on this attempt (often waiting for a pooled connection):
+                    // "held".
+                    Err(Error::Timeout { .. }) if waited && matches!(wait, Wait::Until(_)) => {
                         return Ok(None)
                     }
                     other => other?,
@@ -401,7 +405,7 @@ impl LockInner {
                         return Ok(Some((lease, false, false)));
                     }
                     None => {
-                        refused = true;
+                        waited = true;
                         self.core.meter.contended(&self.key);
                         let next_poll = Instant::now() + jittered(settings.idle_between_tries);
                         let wake_at = match wait {
@@ -423,6 +427,7 @@ impl LockInner {
                 Wait::Until(deadline) => Some(away.map_or(deadline, |away| away.min(deadline))),
                 Wait::Forever => away,
             };
+            waited = true;
             match until {
                 Some(until) => {
                     self.changed.wait_until(state, until);
@@ -489,12 +494,13 @@ impl LockInner {
                 self.changed.notify_all();
                 return Ok(());
             }
-            if linger && self.may_linger && state.shared && !settings.linger.is_zero() {
+            let lingerer = self.lingerer.as_ref().filter(|_| linger && state.shared);
+            if let Some(lingerer) = lingerer.filter(|_| !settings.linger.is_zero()) {
                 let until = now + settings.linger;
                 let queued = state.linger_end.replace(until).is_some();
                 lease.handed_over();
                 if !queued {
-                    self.core.lingerer.add(until, Arc::downgrade(self));
+                    lingerer.add(until, Arc::downgrade(self));
                 }
                 return Ok(());
             }
@@ -566,7 +572,9 @@ impl LockInner {
         let mut state = self.state.lock();
         match state.linger_end {
             Some(end) if state.lingers() && end > Instant::now() => {
-                self.core.lingerer.add(end, Arc::downgrade(self));
+                if let Some(lingerer) = &self.lingerer {
+                    lingerer.add(end, Arc::downgrade(self));
+                }
             }
             Some(_) if state.lingers() => {
                 state.linger_end = None;

@@ -17,7 +17,7 @@ pub use crate::core::{
 };
 use crate::error::{Error, Result};
 use crate::lease::{callback_thread, KeeperSettings, LeaseLost, LostCallback, Renewer};
-use crate::lock::{Lock, LockInner};
+use crate::lock::{Lingerer, Lock, LockInner};
 use crate::meter::Meter;
 use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
@@ -34,6 +34,8 @@ use std::time::Duration;
 pub struct LockRegistry {
     pub(crate) core: Arc<Core>,
     pub(crate) cache: Arc<Mutex<HandleCache>>,
+    /// Ends the lingers of this registry's locks (see "Linger" in the `lock` module docs).
+    lingerer: Arc<Lingerer>,
     /// The semaphores in use (see [`crate::semaphore`]).
     pub(crate) semaphores: Arc<Mutex<crate::semaphore::SemaphoreCache>>,
     /// The reader/writer locks in use (see [`crate::rwlock`]).
@@ -134,10 +136,9 @@ impl LockRegistry {
     /// `key` is any UTF-8 string of 1 to [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) bytes.
     pub fn obtain(&self, key: &str) -> Result<Lock> {
         crate::key::validate_key(key)?;
-        let inner = self
-            .cache
-            .lock()
-            .get_or_insert(key, || LockInner::new(key, Arc::clone(&self.core)));
+        let inner = self.cache.lock().get_or_insert(key, || {
+            LockInner::new(key, Arc::clone(&self.core), &self.lingerer)
+        });
         Ok(Lock::new(inner))
     }
 
@@ -359,7 +360,7 @@ impl RegistryBuilder {
 
     /// The most connections in the main pool, used by acquires, releases and manual renewals.
     /// Defaults to 8. Connections open when needed and close after
-    /// [`idle_connection_timeout`](Self::idle_connection_timeout), so this bounds a burst, not
+    /// [`Tuning::idle_connection_timeout`], so this bounds a burst, not
     /// what the process keeps open. Background renewals use a separate pool
     /// ([`Tuning::renewal_pool_size`]), so a full main pool never makes a held lease expire.
     /// Must be within 1..=[`MAX_POOL_SIZE`].
@@ -588,7 +589,6 @@ impl RegistryBuilder {
         };
         let meter = Arc::new(Meter::new(&table, &self.region, tuning.metrics_key_labels));
         let core = Arc::new(Core {
-            lingerer: Arc::default(),
             meter,
             renewer,
             store,
@@ -616,6 +616,7 @@ impl RegistryBuilder {
         Ok(LockRegistry {
             core,
             cache: Arc::new(Mutex::new(HandleCache::new(self.cache_capacity))),
+            lingerer: Arc::default(),
             semaphores: Arc::default(),
             rw_locks: Arc::default(),
         })

@@ -842,7 +842,7 @@ impl Permit {
     /// [`slot`](Self::slot) (tokens of different slots are unrelated). A resource that admits
     /// N writers can keep the largest token seen per slot and refuse smaller ones. A permit
     /// handed over from another thread of this registry keeps the grant and its token, as a
-    /// lock's handoff does; [`local_handoff(false)`](crate::RegistryBuilder::local_handoff)
+    /// lock's handoff does; [`Tuning::local_handoff`](crate::Tuning::local_handoff) `false`
     /// gives every holder a grant of its own.
     pub fn fencing_token(&self) -> u64 {
         self.lease_guard().fencing_token()

@@ -606,15 +606,19 @@ fn a_handoff_to_a_shorter_ttl_bounds_the_deadline_once_its_renewal_is_sent() {
     scenario.teardown();
 }
 
-/// Locks and unlocks `lock`, each time on a new thread, until an unlock lingers (no release
-/// statement ran for it); see `tests/linger.rs`.
+/// Passes `lock` from this thread to another (a handoff, so the grant is shared) until the
+/// other's unlock lingers (no release statement ran for it); see `tests/linger.rs`.
 fn make_it_linger(registry: &LockRegistry, lock: &leasehold::Lock) {
     for _ in 0..20 {
+        let guard = lock.lock().unwrap();
         let before = registry.statistics().releases;
-        let lock = lock.clone();
-        thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
-            .join()
-            .unwrap();
+        let next = {
+            let lock = lock.clone();
+            thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
+        };
+        wait_until("the next thread queues", || lock.queued_threads() == 1);
+        guard.unlock().unwrap();
+        next.join().unwrap();
         if registry.statistics().releases == before {
             return;
         }
