@@ -55,7 +55,7 @@ pub(crate) struct Meter {
 /// The registry's metric keys, built once: an event then hands the recorder a key it already
 /// has (no label strings copied, no key hashed), and costs nothing more than the facade's
 /// call when no recorder is installed. Only the per-key metrics with
-/// `metrics_key_labels(true)` build their key per event.
+/// `Tuning::metrics_key_labels` on build their key per event.
 #[cfg(feature = "metrics")]
 struct Labels {
     per_key: bool,

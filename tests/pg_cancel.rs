@@ -42,7 +42,10 @@ fn a_statement_given_up_at_its_deadline_is_cancelled_on_the_server() {
         .builder()
         .time_to_live(Duration::from_secs(120))
         .operation_timeout(Duration::from_secs(1))
-        .renew_sql(slow_renew)
+        .custom_sql(leasehold::CustomSql {
+            renew: Some(slow_renew),
+            ..leasehold::CustomSql::default()
+        })
         .build()
         .unwrap();
     let guard = registry.obtain("slow").unwrap().lock().unwrap();

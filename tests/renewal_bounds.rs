@@ -13,7 +13,7 @@ mod common;
 use common::{Db, Fixture};
 use std::time::{Duration, Instant};
 
-/// One renewal worker (`renewal_pool_size(1)`). A 3 s lease is renewed every second; a 30 s
+/// One renewal worker (`Tuning::renewal_pool_size` 1). A 3 s lease is renewed every second; a 30 s
 /// lease's first renewal, 10 s after its grant, hangs for as long as its attempt may last.
 /// Bounded by the 30 s lease alone (5 s, half its renewal period) it held the worker past the
 /// 3 s lease's deadline; bounded by the 3 s lease's slack too (2 s, so 1 s), the 3 s lease is
