@@ -1004,10 +1004,12 @@ impl Backend for Postgres {
     /// - `renewed` updates the rows at those addresses (a TID scan, or one pass over a table
     ///   small enough to scan);
     /// - the last branch, `mine`, looks each pair's row up again as the statement's snapshot
-    ///   shows it, waiting for nothing.
+    ///   shows it, waiting for nothing — only when some pair was not renewed (a filter
+    ///   evaluated once, before the branch runs).
     ///
-    /// The result: `TRUE` rows for the renewed pairs, `FALSE` rows for every pair still this
-    /// client's; those not also renewed were skipped (see `renew_batch`). A row changed by
+    /// The result: `TRUE` rows for the renewed pairs, and, unless every pair was renewed,
+    /// `FALSE` rows for every pair still this client's; those not also renewed were skipped
+    /// (see `renew_batch`). A row changed by
     /// another committed statement after the snapshot was taken (this registry renewing the
     /// same lease on another connection) is locked in its new version, which the update does
     /// not see: it counts as skipped, and is retried like a locked row.
@@ -1027,7 +1029,8 @@ impl Backend for Postgres {
              SELECT CAST(k AS TEXT), t, TRUE FROM renewed \
              UNION ALL SELECT CAST(mine.k AS TEXT), mine.t, FALSE FROM j CROSS JOIN LATERAL \
              (SELECT l.LOCK_KEY AS k, l.FENCING_TOKEN AS t FROM {table} AS l \
-             WHERE {this_lease} LIMIT 1) AS mine"
+             WHERE {this_lease} LIMIT 1) AS mine \
+             WHERE (SELECT count(*) FROM renewed) < (SELECT count(*) FROM j)"
         )]
     }
 
