@@ -653,6 +653,10 @@ mod suite {
         );
         assert_eq!(setting(f.builder().pool_size(0).build()), "pool_size");
         assert_eq!(
+            setting(f.builder().listener_url(" ").build()),
+            "listener_url"
+        );
+        assert_eq!(
             setting(f.builder().pool_size(u32::MAX).build()),
             "pool_size"
         );
