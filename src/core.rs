@@ -45,6 +45,7 @@ pub const MAX_POOL_SIZE: u32 = 10_000;
 /// | `local_handoff` | `true` | – | whether a release passes the lock straight to a waiting thread of the registry, keeping the grant and its fencing token; `false` gives every holder a grant and a token of its own (a release and an acquire per handoff) |
 /// | `renewal_pool_size` | 2 | 1 ..= [`MAX_POOL_SIZE`] | connections of the pool that only background renewals use (one batch statement at a time; the second lets a retry go out while a timed-out attempt still holds the first) |
 /// | `idle_connection_timeout` | 60 s | 1 ms ..= [`MAX_TIMEOUT`] | how long a pooled connection may stay unused before it is closed (pools check every 30 s; SQLite's parked connection within 1.5 × it); PostgreSQL's release listener closes its connection after this long without a waiter |
+/// | `cache_capacity` | 100 000 | 1 ..= `usize::MAX` | how many lock handles the registry caches (least recently used first out); handles in use are never evicted, so the cache grows past this while they are in use |
 /// | `metrics_key_labels` | `false` | – | whether per-key metrics (feature `metrics`) carry a `key` label with the lock's name |
 ///
 /// ```
@@ -76,6 +77,8 @@ pub struct Tuning {
     /// See the table above.
     pub idle_connection_timeout: Duration,
     /// See the table above.
+    pub cache_capacity: usize,
+    /// See the table above.
     pub metrics_key_labels: bool,
 }
 
@@ -87,6 +90,7 @@ impl Default for Tuning {
             local_handoff: true,
             renewal_pool_size: 2,
             idle_connection_timeout: Duration::from_secs(60),
+            cache_capacity: 100_000,
             metrics_key_labels: false,
         }
     }
@@ -115,6 +119,12 @@ impl Tuning {
             ));
         }
         check_pool_size("renewal_pool_size", self.renewal_pool_size)?;
+        if self.cache_capacity == 0 {
+            return Err(Error::setting(
+                "cache_capacity",
+                "must be at least 1: the cache holds every lock handle in use",
+            ));
+        }
         if self.idle_connection_timeout < Duration::from_millis(1)
             || self.idle_connection_timeout > MAX_TIMEOUT
         {

@@ -107,9 +107,23 @@
 //!
 //! # What it does not promise
 //!
-//! A lease cannot stop a holder that pauses past its deadline from acting; only a resource
-//! that checks fencing tokens can refuse its late writes. After a failover to an asynchronous
-//! replica, recent grants (and tokens) may be lost (see *Failover* under *Design*).
+//! A lease cannot stop a holder that pauses past its deadline from acting when it runs again.
+//! Data in the lock table's database is protected by fenced writes (below); any other resource
+//! only by checking fencing tokens. After a failover to an asynchronous replica, recent grants
+//! (and tokens) may be lost: keep the lock table on synchronously replicated storage.
+//!
+//! # Fenced writes
+//!
+//! When the data lives in the same database as the lock table, `guard.fence(tx)` checks the
+//! lease inside your own transaction (`rusqlite`, `postgres` or `mysql`, re-exported here) and
+//! holds the lock row until it ends: the transaction commits only while the lease holds, and no
+//! takeover can happen before it ends. See the [`fence`] module.
+//!
+//! # From async code
+//!
+//! The calls block. In a tokio service run each locked section — lock, work, unlock — inside
+//! `spawn_blocking`: a guard is not `Send` and stays on that thread, and async work under the
+//! lock runs there through `Handle::block_on` (`examples/async_service.rs`).
 //!
 //! # Leader election
 //!
@@ -126,7 +140,7 @@
 //! use std::time::Duration;
 //!
 //! let election = LeaderElection::builder(LockRegistry::sqlite(&path).create_table(true), "nightly-batch")
-//!     .lease_duration(Duration::from_secs(10))
+//!     .time_to_live(Duration::from_secs(10))
 //!     .build()?;
 //! let leadership = election.acquire()?;        // waits while another instance leads
 //! println!("leader for term {}", leadership.term());
@@ -143,18 +157,18 @@
 //! across every instance, each [`Permit`] a lease of its own (renewed, fenced, lost and
 //! reported alone, like a [`LockGuard`]). Each permit is a row of the lock table that Spring
 //! Integration never sees, and the number of permits is recorded per name, so instances that
-//! disagree about it get [`Error::PermitsMismatch`] (see the `semaphore` module docs).
+//! disagree about it get [`Error::PermitsMismatch`].
 //!
 //! # Reader/writer locks
 //!
 //! [`LockRegistry::rw_lock`] gives an [`RwLock`]: many readers ([`ReadGuard`], up to
 //! [`MAX_READERS`]) or one writer ([`WriteGuard`]) at a time across every instance, each hold a
 //! lease of its own. A waiting writer keeps new readers of every instance out, and a write
-//! guard's token exceeds every earlier grant of the lock (see the `rwlock` module docs).
+//! guard's token exceeds every earlier read and write grant of the lock.
 //!
 //! # The command line
 //!
-//! The `leasehold` binary (feature `cli`: `cargo install leasehold --features cli,postgres`)
+//! The `leasehold` binary (feature `cli`: `cargo install leasehold --locked --features cli,postgres`)
 //! runs a command under a lock, as `flock(1)` does on one host, for cron jobs and scripts on
 //! several: `leasehold run --database postgres://… --key nightly-report --no-wait -- ./report.sh`.
 //! It renews the lease while the command runs, stops the command if the lease is lost, and
@@ -180,130 +194,8 @@
 //!
 //! # Design
 //!
-//! How it works inside, for those who operate or review it.
-//!
-//! ## Threads and modules
-//!
-//! ```text
-//!  thread ─┐                          ┌─ lease clock (one per process): hands leases whose
-//!  thread ─┼─ Lock ── LockInner ──────┤    renewal is due to their registry's renewer; reports
-//!  thread ─┘  (per key: parking_lot   │    expired leases
-//!              mutex, FIFO queue,     ├─ renewal workers (per registry, up to
-//!              one DB poller, handoff,│    Tuning::renewal_pool_size): renew due leases
-//!              linger, turns)         │    together, a statement per batch
-//!                                     └─ Store (SqlStore<Backend>): pools, deadlines, retries;
-//!                                          statements on the caller's thread (MySQL's bounded
-//!                                          by socket timeouts; statement threads only where
-//!                                          no bound is available)
-//!                                          └─ Backend: SQLite | PostgreSQL | MySQL — SQL + errors
-//!  A listener thread per registry turns other instances' releases into wake-ups, subscribed
-//!  only while a thread of the registry waits (see `wakeups`): PostgreSQL `LISTEN`/`NOTIFY`,
-//!  SQLite's release board (`backend::sqlite::board`), MySQL's named locks
-//!  (`backend::mysql::wakeups`).
-//! ```
-//!
-//! Threads and what they do:
-//!
-//! | thread | how many | job |
-//! |--------|----------|-----|
-//! | caller | yours | waits in the local queue, or polls the database as the key's one poller |
-//! | lease clock | 1 per process | hands due leases to their registry's renewer; marks a lease lost at its deadline even if its renewal is stuck |
-//! | renewal worker | per registry, on demand, at most `renewal_pool_size` (each ends after 1 s idle) | gathers due leases and renews them in batches; a batch that finds every worker busy starts another, so a stuck statement holds up only its own leases; reports "not the owner" per lease at once |
-//! | callback | 1 per registry with `on_lease_lost` | runs the loss callback, one loss after another, after the lease is marked lost; the only thread that runs user code |
-//! | lingerer | 1 per registry while a key lingers (ends after 1 s without one) | releases a key whose linger ran out unused, each release on a short-lived thread of its own (`leasehold-linger-end`) |
-//! | statement | as many as MySQL statements in flight (reused) | runs a MySQL statement so its caller can give up at its deadline (PostgreSQL calls carry the deadline themselves and run on the caller's thread) |
-//! | listener | 1 per registry with `notifications` on | while a local thread waits, wakes the local poller of a key released elsewhere: PostgreSQL `LISTEN`s; SQLite waits on the release board's futex; MySQL starts watchers |
-//! | watcher | MySQL: 1 per key a local thread waits for (at most 16 per registry) | blocks in `GET_LOCK` on the key's named lock, with a connection of its own |
-//! | named locks | MySQL: 1 per registry that has held a lock | takes a key's named lock after each grant and lets it go after the release, on one connection for all keys (closed when idle) |
-//! | pool timers | r2d2's, 3 per pool | close connections idle for `Tuning::idle_connection_timeout`; on SQLite also the main pool's parked connection (see `backend::pools`) |
-//!
-//! The modules in layers, each using only those below it (the registry is the facade on top):
-//!
-//! | layer | module | job |
-//! |-------|--------|-----|
-//! | facade | `registry` | the builder and its validation; builds the core and hands out locks |
-//! | primitives | `semaphore` | counting semaphores: a lock row per permit, the local poller, `Permit` |
-//! | | `rwlock` | reader/writer locks: read slots and a write row, writer preference, the guards |
-//! | | `leader` | leader election on one lock |
-//! | | `admin` | inspecting and administering the table: holder, listing, forced release, cleanup |
-//! | one key | `lock` | the local state machine of a key (queue, one poller, handoff, linger, bounded turns; stated in its module docs), `Lock` and `LockGuard` |
-//! | | `cache` | bounded LRU of per-key state that never evicts a key in use |
-//! | shared core | `core` | what every primitive of a registry shares: validated settings, `Tuning`, the store, renewer, wake-ups and meter |
-//! | leases | `lease` | one database grant, its deadline, loss reporting; `lease::clock` the lease clock, `lease::renewer` the renewal workers |
-//! | | `meter` | what `Statistics` and the `metrics` feature report |
-//! | database | `backend` | the statements, the retry loop, pools and statement threads; one folder per database (`sqlite/`, `postgres/`, `mysql/`) with its SQL, connections, errors and wake-ups |
-//! | | `wakeups` | which pollers a release notification wakes, and when the listener subscribes |
-//! | | `key` | Spring-compatible `LOCK_KEY` mapping and key validation |
-//! | | `error` | the error enum |
-//!
-//! ## Which SQL runs when
-//!
-//! A thread that finds the key free in its registry runs **acquire**
-//! (one statement: take the row if absent or expired on the database clock, bump the fencing
-//! token, return it). If the lock is held elsewhere, that thread — the only one per key per
-//! registry — polls again within `idle_between_tries`; other local threads wait on a condition
-//! variable and cost nothing. The registry's renewal thread runs **renew** every third of the
-//! time-to-live, for all the leases due in the same window at once. Unlocking with a local
-//! thread waiting hands the lease over with **no statement**, and a grant that several threads
-//! of the registry use lingers for a few milliseconds for the next of them; otherwise
-//! **release** runs. Past the turn limit, a release that threads of the registry still want
-//! reserves the row for instances that only poll and wakes nobody (see the `lock` module
-//! docs). Every other release also wakes other instances: on
-//! PostgreSQL it notifies (`pg_notify` in the statement), on SQLite it bumps the key's slot on
-//! the release board, on MySQL it lets go of the key's named lock; and a registry whose thread
-//! sleeps between polls listens (only while it has such a sleeper) and wakes that thread at
-//! once. A wake-up only makes a waiter try sooner: the row alone decides who holds the lock. The statements are listed per database in the backend modules
-//! and shown by [`LockRegistry::statements`]; the DDL is in `sql/`.
-//!
-//! ## Time
-//!
-//! Expiry is decided only in SQL, on the database's clock, stored as UTC, so clients'
-//! wall clocks never matter to leasehold. A holder counts its lease as gone at a *deadline* on
-//! its monotonic clock that is never later than the database's expiry: the instant the last
-//! confirmed acquire or renew was *sent* plus its time-to-live, no later than any renewal whose
-//! outcome is unknown (it timed out and may still run) would leave the row, minus a **drift
-//! allowance** of 1 % of the time-to-live plus 2 ms for a database clock that runs fast. Renewals
-//! of one lease never overlap, so they run in the order they were sent. The `lease` module docs
-//! state the invariant and how each statement moves the deadline. Mixed deployments with Spring
-//! Integration are judged on *Spring's* client clock for Spring's own statements: they compare
-//! `EXPIRED_AFTER` with a timestamp the Java client computes, so a Spring host whose clock runs
-//! ahead takes expired-looking rows early.
-//!
-//! ## Failover
-//!
-//! Leases are rows, so they move with the data: a standby promoted to primary
-//! judges the leases granted on the old primary by *its own* clock. A row's `EXPIRED_AFTER` is
-//! the old primary's time plus the time-to-live; if the new primary's clock runs ahead of the
-//! old one's by δ, every inherited lease ends δ early in real time, and another instance may
-//! be granted the key up to δ before the holder's deadline. The drift allowance covers that
-//! offset as it covers a fast clock: up to 1 % of the time-to-live plus 2 ms (102 ms at the
-//! default 10 s) less the little the clocks drift during one lease. So keep the database
-//! servers' clocks synchronised (NTP keeps them within milliseconds) well inside the allowance,
-//! or take a longer time-to-live; a new primary whose clock is *behind* only makes inherited
-//! leases last longer. The first renewal on the new primary sets the expiry on its clock again.
-//! Fencing tokens do not rely on the clocks agreeing: a grant takes at least the row's previous
-//! token + 1, which a synchronous standby has. Renewals meanwhile are retried within the
-//! lease's deadline, each attempt at most half a renewal period, on new connections (several
-//! hosts in the URL find the new primary; see `LockRegistry::postgres`): a lease renewed on
-//! the new primary in time is kept, any other ends at its deadline — before the new primary can
-//! grant it to anyone (`is_held()` is false from then on; the loss channel and callback follow
-//! when the lease clock runs, `Expired` even if a late renewal finds the new holder first). An
-//! *asynchronous* standby may lack the latest grants and
-//! renewals: their holders learn of it at their next renewal (`NotOwner`), and another instance
-//! may hold the key meanwhile. The README's *High availability* section has the measurements.
-//!
-//! ## Fencing tokens
-//!
-//! Each grant sets `FENCING_TOKEN = max(previous + 1, database clock in
-//! µs, floor + 1)` and the tokens of one key strictly increase, on every database and whatever
-//! the clock's resolution or steps. Released rows are kept (marked free), so the next grant
-//! counts up from the row. Rows deleted by others (Spring's `JdbcLockRegistry` on every
-//! unlock, manual cleanup) are remembered by the *deletion floor*: an `AFTER DELETE` trigger
-//! keeps the highest deleted token per region and key prefix in `{prefix}LOCK_FLOOR`
-//! (`sql/<database>_floor.sql`), which deletions can only raise and grants only read.
-//! `create_table(true)` installs it; without it (not installed, or the trigger could not be
-//! created) `build()` logs a warning and a token after a deletion is only as high as the
-//! clock. A local handoff keeps the token (see [`LockGuard::fencing_token`]).
+//! How it is built — layers, threads, the SQL each operation runs, the bound each mechanism
+//! gives, and the tests behind each guarantee — is in `DESIGN.md` in the repository.
 
 // The only unsafe code is SQLite's release board (`backend/sqlite/board.rs`: a shared file
 // mapping, the futex and the presence lock on it) and MySQL's sockets (`set_socket_timeouts`

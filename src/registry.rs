@@ -227,7 +227,6 @@ pub struct RegistryBuilder {
     pub(crate) database: Database,
     time_to_live: Duration,
     idle_between_tries: Duration,
-    cache_capacity: usize,
     client_id: Option<String>,
     region: String,
     pub(crate) prefix: String,
@@ -252,7 +251,6 @@ impl RegistryBuilder {
             database,
             time_to_live: Duration::from_secs(10),
             idle_between_tries: Duration::from_millis(100),
-            cache_capacity: 100_000,
             client_id: None,
             region: "DEFAULT".into(),
             prefix: "INT_".into(),
@@ -292,13 +290,6 @@ impl RegistryBuilder {
     /// 1 ms..=[`MAX_IDLE_BETWEEN_TRIES`].
     pub fn idle_between_tries(mut self, idle: Duration) -> Self {
         self.idle_between_tries = idle;
-        self
-    }
-
-    /// How many lock handles the registry caches. Defaults to 100 000. Handles in use are never
-    /// evicted (the cache grows past this while they are in use). Must be at least 1.
-    pub fn cache_capacity(mut self, capacity: usize) -> Self {
-        self.cache_capacity = capacity;
         self
     }
 
@@ -524,12 +515,6 @@ impl RegistryBuilder {
             Some(id) => validate_client_id(id)?,
             None => default_client_id(),
         };
-        if self.cache_capacity == 0 {
-            return Err(Error::setting(
-                "cache_capacity",
-                "must be at least 1: the cache holds every lock handle in use",
-            ));
-        }
         check_pool_size("pool_size", self.pool_size)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
         if self
@@ -615,7 +600,7 @@ impl RegistryBuilder {
         }
         Ok(LockRegistry {
             core,
-            cache: Arc::new(Mutex::new(HandleCache::new(self.cache_capacity))),
+            cache: Arc::new(Mutex::new(HandleCache::new(tuning.cache_capacity))),
             lingerer: Arc::default(),
             semaphores: Arc::default(),
             rw_locks: Arc::default(),

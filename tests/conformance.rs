@@ -512,7 +512,14 @@ mod suite {
     }
 
     pub fn held_or_waited_handles_survive_cache_eviction(f: &Fixture) {
-        let registry = f.builder().cache_capacity(2).build().unwrap();
+        let registry = f
+            .builder()
+            .tuning(leasehold::Tuning {
+                cache_capacity: 2,
+                ..Default::default()
+            })
+            .build()
+            .unwrap();
         let held = registry.obtain("keep").unwrap().lock().unwrap();
         for i in 0..10 {
             drop(registry.obtain(&format!("filler-{i}")).unwrap());
@@ -836,7 +843,14 @@ mod suite {
             "idle_between_tries"
         );
         assert_eq!(
-            setting(f.builder().cache_capacity(0).build()),
+            setting(
+                f.builder()
+                    .tuning(leasehold::Tuning {
+                        cache_capacity: 0,
+                        ..Default::default()
+                    })
+                    .build()
+            ),
             "cache_capacity"
         );
         assert_eq!(setting(f.builder().client_id("").build()), "client_id");

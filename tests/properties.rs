@@ -201,7 +201,10 @@ mod validation {
             let dir = tempfile::tempdir().unwrap();
             let registry = LockRegistry::sqlite(dir.path().join("locks.db"))
                 .create_table(true)
-                .cache_capacity(64)
+                .tuning(leasehold::Tuning {
+                    cache_capacity: 64,
+                    ..Default::default()
+                })
                 .build()
                 .unwrap();
             (dir, registry)
