@@ -7,15 +7,15 @@
 //! - `durable_commit`: a prepared one-row `UPDATE` committed durably (baseline);
 //! - `lock_unlock`: an uncontended `lock()` + `unlock()` through a registry;
 //! - `lock_unlock_prepared` (PostgreSQL): the same with `prepared_statements(true)`, named
-//!   statements prepared once per connection instead of unnamed ones parsed and planned on
-//!   every call (the default, which works through transaction-mode poolers);
+//!   statements prepared once per connection (what the default picks on a connection straight
+//!   to the server) — forced, so that the figure does not depend on the detection;
 //! - `lease_statements` (every backend): the registry's own acquire and release statements
 //!   ([`LockRegistry::statements`]) run back to back on the raw connection with the
 //!   registry's parameters, protocol and durability — the floor under `lock_unlock`, so the
 //!   difference is what the registry itself costs. On PostgreSQL they go unnamed
-//!   (`query_typed`, as the default `prepared_statements(false)`);
+//!   (`query_typed`, as `prepared_statements(false)` sends them, behind a pooler);
 //!   `lease_statements_prepared` runs them as named statements prepared once, the baseline of
-//!   `lock_unlock_prepared`. On MySQL they are prepared once in `?` form (the registry's
+//!   `lock_unlock_prepared` and, in the interleaved rounds, of the default registry. On MySQL they are prepared once in `?` form (the registry's
 //!   connections do the same) and the token is read from the insert id;
 //! - `unlock` and `lease_release`: the registry's `unlock()` and the raw release statement
 //!   alone, each timed after an untimed grant;
@@ -24,7 +24,8 @@
 //!   connection of its own, SQLite's release board);
 //! - after each backend's group, the same pairs measured in 31 alternating rounds of 40 calls
 //!   (`lock_unlock` against `lease_statements`, `unlock` against `lease_release`; also
-//!   without wake-ups and, on PostgreSQL, with prepared statements), printed with the median of
+//!   without wake-ups and, on PostgreSQL, with unnamed statements against the unnamed
+//!   baseline), printed with the median of
 //!   the rounds' ratios and appended to `target/databases_interleaved.txt`: on a loaded
 //!   machine, drift between criterion's benches is as large as the registry's own cost;
 //! - `durable_then_unsynced_commit` (PostgreSQL): the durable commit, then the same `UPDATE`
@@ -321,8 +322,8 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
         group.bench_function("spring_statements", |b| b.iter(|| raw.spring_cycle()));
     }
     if name == "postgres" {
-        // What unnamed statements (the default, which work through transaction-mode poolers)
-        // cost: the same lock and unlock with named statements prepared once per connection.
+        // The same lock and unlock with named statements forced (what the default detects on
+        // this direct connection).
         let prepared = target
             .builder(true)
             .prepared_statements(true)
@@ -361,17 +362,20 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
     }
     group.finish();
     if raw.has_lease() {
+        // On PostgreSQL the default registry on this direct connection sends named statements:
+        // its baseline runs the same statements prepared once.
+        let named = raw.lease_prepared(true);
         interleaved(name, &lock, raw, "");
         interleaved(name, &quiet_lock, raw, " (no wake-ups)");
-        if raw.lease_prepared(true) {
-            let prepared = target
-                .builder(true)
-                .prepared_statements(true)
-                .build()
-                .expect("registry with prepared statements");
-            let lock = prepared.obtain("bench-uncontended-prepared").unwrap();
-            interleaved(name, &lock, raw, " (prepared)");
+        if named {
             raw.lease_prepared(false);
+            let unnamed = target
+                .builder(true)
+                .prepared_statements(false)
+                .build()
+                .expect("registry with unnamed statements");
+            let lock = unnamed.obtain("bench-uncontended-unnamed").unwrap();
+            interleaved(name, &lock, raw, " (unnamed, as behind a pooler)");
         }
     }
     if uncontended_only() {
@@ -419,15 +423,12 @@ fn bench_backend(c: &mut Criterion, name: &str, target: &Target, raw: &mut dyn R
             b.iter_custom(|n| handoffs(&holder, &mut process_waiter, n))
         });
         if *notifications && name == "postgres" {
-            // What fair turns cost a ping-pong handoff: the default turn limit (1 s) instead of
-            // no limit.
+            // What fair turns cost a ping-pong handoff: the default turn limit instead of no
+            // limit.
             let with_turns = |target: &Target| {
                 target
                     .builder(true)
-                    .tuning(leasehold::Tuning {
-                        turn_limit: Some(Duration::from_secs(1)),
-                        ..Default::default()
-                    })
+                    .tuning(leasehold::Tuning::default())
                     .build()
                     .unwrap()
             };
