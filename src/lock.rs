@@ -58,8 +58,8 @@
 //! leasehold's grant waits for and Spring Integration's ignores) and wakes nobody, and this
 //! registry's threads stay away from the key for 3 × `idle_between_tries` (`last_release`).
 //! A polling instance that ignores the reservation (Spring's, every 100 ms by default) has
-//! the first two intervals; another leasehold instance that waits tries at least once in the
-//! third. So while other instances wait, the key leaves this registry at least once per
+//! the first two intervals; another leasehold instance that waits (with the same
+//! `idle_between_tries`) tries at least once in the third. So while other instances wait, the key leaves this registry at least once per
 //! `turn_limit` + the longest hold; there is no order among the instances that wait, and each
 //! turn end goes to whichever of them tries first. A single hold, however long, and a key
 //! passed between instances one hold at a time never end a turn: their releases are plain ones
