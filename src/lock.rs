@@ -72,9 +72,11 @@
 
 mod guard;
 mod linger;
+mod rows;
 
 pub use guard::{Lock, LockGuard};
 pub(crate) use linger::Lingerer;
+pub(crate) use rows::{Patience, KEYED_WATCHES};
 
 use crate::core::Core;
 use crate::error::{Error, LossReason, Result};

@@ -92,10 +92,8 @@ use crate::admin::{LockRow, LockState};
 use crate::backend::{ListedRow, STATE_HELD};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::lock::{Lock, LockGuard, LockInner};
-use crate::semaphore::Patience;
+use crate::lock::{Lock, LockGuard, LockInner, Patience};
 use crate::wakeups::Nudge;
-use crate::LockRegistry;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -119,45 +117,25 @@ fn stem(name: &str) -> String {
 /// The live reader/writer locks of one registry, by name.
 pub(crate) type RwLockCache = HashMap<String, Weak<RwInner>>;
 
-impl LockRegistry {
-    /// The reader/writer lock `name`: any number of readers (up to [`MAX_READERS`]) or one
-    /// writer at a time, across every instance using the table and region. Shared with every
-    /// other user of that name in this registry; a lock, a semaphore and a reader/writer lock
-    /// of one name are unrelated.
-    ///
-    /// ```
-    /// # fn main() -> leasehold::Result<()> {
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let path = dir.path().join("l.db");
-    /// use std::time::Duration;
-    /// let host_a = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
-    /// let host_b = leasehold::LockRegistry::sqlite(&path).build()?;
-    /// let cache = host_a.rw_lock("cache")?;
-    /// let reading = cache.read()?;
-    /// let also_reading = host_b.rw_lock("cache")?.try_read_for(Duration::from_secs(1))?;
-    /// assert!(also_reading.is_some(), "readers share");
-    /// assert!(host_b.rw_lock("cache")?.try_write()?.is_none(), "a writer waits for them");
-    /// drop((reading, also_reading));
-    /// let writing = host_b.rw_lock("cache")?.write()?;
-    /// assert!(cache.try_read()?.is_none(), "and keeps readers out");
-    /// writing.unlock()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn rw_lock(&self, name: &str) -> Result<RwLock> {
-        crate::key::validate_key(name)?;
-        let mut live = self.rw_locks.lock();
-        if let Some(inner) = live.get(name).and_then(Weak::upgrade) {
-            return Ok(RwLock { inner });
-        }
-        let inner = Arc::new(RwInner::new(name, &self.core));
-        live.retain(|_, known| known.strong_count() > 0);
-        live.insert(name.to_string(), Arc::downgrade(&inner));
-        Ok(RwLock { inner })
+/// The reader/writer lock `name` of the registry with this core and cache (`LockRegistry::rw_lock`).
+pub(crate) fn obtain(
+    core: &Arc<Core>,
+    rw_locks: &Mutex<RwLockCache>,
+    name: &str,
+) -> Result<RwLock> {
+    crate::key::validate_key(name)?;
+    let mut live = rw_locks.lock();
+    if let Some(inner) = live.get(name).and_then(Weak::upgrade) {
+        return Ok(RwLock { inner });
     }
+    let inner = Arc::new(RwInner::new(name, core));
+    live.retain(|_, known| known.strong_count() > 0);
+    live.insert(name.to_string(), Arc::downgrade(&inner));
+    Ok(RwLock { inner })
 }
 
 /// What the table says about a reader/writer lock, for operators: see
-/// [`LockRegistry::rw_lock_status`].
+/// [`LockRegistry::rw_lock_status`](crate::LockRegistry::rw_lock_status).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RwLockStatus {
@@ -192,51 +170,28 @@ impl RwLockStatus {
     }
 }
 
-impl LockRegistry {
-    /// The readers and the writer of reader/writer lock `name`, as the database records them
-    /// now; for operators (`leasehold status` shows it). One listing statement (the lock's
-    /// rows sort together); it writes nothing.
-    ///
-    /// ```
-    /// # fn main() -> leasehold::Result<()> {
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
-    /// let cache = registry.rw_lock("cache")?;
-    /// let reading = cache.read()?;
-    /// let status = registry.rw_lock_status("cache")?;
-    /// assert_eq!(status.held_readers().len(), 1);
-    /// assert!(status.held_writer().is_none());
-    /// drop(reading);
-    /// let writing = cache.write()?;
-    /// let status = registry.rw_lock_status("cache")?;
-    /// assert!(status.held_readers().is_empty());
-    /// assert_eq!(status.held_writer().unwrap().client_id.as_deref(), Some(registry.client_id()));
-    /// # drop(writing);
-    /// # Ok(()) }
-    /// ```
-    pub fn rw_lock_status(&self, name: &str) -> Result<RwLockStatus> {
-        crate::key::validate_key(name)?;
-        let prefix = format!("{}@", stem(name));
-        let (read_prefix, write_key) = (format!("{prefix}r"), format!("{prefix}w00"));
-        let mut status = RwLockStatus {
-            readers: Vec::new(),
-            writer: None,
-        };
-        // "…@" sorts before the read slots (`@r…`), they before the claim rows of waiting
-        // writers (`@v…`), and those before the write row (`@w00`).
-        let rows = self
-            .listing()
-            .page(Some(&prefix), (MAX_READERS + WRITE_CLAIMS) as usize + 1)?;
-        for mut row in rows {
-            row.name = Some(name.to_string());
-            if row.lock_key.starts_with(&read_prefix) {
-                status.readers.push(row);
-            } else if row.lock_key == write_key {
-                status.writer = Some(row);
-            }
+/// The status of reader/writer lock `name` (`LockRegistry::rw_lock_status`).
+pub(crate) fn status(core: &Arc<Core>, name: &str) -> Result<RwLockStatus> {
+    crate::key::validate_key(name)?;
+    let prefix = format!("{}@", stem(name));
+    let (read_prefix, write_key) = (format!("{prefix}r"), format!("{prefix}w00"));
+    let mut status = RwLockStatus {
+        readers: Vec::new(),
+        writer: None,
+    };
+    // "…@" sorts before the read slots (`@r…`), they before the claim rows of waiting
+    // writers (`@v…`), and those before the write row (`@w00`).
+    let rows = crate::admin::Listing::new(core)
+        .page(Some(&prefix), (MAX_READERS + WRITE_CLAIMS) as usize + 1)?;
+    for mut row in rows {
+        row.name = Some(name.to_string());
+        if row.lock_key.starts_with(&read_prefix) {
+            status.readers.push(row);
+        } else if row.lock_key == write_key {
+            status.writer = Some(row);
         }
-        Ok(status)
     }
+    Ok(status)
 }
 
 /// How long an acquire may wait.
@@ -699,10 +654,10 @@ impl RwInner {
     }
 
     /// Registers the held read slots among `slots` for release wake-ups (on MySQL only the
-    /// first [`KEYED_WATCHES`](crate::semaphore::KEYED_WATCHES)).
+    /// first [`KEYED_WATCHES`](crate::lock::KEYED_WATCHES)).
     fn watch_readers(&self, slots: &[&ListedRow], poller: &Weak<dyn Nudge>, watched: &mut [bool]) {
         let watch_limit = match self.core.store.listener_watches_keys().is_some() {
-            true => crate::semaphore::KEYED_WATCHES,
+            true => crate::lock::KEYED_WATCHES,
             false => watched.len(),
         };
         for row in slots.iter().filter(|row| row.state == STATE_HELD) {
@@ -744,7 +699,7 @@ impl Nudge for RwInner {
     }
 }
 
-/// A handle on one reader/writer lock of a registry (see [`LockRegistry::rw_lock`]). Cheap to
+/// A handle on one reader/writer lock of a registry (see [`LockRegistry::rw_lock`](crate::LockRegistry::rw_lock)). Cheap to
 /// clone.
 #[derive(Clone)]
 pub struct RwLock {

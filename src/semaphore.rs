@@ -87,11 +87,9 @@
 
 use crate::admin::{LockRow, LockState};
 use crate::core::Core;
-use crate::core::Settings;
 use crate::error::{Error, Result};
-use crate::lock::{Lock, LockGuard, LockInner};
+use crate::lock::{Lock, LockGuard, LockInner, Patience, KEYED_WATCHES};
 use crate::wakeups::Nudge;
-use crate::LockRegistry;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
@@ -102,107 +100,6 @@ use std::time::{Duration, Instant};
 /// The largest number of permits a semaphore may have: a waiting registry polls every slot,
 /// so polling costs grow with the number.
 pub const MAX_PERMITS: u32 = 256;
-
-/// How many rows of one semaphore (or reader/writer lock) a waiter registers for release
-/// wake-ups where the listener watches keys one by one (MySQL: a watcher thread and connection
-/// each, at most 16 per registry); releases of the others are found by polling.
-pub(crate) const KEYED_WATCHES: usize = 4;
-
-/// How long a poller gives one row of a round at first: a row another session holds locked (a
-/// migration, an operator's `SELECT … FOR UPDATE`) costs this much, then the round goes on
-/// with the next row.
-fn first_patience(settings: &Settings) -> Duration {
-    settings
-        .idle_between_tries
-        .max(Duration::from_millis(100))
-        .min(settings.operation_timeout)
-}
-
-/// The most rounds a wait passes over a row that did not answer before it tries it again.
-const MOST_ROUNDS_PASSED_OVER: u32 = 64;
-
-/// The time a poller gives each row of its rounds: one row that does not answer in it (locked
-/// by another session) costs only that row, and the rounds of the same wait then pass over it
-/// without a statement for 1, 2, 4, … rounds (at most [`MOST_ROUNDS_PASSED_OVER`]) before
-/// they try it again, so a row locked for long costs a statement now and then, not one per
-/// round. A round in which rows were tried and none answered (a server that is slow for every
-/// statement, or gone) doubles the time for the next round, up to the full statement time, so
-/// a slow server is still waited for and a server that is gone still fails the wait.
-pub(crate) struct Patience {
-    per_row: Duration,
-    /// Whether a row answered in this round, and whether one ran out of its time.
-    answered: bool,
-    ran_out: bool,
-    /// Rows that did not answer: `LOCK_KEY`, rounds still passed over, rounds the next time.
-    passed_over: Vec<(String, u32, u32)>,
-}
-
-impl Patience {
-    pub(crate) fn new(settings: &Settings) -> Self {
-        Patience {
-            per_row: first_patience(settings),
-            answered: false,
-            ran_out: false,
-            passed_over: Vec::new(),
-        }
-    }
-
-    /// Called when a round is over.
-    pub(crate) fn round_over(&mut self, settings: &Settings) {
-        if self.ran_out && !self.answered {
-            self.per_row = (self.per_row * 2).min(settings.operation_timeout);
-        }
-        self.answered = false;
-        self.ran_out = false;
-        for (_, left, _) in &mut self.passed_over {
-            *left = left.saturating_sub(1);
-        }
-    }
-
-    /// One try of one row of a round: the guard, or `None` when the row is held elsewhere,
-    /// did not answer within its share of the wait, or is passed over (see [`Patience`]). The
-    /// statement gives up at `deadline` if there is one, else after `operation_timeout`;
-    /// `Err(Timeout)` only when that whole time ran out.
-    pub(crate) fn try_row(
-        &mut self,
-        lock: &Lock,
-        settings: &Settings,
-        deadline: Option<Instant>,
-        ttl: Duration,
-    ) -> Result<Option<LockGuard>> {
-        let key = lock.lock_key();
-        let known = self.passed_over.iter().position(|(k, _, _)| k == key);
-        if known.is_some_and(|at| self.passed_over[at].1 > 0) {
-            return Ok(None);
-        }
-        let now = Instant::now();
-        let full = deadline.unwrap_or(now + settings.operation_timeout);
-        let row_deadline = full.min(now + self.per_row);
-        match lock.try_lock_once_until(row_deadline, ttl) {
-            Err(Error::Timeout { .. }) if row_deadline < full => {
-                self.ran_out = true;
-                match known {
-                    Some(at) => {
-                        let (_, left, next) = &mut self.passed_over[at];
-                        // `round_over` counts this round too.
-                        *left = *next + 1;
-                        *next = (*next * 2).min(MOST_ROUNDS_PASSED_OVER);
-                    }
-                    None => self.passed_over.push((key.to_string(), 2, 2)),
-                }
-                Ok(None)
-            }
-            Err(e) => Err(e),
-            Ok(granted) => {
-                self.answered = true;
-                if let Some(at) = known {
-                    self.passed_over.swap_remove(at);
-                }
-                Ok(granted)
-            }
-        }
-    }
-}
 
 /// The `LOCK_KEY` of permit `slot` of semaphore `name`: never a UUID, so never a lock's.
 pub(crate) fn slot_lock_key(name: &str, slot: u32) -> String {
@@ -220,101 +117,75 @@ pub(crate) struct SemaphoreCache {
     live: HashMap<String, Weak<SemaphoreInner>>,
 }
 
-impl LockRegistry {
-    /// The counting semaphore `name` with `permits` permits: at most that many holders at once
-    /// across every instance using the table and region. Shared with every other user of that
-    /// name in this registry.
-    ///
-    /// The first use of a name in a registry reads (and, the very first time, records) its
-    /// number of permits in the semaphore table; an instance that asks for another number gets
-    /// [`Error::PermitsMismatch`]. `name` is any key [`obtain`](Self::obtain) accepts; a
-    /// semaphore and a lock of the same name are unrelated. `permits` is 1 to [`MAX_PERMITS`].
-    ///
-    /// ```
-    /// # fn main() -> leasehold::Result<()> {
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let path = dir.path().join("l.db");
-    /// let host_a = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
-    /// let host_b = leasehold::LockRegistry::sqlite(&path).build()?;
-    /// let exports = host_a.semaphore("partner-api", 2)?;
-    /// let first = exports.acquire()?;
-    /// let second = host_b.semaphore("partner-api", 2)?.try_acquire()?.expect("one left");
-    /// assert!(exports.try_acquire()?.is_none(), "both permits are taken");
-    /// assert_ne!(first.slot(), second.slot());
-    /// second.unlock()?;
-    /// assert!(exports.try_acquire()?.is_some());
-    /// // Disagreeing about the number is an error, not a third permit.
-    /// assert!(matches!(
-    ///     host_b.semaphore("partner-api", 3),
-    ///     Err(leasehold::Error::PermitsMismatch { recorded: 2, .. })
-    /// ));
-    /// # Ok(()) }
-    /// ```
-    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
-        crate::key::validate_key(name)?;
-        if permits == 0 || permits > MAX_PERMITS {
-            return Err(Error::setting(
-                "permits",
-                format!(
-                    "{permits} is outside 1..={MAX_PERMITS}; a semaphore of one permit is a \
-                     lock (use obtain), and a waiter polls every permit's row"
-                ),
-            ));
-        }
-        let live = |cache: &SemaphoreCache| cache.live.get(name).and_then(Weak::upgrade);
-        let check_table = {
-            let cache = self.semaphores.lock();
-            if let Some(inner) = live(&cache) {
-                return self.same_permits(inner, permits);
-            }
-            !cache.table_checked
-        };
-        let sem_key = crate::key::lock_key_for(name);
-        let deadline = Instant::now() + self.core.settings.operation_timeout;
-        let recorded =
-            self.core
-                .store
-                .semaphore_permits(&sem_key, permits, check_table, deadline)?;
-        let mut cache = self.semaphores.lock();
-        cache.table_checked = true;
+/// The semaphore `name` of the registry with this core and cache (`LockRegistry::semaphore`).
+pub(crate) fn obtain(
+    core: &Arc<Core>,
+    semaphores: &Mutex<SemaphoreCache>,
+    name: &str,
+    permits: u32,
+) -> Result<Semaphore> {
+    crate::key::validate_key(name)?;
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::setting(
+            "permits",
+            format!(
+                "{permits} is outside 1..={MAX_PERMITS}; a semaphore of one permit is a \
+                 lock (use obtain), and a waiter polls every permit's row"
+            ),
+        ));
+    }
+    let live = |cache: &SemaphoreCache| cache.live.get(name).and_then(Weak::upgrade);
+    let check_table = {
+        let cache = semaphores.lock();
         if let Some(inner) = live(&cache) {
-            return self.same_permits(inner, permits);
+            return same_permits(core, inner, permits);
         }
-        if recorded != i64::from(permits) {
-            return Err(self.mismatch(name, permits, recorded));
-        }
-        let inner = Arc::new(SemaphoreInner::new(name, permits, &self.core));
-        cache.live.retain(|_, known| known.strong_count() > 0);
-        cache.live.insert(name.to_string(), Arc::downgrade(&inner));
-        Ok(Semaphore { inner })
+        !cache.table_checked
+    };
+    let sem_key = crate::key::lock_key_for(name);
+    let deadline = Instant::now() + core.settings.operation_timeout;
+    let recorded = core
+        .store
+        .semaphore_permits(&sem_key, permits, check_table, deadline)?;
+    let mut cache = semaphores.lock();
+    cache.table_checked = true;
+    if let Some(inner) = live(&cache) {
+        return same_permits(core, inner, permits);
     }
-
-    fn same_permits(&self, inner: Arc<SemaphoreInner>, permits: u32) -> Result<Semaphore> {
-        if inner.permits != permits {
-            return Err(self.mismatch(&inner.name, permits, inner.permits.into()));
-        }
-        Ok(Semaphore { inner })
+    if recorded != i64::from(permits) {
+        return Err(mismatch(core, name, permits, recorded));
     }
+    let inner = Arc::new(SemaphoreInner::new(name, permits, core));
+    cache.live.retain(|_, known| known.strong_count() > 0);
+    cache.live.insert(name.to_string(), Arc::downgrade(&inner));
+    Ok(Semaphore { inner })
+}
 
-    fn mismatch(&self, name: &str, permits: u32, recorded: i64) -> Error {
-        let table = crate::backend::semaphore_table(&self.core.table);
-        let fix = format!(
-            "DELETE FROM {table} WHERE SEM_KEY = '{}' AND REGION = '{}'",
-            crate::key::lock_key_for(name),
-            self.core.region.replace('\'', "''")
-        );
-        Error::PermitsMismatch {
-            name: name.to_string(),
-            permits,
-            recorded,
-            table,
-            fix,
-        }
+fn same_permits(core: &Arc<Core>, inner: Arc<SemaphoreInner>, permits: u32) -> Result<Semaphore> {
+    if inner.permits != permits {
+        return Err(mismatch(core, &inner.name, permits, inner.permits.into()));
+    }
+    Ok(Semaphore { inner })
+}
+
+fn mismatch(core: &Arc<Core>, name: &str, permits: u32, recorded: i64) -> Error {
+    let table = crate::backend::semaphore_table(&core.table);
+    let fix = format!(
+        "DELETE FROM {table} WHERE SEM_KEY = '{}' AND REGION = '{}'",
+        crate::key::lock_key_for(name),
+        core.region.replace('\'', "''")
+    );
+    Error::PermitsMismatch {
+        name: name.to_string(),
+        permits,
+        recorded,
+        table,
+        fix,
     }
 }
 
 /// What the table says about a semaphore, for operators: see
-/// [`LockRegistry::semaphore_status`].
+/// [`LockRegistry::semaphore_status`](crate::LockRegistry::semaphore_status).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SemaphoreStatus {
@@ -341,56 +212,28 @@ impl SemaphoreStatus {
     }
 }
 
-impl LockRegistry {
-    /// The holders of semaphore `name`'s permits and its recorded number of permits, as the
-    /// database records them now; for operators (`leasehold status` shows it). Records
-    /// nothing and creates nothing: a table without the semaphore table reads as "no number
-    /// recorded". Three statements: whether the semaphore table exists, its row, and one
-    /// listing of the permits' rows (they sort together).
-    ///
-    /// ```
-    /// # fn main() -> leasehold::Result<()> {
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
-    /// let unknown = registry.semaphore_status("exports")?;
-    /// assert!(!unknown.exists());
-    /// let exports = registry.semaphore("exports", 3)?;
-    /// let permit = exports.acquire()?;
-    /// let status = registry.semaphore_status("exports")?;
-    /// assert_eq!(status.permits, Some(3));
-    /// let held = status.held();
-    /// assert_eq!(held.len(), 1);
-    /// assert_eq!(held[0].client_id.as_deref(), Some(registry.client_id()));
-    /// assert_eq!(held[0].fencing_token, permit.fencing_token());
-    /// assert_eq!(held[0].part(), Some(format!("permit {}", permit.slot())));
-    /// permit.unlock()?;
-    /// assert!(registry.semaphore_status("exports")?.held().is_empty());
-    /// # Ok(()) }
-    /// ```
-    pub fn semaphore_status(&self, name: &str) -> Result<SemaphoreStatus> {
-        crate::key::validate_key(name)?;
-        let deadline = Instant::now() + self.core.settings.operation_timeout;
-        let recorded = self
-            .core
-            .store
-            .recorded_permits(&crate::key::lock_key_for(name), deadline)?;
-        // "…#" sorts just before slot 000, and every slot's key starts with it.
-        let prefix = slot_lock_key(name, 0)[..33].to_string();
-        let rows = self
-            .listing()
-            .page(Some(&prefix), MAX_PERMITS as usize)?
-            .into_iter()
-            .filter(|row| row.lock_key.starts_with(&prefix))
-            .map(|mut row| {
-                row.name = Some(name.to_string());
-                row
-            })
-            .collect();
-        Ok(SemaphoreStatus {
-            permits: recorded.and_then(|permits| u32::try_from(permits).ok()),
-            rows,
+/// The status of semaphore `name` (`LockRegistry::semaphore_status`).
+pub(crate) fn status(core: &Arc<Core>, name: &str) -> Result<SemaphoreStatus> {
+    crate::key::validate_key(name)?;
+    let deadline = Instant::now() + core.settings.operation_timeout;
+    let recorded = core
+        .store
+        .recorded_permits(&crate::key::lock_key_for(name), deadline)?;
+    // "…#" sorts just before slot 000, and every slot's key starts with it.
+    let prefix = slot_lock_key(name, 0)[..33].to_string();
+    let rows = crate::admin::Listing::new(core)
+        .page(Some(&prefix), MAX_PERMITS as usize)?
+        .into_iter()
+        .filter(|row| row.lock_key.starts_with(&prefix))
+        .map(|mut row| {
+            row.name = Some(name.to_string());
+            row
         })
-    }
+        .collect();
+    Ok(SemaphoreStatus {
+        permits: recorded.and_then(|permits| u32::try_from(permits).ok()),
+        rows,
+    })
 }
 
 /// How long an acquire may wait for a permit.
@@ -761,7 +604,7 @@ impl Nudge for SemaphoreInner {
     }
 }
 
-/// A handle on one counting semaphore of a registry (see [`LockRegistry::semaphore`]). Cheap
+/// A handle on one counting semaphore of a registry (see [`LockRegistry::semaphore`](crate::LockRegistry::semaphore)). Cheap
 /// to clone; all handles of one name in one registry share one poller.
 ///
 /// A waiting acquire polls the database every `idle_between_tries` while every permit is

@@ -353,7 +353,7 @@ impl LockGuard {
     /// released to the database even when local threads queue (no local handoff), and they
     /// poll until the row runs out. For a nested (reentrant) guard this only lowers the hold
     /// count and `keep` does not apply. `keep` is at most
-    /// [`MAX_TIME_TO_LIVE`](crate::MAX_TIME_TO_LIVE); a longer one is refused with
+    /// [`MAX_TIME_TO_LIVE`](crate::core::MAX_TIME_TO_LIVE); a longer one is refused with
     /// [`Error::InvalidSetting`] and the lock is released as by [`unlock`](Self::unlock).
     /// `Err(LeaseLost)` as for `unlock`.
     ///
@@ -372,7 +372,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn unlock_keeping_for(mut self, keep: Duration) -> Result<()> {
-        if keep > crate::MAX_TIME_TO_LIVE {
+        if keep > crate::core::MAX_TIME_TO_LIVE {
             // Released as by `unlock`, but at once: a caller who asked to keep the row did
             // not mean a local thread to have it (no linger).
             self.released = true;
@@ -384,7 +384,7 @@ impl LockGuard {
                 "keep",
                 format!(
                     "{keep:?} is longer than {:?}; keep a row at most as long as a lease",
-                    crate::MAX_TIME_TO_LIVE
+                    crate::core::MAX_TIME_TO_LIVE
                 ),
             ));
         }

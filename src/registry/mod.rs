@@ -2,6 +2,9 @@
 //! backend, and hands out the primitives (locks here; semaphores, reader/writer locks and
 //! administration in their own modules).
 
+mod admin;
+mod primitives;
+
 use crate::backend::{
     CustomQueries, ListenerHandler, ListenerReply, PoolSettings, Statements, Store, TableSettings,
 };
