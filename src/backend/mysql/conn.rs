@@ -4,7 +4,11 @@
 
 use super::errors::classify;
 use super::hosts::open_writable;
+#[cfg(doc)]
+use super::Mysql;
 use super::{wakeups, watchdog, NAMES};
+#[cfg(doc)]
+use crate::backend::Backend;
 use crate::backend::{Failure, FailureKind, Params, PerStatement};
 use mysql::prelude::Queryable;
 use mysql::{Opts, OptsBuilder, Value};

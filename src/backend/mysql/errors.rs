@@ -1,6 +1,8 @@
 //! How MySQL and driver errors map to failures: transient, broken connection, or fatal with
 //! a hint that says what to do.
 
+#[cfg(doc)]
+use super::conn::MysqlConn;
 use crate::backend::{Failure, FailureKind};
 
 pub(super) fn classify(error: mysql::Error) -> Failure {

@@ -2,6 +2,8 @@
 //! and the connection checked when the registry is built.
 
 use super::errors::classify;
+#[cfg(doc)]
+use super::open;
 use super::tls::{tls_problem, with_tls, MysqlTls};
 use super::Mysql;
 use crate::backend::pools::Finding;
