@@ -199,7 +199,7 @@
 
 // The only unsafe code is SQLite's release board (`backend/sqlite/board.rs`: a shared file
 // mapping, the futex and the presence lock on it) and MySQL's sockets (`set_socket_timeouts`
-// in `backend/mysql/mod.rs` and `shut_down` in `backend/mysql/watchdog.rs`: a borrowed
+// in `backend/mysql/conn.rs` and `shut_down` in `backend/mysql/watchdog.rs`: a borrowed
 // descriptor), and SQLite's access(2) check of a file it cannot open (`writable` in
 // `backend/sqlite/mod.rs`), each allowing it for itself.
 #![deny(unsafe_code)]

@@ -56,7 +56,7 @@
 //! | `store.rs` | [`Store`] and [`SqlStore`]: the lease operations |
 //! | `admin.rs` | the administration statements: holder, listing, forced release, cleanup, keep-for release |
 //! | `retry.rs` | the retry loop: deadlines, pauses, discarding broken connections |
-//! | `pools.rs` | connection pools and the first connection |
+//! | `pools/mod.rs`, `pools/probe.rs` | connection pools; the first connection and the look at what answers at a server's address |
 //! | `statement_threads.rs` | threads that run statements for callers with deadlines where the driver cannot bound a call (MySQL off Unix; PostgreSQL inside an async runtime) |
 //! | `schema.rs` | the DDL and the table, name-column and floor checks of `build()` |
 //! | `semaphores.rs` | the semaphore table: creating it, recording and reading a semaphore's permits |
@@ -64,8 +64,8 @@
 //! | `listener.rs` | what a release listener and its registry tell each other |
 //! | `tls.rs` | what TLS shares between databases: modes, handshake errors and their hints, certificate files |
 //! | `sqlite/mod.rs`, `sqlite/board.rs` | SQLite; its release board (wake-ups between processes of one host) |
-//! | `postgres/mod.rs`, `postgres/listener.rs`, `postgres/tls.rs` | PostgreSQL; its `LISTEN` thread and connection; its TLS settings (`sslmode`, …) and rustls configuration |
-//! | `mysql/mod.rs`, `mysql/wakeups.rs`, `mysql/tls.rs` | MySQL/MariaDB; its wake-ups through named locks; its TLS settings (`ssl-mode`, …) and driver options |
+//! | `postgres/mod.rs`, `postgres/conn.rs`, `postgres/errors.rs`, `postgres/hosts.rs`, `postgres/listener.rs`, `postgres/tls.rs` | PostgreSQL: its SQL; its connections and their deadlines; its error mapping; host lists and connect checks; its `LISTEN` thread and connection; its TLS settings (`sslmode`, …) and rustls configuration |
+//! | `mysql/mod.rs`, `mysql/conn.rs`, `mysql/errors.rs`, `mysql/hosts.rs`, `mysql/wakeups/`, `mysql/tls.rs` | MySQL/MariaDB: its SQL; its connections, statement plans and socket timeouts; its error mapping; host lists and connect checks; its wake-ups through named locks; its TLS settings (`ssl-mode`, …) and driver options |
 //!
 //! A database's files import the shared ones (`crate::backend::…`), never the other way round,
 //! and never another database's.
