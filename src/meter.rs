@@ -8,24 +8,7 @@
 //! none is installed) with a metric key built when the registry was (only per-key metrics
 //! under `metrics_key_labels` build theirs per event). Nothing here blocks or runs user code.
 //!
-//! # Metric names (feature `metrics`)
-//!
-//! Every metric carries the labels `table` and `region`; with
-//! [`Tuning::metrics_key_labels`](crate::Tuning::metrics_key_labels) the
-//! per-key ones also carry `key` (off by default: one series per lock name can be many).
-//!
-//! | name | kind | labels | what |
-//! |------|------|--------|------|
-//! | `leasehold_grants_total` | counter | `via` = `database` / `local_handoff`, key | locks granted to a caller |
-//! | `leasehold_contended_tries_total` | counter | key | acquire statements that found the lock held elsewhere |
-//! | `leasehold_turns_ended_total` | counter | key | releases that ended a turn, reserving the key for other instances (see [`Tuning::turn_limit`](crate::Tuning::turn_limit)) |
-//! | `leasehold_leases_lost_total` | counter | `reason` = `expired` / `not_owner`, key | leases lost |
-//! | `leasehold_renewals_total` | counter | | leases renewed in the background or by hand |
-//! | `leasehold_renewals_failed_total` | counter | | renewals whose outcome is unknown (no answer, an error, a row locked by another session) |
-//! | `leasehold_wait_seconds` | histogram | key | from a lock call to its grant |
-//! | `leasehold_hold_seconds` | histogram | key | from a grant to its release, per holder |
-//! | `leasehold_renewal_seconds` | histogram | | one renew statement (a batch counts once) |
-//! | `leasehold_held_leases` | gauge | | leases this registry holds now |
+//! The metric names are listed in the docs of [`Statistics`](crate::Statistics).
 
 use crate::error::LossReason;
 use crate::Statistics;

@@ -7,7 +7,26 @@ use std::time::Duration;
 /// counts, including retries), and what became of its locks and leases — grants by local
 /// handoff, contended tries, losses by reason, renewals, wait, hold and renewal times. For
 /// dashboards without a metrics stack; with the `metrics` feature the same events also go to
-/// the `metrics` facade (see the README's "Metrics").
+/// the `metrics` facade under the names below.
+///
+/// # Metric names (feature `metrics`)
+///
+/// Every metric carries the labels `table` and `region`; with
+/// [`Tuning::metrics_key_labels`](crate::Tuning::metrics_key_labels) the
+/// per-key ones also carry `key` (off by default: one series per lock name can be many).
+///
+/// | name | kind | labels | what |
+/// |------|------|--------|------|
+/// | `leasehold_grants_total` | counter | `via` = `database` / `local_handoff`, key | locks granted to a caller |
+/// | `leasehold_contended_tries_total` | counter | key | acquire statements that found the lock held elsewhere |
+/// | `leasehold_turns_ended_total` | counter | key | releases that ended a turn, reserving the key for other instances (see [`Tuning::turn_limit`](crate::Tuning::turn_limit)) |
+/// | `leasehold_leases_lost_total` | counter | `reason` = `expired` / `not_owner`, key | leases lost |
+/// | `leasehold_renewals_total` | counter | | leases renewed in the background or by hand |
+/// | `leasehold_renewals_failed_total` | counter | | renewals whose outcome is unknown (no answer, an error, a row locked by another session) |
+/// | `leasehold_wait_seconds` | histogram | key | from a lock call to its grant |
+/// | `leasehold_hold_seconds` | histogram | key | from a grant to its release, per holder |
+/// | `leasehold_renewal_seconds` | histogram | | one renew statement (a batch counts once) |
+/// | `leasehold_held_leases` | gauge | | leases this registry holds now |
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Statistics {

@@ -96,8 +96,8 @@ impl LockRegistry {
     /// wants the one primary, in order.
     ///
     /// What a failover does to held leases, waiters and fencing tokens — kept across a
-    /// synchronous standby's promotion, not across an asynchronous one's — is in the README's
-    /// *High availability* section, measured by `tests/ha.rs`.
+    /// synchronous standby's promotion, not across an asynchronous one's — is in `DESIGN.md`
+    /// (*Failover*), checked by `tests/ha.rs`.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres(url: impl Into<String>) -> RegistryBuilder {
@@ -127,7 +127,7 @@ impl LockRegistry {
     /// granting one key at once) comes back as a deadlock (1213) and is retried like one; with
     /// every registry listing the nodes in the same order they all write through the first
     /// node, and conflicts only come with a failover. What a Galera node's failure does to
-    /// leases is in the README's *High availability* section, measured by `tests/ha.rs`.
+    /// leases is checked by `tests/ha.rs` (see `DESIGN.md`, *Failover*).
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub fn mysql(url: impl Into<String>) -> RegistryBuilder {
