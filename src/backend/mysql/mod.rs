@@ -137,9 +137,9 @@
 //! stream reads and writes; the driver's switch to the server's Unix socket for a local server
 //! (`prefer_socket`) gives a Unix socket, which takes the same options. Once the deadline has
 //! passed, nothing more is sent. A server that did not answer in time may still run the
-//! statement (one waiting for a row lock runs once it gets the row): as with any timeout, an acquire
-//! granted after its caller gave up is left to expire, and a renewal's outcome counts as
-//! unknown from its send time.
+//! statement (one waiting for a row lock runs once it gets the row): as with any timeout, an
+//! acquire granted after its caller gave up is left to expire, and a renewal's outcome counts
+//! as unknown from its send time.
 //!
 //! What the socket alone does not bound: a result that trickles in. Each read waits at most
 //! for what was left when its call began, so a server that kept sending a few bytes within
