@@ -1,4 +1,4 @@
-//! Contended throughput (issue 25): two instances × four threads each on four keys, every
+//! Contended throughput: two instances × four threads each on four keys, every
 //! thread taking a random key, running an empty critical section and letting go, as fast as
 //! it can. Each figure is the time per critical section (lower is better), next to baselines
 //! measured in the same run on the same server with the same harness:

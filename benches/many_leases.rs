@@ -1,4 +1,4 @@
-//! Many leases held by one registry (issue 12): what holding them costs the process and the
+//! Many leases held by one registry: what holding them costs the process and the
 //! database, and whether any is lost.
 //!
 //! For every backend that is compiled in and answering (SQLite always; PostgreSQL and MariaDB

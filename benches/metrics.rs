@@ -1,4 +1,4 @@
-//! What the `metrics` feature costs an uncontended `lock()` + `unlock()` (issue 27).
+//! What the `metrics` feature costs an uncontended `lock()` + `unlock()`.
 //!
 //! Three variants of the same loop on the same registry, named by what the build and the
 //! thread have:

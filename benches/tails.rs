@@ -1,4 +1,4 @@
-//! The distribution of cross-process handoffs with the default settings (issue 25, goal 2).
+//! The distribution of cross-process handoffs with the default settings.
 //!
 //! Criterion reports central figures; a handoff's tail is made of the few that missed their
 //! wake-up. This harness records every handoff and prints, per backend, the median, p90, p99,

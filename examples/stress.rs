@@ -86,7 +86,7 @@
 //! exceed the time the row has left on the database clock. A probe that fails is a violation: it means a holder believed
 //! it held a lock that another instance could already take.
 //!
-//! **The mix** (`--mix 1`) adds what has broken that invariant before (issue 21): every acquire
+//! **The mix** (`--mix 1`) adds what could break that invariant: every acquire
 //! asks for one of three time-to-lives (so local handoffs change it), one section in eight
 //! renews by hand with another one, a second registry per process keeps losing short leases
 //! (renewal off) to a loss callback that sleeps half a second, and on the servers a thread per

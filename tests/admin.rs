@@ -1,5 +1,5 @@
 //! The administration API against every database: `holder`, `listing`, `force_release`,
-//! `delete_released_and_expired`, and `LockGuard::unlock_keeping_for` (issue 13).
+//! `delete_released_and_expired`, and `LockGuard::unlock_keeping_for`.
 //!
 //! Time is compared on the database clock (the `Holder` timestamps) where a test needs an
 //! order of events; waits are bounded generously so a broken build fails instead of hanging.
@@ -449,7 +449,7 @@ mod suite {
         assert_eq!(registry.holder("weekly").unwrap(), None);
     }
 
-    /// Issue 27: a node finds what it holds by its client id, which names its host and
+    /// A node finds what it holds by its client id, which names its host and
     /// process by default; rows of keys it has handles for carry their names.
     pub fn a_registry_lists_what_it_holds_by_its_default_client_id(f: &Fixture) {
         let (node, other) = (f.registry(), f.registry());

@@ -1,10 +1,10 @@
-//! The `leasehold` command, run as a real process against every database (issue 13): `run`
+//! The `leasehold` command, run as a real process against every database: `run`
 //! never overlaps, passes the command's exit code through, and exits with its own codes when
 //! the lock is busy or the lease is lost; `status`, `list`, `init`, `release --force` and
-//! `cleanup`. Issue 21: every process of the command is stopped on a loss and when leasehold
+//! `cleanup`. Every process of the command is stopped on a loss and when leasehold
 //! dies, and the terminal keeps working (through script(1)); durations are checked before
-//! the lock. Issue 22: flock's options, `status --json`, no table from read-only commands.
-//! Issue 27: `list --holder`, and `--watch` of `list` and `status`.
+//! the lock; flock's options, `status --json`, no table from read-only commands.
+//! `list --holder`, and `--watch` of `list` and `status`.
 
 #![cfg(feature = "cli")]
 
@@ -1263,7 +1263,7 @@ mod suite {
         assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid lock key"));
     }
 
-    /// Issue 27: `list --holder` shows only the rows a client id (or a host's or process's
+    /// `list --holder` shows only the rows a client id (or a host's or process's
     /// client ids, given as `HOST/` or `HOST/PID/`) holds now, as a table and as JSON.
     pub fn list_holder_shows_only_what_that_client_holds(f: &Fixture) {
         let as_client = |id: &str| f.builder().client_id(id).build().unwrap();
@@ -1391,7 +1391,7 @@ mod suite {
         }
     }
 
-    /// Issue 27: `list --watch --json` prints one JSON array per refresh; a lock taken and
+    /// `list --watch --json` prints one JSON array per refresh; a lock taken and
     /// released between refreshes shows in the next ones; SIGINT ends it with 0.
     pub fn list_watch_prints_every_refresh_and_stops_on_a_signal(f: &Fixture) {
         let (mut watching, lines) = spawn_reading(leasehold(
@@ -1428,7 +1428,7 @@ mod suite {
         assert_eq!(code(&fast), 64, "{fast:?}");
     }
 
-    /// Issue 27: `status --watch` to a pipe appends every refresh after a header with the
+    /// `status --watch` to a pipe appends every refresh after a header with the
     /// interval and the database clock; it shows the holder once the key is taken, and ends
     /// with 0 when its reader goes away.
     pub fn status_watch_appends_refreshes_and_ends_when_nobody_reads(f: &Fixture) {
@@ -1465,7 +1465,7 @@ mod suite {
         guard.unlock().unwrap();
     }
 
-    /// Issue 27: a refresh that fails after the first (here: the table is dropped) is reported
+    /// A refresh that fails after the first (here: the table is dropped) is reported
     /// on stderr and the watch goes on; it shows the key again once the table is back.
     pub fn a_watch_reports_a_failed_refresh_and_goes_on(f: &Fixture) {
         let (_watching, lines) = spawn_reading(leasehold(
@@ -1490,7 +1490,7 @@ mod suite {
         guard.unlock().unwrap();
     }
 
-    /// Issue 27: `list --watch` on a terminal (script(1)'s pseudo-terminal, 6 rows of 50
+    /// `list --watch` on a terminal (script(1)'s pseudo-terminal, 6 rows of 50
     /// columns) redraws the screen in place, cuts lines to the width, counts the rows that do
     /// not fit, shows a lock taken meanwhile, and ends with 0 at Ctrl-C.
     pub fn list_watch_on_a_terminal_redraws_in_place_until_ctrl_c(f: &Fixture) {
@@ -1766,7 +1766,7 @@ mod suite {
         assert_eq!(code(&bad), 64, "{bad:?}");
     }
 
-    /// Issue 23: `--listener-url` and `--prepared-statements` reach the registry (PostgreSQL):
+    /// `--listener-url` and `--prepared-statements` reach the registry (PostgreSQL):
     /// a listener URL that cannot be reached is refused when the registry is built, one that
     /// can be works, and prepared statements work straight to the server.
     pub fn postgres_listener_url_and_prepared_statements_reach_the_registry(f: &Fixture) {
@@ -1823,7 +1823,7 @@ mod suite {
         }
     }
 
-    /// Issue 26: `run --permits N` runs at most N commands at once, each with a permit number
+    /// `run --permits N` runs at most N commands at once, each with a permit number
     /// of its own (a directory per permit is the outside witness: `mkdir` fails if it exists).
     pub fn runs_with_permits_never_run_more_commands_than_permits(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
@@ -1947,7 +1947,7 @@ mod suite {
         assert!(permit.is_held(), "the new holder keeps it");
     }
 
-    /// Issue 26: `run --read` runs share the key, a `--write` run runs alone (files in a
+    /// `run --read` runs share the key, a `--write` run runs alone (files in a
     /// directory are the outside witness), and a busy side exits 75.
     pub fn read_runs_share_and_write_runs_run_alone(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
@@ -1998,7 +1998,7 @@ mod suite {
         (code(&lines), stdout(&lines), object)
     }
 
-    /// Issue 26: `status` shows a semaphore's number of permits and each held permit (its
+    /// `status` shows a semaphore's number of permits and each held permit (its
     /// holder, expiry and token), and says when they are all free.
     pub fn status_shows_a_semaphores_permits_and_their_holders(f: &Fixture) {
         let (free, text, object) = status_of(f, "exports");
@@ -2079,7 +2079,7 @@ mod suite {
         assert_eq!(object["held"], false);
     }
 
-    /// Issue 26: `status` shows a reader/writer lock's readers and its writer, a writer that
+    /// `status` shows a reader/writer lock's readers and its writer, a writer that
     /// waits for readers, and a free one.
     pub fn status_shows_a_reader_writer_locks_readers_and_writer(f: &Fixture) {
         let (a, b) = (f.registry(), f.registry());

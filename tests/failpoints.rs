@@ -1,5 +1,5 @@
 //! Races forced with fail points (feature `failpoints`, part of `--all-features`): each test
-//! pins one interleaving that an outside audit found to break a guarantee (issue 11), instead of
+//! pins one interleaving that an outside audit found to break a guarantee, instead of
 //! hoping a loop hits the window. The fail point names are listed in `src/lease/mod.rs`.
 //!
 //! Fail points are process-wide, so every test holds a [`fail::FailScenario`], which runs the
@@ -531,7 +531,7 @@ fn a_handoff_with_another_ttl_succeeds_even_when_renewals_fail() {
     scenario.teardown();
 }
 
-/// Issue 21, finding 3: one renewal statement that does not come back (here held at the fail
+/// One renewal statement that does not come back (here held at the fail
 /// point before it is sent) held up every other lease of the registry behind the single
 /// renewal thread; another lease, due later, was never renewed and ran out.
 #[test]
@@ -566,7 +566,7 @@ fn a_stuck_renewal_does_not_hold_up_the_registrys_other_leases() {
     scenario.teardown();
 }
 
-/// Issue 21, finding 4: after a local handoff to a thread that asked for a shorter
+/// After a local handoff to a thread that asked for a shorter
 /// time-to-live, the renewal carrying it is sent while the holder still counted the old,
 /// longer deadline: the row could run out seconds before the holder gave up. From the moment
 /// that renewal may run, the deadline is at most its send instant + the new time-to-live.
@@ -723,7 +723,7 @@ fn a_renewal_that_finds_another_holder_after_the_deadline_reports_expiry() {
     scenario.teardown();
 }
 
-/// Issue 21, finding 5: a renewal whose turn began before `unlock_keeping_for` ran after it,
+/// A renewal whose turn began before `unlock_keeping_for` ran after it,
 /// matched the kept row and set it to now + TTL: a 60 s keep became 3 s.
 #[test]
 fn a_renewal_in_flight_does_not_cut_a_kept_row_short() {
@@ -821,7 +821,7 @@ fn a_caller_waiting_for_the_connection_of_an_abandoned_statement_gets_a_new_one(
     scenario.teardown();
 }
 
-/// Issue 26, local handoff of permits: a waiter claims a permit its releasing thread offers,
+/// Local handoff of permits: a waiter claims a permit its releasing thread offers,
 /// but leaves before its holder sees it queued on the slot's lock (its wait ran out on the way
 /// in). The release must go to the database at once: the holder waited for a claimant that
 /// would never come, until `operation_timeout`, with its permit held.
@@ -855,7 +855,7 @@ fn a_claimant_that_leaves_before_queueing_does_not_hold_up_the_release() {
     scenario.teardown();
 }
 
-/// Issue 25, goal 4: a waiter's sleeps between attempts are spread around
+/// A waiter's sleeps between attempts are spread around
 /// `idle_between_tries` (±25 %), so that it cannot stay in lock-step with another instance
 /// that polls at the same interval a few milliseconds before it (Spring Integration's
 /// `idleBetweenTries` is 100 ms, like leasehold's default) and takes every release first.

@@ -1,4 +1,4 @@
-//! Isolation (issue 21): nothing one lease, callback or row does may break another lease's
+//! Isolation: nothing one lease, callback or row does may break another lease's
 //! guarantee. Each test makes one lease (or its callback, or its row) misbehave and checks that
 //! the *other* leases are renewed and reported as the guarantees say, on real databases.
 //!

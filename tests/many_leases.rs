@@ -167,7 +167,7 @@ mod suite {
             .connect_timeout(Duration::from_secs(15))
     }
 
-    /// Issue 12, item 3: pools open connections on demand and close idle ones. A registry
+    /// Pools open connections on demand and close idle ones. A registry
     /// holding one lock keeps at most one main and one renewal connection (plus, on MySQL, the
     /// named-lock connection of release wake-ups while it holds a lock); one whose thread
     /// waits for a lock held elsewhere keeps one (plus the wake-up connection while it waits:

@@ -1,4 +1,4 @@
-//! Metrics (issue 27): the figures reach a real recorder of the `metrics` facade
+//! Metrics: the figures reach a real recorder of the `metrics` facade
 //! (`metrics-util`'s debugging recorder, installed for this whole test binary) and the
 //! extended `Statistics`, with the names, labels and units the README lists. One test, since a
 //! process has one global recorder.

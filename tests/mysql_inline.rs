@@ -1,5 +1,5 @@
 //! MySQL/MariaDB statements run on their caller's thread, bounded by the caller's deadline
-//! through the connection's socket (issue 25, goal 3; `src/backend/mysql/mod.rs`, "Deadlines").
+//! through the connection's socket (`src/backend/mysql/mod.rs`, "Deadlines").
 //! A server that stops answering is stood for by a loopback proxy that stops forwarding, in
 //! both directions, while its connections stay open: a statement then gets no answer at all.
 

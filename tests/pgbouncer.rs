@@ -324,7 +324,7 @@ impl Drop for LimitedRole {
 }
 
 /// A full server behind `listener_url` does not fail `build()`: wake-ups are an optimisation,
-/// so the registry warns and its waiters poll (the fleet run of issue 23: 200 processes, a
+/// so the registry warns and its waiters poll (a fleet of 200 processes, a
 /// direct listener each, 100 server slots). Any other fault of the URL still fails the build.
 #[test]
 fn a_full_server_behind_the_listener_url_leaves_waiters_polling() {
@@ -494,7 +494,7 @@ fn acquires_and_renewals_refused_by_a_full_server_say_too_many_clients() {
 }
 
 /// The `leasehold` command through PgBouncer: every subcommand that talks to the table works
-/// (at a822fc6, with named statements, every one after `init` failed: issue 23).
+/// (with named statements, every statement after `init` fails there).
 #[cfg(feature = "cli")]
 #[test]
 fn the_command_works_through_the_pooler() {

@@ -470,7 +470,7 @@ mod suite {
         ))
     }
 
-    /// Issue 27: a table made before the `LOCK_NAME` column (or by Spring's DDL) works as it
+    /// A table made before the `LOCK_NAME` column (or by Spring's DDL) works as it
     /// did, its rows without names; `create_table(true)` adds the column, and from then on
     /// leasehold's grants name their rows, while a registry built before goes on working.
     pub fn a_table_without_the_name_column_works_and_create_table_adds_it(f: &Fixture) {

@@ -406,7 +406,7 @@ mod suite {
         assert_eq!(summary.kills, summary.replacements);
     }
 
-    /// Issue 26: every key a semaphore of 2 permits, a record per permit: never two holders of
+    /// Every key a semaphore of 2 permits, a record per permit: never two holders of
     /// one permit (so never more than 2 of a key), across processes and threads.
     pub fn semaphore_permits_hold_under_load_across_processes(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
@@ -425,7 +425,7 @@ mod suite {
         }
     }
 
-    /// Issue 26: every key a reader/writer lock, one acquire in four a write: a writer never
+    /// Every key a reader/writer lock, one acquire in four a write: a writer never
     /// runs beside a reader or another writer, across processes and threads.
     pub fn rw_locks_hold_under_load_across_processes(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
@@ -443,7 +443,7 @@ mod suite {
         assert!(writes > 0, "no write ran");
     }
 
-    /// Issue 21: at random moments inside critical sections, every holder's deadline is no
+    /// At random moments inside critical sections, every holder's deadline is no
     /// later than its row's expiry on the database clock and the row names it — with other
     /// time-to-lives handed over locally, manual renewals, slow loss callbacks and (servers)
     /// another session locking rows in the mix (see the stress driver's docs).

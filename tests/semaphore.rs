@@ -434,7 +434,7 @@ mod suite {
         }
     }
 
-    /// Issue 26: a permit released while another thread of the registry waits is handed over
+    /// A permit released while another thread of the registry waits is handed over
     /// without a statement, keeping its slot, grant and fencing token, as a lock is.
     pub fn a_released_permit_is_handed_to_a_waiting_thread_without_a_statement(f: &Fixture) {
         // No handoff limit: on a loaded machine the wait below may outlast the default 1 s. A

@@ -231,7 +231,7 @@ fn two_spring_instances_beside_two_leasehold_instances(
     use turns::{contend, Tally, Witness};
     const RUN: Duration = Duration::from_secs(12);
     const SPRING_POLL: Duration = Duration::from_millis(100);
-    let key = format!("goal4-{}", uuid::Uuid::new_v4());
+    let key = format!("turns-{}", uuid::Uuid::new_v4());
     let witness = Arc::new(Witness::default());
     let end = Instant::now() + RUN;
     let give_up = end + Duration::from_secs(30);
@@ -328,7 +328,7 @@ fn two_spring_instances_beside_two_leasehold_instances(
         _ => 3 * bound,
     };
     println!(
-        "{}: goal 4 with the defaults, {RUN:?}, {spring_threads} thread(s) per Spring instance: \
+        "{}: with the defaults, {RUN:?}, {spring_threads} thread(s) per Spring instance: \
          sections (longest wait, from when): Spring {}; leasehold {}; documented bound {bound:?}; \
          longest probe read {:.3} s at {:.1} s",
         spring.table(),
@@ -1252,7 +1252,7 @@ mod mysql_interop {
         waiter
     }
 
-    /// Issue 25, goal 4 on MariaDB: a Spring holder takes no named lock, so a watcher used to
+    /// On MariaDB: a Spring holder takes no named lock, so a watcher used to
     /// learn nothing of its unlock (the row is gone, which read as "no release") and the
     /// waiter got the key at its next poll. The watcher now looks at a row held without its
     /// named lock every few milliseconds and reports its deletion: a waiter that polls once a

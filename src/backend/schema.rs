@@ -157,7 +157,7 @@ fn check_columns<B: Backend>(table: &str, columns: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The optional column that names a row's lock (issue 27): leasehold's grant fills it,
+/// The optional column that names a row's lock: leasehold's grant fills it,
 /// Spring's rows leave it NULL.
 pub(crate) const NAME_COLUMN: &str = "LOCK_NAME";
 

@@ -1,4 +1,4 @@
-//! The contention workload of issue 16 — holds of 1–20 ms, pauses of 0–10 ms, one key — with a
+//! The contention workload — holds of 1–20 ms, pauses of 0–10 ms, one key — with a
 //! witness that counts overlapping critical sections and a tally of each contender's turns.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
