@@ -43,7 +43,11 @@ impl HandleCache {
     }
 
     /// The entry for `key`, created with `make` if absent; marks it most recently used.
-    pub fn get_or_insert(&mut self, key: &str, make: impl FnOnce() -> LockInner) -> Arc<LockInner> {
+    pub fn get_or_insert(
+        &mut self,
+        key: &str,
+        make: impl FnOnce() -> Arc<LockInner>,
+    ) -> Arc<LockInner> {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         if let Some((inner, old_stamp)) = self.entries.get_mut(key) {
@@ -55,7 +59,7 @@ impl HandleCache {
             self.order.insert(stamp, shared_key);
             return Arc::clone(inner);
         }
-        let inner = Arc::new(make());
+        let inner = make();
         let shared_key: Arc<str> = key.into();
         self.entries
             .insert(Arc::clone(&shared_key), (Arc::clone(&inner), stamp));

@@ -224,6 +224,43 @@ pub(crate) struct Core {
     pub renewer: Arc<Renewer>,
     /// What the registry measures (see [`crate::meter`]).
     pub meter: Arc<Meter>,
+    /// Set by `LockRegistry::close`: waits end with [`Error::Closed`], nothing new is granted.
+    pub closed: std::sync::atomic::AtomicBool,
+    /// Every local state that threads may wait on (locks, their rows, semaphores, reader/writer
+    /// locks), so that closing wakes them all.
+    pub waitables: parking_lot::Mutex<Vec<std::sync::Weak<dyn crate::wakeups::Nudge>>>,
+}
+
+impl Core {
+    /// [`Error::Closed`] once the registry has been closed.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Remembers `waitable` so that closing the registry wakes its waiting threads.
+    pub(crate) fn track(&self, waitable: std::sync::Weak<dyn crate::wakeups::Nudge>) {
+        let mut all = self.waitables.lock();
+        if all.len() >= 64 && all.len().is_power_of_two() {
+            all.retain(|known| known.strong_count() > 0);
+        }
+        all.push(waitable);
+    }
+
+    /// Closes the registry: every wait of its threads ends with [`Error::Closed`], at once.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let all: Vec<_> = self.waitables.lock().clone();
+        for waitable in all.iter().filter_map(std::sync::Weak::upgrade) {
+            waitable.nudge();
+        }
+    }
 }
 
 /// Where the lock table lives.

@@ -185,6 +185,12 @@ pub enum Error {
         source: Option<DatabaseError>,
     },
 
+    /// The registry was closed ([`LockRegistry::close`](crate::LockRegistry::close)): a wait
+    /// that was under way ended, and nothing new is granted. Locks held when it was closed stay
+    /// held until their guards go.
+    #[error("the registry was closed: no lock is granted any more")]
+    Closed,
+
     /// The database refused an operation in a way retrying will not fix.
     #[error("{operation} failed: {hint}")]
     Database {

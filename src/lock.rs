@@ -191,6 +191,15 @@ impl LockInner {
     }
 
     /// A key whose row is `lock_key` rather than the key's UUID (a semaphore's permit).
+    /// Shares this key's state, tracked by the core so that closing the registry wakes the
+    /// threads waiting on it.
+    pub fn tracked(self) -> Arc<Self> {
+        let inner = Arc::new(self);
+        let waitable: Weak<dyn Nudge> = Arc::downgrade(&inner) as Weak<dyn Nudge>;
+        inner.core.track(waitable);
+        inner
+    }
+
     pub fn with_lock_key(key: &str, lock_key: String, core: Arc<Core>) -> Self {
         LockInner {
             key: key.into(),
@@ -312,6 +321,7 @@ impl LockInner {
                 let retune = lease.ttl() != ttl;
                 return Ok(Some((lease, retune, true)));
             }
+            self.core.check_open()?;
             if state.lingers() {
                 let lease = state.lease.clone().expect("a linger keeps its lease");
                 // A lease lost while it lingered is never handed on: it is released, and
@@ -443,7 +453,7 @@ impl LockInner {
     /// was sent) cuts it short.
     fn sleep_between_polls(&self, state: &mut MutexGuard<'_, LocalState>, wake_at: Instant) {
         self.core.wakeups.before_sleep();
-        while Instant::now() < wake_at && !state.nudged {
+        while Instant::now() < wake_at && !state.nudged && !self.core.is_closed() {
             self.changed.wait_until(state, wake_at);
         }
     }

@@ -129,6 +129,8 @@ pub(crate) fn obtain(
         return Ok(RwLock { inner });
     }
     let inner = Arc::new(RwInner::new(name, core));
+    let waitable: Weak<dyn Nudge> = Arc::downgrade(&inner) as Weak<dyn Nudge>;
+    core.track(waitable);
     live.retain(|_, known| known.strong_count() > 0);
     live.insert(name.to_string(), Arc::downgrade(&inner));
     Ok(RwLock { inner })
@@ -251,11 +253,9 @@ impl RwInner {
     fn new(name: &str, core: &Arc<Core>) -> Self {
         let stem = stem(name);
         let row = |lock_key: &str| {
-            Lock::new(Arc::new(LockInner::with_lock_key(
-                name,
-                lock_key.to_string(),
-                Arc::clone(core),
-            )))
+            Lock::new(
+                LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core)).tracked(),
+            )
         };
         let writer_key: Arc<str> = format!("{stem}@w00").into();
         let reader_keys: Vec<Arc<str>> = (0..MAX_READERS)
@@ -311,7 +311,7 @@ impl RwInner {
         let wake_at = wait.deadline().map_or(next_poll, |d| d.min(next_poll));
         self.core.wakeups.before_sleep();
         let mut state = self.state.lock();
-        while Instant::now() < wake_at && state.nudges == seen {
+        while Instant::now() < wake_at && state.nudges == seen && !self.core.is_closed() {
             self.changed.wait_until(&mut state, wake_at);
         }
         !wait.over(Instant::now())
@@ -385,9 +385,11 @@ impl RwInner {
         let start = (uuid::Uuid::new_v4().as_u128() % u128::from(MAX_READERS)) as usize;
         let mut patience = Patience::new(&self.core.settings);
         loop {
+            self.core.check_open()?;
             {
                 let mut state = self.state.lock();
                 while state.writers > 0 {
+                    self.core.check_open()?;
                     // A writer of this registry has the lock or waits for it.
                     *answered = true;
                     match wait {
@@ -506,6 +508,7 @@ impl RwInner {
                 return Ok(None);
             };
             loop {
+                self.core.check_open()?;
                 fail_point!("rwlock::write_waits_for_readers");
                 if !guard.is_held() {
                     drop(guard);

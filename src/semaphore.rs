@@ -156,6 +156,8 @@ pub(crate) fn obtain(
         return Err(mismatch(core, name, permits, recorded));
     }
     let inner = Arc::new(SemaphoreInner::new(name, permits, core));
+    let waitable: Weak<dyn Nudge> = Arc::downgrade(&inner) as Weak<dyn Nudge>;
+    core.track(waitable);
     cache.live.retain(|_, known| known.strong_count() > 0);
     cache.live.insert(name.to_string(), Arc::downgrade(&inner));
     Ok(Semaphore { inner })
@@ -301,11 +303,10 @@ impl SemaphoreInner {
         let slots = slot_keys
             .iter()
             .map(|lock_key| {
-                Lock::new(Arc::new(LockInner::with_lock_key(
-                    name,
-                    lock_key.to_string(),
-                    Arc::clone(core),
-                )))
+                Lock::new(
+                    LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core))
+                        .tracked(),
+                )
             })
             .collect();
         SemaphoreInner {
@@ -375,6 +376,7 @@ impl SemaphoreInner {
             if let Some(permit) = self.claim(state, wait, ttl)? {
                 return Ok(Some(permit));
             }
+            self.core.check_open()?;
             if looked && wait.over(Instant::now()) {
                 // No round starts after the deadline.
                 return Ok(None);
@@ -434,6 +436,7 @@ impl SemaphoreInner {
                 // claim it: a poller that lost the race would start a round.
                 while Instant::now() < wake_at
                     && !state.nudged
+                    && !self.core.is_closed()
                     && (state.offers.is_empty() || state.parked > 1)
                 {
                     self.changed.wait_until(state, wake_at);

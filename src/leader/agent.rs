@@ -182,7 +182,11 @@ impl Agent {
                     }
                 },
                 recv(self.released) -> _ => {
-                    let soonest = Instant::now().max(self.resting_until);
+                    // A closed registry is answered at once, rest or not.
+                    let soonest = match self.shared.registry.core.is_closed() {
+                        true => Instant::now(),
+                        false => Instant::now().max(self.resting_until),
+                    };
                     self.next_attempt = self.next_attempt.min(soonest);
                 },
                 recv(lease_loss) -> event => {
@@ -333,6 +337,12 @@ impl Agent {
                 self.last_error = None;
                 self.next_attempt = Instant::now() + sleep;
                 self.lock.expect_release();
+            }
+            Err(Error::Closed) => {
+                // The registry was closed: no attempt can succeed any more.
+                for request in self.waiting.drain(..) {
+                    let _ = request.reply.send(Err(Error::Closed));
+                }
             }
             Err(e) => {
                 log::warn!(

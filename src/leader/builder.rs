@@ -202,6 +202,10 @@ impl LeaderElectionBuilder {
         let (commands_tx, commands_rx) = crossbeam_channel::unbounded();
         let (released_tx, released_rx) = crossbeam_channel::bounded::<()>(1);
         let for_agent = Arc::clone(&shared);
+        let release_watch: Arc<dyn crate::wakeups::Nudge> =
+            Arc::new(ReleaseWatch { woken: released_tx });
+        // Closing the registry wakes the agent, which then answers every waiting request.
+        shared.registry.track(Arc::downgrade(&release_watch));
         // The agent is built on its own thread: the guard it will hold is `!Send`.
         spawn("leasehold-leader", move || {
             Agent {
@@ -215,7 +219,7 @@ impl LeaderElectionBuilder {
                 next_clock: Instant::now() + timings.keep_alive,
                 clock_tick: tick_tx,
                 last_error: None,
-                release_watch: Arc::new(ReleaseWatch { woken: released_tx }),
+                release_watch,
                 released: released_rx,
                 watching: false,
                 resting_until: Instant::now(),

@@ -258,6 +258,13 @@ impl LeaderElection {
         &self.handle.shared.group
     }
 
+    /// Closes the election's registry (see [`LockRegistry::close`]): a waiting
+    /// [`acquire`](Self::acquire) returns [`Error::Closed`] at once, and so does every later
+    /// attempt; a term held now stays held until its [`Leadership`] goes or resigns.
+    pub fn close(&self) {
+        self.handle.shared.registry.close();
+    }
+
     /// The registry this election runs on (for its statistics, client id or clock). Do not
     /// lock the group's key through it.
     pub fn registry(&self) -> &LockRegistry {

@@ -140,9 +140,46 @@ impl LockRegistry {
     pub fn obtain(&self, key: &str) -> Result<Lock> {
         crate::key::validate_key(key)?;
         let inner = self.cache.lock().get_or_insert(key, || {
-            LockInner::new(key, Arc::clone(&self.core), &self.lingerer)
+            LockInner::new(key, Arc::clone(&self.core), &self.lingerer).tracked()
         });
         Ok(Lock::new(inner))
+    }
+
+    /// Closes the registry, from any thread: every call of this registry's threads that waits
+    /// for a lock, a permit or a side of a reader/writer lock (`lock()`, `try_lock_for`,
+    /// `acquire()`, `read()`, `write()`, …) returns [`Error::Closed`] at once, and so does every
+    /// later one. Locks, permits and reader/writer holds already held stay held — a holder is
+    /// never cut off in the middle of its work — and are released as their guards go (their
+    /// renewal goes on until then); dropping the registry and its handles afterwards ends its
+    /// threads. A service that shuts down calls it, then lets its threads unwind.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("locks.db");
+    /// use leasehold::{Error, LockRegistry};
+    /// let holder = LockRegistry::sqlite(&path).create_table(true).build()?;
+    /// let held = holder.obtain("job")?.lock()?;
+    ///
+    /// let registry = std::sync::Arc::new(LockRegistry::sqlite(&path).build()?);
+    /// let waiter = {
+    ///     let registry = std::sync::Arc::clone(&registry);
+    ///     std::thread::spawn(move || registry.obtain("job")?.lock().map(drop))
+    /// };
+    /// # std::thread::sleep(std::time::Duration::from_millis(50));
+    /// registry.close();                              // the waiting lock() returns at once
+    /// assert!(matches!(waiter.join().unwrap(), Err(Error::Closed)));
+    /// held.unlock()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn close(&self) {
+        self.core.close();
+    }
+
+    /// Remembers `waitable` so that [`close`](Self::close) wakes it (the leader election's
+    /// agent).
+    pub(crate) fn track(&self, waitable: std::sync::Weak<dyn crate::wakeups::Nudge>) {
+        self.core.track(waitable);
     }
 
     /// This registry's `CLIENT_ID`.
@@ -586,6 +623,8 @@ impl RegistryBuilder {
             region: self.region,
             table,
             wakeups,
+            closed: Default::default(),
+            waitables: Default::default(),
         });
         if self.notifications {
             let weak = Arc::downgrade(&core);
