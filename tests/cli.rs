@@ -51,28 +51,7 @@ mod suite {
 
     /// Runs `ddl` (several statements) on the fixture's database with the driver directly.
     fn execute_ddl(f: &Fixture, ddl: &str) {
-        match f.db {
-            #[cfg(feature = "sqlite")]
-            Db::Sqlite => {
-                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
-                conn.execute_batch(ddl).unwrap();
-            }
-            #[cfg(feature = "postgres")]
-            Db::Postgres => {
-                let mut client =
-                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
-                        .unwrap();
-                client.batch_execute(ddl).unwrap();
-            }
-            #[cfg(feature = "mysql")]
-            Db::Mysql => {
-                use mysql::prelude::Queryable;
-                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
-                mysql::Conn::new(opts).unwrap().query_drop(ddl).unwrap();
-            }
-            #[allow(unreachable_patterns)]
-            other => panic!("{other:?} support is not compiled in"),
-        }
+        crate::common::raw::Raw::open(f).execute_batch(ddl);
     }
 
     fn output(mut command: Command) -> Output {

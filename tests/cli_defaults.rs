@@ -200,28 +200,7 @@ mod suite {
 
     /// Runs `sql` (several statements) on the fixture's database with the driver directly.
     fn execute(f: &Fixture, sql: &str) {
-        match f.db {
-            #[cfg(feature = "sqlite")]
-            Db::Sqlite => {
-                let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
-                conn.execute_batch(sql).unwrap();
-            }
-            #[cfg(feature = "postgres")]
-            Db::Postgres => {
-                let mut client =
-                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
-                        .unwrap();
-                client.batch_execute(sql).unwrap();
-            }
-            #[cfg(feature = "mysql")]
-            Db::Mysql => {
-                use mysql::prelude::Queryable;
-                let opts = mysql::Opts::from_url(&crate::common::mysql_url()).unwrap();
-                mysql::Conn::new(opts).unwrap().query_drop(sql).unwrap();
-            }
-            #[allow(unreachable_patterns)]
-            other => panic!("{other:?} support is not compiled in"),
-        }
+        crate::common::raw::Raw::open(f).execute_batch(sql);
     }
 
     /// A mistyped `--prefix` (or SQLite path) made `run` and `lead` create a second lock table

@@ -13,6 +13,7 @@
 mod common;
 
 mod suite {
+    use crate::common::raw::Raw;
     use crate::common::{Db, Fixture};
     use leasehold::{LeaderElection, LockRegistry};
     use std::collections::HashMap;
@@ -21,57 +22,7 @@ mod suite {
     const GENEROUS: Duration = Duration::from_secs(20);
     const ROUNDS: usize = 6;
 
-    /// A plain connection of the test's own, beside the registries.
-    enum Raw {
-        #[cfg(feature = "sqlite")]
-        Sqlite(rusqlite::Connection),
-        #[cfg(feature = "postgres")]
-        Postgres(postgres::Client),
-        #[cfg(feature = "mysql")]
-        Mysql(mysql::Conn),
-    }
-
     impl Raw {
-        fn open(f: &Fixture) -> Raw {
-            match f.db {
-                #[cfg(feature = "sqlite")]
-                Db::Sqlite => {
-                    let conn = rusqlite::Connection::open(f.sqlite_path()).expect("open SQLite");
-                    conn.busy_timeout(Duration::from_secs(10))
-                        .expect("busy timeout");
-                    Raw::Sqlite(conn)
-                }
-                #[cfg(feature = "postgres")]
-                Db::Postgres => Raw::Postgres(
-                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
-                        .expect("connect to PostgreSQL"),
-                ),
-                #[cfg(feature = "mysql")]
-                Db::Mysql => {
-                    let opts = mysql::Opts::from_url(&crate::common::mysql_url()).expect("url");
-                    Raw::Mysql(mysql::Conn::new(opts).expect("connect to MySQL"))
-                }
-                #[allow(unreachable_patterns)]
-                other => panic!("{other:?} support is not compiled in"),
-            }
-        }
-
-        /// Runs one statement and returns the rows it affected.
-        fn execute(&mut self, sql: &str) -> u64 {
-            match self {
-                #[cfg(feature = "sqlite")]
-                Raw::Sqlite(conn) => conn.execute(sql, []).expect(sql) as u64,
-                #[cfg(feature = "postgres")]
-                Raw::Postgres(client) => client.execute(sql, &[]).expect(sql),
-                #[cfg(feature = "mysql")]
-                Raw::Mysql(conn) => {
-                    use mysql::prelude::Queryable;
-                    conn.query_drop(sql).expect(sql);
-                    conn.affected_rows()
-                }
-            }
-        }
-
         /// Spring Integration's `deleteExpired`: every row of the region whose lease is over on
         /// the database clock (released rows included: their `EXPIRED_AFTER` is in the past).
         fn spring_delete_expired(&mut self, table: &str) -> u64 {

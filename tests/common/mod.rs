@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod mariadb;
+pub mod raw;
 pub mod row_lock;
 
 use leasehold::{LockRegistry, RegistryBuilder};
