@@ -1107,3 +1107,43 @@ fn a_bounded_read_wait_that_runs_out_in_its_slot_attempt_times_out_as_none() {
     }
     scenario.teardown();
 }
+
+/// A named holder's release reaches a waiting instance as soon as the holder lets the key's
+/// named lock go, before the waiter's watcher reads the row: with that read held back and
+/// polling too rare to matter, the waiter is still granted the lock.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_named_holders_release_wakes_a_waiter_before_the_watcher_reads_the_row() {
+    let scenario = fail::FailScenario::setup();
+    let Some(f) = Fixture::new(Db::Mysql, "named_release") else {
+        return;
+    };
+    let holder = f.registry();
+    let waiter = f
+        .builder()
+        .idle_between_tries(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let guard = holder.obtain("named").unwrap().lock().unwrap();
+    let (name_held, name_held_rx) = crossbeam_channel::unbounded();
+    on_reaching("mysql::watcher_name_held", name_held);
+    let (granted, granted_rx) = crossbeam_channel::bounded(1);
+    let waiting = thread::spawn(move || {
+        let taken = waiter.obtain("named").unwrap().try_lock_for(GENEROUS * 2);
+        let _ = granted.send(taken.map(|guard| guard.is_some()));
+    });
+    // The watcher's `GET_LOCK` timed out: the holder has named its lease.
+    name_held_rx
+        .recv_timeout(GENEROUS)
+        .expect("the waiter's watcher found the key's name held");
+    let look = Gate::first_at("mysql::watcher_before_look");
+    guard.unlock().unwrap();
+    let outcome = granted_rx.recv_timeout(GENEROUS);
+    look.open();
+    assert!(
+        matches!(outcome, Ok(Ok(true))),
+        "the waiter was not woken while its watcher's look was held back: {outcome:?}"
+    );
+    waiting.join().unwrap();
+    scenario.teardown();
+}

@@ -13,10 +13,10 @@
 //!
 //! - **Release** (`SqlStore::release` after the row was released, and forced releases): if a
 //!   listener is present (below), write the turn age, add one to the slot's count, add one to
-//!   the sequence, wake every thread waiting on the sequence. Releases that end a turn quietly
-//!   (see `RegistryBuilder::turn_window`) announce nothing, as on PostgreSQL. While nobody
-//!   listens a release costs one `fcntl` (and an `fstat` of the file every 20 ms, a `stat` of
-//!   the path once a second): the announcement was a quarter of SQLite's `unlock()`.
+//!   the sequence, wake every thread waiting on the sequence. Releases that end a turn (see
+//!   "Bounded turn" in `lock.rs`) announce nothing, as on PostgreSQL. While nobody listens a
+//!   release costs one `fcntl` (and an `fstat` of the file every 20 ms, a `stat` of the path
+//!   once a second) instead of the announcement.
 //! - **Listener** (one thread per registry, only while one of its threads waits, as on
 //!   PostgreSQL; see [`crate::wakeups`]): on subscribing, becomes present, then copies the slot
 //!   counts, then nudges every waiting poller of its registry; then reads the sequence,
@@ -84,10 +84,9 @@
 //!   before a listener read it wakes nobody (its waiters poll).
 //! - **Delete it or replace it** (`rm`, a rename over it): each process follows the file the
 //!   path names — a release notices within 20 ms that its file lost its last link (an
-//!   `fstat`, not made on every release: it cost a sixth of what the registry adds to an
-//!   uncontended `lock()` + `unlock()`) and checks the path then, and at least once a second
-//!   otherwise (one `stat`: a file
-//!   renamed away, or one with another hard link); a listener checks every second; a new
+//!   `fstat`, at most one per 20 ms, which keeps it off the cost of an uncontended
+//!   `unlock()`) and checks the path then, and at least once a second otherwise (one `stat`:
+//!   a file renamed away, or one with another hard link); a listener checks every second; a new
 //!   file is made when there is none — so for about a second wake-ups between processes that
 //!   have the old file and those that have the new one may be missed (their waiters poll), and
 //!   a listener that moves to the new file makes every waiter of its registry try once.

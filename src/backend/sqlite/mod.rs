@@ -6,9 +6,9 @@
 //! ([`busy_wait`]) absorbs short writer collisions inside SQLite for about 5 ms, trying again
 //! after 25 µs, then after pauses doubling up to 1 ms; longer ones come back as `SQLITE_BUSY`,
 //! which the shared retry loop retries until the caller's deadline. (SQLite's own busy timeout
-//! sleeps 1 ms before its first retry, then 2, 5, 10 ms: a waiter's try that met the holder's
-//! release statement for a few microseconds made that handoff a millisecond or more slower,
-//! which was most of the slow tenth of SQLite's handoffs in `benches/tails.rs`.)
+//! sleeps 1 ms before its first retry, then 2, 5, 10 ms: a waiter's try that meets the
+//! holder's release statement for a few microseconds would make that handoff a millisecond or
+//! more slower.)
 //!
 //! `'now'` is fixed for the duration of one statement, so every timestamp a statement writes or
 //! compares comes from one reading of the clock — with millisecond resolution, so a grant within

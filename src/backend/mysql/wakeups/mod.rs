@@ -46,7 +46,13 @@
 //!
 //! - *Blocking*: a release found on the row is reported if it is new (see above); a row
 //!   that is gone, or held but run out, is reported if the watcher saw it held since its last
-//!   report; the very first `GET_LOCK` reports whatever it finds (a possible release).
+//!   report. Two answers are reported before the look, which then only decides what the
+//!   watcher does next: the very first `GET_LOCK` (it may follow a release), and a
+//!   `GET_LOCK` that returns 1 after the watcher saw the name held by another session (a
+//!   look found it named, or a `GET_LOCK` timed out) — that session let it go: a release, the
+//!   end of a quiet hold, or the session ended. A waiting registry thus hears of a named
+//!   holder's release one round trip sooner, and each name let go costs it at most one
+//!   attempt that the row refuses.
 //! - *Looking* (the row is held without its named lock): the watcher no longer takes the
 //!   name; every [`LOOK`] (4 ms) it reads the row and whether anyone holds the name
 //!   (`IS_USED_LOCK`), one statement on its own connection. A holder that takes its name (a
@@ -655,6 +661,10 @@ impl Watcher {
         // this is set the watcher *looks* at the row every `LOOK` instead of blocking in
         // `GET_LOCK`, which returns at once for such a holder.
         let mut unnamed: Option<(Holding, Instant)> = None;
+        // The watcher last saw the key's name held by another session (a look found it
+        // named, or a `GET_LOCK` timed out): the next `GET_LOCK` that returns 1 means that
+        // session let it go, and is reported before the look.
+        let mut named_elsewhere = false;
         let get = format!("SELECT GET_LOCK(?, {WATCH_SLICE})");
         while !self.stop.load(Ordering::Acquire) {
             if conn.is_none() {
@@ -677,7 +687,10 @@ impl Watcher {
                         continue;
                     }
                     // The holder took its name (a leasehold lease that lasted): block on it.
-                    Some(Row::Held { named: true, .. }) => continue,
+                    Some(Row::Held { named: true, .. }) => {
+                        named_elsewhere = true;
+                        continue;
+                    }
                     Some(Row::Held {
                         holding,
                         expired: false,
@@ -719,7 +732,18 @@ impl Watcher {
                     // younger than `TAKE_DELAY`, a lost connection, a holder that crashed or
                     // is not leasehold), or another watcher held it for an instant: the row
                     // says whether a release came meanwhile. How long `GET_LOCK` took says
-                    // nothing (a busy machine makes an instant answer slow).
+                    // nothing (a busy machine makes an instant answer slow). A name that
+                    // another session held was let go, and the first answer may follow a
+                    // release: both are reported before the look, which then only decides
+                    // what the watcher does next.
+                    let let_go = std::mem::take(&mut named_elsewhere) || first;
+                    if let_go {
+                        held_since_report = false;
+                        if !self.report() {
+                            return;
+                        }
+                    }
+                    fail_point!("mysql::watcher_before_look");
                     let row = self.look(open);
                     let news = match &row {
                         Some(Row::Released(release)) => {
@@ -745,6 +769,7 @@ impl Watcher {
                     };
                     first = false;
                     match news {
+                        true if let_go => backoff = Duration::ZERO,
                         true => {
                             held_since_report = false;
                             if !self.report() {
@@ -772,6 +797,8 @@ impl Watcher {
                 Ok(Some(Some(_))) => {
                     first = false;
                     held_since_report = true;
+                    named_elsewhere = true;
+                    fail_point!("mysql::watcher_name_held");
                 }
                 Ok(_) | Err(_) => {
                     conn = None;
