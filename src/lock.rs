@@ -180,6 +180,11 @@ pub(crate) struct LockInner {
     /// a semaphore's permit or a side of a reader/writer lock, whose rows other code reasons
     /// about).
     lingerer: Option<Arc<Lingerer>>,
+    /// Whether a grant's loss goes to the registry's loss callback from the start. `false`
+    /// for rows that are not the user's grant when taken (a reader/writer lock's claim rows
+    /// and write row): their owner hands a lease to the callback once it is one
+    /// ([`Lease::report_losses`]).
+    reports_losses: bool,
 }
 
 impl LockInner {
@@ -219,7 +224,15 @@ impl LockInner {
             }),
             changed: Condvar::new(),
             lingerer: None,
+            reports_losses: true,
         }
+    }
+
+    /// A row whose grants' losses are not reported to the registry's callback until its owner
+    /// says so (see [`LockInner::reports_losses`]).
+    pub fn unreported(mut self) -> Self {
+        self.reports_losses = false;
+        self
     }
 
     /// `true` while no thread holds, waits for, or talks to the database about this key: the
@@ -396,7 +409,10 @@ impl LockInner {
                             Owner {
                                 renewer: &self.core.renewer,
                                 settings: settings.keeper,
-                                on_lost: self.core.on_lost.as_ref(),
+                                on_lost: self
+                                    .reports_losses
+                                    .then_some(self.core.on_lost.as_ref())
+                                    .flatten(),
                                 meter: &self.core.meter,
                             },
                         );

@@ -257,6 +257,15 @@ impl RwInner {
                 LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core)).tracked(),
             )
         };
+        // Claims, and the write row until the write side is granted, are not the user's
+        // grant: a loss of theirs is not reported (see `write_loop`).
+        let unreported = |lock_key: &str| {
+            Lock::new(
+                LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core))
+                    .unreported()
+                    .tracked(),
+            )
+        };
         let writer_key: Arc<str> = format!("{stem}@w00").into();
         let reader_keys: Vec<Arc<str>> = (0..MAX_READERS)
             .map(|slot| format!("{stem}@r{slot:02}").into())
@@ -264,13 +273,13 @@ impl RwInner {
         RwInner {
             name: name.into(),
             core: Arc::clone(core),
-            writer: row(&writer_key),
+            writer: unreported(&writer_key),
             readers: reader_keys.iter().map(|key| row(key)).collect(),
             writer_key,
             reader_keys,
             reader_prefix: format!("{stem}@r"),
             claims: (0..WRITE_CLAIMS)
-                .map(|claim| row(&format!("{stem}@v{claim:02}")))
+                .map(|claim| unreported(&format!("{stem}@v{claim:02}")))
                 .collect(),
             claim_prefix: format!("{stem}@v"),
             state: Mutex::new(LocalState {
@@ -530,7 +539,8 @@ impl RwInner {
                     .collect();
                 if !slots.iter().any(|row| row.state == STATE_HELD) {
                     if let Some(token) = self.write_token(&guard, &slots, wait, ttl)? {
-                        if guard.is_held() {
+                        // The write side is the user's from here: its loss is reported.
+                        if guard.lease().report_losses(self.core.on_lost.as_ref()) {
                             return Ok(Some((guard, token)));
                         }
                         // The claim ran out meanwhile: claim again.

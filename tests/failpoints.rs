@@ -1147,3 +1147,59 @@ fn a_named_holders_release_wakes_a_waiter_before_the_watcher_reads_the_row() {
     waiting.join().unwrap();
     scenario.teardown();
 }
+
+/// A writer that waits for a reader while its write row runs out (its renewals fail, as in a
+/// process paused past its time-to-live) was granted nothing: it claims again, and the
+/// registry's loss callback does not run for it. A plain lock of the same registry that runs
+/// out afterwards is reported, so the callback thread has got past the writer's loss.
+#[test]
+fn a_writer_whose_claim_runs_out_while_it_waits_reports_no_loss() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("claim_runs_out");
+    let readers = f
+        .builder()
+        .time_to_live(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let reported = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let writers = {
+        let reported = Arc::clone(&reported);
+        f.builder()
+            .time_to_live(Duration::from_millis(300))
+            .on_lease_lost(move |lost| reported.lock().push(lost.key.clone()))
+            .build()
+            .unwrap()
+    };
+    let reading = readers.rw_lock("doc").unwrap().read().unwrap();
+    let (waiting, waiting_rx) = crossbeam_channel::unbounded();
+    on_reaching("rwlock::write_waits_for_readers", waiting);
+    let writer = writers.rw_lock("doc").unwrap();
+    let writing = thread::spawn(move || {
+        writer
+            .try_write_for(GENEROUS * 2)
+            .map(|guard| guard.is_some())
+            .map_err(|e| e.to_string())
+    });
+    waiting_rx
+        .recv_timeout(GENEROUS)
+        .expect("the writer holds the write row and waits for the reader");
+    fail::cfg("backend::renew_sent", "return").unwrap();
+    // The first write row ran out: the writer claimed again.
+    wait_until("the writer claims again", || {
+        writers.statistics().grants >= 2
+    });
+    let sentinel = writers.obtain("sentinel").unwrap().lock().unwrap();
+    wait_until("the sentinel's loss is reported", || {
+        reported.lock().iter().any(|key| key == "sentinel")
+    });
+    assert!(
+        !reported.lock().iter().any(|key| key == "doc"),
+        "a claim that ran out was reported lost: {:?}",
+        reported.lock()
+    );
+    drop(sentinel);
+    fail::cfg("backend::renew_sent", "off").unwrap();
+    drop(reading);
+    assert_eq!(writing.join().unwrap(), Ok(true));
+    scenario.teardown();
+}

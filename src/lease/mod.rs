@@ -279,7 +279,8 @@ pub(crate) struct Lease {
     /// Renews this lease in the background; `None` with renewal turned off.
     renewer: Option<Weak<Renewer>>,
     settings: KeeperSettings,
-    on_lost: Option<LossSink>,
+    /// The registry's loss callback, if this lease reports to it (see [`Lease::report_losses`]).
+    on_lost: Mutex<Option<LossSink>>,
     /// The registry's store: its table, region and client id (fenced transactions check them).
     store: Weak<dyn Store>,
     /// The registry's measures: losses, renewals, the held-leases gauge.
@@ -348,7 +349,7 @@ impl Lease {
             changed: Condvar::new(),
             renewer: settings.renew.then(|| Arc::downgrade(renewer)),
             settings,
-            on_lost: on_lost.cloned(),
+            on_lost: Mutex::new(on_lost.cloned()),
             store: renewer.store(),
             meter: Arc::clone(meter),
         });
@@ -366,6 +367,18 @@ impl Lease {
     /// Held: not lost, and the deadline is still ahead.
     pub fn is_held(&self) -> bool {
         self.loss().is_none()
+    }
+
+    /// From now on a loss of this lease goes to `sink` too (a lease started without one: a
+    /// row that is not yet the user's grant). `false`, and nothing changes, when the lease is
+    /// no longer held: the loss, past or coming, is not reported there.
+    pub fn report_losses(&self, sink: Option<&LossSink>) -> bool {
+        let state = self.state.lock();
+        if Self::loss_in(&state).is_some() {
+            return false;
+        }
+        *self.on_lost.lock() = sink.cloned();
+        true
     }
 
     /// Why the lease is no longer held, or `None` while it is.
@@ -620,13 +633,15 @@ impl Lease {
     /// Marks the lease lost (once, and not after a normal release) and tells the current
     /// holder's listeners and the callback.
     pub fn mark_lost(&self, reason: LossReason) {
-        let listeners = {
+        // The callback as it is when the loss is recorded (see `report_losses`).
+        let (listeners, sink) = {
             let mut state = self.state.lock();
             if state.lost.is_some() || state.phase == Phase::Released {
                 return;
             }
             state.lost = Some(reason.clone());
-            std::mem::take(&mut state.listeners)
+            let sink = self.on_lost.lock().clone();
+            (std::mem::take(&mut state.listeners), sink)
         };
         self.changed.notify_all();
         self.meter.lost(&self.key, &reason);
@@ -643,7 +658,7 @@ impl Lease {
         }
         // The callback runs on the registry's callback thread: never here, where the lease
         // clock or a renewal worker may be reporting other leases' losses.
-        if let Some(sink) = &self.on_lost {
+        if let Some(sink) = sink {
             let _ = sink.send(event);
         }
     }

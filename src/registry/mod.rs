@@ -516,7 +516,9 @@ impl RegistryBuilder {
     }
 
     /// Called once for every lease of this registry that is lost. Defaults to none (losses
-    /// are logged at `warn`).
+    /// are logged at `warn`). Only grants count: a reader/writer lock's writer that loses its
+    /// claim while it still waits for readers (its process paused past the time-to-live) was
+    /// granted nothing, claims again, and no callback runs.
     ///
     /// It runs on a thread of this registry's own, one loss after another, never on a thread
     /// that renews or watches leases: a slow callback (a webhook, a log flush) cannot delay the
