@@ -195,7 +195,7 @@ impl Wakeups {
                     .pollers
                     .iter()
                     .filter(|(_, pollers)| !pollers.is_empty())
-                    .filter(|(lock_key, _)| released(lock_key).is_some())
+                    .filter(|(lock_key, _)| released(lock_key))
                     .flat_map(|(_, pollers)| pollers.iter().filter_map(Weak::upgrade))
                     .collect(),
                 ListenerEvent::Watched { each } => {

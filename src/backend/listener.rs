@@ -1,8 +1,6 @@
 //! What a backend's release listener (PostgreSQL's `LISTEN`, SQLite's release board) and its
 //! registry tell each other; see [`Backend::listen_for_releases`](super::Backend::listen_for_releases).
 
-use std::time::Duration;
-
 /// What a release listener reports to its registry.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
@@ -11,12 +9,9 @@ pub(crate) enum ListenerEvent<'a> {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Released { lock_key: &'a str },
     /// Some rows may have been released (a listener that knows only hashes of the keys, such
-    /// as SQLite's release board): `released` says, for a `LOCK_KEY`, whether it may have been
-    /// (`Some`; the duration is the board's age field, which the registry ignores).
+    /// as SQLite's release board): `released` says, for a `LOCK_KEY`, whether it may have been.
     #[cfg_attr(not(all(feature = "sqlite", target_os = "linux")), allow(dead_code))]
-    ReleasedAmong {
-        released: &'a dyn Fn(&str) -> Option<Duration>,
-    },
+    ReleasedAmong { released: &'a dyn Fn(&str) -> bool },
     /// The listener asks which keys the registry waits for: `each` is called with the
     /// `LOCK_KEY` of every one (listeners that watch keys one by one: MySQL's).
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]

@@ -179,17 +179,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Runs [`AdminStatements::list`]: the rows of one page.
     fn rows(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Vec<ListedRow>, Failure>;
 
-    /// Runs an acquire statement: `Some((token, inserted))` when granted, `None` when held
-    /// elsewhere. `inserted`: the grant had to insert the row because there was none — where
-    /// the database says so cheaply (PostgreSQL's default statement, MySQL's affected rows;
-    /// `false` on SQLite and for a replacement statement). Leasehold keeps released rows, so
-    /// a missing row after this registry released it means someone who deletes on unlock
-    /// (Spring Integration) held the key since; see "Turns" in `lock.rs`.
-    fn acquire(
-        conn: &mut Conn<Self>,
-        sql: &str,
-        params: &Params,
-    ) -> Result<Option<(i64, bool)>, Failure>;
+    /// Runs an acquire statement: `Some(token)` when granted, `None` when held elsewhere.
+    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure>;
 
     /// Runs a statement that returns one BIGINT (the permits recorded, the clock), the way an
     /// acquire is run.
@@ -198,7 +189,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         sql: &str,
         params: &Params,
     ) -> Result<Option<i64>, Failure> {
-        Ok(Self::acquire(conn, sql, params)?.map(|(number, _)| number))
+        Self::acquire(conn, sql, params)
     }
 
     /// Runs a renew or release statement and returns the number of affected rows.

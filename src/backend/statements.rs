@@ -153,7 +153,7 @@ impl<B: Backend> SqlStore<B> {
     /// acquire's result shape.
     pub(super) fn check_custom(&self, custom: &CustomQueries, deadline: Instant) -> Result<()> {
         // Renew and release count affected (or returned) rows, so only acquire's result shape
-        // is fixed: the fencing token, and optionally whether the grant inserted the row.
+        // is fixed: the fencing token first (a second column, if any, is read past).
         let checks = [
             ("acquire", &custom.acquire, Some(1..=2usize)),
             ("renew", &custom.renew, None),
@@ -183,8 +183,8 @@ impl<B: Backend> SqlStore<B> {
                         "it takes {params} parameters and returns {columns} columns; use \
                          parameters 1-6 as documented{}",
                         if statement == "acquire" {
-                            " and return the fencing token (and, optionally, whether the grant \
-                             inserted the row) as the columns"
+                            " and return the fencing token as the first column (a second \
+                             column, if any, is ignored)"
                         } else {
                             ""
                         }

@@ -242,7 +242,7 @@ impl<B: Backend> Store for SqlStore<B> {
             if granted.is_some() {
                 counters.grants.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(granted.map(|(token, _inserted)| Grant { token, sent_at }))
+            Ok(granted.map(|token| Grant { token, sent_at }))
         })
         .and_then(|grant| {
             if let Some(grant) = &grant {

@@ -204,13 +204,13 @@ const NAMES: [&str; 6] = [
 pub(crate) struct Mysql;
 
 /// One acquire statement (or a statement run the way an acquire is, see
-/// [`Backend::read_number`]): `Some((token, inserted))` when granted.
+/// [`Backend::read_number`]): `Some(token)` when granted.
 fn acquire_once(
     conn: &mut MysqlConn,
     sql: &str,
     params: &Params,
     waits: Waits,
-) -> Result<Option<(i64, bool)>, Failure> {
+) -> Result<Option<i64>, Failure> {
     /// What the acquire statement answered: a row (a statement that returns the token),
     /// or the affected rows and the insert id (the default, which sets it).
     enum Answer {
@@ -227,9 +227,6 @@ fn acquire_once(
             })
         }
     })?;
-    // Whether the grant inserted the row (there was none): one affected row for an insert,
-    // two for the update of an expired row (a replacement that returns the token: unknown).
-    let mut inserted = false;
     let token = match answer {
         Answer::Row(row) => match row.and_then(|row| row.get_opt::<i64, usize>(0)) {
             None => return Ok(None),
@@ -242,7 +239,6 @@ fn acquire_once(
             })?,
         },
         Answer::Written { affected, id } => {
-            inserted = affected == 1;
             let id = match (id, affected) {
                 // Two rows: the row was updated, which only a grant does (a held lock is
                 // set to its own values: one row with CLIENT_FOUND_ROWS). A trigger hid
@@ -267,7 +263,7 @@ fn acquire_once(
             }
         }
     };
-    Ok(Some((token, inserted)))
+    Ok(Some(token))
 }
 
 /// The session's `LAST_INSERT_ID()`: what the last statement set with `LAST_INSERT_ID(expr)`,
@@ -456,11 +452,7 @@ impl Backend for Mysql {
     /// Waits for no row lock (at most 1 s on MySQL): a row another session holds locked is
     /// refused as held, on MariaDB after two more looks a few milliseconds apart (see
     /// [`RowLockWaits`]).
-    fn acquire(
-        conn: &mut Conn<Self>,
-        sql: &str,
-        params: &Params,
-    ) -> Result<Option<(i64, bool)>, Failure> {
+    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
         // Looks again only where the statement did not wait (MariaDB): on MySQL each look
         // waits 1 s.
         let retries: &[Duration] = match conn.mariadb {
@@ -484,7 +476,7 @@ impl Backend for Mysql {
         sql: &str,
         params: &Params,
     ) -> Result<Option<i64>, Failure> {
-        Ok(acquire_once(conn, sql, params, Waits::AsConfigured)?.map(|(number, _)| number))
+        acquire_once(conn, sql, params, Waits::AsConfigured)
     }
 
     fn update(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<u64, Failure> {

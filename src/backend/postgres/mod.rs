@@ -40,8 +40,7 @@
 //!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now RETURNING FENCING_TOKEN),
 //!   absent AS (INSERT … SELECT … WHERE NOT EXISTS (SELECT 1 FROM expired)
 //!   ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN)
-//!   SELECT FENCING_TOKEN, FALSE FROM expired UNION ALL SELECT FENCING_TOKEN, TRUE FROM absent`
-//!   (the second column: the grant inserted the row — there was none; see "Turns" in `lock.rs`).
+//!   SELECT FENCING_TOKEN FROM expired UNION ALL SELECT FENCING_TOKEN FROM absent`.
 //!   When the lock is held the `UPDATE` matches nothing and the `INSERT` finds the conflicting
 //!   key before writing anything: no transaction id, no WAL, no disk sync — a failed try is a
 //!   read. (A single `INSERT … ON CONFLICT DO UPDATE … WHERE expired` would lock the row, take a
@@ -280,8 +279,8 @@ impl Backend for Postgres {
                  SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}){name_value} \
                  WHERE NOT EXISTS (SELECT 1 FROM expired){absent_in_snapshot} \
                  ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN) \
-                 SELECT FENCING_TOKEN, FALSE FROM expired \
-                 UNION ALL SELECT FENCING_TOKEN, TRUE FROM absent"
+                 SELECT FENCING_TOKEN FROM expired \
+                 UNION ALL SELECT FENCING_TOKEN FROM absent"
             ),
             renew: format!(
                 "UPDATE {table} SET EXPIRED_AFTER = {NOW_PLUS_TTL} WHERE LOCK_KEY = $1 \
@@ -394,19 +393,9 @@ impl Backend for Postgres {
         rows.iter().map(|row| read(row).map_err(classify)).collect()
     }
 
-    fn acquire(
-        conn: &mut Conn<Self>,
-        sql: &str,
-        params: &Params,
-    ) -> Result<Option<(i64, bool)>, Failure> {
+    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
         match conn.rows(sql, params)?.first() {
-            Some(row) => {
-                let token = row.try_get::<_, i64>(0).map_err(classify)?;
-                // The default statement says which branch granted; a replacement returns the
-                // token alone.
-                let inserted = row.len() > 1 && row.try_get::<_, bool>(1).unwrap_or(false);
-                Ok(Some((token, inserted)))
-            }
+            Some(row) => Ok(Some(row.try_get::<_, i64>(0).map_err(classify)?)),
             None => Ok(None),
         }
     }

@@ -8,12 +8,12 @@
 //! ```text
 //!   word 0            the release sequence: +1 on every announced release (the futex word)
 //!   slot s, word 0    the slot's release count: +1 on every release of a key hashed to s
-//!   slot s, word 1    the turn age (µs, saturated) of the slot's latest release
+//!   slot s, word 1    unused: nothing writes it, and it reads as zero
 //! ```
 //!
 //! - **Release** (`SqlStore::release` after the row was released, and forced releases): if a
-//!   listener is present (below), write the turn age, add one to the slot's count, add one to
-//!   the sequence, wake every thread waiting on the sequence. Releases that end a turn (see
+//!   listener is present (below), add one to the slot's count, add one to the sequence, wake
+//!   every thread waiting on the sequence. Releases that end a turn (see
 //!   "Bounded turn" in `lock.rs`) announce nothing, as on PostgreSQL. While nobody listens a
 //!   release costs one `fcntl` (and an `fstat` of the file every 20 ms, a `stat` of the path
 //!   once a second) instead of the announcement.
@@ -65,9 +65,9 @@
 //! The file is mapped (a futex shared between processes must live in a shared mapping), but
 //! this process never loads or stores through the mapping: a page of a file mapping that lies
 //! past the file's end raises `SIGBUS` on access, and any process that may write the file may
-//! shrink it. Instead, words are read with `pread`, the turn age is written with `pwrite`, the
-//! counts and the sequence are incremented inside the kernel with `FUTEX_WAKE_OP` (an atomic
-//! add on one word, then a wake-up of the sequence's waiters), and waits are `FUTEX_WAIT`. The
+//! shrink it. Instead, words are read with `pread`, the counts and the sequence are
+//! incremented inside the kernel with `FUTEX_WAKE_OP` (an atomic add on one word, then a
+//! wake-up of the sequence's waiters), and waits are `FUTEX_WAIT`. The
 //! kernel's own accesses to a page past the end fail with `EFAULT` instead of a signal (the
 //! unit tests check it). When an access fails or a read comes back short, the process grows
 //! the file back to its size (the lost words read as zero) and logs a warning once; if that
@@ -171,10 +171,6 @@ fn count_index(slot: usize) -> usize {
     FIRST_SLOT_WORD + 2 * slot
 }
 
-fn age_index(slot: usize) -> usize {
-    FIRST_SLOT_WORD + 2 * slot + 1
-}
-
 /// `FUTEX_WAKE_OP`'s operation "add `oparg`" (the comparison is unused: no second wake-up).
 const fn futex_op_add(oparg: u32) -> u32 {
     ((libc::FUTEX_OP_ADD as u32) << 28) | ((oparg & 0xfff) << 12)
@@ -195,10 +191,6 @@ impl Slots {
 
     fn count(&self, slot: usize) -> u32 {
         self.word(count_index(slot))
-    }
-
-    fn age(&self, slot: usize) -> u32 {
-        self.word(age_index(slot))
     }
 }
 
@@ -569,32 +561,28 @@ impl Board {
         self.mapping()
     }
 
-    /// A key of `slot` was released after a turn of `turn_age` (the release has committed):
+    /// A key of `slot` was released (the release has committed):
     /// wakes every listener of the file the path names, if any is present. `false` when the
     /// board fails (after a warning): waiters poll. The slot is computed ([`slot_of`]) only
     /// when a listener is present: most releases find none and skip the hashing.
-    pub fn release(&self, slot: impl FnOnce() -> usize, turn_age: Duration) -> bool {
+    pub fn release(&self, slot: impl FnOnce() -> usize) -> bool {
         let mapped = self.mapping_for_release();
         // After the commit (see "Presence" in the module docs); when the test fails, announce.
         if !mapped.anyone_present().unwrap_or(true) {
             return true;
         }
-        self.announce_on(&mapped, slot(), turn_age)
+        self.announce_on(&mapped, slot())
     }
 
-    /// A key of `slot` was released after a turn of `turn_age`: wakes every listener of the
+    /// A key of `slot` was released: wakes every listener of the
     /// file the path names, present or not. `false` when the board fails (after a warning).
     #[cfg(test)]
-    fn announce(&self, slot: usize, turn_age: Duration) -> bool {
-        self.announce_on(&self.mapping(), slot, turn_age)
+    fn announce(&self, slot: usize) -> bool {
+        self.announce_on(&self.mapping(), slot)
     }
 
-    fn announce_on(&self, mapped: &Mapped, slot: usize, turn_age: Duration) -> bool {
-        let age = u32::try_from(turn_age.as_micros()).unwrap_or(u32::MAX);
+    fn announce_on(&self, mapped: &Mapped, slot: usize) -> bool {
         self.with_repair(mapped, "announce a release", || {
-            mapped
-                .file
-                .write_all_at(&age.to_ne_bytes(), (age_index(slot) * 4) as u64)?;
             mapped.add_one(count_index(slot), 0)?;
             mapped.add_one(0, i32::MAX)
         })
@@ -715,10 +703,7 @@ impl BoardListener {
                     if !moved.is_empty() {
                         let released = |lock_key: &str| {
                             let slot = slot_of(&self.table, &self.region, lock_key);
-                            moved
-                                .binary_search(&slot)
-                                .ok()
-                                .map(|_| Duration::from_micros(u64::from(seen.age(slot))))
+                            moved.binary_search(&slot).is_ok()
                         };
                         let event = ListenerEvent::ReleasedAmong {
                             released: &released,
@@ -751,7 +736,7 @@ impl BoardListener {
                         // Present on the new file before the old one is let go.
                         _presence = self.board.presence(&mapped);
                         self.board.read_slots(&mapped, &mut seen);
-                        let anything = |_: &str| Some(Duration::ZERO);
+                        let anything = |_: &str| true;
                         let event = ListenerEvent::ReleasedAmong {
                             released: &anything,
                         };

@@ -378,18 +378,13 @@ impl Backend for Sqlite {
         Ok(listed)
     }
 
-    fn acquire(
-        conn: &mut Conn<Self>,
-        sql: &str,
-        params: &Params,
-    ) -> Result<Option<(i64, bool)>, Failure> {
+    fn acquire(conn: &mut Conn<Self>, sql: &str, params: &Params) -> Result<Option<i64>, Failure> {
         let _running = running();
         let mut statement = conn.conn.prepare_cached(sql).map_err(classify)?;
         bind(&mut statement, params).map_err(classify)?;
         let mut rows = statement.raw_query();
-        // Whether the row was inserted is not asked for: no Spring registry runs on SQLite.
         let token = match rows.next().map_err(classify)? {
-            Some(row) => Some((row.get::<_, i64>(0).map_err(classify)?, false)),
+            Some(row) => Some(row.get::<_, i64>(0).map_err(classify)?),
             None => None,
         };
         // The statement has written and holds the file's write lock until it is reset.
@@ -505,7 +500,7 @@ impl Backend for Sqlite {
         }
         if let Some(board) = manager.board() {
             let slot = || board::slot_of(&table.table, &table.region, lock_key);
-            board.release(slot, Duration::ZERO);
+            board.release(slot);
         }
     }
 

@@ -34,13 +34,13 @@ fn an_announcement_on_one_mapping_wakes_a_waiter_on_another() {
         b.wait(&b.current(), seen, Duration::from_secs(30));
         let mut slots = Slots::new();
         assert!(b.read_slots(&b.current(), &mut slots));
-        (started.elapsed(), slots.count(slot), slots.age(slot))
+        (started.elapsed(), slots.count(slot))
     });
     std::thread::sleep(Duration::from_millis(50));
-    assert!(a.announce(slot, Duration::from_micros(1234)));
-    let (waited, count, age) = waiter.join().unwrap();
+    assert!(a.announce(slot));
+    let (waited, count) = waiter.join().unwrap();
     assert!(waited < Duration::from_secs(30), "woken, not timed out");
-    assert_eq!((count, age), (1, 1234));
+    assert_eq!(count, 1);
     assert_eq!(a.sequence(&a.current()), Some(1));
 }
 
@@ -94,14 +94,14 @@ fn a_shrunk_board_is_grown_back_and_keeps_working() {
     let slot = SLOTS - 1;
     let len = || std::fs::metadata(board_path(&database)).unwrap().len();
     let cut = |to: u64| a.current().file.set_len(to).unwrap();
-    assert!(a.announce(slot, Duration::from_micros(7)));
+    assert!(a.announce(slot));
     cut(100);
-    assert!(b.announce(slot, Duration::from_micros(9)), "grown back");
+    assert!(b.announce(slot), "grown back");
     assert_eq!(len(), SIZE as u64);
     let mut slots = Slots::new();
     assert!(a.read_slots(&a.current(), &mut slots));
     // The count was lost with the truncation; the release after it counts.
-    assert_eq!((slots.count(slot), slots.age(slot)), (1, 9));
+    assert_eq!(slots.count(slot), 1);
     cut(0);
     assert_eq!(
         a.sequence(&a.current()),
@@ -150,7 +150,7 @@ fn a_deleted_board_is_followed_to_the_new_file() {
         "followed the new file"
     );
     let seen = new.sequence(&new.current()).unwrap();
-    assert!(old.announce(0, Duration::ZERO));
+    assert!(old.announce(0));
     assert_eq!(
         new.sequence(&new.current()),
         Some(seen + 1),
@@ -167,23 +167,23 @@ fn a_release_announces_only_while_a_listener_is_present() {
         Board::open(&database).unwrap(),
     );
     let sequence = || a.sequence(&a.current()).unwrap();
-    assert!(a.release(|| 3, Duration::ZERO));
+    assert!(a.release(|| 3));
     assert_eq!(sequence(), 0, "nobody present: nothing announced");
     let present = b.presence(&b.current());
-    assert!(a.release(|| 3, Duration::ZERO));
+    assert!(a.release(|| 3));
     assert_eq!(sequence(), 1, "another board's listener is present");
     drop(present);
-    assert!(a.release(|| 3, Duration::ZERO));
+    assert!(a.release(|| 3));
     assert_eq!(sequence(), 1, "its presence ended");
     // The releasing board's own listener counts too (its lock is on another description).
     let own = a.presence(&a.current());
-    assert!(a.release(|| 3, Duration::ZERO));
+    assert!(a.release(|| 3));
     assert_eq!(sequence(), 2, "the same board's listener is present");
     drop(own);
     // A truncated file keeps its locks.
     let present = b.presence(&b.current());
     b.current().file.set_len(0).unwrap();
-    assert!(a.release(|| 3, Duration::ZERO), "grown back");
+    assert!(a.release(|| 3), "grown back");
     assert_eq!(sequence(), 1, "announced on the emptied board");
     drop(present);
 }
@@ -196,12 +196,12 @@ fn a_release_through_a_deleted_board_announces_on_the_new_file() {
     let database = dir.path().join("l.db");
     let old = Board::open(&database).unwrap();
     std::thread::sleep(LINK_CHECK_EVERY);
-    assert!(old.release(|| 0, Duration::ZERO), "checked now");
+    assert!(old.release(|| 0), "checked now");
     std::fs::remove_file(board_path(&database)).unwrap();
     let new = Board::open(&database).unwrap();
     let _present = new.presence(&new.current());
     std::thread::sleep(LINK_CHECK_EVERY);
-    assert!(old.release(|| 0, Duration::ZERO));
+    assert!(old.release(|| 0));
     assert_eq!(
         new.sequence(&new.current()),
         Some(1),
@@ -218,11 +218,11 @@ fn a_release_right_after_a_link_check_makes_none() {
     let old = Board::open(&database).unwrap();
     std::thread::sleep(LINK_CHECK_EVERY);
     let checked = Instant::now();
-    assert!(old.release(|| 0, Duration::ZERO), "checked now");
+    assert!(old.release(|| 0), "checked now");
     let before = old.current();
     std::fs::remove_file(board_path(&database)).unwrap();
     let _present = old.presence(&before);
-    assert!(old.release(|| 0, Duration::ZERO));
+    assert!(old.release(|| 0));
     // On a machine too busy to get here within the interval, the release checked.
     if checked.elapsed() < LINK_CHECK_EVERY {
         assert!(Arc::ptr_eq(&before, &old.current()), "kept the file it had");
@@ -241,13 +241,10 @@ fn a_link_or_a_directory_at_the_boards_path_is_refused() {
     let board = Board::open(&database).unwrap();
     std::fs::remove_file(board_path(&database)).unwrap();
     std::os::unix::fs::symlink(&victim, board_path(&database)).unwrap();
-    assert!(
-        board.announce(0, Duration::ZERO),
-        "the board it had still works"
-    );
+    assert!(board.announce(0), "the board it had still works");
     std::fs::remove_file(board_path(&database)).unwrap();
     std::fs::create_dir(board_path(&database)).unwrap();
-    assert!(board.announce(0, Duration::ZERO));
+    assert!(board.announce(0));
     assert_eq!(
         std::fs::read(&victim).unwrap(),
         b"keep",
