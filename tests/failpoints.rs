@@ -1151,7 +1151,8 @@ fn a_named_holders_release_wakes_a_waiter_before_the_watcher_reads_the_row() {
 /// A writer that waits for a reader while its write row runs out (its renewals fail, as in a
 /// process paused past its time-to-live) was granted nothing: it claims again, and the
 /// registry's loss callback does not run for it. A plain lock of the same registry that runs
-/// out afterwards is reported, so the callback thread has got past the writer's loss.
+/// out afterwards is reported, so the callback thread has got past the writer's loss. Once the
+/// write side is granted, its loss is reported.
 #[test]
 fn a_writer_whose_claim_runs_out_while_it_waits_reports_no_loss() {
     let scenario = fail::FailScenario::setup();
@@ -1174,11 +1175,18 @@ fn a_writer_whose_claim_runs_out_while_it_waits_reports_no_loss() {
     let (waiting, waiting_rx) = crossbeam_channel::unbounded();
     on_reaching("rwlock::write_waits_for_readers", waiting);
     let writer = writers.rw_lock("doc").unwrap();
+    let (granted, granted_rx) = crossbeam_channel::bounded(1);
     let writing = thread::spawn(move || {
-        writer
+        let guard = writer
             .try_write_for(GENEROUS * 2)
-            .map(|guard| guard.is_some())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?
+            .ok_or("the write side was not granted")?;
+        let _ = granted.send(());
+        let until = Instant::now() + GENEROUS;
+        while guard.is_held() && Instant::now() < until {
+            thread::sleep(Duration::from_millis(10));
+        }
+        Ok::<bool, String>(!guard.is_held())
     });
     waiting_rx
         .recv_timeout(GENEROUS)
@@ -1200,6 +1208,13 @@ fn a_writer_whose_claim_runs_out_while_it_waits_reports_no_loss() {
     drop(sentinel);
     fail::cfg("backend::renew_sent", "off").unwrap();
     drop(reading);
-    assert_eq!(writing.join().unwrap(), Ok(true));
+    granted_rx
+        .recv_timeout(GENEROUS)
+        .expect("the write side is granted once the reader left");
+    fail::cfg("backend::renew_sent", "return").unwrap();
+    assert_eq!(writing.join().unwrap(), Ok(true), "the write side ran out");
+    wait_until("the write side's loss is reported", || {
+        reported.lock().iter().any(|key| key == "doc")
+    });
     scenario.teardown();
 }
