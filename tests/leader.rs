@@ -21,121 +21,57 @@
 
 mod common;
 
-/// A plain connection of the test's own, beside the registries.
+/// What the tests below do to the table on a plain connection of their own
+/// ([`common::raw::Raw`]): hold its write lock, and read how long its leases have left.
 mod raw {
-    use crate::common::{Db, Fixture};
+    pub use crate::common::raw::Raw;
 
-    pub enum Raw {
-        #[cfg(feature = "sqlite")]
-        Sqlite(rusqlite::Connection),
-        #[cfg(feature = "postgres")]
-        Postgres(postgres::Client),
-        #[cfg(feature = "mysql")]
-        Mysql(mysql::Conn),
+    /// Takes the write lock of `table` and keeps it until [`unblock`].
+    pub fn block(raw: &mut Raw, table: &str) {
+        let sql = match raw {
+            #[cfg(feature = "sqlite")]
+            Raw::Sqlite(_) => "BEGIN IMMEDIATE".to_string(),
+            #[cfg(feature = "postgres")]
+            Raw::Postgres(_) => format!("BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"),
+            #[cfg(feature = "mysql")]
+            Raw::Mysql(_) => format!("LOCK TABLES {table} WRITE"),
+        };
+        let _ = table;
+        raw.execute_batch(&sql);
     }
 
-    impl Raw {
-        pub fn open(f: &Fixture) -> Raw {
-            match f.db {
-                #[cfg(feature = "sqlite")]
-                Db::Sqlite => {
-                    let conn = rusqlite::Connection::open(f.sqlite_path()).expect("open SQLite");
-                    conn.busy_timeout(std::time::Duration::from_secs(10))
-                        .expect("busy timeout");
-                    Raw::Sqlite(conn)
-                }
-                #[cfg(feature = "postgres")]
-                Db::Postgres => Raw::Postgres(
-                    postgres::Client::connect(&crate::common::postgres_url(), postgres::NoTls)
-                        .expect("connect to PostgreSQL"),
-                ),
-                #[cfg(feature = "mysql")]
-                Db::Mysql => {
-                    let opts = mysql::Opts::from_url(&crate::common::mysql_url()).expect("url");
-                    Raw::Mysql(mysql::Conn::new(opts).expect("connect to MySQL"))
-                }
-                #[allow(unreachable_patterns)]
-                other => panic!("{other:?} support is not compiled in"),
+    pub fn unblock(raw: &mut Raw) {
+        let sql = match raw {
+            #[cfg(feature = "sqlite")]
+            Raw::Sqlite(_) => "COMMIT",
+            #[cfg(feature = "postgres")]
+            Raw::Postgres(_) => "COMMIT",
+            #[cfg(feature = "mysql")]
+            Raw::Mysql(_) => "UNLOCK TABLES",
+        };
+        raw.execute_batch(sql);
+    }
+
+    /// The most time, in milliseconds, a lease row of `table` has left on the database
+    /// clock, read now (negative: every row has expired).
+    pub fn longest_left_ms(raw: &mut Raw, table: &str) -> i64 {
+        let left = match raw {
+            #[cfg(feature = "sqlite")]
+            Raw::Sqlite(_) => {
+                "CAST((julianday(EXPIRED_AFTER) - julianday('now')) * 86400000 AS INTEGER)"
             }
-        }
-
-        pub fn execute(&mut self, sql: &str) {
-            match self {
-                #[cfg(feature = "sqlite")]
-                Raw::Sqlite(conn) => conn.execute_batch(sql).expect(sql),
-                #[cfg(feature = "postgres")]
-                Raw::Postgres(client) => client.batch_execute(sql).expect(sql),
-                #[cfg(feature = "mysql")]
-                Raw::Mysql(conn) => {
-                    use mysql::prelude::Queryable;
-                    conn.query_drop(sql).expect(sql)
-                }
+            #[cfg(feature = "postgres")]
+            Raw::Postgres(_) => {
+                "CAST(EXTRACT(EPOCH FROM EXPIRED_AFTER - (clock_timestamp() AT TIME ZONE \
+                 'UTC')) * 1000 AS BIGINT)"
             }
-        }
-
-        fn count(&mut self, sql: &str) -> i64 {
-            match self {
-                #[cfg(feature = "sqlite")]
-                Raw::Sqlite(conn) => conn.query_row(sql, [], |row| row.get(0)).expect(sql),
-                #[cfg(feature = "postgres")]
-                Raw::Postgres(client) => client.query_one(sql, &[]).expect(sql).get(0),
-                #[cfg(feature = "mysql")]
-                Raw::Mysql(conn) => {
-                    use mysql::prelude::Queryable;
-                    conn.query_first::<i64, _>(sql)
-                        .expect(sql)
-                        .expect("one row")
-                }
+            #[cfg(feature = "mysql")]
+            Raw::Mysql(_) => {
+                "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), EXPIRED_AFTER) DIV 1000 \
+                 AS SIGNED)"
             }
-        }
-
-        /// Takes the write lock of `table` and keeps it until [`Raw::unblock`].
-        pub fn block(&mut self, table: &str) {
-            let sql = match self {
-                #[cfg(feature = "sqlite")]
-                Raw::Sqlite(_) => "BEGIN IMMEDIATE".to_string(),
-                #[cfg(feature = "postgres")]
-                Raw::Postgres(_) => format!("BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"),
-                #[cfg(feature = "mysql")]
-                Raw::Mysql(_) => format!("LOCK TABLES {table} WRITE"),
-            };
-            let _ = table;
-            self.execute(&sql);
-        }
-
-        pub fn unblock(&mut self) {
-            let sql = match self {
-                #[cfg(feature = "sqlite")]
-                Raw::Sqlite(_) => "COMMIT",
-                #[cfg(feature = "postgres")]
-                Raw::Postgres(_) => "COMMIT",
-                #[cfg(feature = "mysql")]
-                Raw::Mysql(_) => "UNLOCK TABLES",
-            };
-            self.execute(sql);
-        }
-
-        /// The most time, in milliseconds, a lease row of `table` has left on the database
-        /// clock, read now (negative: every row has expired).
-        pub fn longest_left_ms(&mut self, table: &str) -> i64 {
-            let left = match self {
-                #[cfg(feature = "sqlite")]
-                Raw::Sqlite(_) => {
-                    "CAST((julianday(EXPIRED_AFTER) - julianday('now')) * 86400000 AS INTEGER)"
-                }
-                #[cfg(feature = "postgres")]
-                Raw::Postgres(_) => {
-                    "CAST(EXTRACT(EPOCH FROM EXPIRED_AFTER - (clock_timestamp() AT TIME ZONE \
-                     'UTC')) * 1000 AS BIGINT)"
-                }
-                #[cfg(feature = "mysql")]
-                Raw::Mysql(_) => {
-                    "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), EXPIRED_AFTER) DIV 1000 \
-                     AS SIGNED)"
-                }
-            };
-            self.count(&format!("SELECT MAX({left}) FROM {table}"))
-        }
+        };
+        raw.number(&format!("SELECT MAX({left}) FROM {table}"))
     }
 }
 
@@ -260,7 +196,7 @@ mod child {
 
 mod suite {
     use crate::common::Fixture;
-    use crate::raw::Raw;
+    use crate::raw::{self, Raw};
     use leasehold::{
         Error, LeaderElection, LeaderElectionBuilder, Leadership, LeadershipLossReason,
         LeadershipLost, LossReason,
@@ -549,15 +485,15 @@ mod suite {
         let standby = election(f, "stranded", timings).build().unwrap();
         let leadership = leader.acquire().unwrap();
         let losses = leadership.loss_channel();
-        let mut raw = Raw::open(f);
-        raw.block(&f.table());
+        let mut conn = Raw::open(f);
+        raw::block(&mut conn, &f.table());
         let blocked_at = Instant::now();
         let lost = losses.recv_timeout(GENEROUS).expect("loss reported");
         // The loss is reported while the database still counts the lease as running: the
         // time the row has left when the test looks, plus the time from the report (the
         // callback) to the look (on a busy machine the look may come after the expiry).
         let looked = Instant::now();
-        let left_ms = raw.longest_left_ms(&f.table());
+        let left_ms = raw::longest_left_ms(&mut conn, &f.table());
         eventually("the loss callback", || !reported.lock().is_empty());
         let reported_at = reported.lock()[0].1;
         let left_at_report = left_ms + looked.duration_since(reported_at).as_millis() as i64;
@@ -588,7 +524,7 @@ mod suite {
             .map(|(lost, _)| lost.clone())
             .collect();
         assert_eq!(callbacks, vec![lost.clone()], "callback called once");
-        raw.unblock();
+        raw::unblock(&mut conn);
         let next = standby
             .try_acquire_for(GENEROUS)
             .unwrap()

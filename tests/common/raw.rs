@@ -69,4 +69,21 @@ impl Raw {
             }
         }
     }
+
+    /// Runs a query and returns the one BIGINT of its first row.
+    pub fn number(&mut self, sql: &str) -> i64 {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Raw::Sqlite(conn) => conn.query_row(sql, [], |row| row.get(0)).expect(sql),
+            #[cfg(feature = "postgres")]
+            Raw::Postgres(client) => client.query_one(sql, &[]).expect(sql).get(0),
+            #[cfg(feature = "mysql")]
+            Raw::Mysql(conn) => {
+                use mysql::prelude::Queryable;
+                conn.query_first::<i64, _>(sql)
+                    .expect(sql)
+                    .expect("one row")
+            }
+        }
+    }
 }
