@@ -31,7 +31,7 @@ mod common;
 mod stress;
 
 use common::pgbouncer::PgBouncer;
-use common::{postgres_url, Db, Fixture};
+use common::{postgres_url, warnings, Db, Fixture};
 use leasehold::{Error, LockRegistry};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -53,46 +53,6 @@ fn pooled(f: &Fixture, bouncer: &PgBouncer) -> leasehold::RegistryBuilder {
         .prefix(f.prefix.clone())
         .idle_between_tries(Duration::from_millis(20))
         .connect_timeout(Duration::from_secs(3))
-}
-
-/// The warnings logged by this test binary, kept for the tests that look for one.
-mod warnings {
-    use std::sync::Mutex;
-
-    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-    struct Keeper;
-
-    impl log::Log for Keeper {
-        fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-            metadata.level() <= log::Level::Warn
-        }
-        fn log(&self, record: &log::Record<'_>) {
-            if self.enabled(record.metadata()) {
-                SEEN.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(record.args().to_string());
-            }
-        }
-        fn flush(&self) {}
-    }
-
-    /// Starts keeping warnings (once per binary).
-    pub fn keep() {
-        if log::set_logger(&Keeper).is_ok() {
-            log::set_max_level(log::LevelFilter::Warn);
-        }
-    }
-
-    /// The warnings so far that contain `text`.
-    pub fn containing(text: &str) -> Vec<String> {
-        SEEN.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|warning| warning.contains(text))
-            .cloned()
-            .collect()
-    }
 }
 
 /// How many server connections `LISTEN` on `f`'s table now (asked directly).

@@ -10,6 +10,7 @@
 pub mod mariadb;
 pub mod raw;
 pub mod row_lock;
+pub mod warnings;
 
 use leasehold::{LockRegistry, RegistryBuilder};
 use std::sync::atomic::{AtomicU32, Ordering};
