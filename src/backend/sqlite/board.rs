@@ -12,8 +12,9 @@
 //! ```
 //!
 //! - **Release** (`SqlStore::release` after the row was released, and forced releases): if a
-//!   listener is present (below), add one to the slot's count, add one to the sequence, wake
-//!   every thread waiting on the sequence. Releases that end a turn (see
+//!   listener is present (below), grow the file back if someone shrank it (one `fstat`), add
+//!   one to the slot's count, add one to the sequence, wake every thread waiting on the
+//!   sequence. Releases that end a turn (see
 //!   "Bounded turn" in `lock.rs`) announce nothing, as on PostgreSQL. While nobody listens a
 //!   release costs one `fcntl` (and an `fstat` of the file every 20 ms, a `stat` of the path
 //!   once a second) instead of the announcement.
@@ -582,6 +583,9 @@ impl Board {
     }
 
     fn announce_on(&self, mapped: &Mapped, slot: usize) -> bool {
+        // Full size first: on a file cut inside a page, the kernel's add to a word of that
+        // page past the end succeeds, and growing the file later would zero it.
+        let _ = self.grow_back(mapped);
         self.with_repair(mapped, "announce a release", || {
             mapped.add_one(count_index(slot), 0)?;
             mapped.add_one(0, i32::MAX)

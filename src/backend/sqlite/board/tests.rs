@@ -120,6 +120,28 @@ fn a_shrunk_board_is_grown_back_and_keeps_working() {
     assert_eq!(len(), SIZE as u64);
 }
 
+/// A board cut inside its first page: a count in that page past the file's end is still
+/// mapped (the page is), so the kernel's add succeeds there, but growing the file back zeroes
+/// it. A release grows the file before it counts, so the count survives for the listener.
+#[test]
+fn a_release_on_a_board_cut_inside_its_first_page_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("l.db");
+    let (a, b) = (
+        Board::open(&database).unwrap(),
+        Board::open(&database).unwrap(),
+    );
+    // A slot whose count lies in the first page, past the cut.
+    let slot = 100;
+    assert!(count_index(slot) * 4 > 100 && count_index(slot) * 4 < 4096);
+    a.current().file.set_len(100).unwrap();
+    assert!(a.announce(slot));
+    let mut slots = Slots::new();
+    assert!(b.read_slots(&b.current(), &mut slots));
+    assert_eq!(slots.count(slot), 1, "the release's count was lost");
+    assert_eq!(b.sequence(&b.current()), Some(1));
+}
+
 #[test]
 fn a_database_reached_through_a_link_has_the_same_board() {
     let dir = tempfile::tempdir().unwrap();
