@@ -40,6 +40,7 @@ mod suite {
     fence_for!(LockGuard, Permit, ReadGuard, WriteGuard, AnyGuard, Leadership);
 
     /// A connection of the user's own, on the fixture's database.
+    #[allow(clippy::large_enum_variant)] // one per test, never moved about
     pub enum Conn {
         #[cfg(feature = "sqlite")]
         Sqlite(leasehold::rusqlite::Connection),

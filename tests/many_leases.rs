@@ -145,6 +145,7 @@ mod suite {
 
     #[cfg(feature = "mysql")]
     impl Drop for Census {
+        #[allow(irrefutable_let_patterns)] // with MySQL alone it is the only variant
         fn drop(&mut self) {
             if let Census::Mysql { admin, users } = self {
                 use mysql::prelude::Queryable;

@@ -465,6 +465,7 @@ mod suite {
 
     /// The checker behind the stress run does see overlaps: with every process on a table of
     /// its own, nothing excludes them, and the run must fail.
+    #[cfg(feature = "sqlite")]
     pub fn the_stress_checker_detects_processes_that_do_not_exclude_each_other(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let mut config = config(f, &dir);

@@ -4,6 +4,7 @@
 use super::{Db, Fixture};
 
 /// One driver connection to the fixture's database.
+#[allow(clippy::large_enum_variant)] // one per test, never moved about
 pub enum Raw {
     #[cfg(feature = "sqlite")]
     Sqlite(rusqlite::Connection),
