@@ -192,6 +192,35 @@ fn blocked_permits_reads_writes_and_standbys_end_at_once(db: Db) {
     leadership.resign().unwrap();
 }
 
+/// A waiter that hears releases (its registry's listener subscribed while it sleeps) is ended
+/// by the close as at once as one that only polls.
+fn a_blocked_lock_that_hears_releases_ends_at_once(db: Db) {
+    let Some(f) = Fixture::new(db, "close_listening") else {
+        return;
+    };
+    let holder = f.registry();
+    let held = holder.obtain("job").unwrap().lock().unwrap();
+    let registry = Arc::new(
+        f.builder()
+            .idle_between_tries(MAX_IDLE_BETWEEN_TRIES)
+            .build()
+            .unwrap(),
+    );
+    closing_ends(
+        &registry,
+        "lock() that hears releases",
+        |registry| {
+            // Its first attempt, then time to subscribe and sleep.
+            contended(registry) && {
+                thread::sleep(Duration::from_millis(300));
+                true
+            }
+        },
+        |registry| registry.obtain("job")?.lock().map(drop),
+    );
+    held.unlock().unwrap();
+}
+
 macro_rules! on_every_backend {
     ($($module:ident => $db:expr),*) => {$(
         mod $module {
@@ -200,6 +229,11 @@ macro_rules! on_every_backend {
             #[test]
             fn a_blocked_lock_ends_at_once_and_held_locks_stay_held() {
                 super::a_blocked_lock_ends_at_once_and_held_locks_stay_held($db);
+            }
+
+            #[test]
+            fn a_blocked_lock_that_hears_releases_ends_at_once() {
+                super::a_blocked_lock_that_hears_releases_ends_at_once($db);
             }
 
             #[test]
