@@ -1039,8 +1039,8 @@ mod suite {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("log");
         let script = format!(
-            "echo \"start $LEASEHOLD_TERM\" >> '{0}'; \
-             trap 'echo \"stopped $LEASEHOLD_TERM\" >> \"{0}\"; exit 9' TERM; \
+            "trap 'echo \"stopped $LEASEHOLD_TERM\" >> \"{0}\"; exit 9' TERM; \
+             echo \"start $LEASEHOLD_TERM\" >> '{0}'; \
              while true; do sleep 0.05; done",
             log.display()
         );
