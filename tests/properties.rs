@@ -570,7 +570,8 @@ mod mysql_tables {
 /// another, hand over locally to another thread that asks for another, pause, unlock — checked
 /// against a model of what the guarantees allow: never two holders that both count themselves
 /// as holding, a holder's deadline never past what its last statement or handoff gives, a local
-/// handoff keeping the grant's token, strictly increasing tokens across grants, and every loss
+/// handoff and a re-take of a lingering lease keeping the grant's token, strictly increasing
+/// tokens across grants, and every loss
 /// reported exactly once (by the callback) for a lease whose unlock said it was lost.
 /// Time-to-lives are short so that expiries, takeovers and renewals that come too late all
 /// happen within a case. Every guard lives on a thread of its own (a local handoff moves the
@@ -700,6 +701,11 @@ mod sequences {
         let lock = |instance: usize| instances[instance].obtain("key").unwrap();
         let mut held: [Option<Holder>; 2] = [None, None];
         let mut last_token = 0u64;
+        // The instance whose grant carries `last_token`.
+        let mut last_granted_to = None;
+        // Per instance, the time-to-live its last unlocked holder had asked for: a lease that
+        // lingers after that unlock keeps it until a renewal carries the next holder's.
+        let mut unlocked_ttl = [Duration::ZERO; 2];
         let mut lost_on_unlock = Vec::new();
         for op in ops {
             match *op {
@@ -710,9 +716,18 @@ mod sequences {
                         let (is_held, remaining) = holder.view();
                         // A loaded machine may outlast a 20 ms lease before the look.
                         prop_assert!(is_held || remaining.is_zero());
-                        prop_assert!(remaining < ttl, "{remaining:?} of {ttl:?}");
-                        prop_assert!(token > last_token);
+                        // A new grant is above every earlier token; taking this instance's
+                        // own lingering lease again (see "Linger") keeps its grant and token,
+                        // bounded as a handoff is.
+                        let retaken = token == last_token && last_granted_to == Some(instance);
+                        prop_assert!(token > last_token || retaken, "{token} <= {last_token}");
+                        let bound = match retaken {
+                            true => ttl.max(unlocked_ttl[instance]),
+                            false => ttl,
+                        };
+                        prop_assert!(remaining < bound, "{remaining:?} of {bound:?}");
                         last_token = token;
+                        last_granted_to = Some(instance);
                         held[instance] = Some(holder);
                     }
                 }
@@ -742,6 +757,7 @@ mod sequences {
                     while handle.queued_threads() == 0 && Instant::now() < until {
                         std::thread::sleep(Duration::from_millis(1));
                     }
+                    unlocked_ttl[instance] = previous.ttl;
                     let handed = previous.unlock();
                     match granted.recv().unwrap() {
                         // Handed over: the same grant, bounded by what the database has —
@@ -759,6 +775,7 @@ mod sequences {
                             }
                             prop_assert!(next_token > last_token, "{next_token} <= {last_token}");
                             last_token = next_token;
+                            last_granted_to = Some(instance);
                             held[instance] = Some(next);
                         }
                         None => {
@@ -771,6 +788,7 @@ mod sequences {
                 Op::Pause { ms } => std::thread::sleep(Duration::from_millis(ms)),
                 Op::Unlock { instance } => {
                     if let Some(holder) = held[instance].take() {
+                        unlocked_ttl[instance] = holder.ttl;
                         let token = holder.token();
                         if holder.unlock().is_err() {
                             lost_on_unlock.push(token);
@@ -820,6 +838,45 @@ mod sequences {
         }
         prop_assert!(reports.values().all(|&count| count == 1), "{:?}", *reports);
         Ok(())
+    }
+
+    /// The shortest sequence with a re-take: the lease handed over lingers after the unlock,
+    /// and this instance's next lock takes it again, with its token.
+    #[test]
+    fn a_lingering_lease_taken_again_keeps_its_token() {
+        let ops = [
+            Op::Lock {
+                instance: 1,
+                ttl_ms: 200,
+            },
+            Op::Handoff {
+                instance: 1,
+                ttl_ms: 200,
+            },
+            Op::Unlock { instance: 1 },
+            Op::Lock {
+                instance: 1,
+                ttl_ms: 200,
+            },
+        ];
+        run(&ops).unwrap();
+        // Taken again asking a shorter time-to-live than the lingering lease runs with.
+        let ops = [
+            Op::Lock {
+                instance: 0,
+                ttl_ms: 190,
+            },
+            Op::Handoff {
+                instance: 0,
+                ttl_ms: 180,
+            },
+            Op::Unlock { instance: 0 },
+            Op::Lock {
+                instance: 0,
+                ttl_ms: 40,
+            },
+        ];
+        run(&ops).unwrap();
     }
 
     proptest! {
