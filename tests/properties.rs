@@ -703,9 +703,9 @@ mod sequences {
         let mut last_token = 0u64;
         // The instance whose grant carries `last_token`.
         let mut last_granted_to = None;
-        // Per instance, the time-to-live its last unlocked holder had asked for: a lease that
-        // lingers after that unlock keeps it until a renewal carries the next holder's.
-        let mut unlocked_ttl = [Duration::ZERO; 2];
+        // The longest time-to-live asked for since the grant carrying `last_token` (by its
+        // lock, renewals and handoffs): its deadline is never further off than that.
+        let mut grant_ttl = Duration::ZERO;
         let mut lost_on_unlock = Vec::new();
         for op in ops {
             match *op {
@@ -721,11 +721,11 @@ mod sequences {
                         // bounded as a handoff is.
                         let retaken = token == last_token && last_granted_to == Some(instance);
                         prop_assert!(token > last_token || retaken, "{token} <= {last_token}");
-                        let bound = match retaken {
-                            true => ttl.max(unlocked_ttl[instance]),
+                        grant_ttl = match retaken {
+                            true => grant_ttl.max(ttl),
                             false => ttl,
                         };
-                        prop_assert!(remaining < bound, "{remaining:?} of {bound:?}");
+                        prop_assert!(remaining < grant_ttl, "{remaining:?} of {grant_ttl:?}");
                         last_token = token;
                         last_granted_to = Some(instance);
                         held[instance] = Some(holder);
@@ -743,6 +743,7 @@ mod sequences {
                             prop_assert!(remaining < ttl, "{remaining:?} of {ttl:?}");
                         }
                         holder.ttl = ttl;
+                        grant_ttl = grant_ttl.max(ttl);
                     }
                 }
                 Op::Handoff { instance, ttl_ms } => {
@@ -757,7 +758,6 @@ mod sequences {
                     while handle.queued_threads() == 0 && Instant::now() < until {
                         std::thread::sleep(Duration::from_millis(1));
                     }
-                    unlocked_ttl[instance] = previous.ttl;
                     let handed = previous.unlock();
                     match granted.recv().unwrap() {
                         // Handed over: the same grant, bounded by what the database has —
@@ -766,6 +766,7 @@ mod sequences {
                             let (_, remaining) = next.view();
                             let bound = previous.ttl.max(ttl);
                             prop_assert!(remaining < bound, "{remaining:?} of {bound:?}");
+                            grant_ttl = grant_ttl.max(ttl);
                             held[instance] = Some(next);
                         }
                         // The lease was lost meanwhile: the waiter got a new grant (or none).
@@ -776,6 +777,7 @@ mod sequences {
                             prop_assert!(next_token > last_token, "{next_token} <= {last_token}");
                             last_token = next_token;
                             last_granted_to = Some(instance);
+                            grant_ttl = ttl;
                             held[instance] = Some(next);
                         }
                         None => {
@@ -788,7 +790,6 @@ mod sequences {
                 Op::Pause { ms } => std::thread::sleep(Duration::from_millis(ms)),
                 Op::Unlock { instance } => {
                     if let Some(holder) = held[instance].take() {
-                        unlocked_ttl[instance] = holder.ttl;
                         let token = holder.token();
                         if holder.unlock().is_err() {
                             lost_on_unlock.push(token);
