@@ -842,42 +842,28 @@ mod sequences {
     }
 
     /// The shortest sequence with a re-take: the lease handed over lingers after the unlock,
-    /// and this instance's next lock takes it again, with its token.
+    /// and this instance's next lock takes it again, with its token — also when it asks a
+    /// shorter time-to-live than the lingering lease runs with.
     #[test]
     fn a_lingering_lease_taken_again_keeps_its_token() {
-        let ops = [
-            Op::Lock {
-                instance: 1,
-                ttl_ms: 200,
-            },
-            Op::Handoff {
-                instance: 1,
-                ttl_ms: 200,
-            },
-            Op::Unlock { instance: 1 },
-            Op::Lock {
-                instance: 1,
-                ttl_ms: 200,
-            },
-        ];
-        run(&ops).unwrap();
-        // Taken again asking a shorter time-to-live than the lingering lease runs with.
-        let ops = [
-            Op::Lock {
-                instance: 0,
-                ttl_ms: 190,
-            },
-            Op::Handoff {
-                instance: 0,
-                ttl_ms: 180,
-            },
-            Op::Unlock { instance: 0 },
-            Op::Lock {
-                instance: 0,
-                ttl_ms: 40,
-            },
-        ];
-        run(&ops).unwrap();
+        for (instance, first, handed, again) in [(1, 200, 200, 200), (0, 190, 180, 40)] {
+            let ops = [
+                Op::Lock {
+                    instance,
+                    ttl_ms: first,
+                },
+                Op::Handoff {
+                    instance,
+                    ttl_ms: handed,
+                },
+                Op::Unlock { instance },
+                Op::Lock {
+                    instance,
+                    ttl_ms: again,
+                },
+            ];
+            run(&ops).unwrap();
+        }
     }
 
     proptest! {
