@@ -30,9 +30,11 @@
 //! elsewhere cost one acquire statement per poll, not N. Between attempts the poller sleeps a
 //! random time between ½ and 1 × `idle_between_tries` ([`jittered`]), so that pollers of
 //! several instances with one interval do not keep a phase in which one of them always comes
-//! first; a release wake-up (`nudged`, see [`crate::wakeups`]) cuts the sleep short. A waiting
-//! instance therefore tries the key at least once per `idle_between_tries`, and at once when
-//! a release wake-up reaches it.
+//! first; a release wake-up cuts the sleep short. A waiting instance therefore tries the key at
+//! least once per `idle_between_tries`, and at once when a release wake-up reaches it. On
+//! SQLite the poller sleeps on its key's slot of the release board, which the release in the
+//! other process wakes directly (see `Watch`); elsewhere the registry's release listener sets
+//! `nudged` (see [`crate::wakeups`]).
 //!
 //! **Local handoff.** A release while threads of this registry queue gives the lock to the
 //! oldest of them: the owner is set to that thread before it wakes, the lease (and so the
@@ -78,6 +80,7 @@ pub use guard::{Lock, LockGuard};
 pub(crate) use linger::Lingerer;
 pub(crate) use rows::{Patience, KEYED_WATCHES};
 
+use crate::backend::ReleaseWait;
 use crate::core::Core;
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, Owner};
@@ -169,6 +172,46 @@ pub(crate) fn jittered(idle: Duration) -> Duration {
     idle.mul_f64(0.5 + 0.5 * fraction)
 }
 
+/// How one waiting call hears of its key's releases elsewhere: where the backend lets a
+/// waiter sleep on its own ([`crate::backend::Backend::WAITERS_WAIT_THEMSELVES`], SQLite), its
+/// own sleep, opened at its first refused attempt; elsewhere the registry's release listener
+/// ([`crate::wakeups`]).
+#[derive(Default)]
+struct Watch {
+    /// Registered with the registry's wake-ups: unregister when the call ends.
+    registered: bool,
+    /// The call's own sleep, while it has one.
+    own: Option<Box<dyn ReleaseWait>>,
+    /// The own sleep was asked for (once per call).
+    opened: bool,
+}
+
+impl Watch {
+    /// Before an attempt that may be followed by a sleep.
+    fn before_attempt(&mut self, inner: &Arc<LockInner>) {
+        if let Some(own) = &mut self.own {
+            own.arm();
+        } else if !inner.waits_itself() {
+            self.registered |= inner
+                .core
+                .wakeups
+                .register(&inner.lock_key, inner.as_poller());
+        }
+    }
+
+    /// After the call's first refused attempt, where waiters wait on their own: opens the
+    /// sleep. `true` when it did (releases that committed before it are not announced to it,
+    /// so the caller tries once more before sleeping).
+    fn open(&mut self, inner: &LockInner) -> bool {
+        if self.opened || !inner.waits_itself() {
+            return false;
+        }
+        self.opened = true;
+        self.own = inner.core.store.release_wait(&inner.lock_key);
+        self.own.is_some()
+    }
+}
+
 /// Shared state of one key in one registry.
 pub(crate) struct LockInner {
     key: Arc<str>,
@@ -235,6 +278,12 @@ impl LockInner {
         self
     }
 
+    /// Whether a waiting thread of this key hears of releases elsewhere on its own (see
+    /// [`Watch`]), rather than through the registry's listener.
+    fn waits_itself(&self) -> bool {
+        self.core.wakeups.is_enabled() && self.core.store.waiters_wait_themselves()
+    }
+
     /// `true` while no thread holds, waits for, or talks to the database about this key: the
     /// cache may then drop it.
     pub fn is_idle(&self) -> bool {
@@ -259,13 +308,13 @@ impl LockInner {
             return Ok(Some(self.guard(lease)));
         }
         state.queue.push_back(me);
-        let mut registered = false;
+        let mut watch = Watch::default();
         // Unwind-safe: whatever panics inside (a bug, a fail point), this thread leaves the
         // queue, stops being the poller, and a grant it got is handed on or released.
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-            self.acquire_locked(&mut state, me, wait, ttl, &mut registered)
+            self.acquire_locked(&mut state, me, wait, ttl, &mut watch)
         }));
-        if registered {
+        if watch.registered {
             self.core
                 .wakeups
                 .unregister(&self.lock_key, &self.as_poller());
@@ -319,7 +368,7 @@ impl LockInner {
         me: ThreadId,
         wait: Wait,
         ttl: Duration,
-        registered: &mut bool,
+        watch: &mut Watch,
     ) -> Result<Option<(Arc<Lease>, bool, bool)>> {
         let settings = &self.core.settings;
         // The first pass reads no clock again: it is the start of the wait.
@@ -363,7 +412,7 @@ impl LockInner {
                     _ => now + settings.operation_timeout,
                 };
                 if !matches!(wait, Wait::No | Wait::Once(_)) {
-                    *registered |= self.core.wakeups.register(&self.lock_key, self.as_poller());
+                    watch.before_attempt(self);
                 }
                 // A release notified from here on cuts the sleep after a failed attempt
                 // short, even one that arrives while the attempt is in flight.
@@ -442,8 +491,13 @@ impl LockInner {
                             Wait::Until(deadline) => next_poll.min(deadline),
                             Wait::Forever => next_poll,
                         };
+                        if watch.open(self) {
+                            // Releases from now on end this thread's sleeps: one that came
+                            // before is found by another attempt now.
+                            continue;
+                        }
                         state.db_user = Some(me);
-                        self.sleep_between_polls(state, wake_at);
+                        self.sleep_between_polls(state, wake_at, watch);
                         state.db_user = None;
                         continue;
                     }
@@ -465,12 +519,28 @@ impl LockInner {
         }
     }
 
-    /// The poller's sleep until its next attempt; a release notification (since the attempt
-    /// was sent) cuts it short.
-    fn sleep_between_polls(&self, state: &mut MutexGuard<'_, LocalState>, wake_at: Instant) {
-        self.core.wakeups.before_sleep();
+    /// The poller's sleep until its next attempt; a release (since the attempt was sent)
+    /// cuts it short.
+    fn sleep_between_polls(
+        &self,
+        state: &mut MutexGuard<'_, LocalState>,
+        wake_at: Instant,
+        watch: &mut Watch,
+    ) {
+        if watch.registered {
+            self.core.wakeups.before_sleep();
+        }
         while Instant::now() < wake_at && !state.nudged && !self.core.is_closed() {
-            self.changed.wait_until(state, wake_at);
+            let Some(own) = &watch.own else {
+                self.changed.wait_until(state, wake_at);
+                continue;
+            };
+            match MutexGuard::unlocked(state, || own.sleep(wake_at)) {
+                Some(true) => return,
+                Some(false) => {}
+                // The board fails: this call polls from now on.
+                None => watch.own = None,
+            }
         }
     }
 

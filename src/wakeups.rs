@@ -4,7 +4,8 @@
 //!
 //! PostgreSQL's listener `LISTEN`s on a connection of its own (see `backend::postgres`);
 //! SQLite's waits on a release board shared by the processes of the host (see
-//! `backend::sqlite_board`); MySQL's starts a watcher per waited-for key, each blocked in
+//! `backend::sqlite_board`), for semaphores, reader/writer locks and elections only: a lock's
+//! poller sleeps on the board itself and does not register here (see `Watch` in `lock.rs`); MySQL's starts a watcher per waited-for key, each blocked in
 //! `GET_LOCK` on its own connection (see `backend::mysql::wakeups`; it learns the keys through
 //! [`ListenerEvent::Watched`], and a newly waited-for key sends a request while subscribed). A
 //! subscription is not free: while a connection `LISTEN`s, every release in the database wakes
@@ -110,7 +111,8 @@ impl Wakeups {
         self.enabled.store(true, Ordering::Release);
     }
 
-    fn is_enabled(&self) -> bool {
+    /// Whether a listener runs: the registry hears of releases elsewhere.
+    pub fn is_enabled(&self) -> bool {
         self.enabled.load(Ordering::Acquire)
     }
 

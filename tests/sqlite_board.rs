@@ -145,8 +145,7 @@ fn truncation_body() {
         assert!(tries <= 4, "{tries} tries after cutting to {len} bytes");
         assert_eq!(std::fs::metadata(&board).unwrap().len(), BOARD_SIZE);
     }
-    // Cut while only the waiter's listener uses it: the listener grows it back on its own
-    // (it reads the board at least every second while subscribed).
+    // Cut while only a waiter sleeps on it: the release grows it back and wakes the waiter.
     let guard = holder.obtain("listener").unwrap().lock().unwrap();
     let granted = Arc::new(AtomicBool::new(false));
     let handle = {
@@ -160,17 +159,13 @@ fn truncation_body() {
     };
     thread::sleep(Duration::from_millis(300));
     set_len(&board, 0);
-    assert!(
-        within(WOKEN_WITHIN, || std::fs::metadata(&board).unwrap().len()
-            == BOARD_SIZE),
-        "the waiting listener grew the board back"
-    );
     guard.unlock().unwrap();
     assert!(
         within(WOKEN_WITHIN, || granted.load(Ordering::SeqCst)),
-        "woken after the listener grew the board back"
+        "not woken after the board was emptied under the sleeping waiter"
     );
     handle.join().unwrap();
+    assert_eq!(std::fs::metadata(&board).unwrap().len(), BOARD_SIZE);
     // And the locks still exclude and hand over.
     let guard = holder.obtain("other").unwrap().lock().unwrap();
     assert!(waiter
@@ -301,17 +296,37 @@ fn a_release_announces_on_the_board_only_while_someone_listens() {
     );
 }
 
-/// The race of the listener presence (see "Presence" in the board's module docs): a release
-/// that commits and tests for listeners just before a waiter's listener becomes present
-/// announces nothing, and the waiter must still get the lock at once — the listener nudges
-/// its pollers after it became present, so their next attempt sees the committed release.
-/// A fail point holds the listener just before it takes its presence while the holder
-/// releases. Runs in a child process: fail points are process-wide.
+/// A thread waiting in `lock()` is woken by the release in the other process itself, not by
+/// its registry's listener thread: with that thread held where it comes back from its wait,
+/// the waiter still gets the lock at once. Runs in a child process: fail points are
+/// process-wide.
 #[cfg(feature = "failpoints")]
 #[test]
-fn a_release_just_before_a_listener_becomes_present_still_wakes_its_waiter() {
+fn a_release_wakes_a_waiting_lock_without_the_listener_thread() {
     if std::env::var_os(CHILD).is_none() {
-        return in_child("a_release_just_before_a_listener_becomes_present_still_wakes_its_waiter");
+        return in_child("a_release_wakes_a_waiting_lock_without_the_listener_thread");
+    }
+    let f = Fixture::new(Db::Sqlite, "board_own_wait").unwrap();
+    let holder = f.registry();
+    let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
+    fail::cfg("sqlite_board::listener_woken", "pause").unwrap();
+    let (woken, tries) = handoff(&holder, &waiter, "own", || {});
+    fail::remove("sqlite_board::listener_woken");
+    assert!(woken, "the waiter slept until its next poll");
+    assert_eq!(tries, 3, "a refused attempt, one once present, one woken");
+}
+
+/// The race of presence (see "Presence" in the board's module docs): a release that commits
+/// and tests for presence just before a waiting thread becomes present announces nothing, and
+/// the waiter must still get the lock at once — it tries once more after it became present,
+/// and that attempt sees the committed release. A fail point holds the waiter just before it
+/// takes its presence while the holder releases. Runs in a child process: fail points are
+/// process-wide.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_release_just_before_a_waiter_becomes_present_still_reaches_it() {
+    if std::env::var_os(CHILD).is_none() {
+        return in_child("a_release_just_before_a_waiter_becomes_present_still_reaches_it");
     }
     let f = Fixture::new(Db::Sqlite, "board_presence_race").unwrap();
     let board = board_of(&f.sqlite_path());
@@ -320,7 +335,7 @@ fn a_release_just_before_a_listener_becomes_present_still_wakes_its_waiter() {
     let (entered_tx, entered) = crossbeam_channel::unbounded::<()>();
     let (open, open_rx) = crossbeam_channel::unbounded::<()>();
     let hits = std::sync::atomic::AtomicUsize::new(0);
-    fail::cfg_callback("sqlite_board::listener_before_presence", move || {
+    fail::cfg_callback("sqlite_board::waiter_before_presence", move || {
         if hits.fetch_add(1, Ordering::SeqCst) == 0 {
             let _ = entered_tx.send(());
             let _ = open_rx.recv_timeout(SLOW_POLL);
@@ -340,23 +355,28 @@ fn a_release_just_before_a_listener_becomes_present_still_wakes_its_waiter() {
     };
     entered
         .recv_timeout(WOKEN_WITHIN)
-        .expect("the waiter's listener set out to subscribe");
+        .expect("the waiter was refused and set out to become present");
     let before = sequence(&board);
     guard.unlock().unwrap();
     assert_eq!(
         sequence(&board),
         before,
-        "the release found no listener present and announced nothing"
+        "the release found nobody present and announced nothing"
     );
     assert!(
         !granted.load(Ordering::SeqCst),
-        "the waiter sleeps (30 s polls)"
+        "the waiter is held before its presence"
     );
     open.send(()).unwrap();
     assert!(
         within(WOKEN_WITHIN, || granted.load(Ordering::SeqCst)),
-        "the listener's nudge on subscribing did not make the waiter try"
+        "the waiter did not try again once present"
     );
     handle.join().unwrap();
-    fail::remove("sqlite_board::listener_before_presence");
+    assert_eq!(
+        waiter.statistics().acquires,
+        2,
+        "one refused attempt, one once present"
+    );
+    fail::remove("sqlite_board::waiter_before_presence");
 }

@@ -119,6 +119,18 @@ pub(crate) type Conn<B> = <<B as Backend>::Manager as r2d2::ManageConnection>::C
 
 /// What one database must provide. Implementations hold no state beyond what their connection
 /// manager needs; every method runs exactly one statement (or one batch) and must not retry.
+/// One waiting thread's own sleep until its key is released elsewhere (see
+/// [`Backend::release_wait`]).
+pub(crate) trait ReleaseWait: Send {
+    /// Called before each attempt: a release after this ends the next [`ReleaseWait::sleep`]
+    /// at once.
+    fn arm(&mut self);
+    /// Sleeps until a release since [`ReleaseWait::arm`], or until `until`, or spuriously:
+    /// `Some(true)` when the key was released since, `Some(false)` when not; `None` when this
+    /// way of waiting fails (the caller then waits as without it).
+    fn sleep(&self, until: Instant) -> Option<bool>;
+}
+
 pub(crate) trait Backend: Send + Sync + 'static {
     /// Opens connections; its `has_broken` must report connections marked by `mark_broken`.
     type Manager: r2d2::ManageConnection;
@@ -237,6 +249,24 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> bool {
         false
     }
+
+    /// Whether a lock's waiting thread sleeps on its own until its key is released
+    /// ([`Backend::release_wait`]) instead of hearing of releases through the listener.
+    const WAITERS_WAIT_THEMSELVES: bool = false;
+
+    /// A waiting thread's own sleep until `lock_key` is released elsewhere (see
+    /// [`Backend::WAITERS_WAIT_THEMSELVES`]); `None` when it cannot have one (it polls).
+    fn release_wait(
+        _manager: &Self::Manager,
+        _table: &TableSettings,
+        _lock_key: &str,
+    ) -> Option<Box<dyn ReleaseWait>> {
+        None
+    }
+
+    /// Ends every [`Backend::release_wait`] sleep of `lock_key` now (a registry closing), as
+    /// a release would.
+    fn interrupt_release_waits(_manager: &Self::Manager, _table: &TableSettings, _lock_key: &str) {}
 
     /// Whether the listener serves only the keys its registry waits for (it learns them
     /// through [`ListenerEvent::Watched`], and each newly waited-for key sends a request).

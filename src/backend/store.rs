@@ -93,6 +93,13 @@ pub(crate) trait Store: Send + Sync {
     /// [`Backend::LISTENER_WATCHES_KEYS`]), and how many at most
     /// ([`Backend::LISTENER_WATCHED_KEYS_MAX`]): `None` when it serves every key.
     fn listener_watches_keys(&self) -> Option<usize>;
+    /// See [`Backend::WAITERS_WAIT_THEMSELVES`].
+    fn waiters_wait_themselves(&self) -> bool;
+    /// A waiting thread's own sleep until `lock_key` is released (see
+    /// [`Backend::release_wait`]).
+    fn release_wait(&self, lock_key: &str) -> Option<Box<dyn super::ReleaseWait>>;
+    /// Ends the [`Store::release_wait`] sleeps of `lock_key` now.
+    fn interrupt_release_waits(&self, lock_key: &str);
     /// Starts the backend's release listener (see [`Backend::listen_for_releases`]).
     fn listen_for_releases(
         &self,
@@ -368,6 +375,18 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn statements(&self) -> &Statements {
         &self.queries
+    }
+
+    fn waiters_wait_themselves(&self) -> bool {
+        B::WAITERS_WAIT_THEMSELVES
+    }
+
+    fn release_wait(&self, lock_key: &str) -> Option<Box<dyn super::ReleaseWait>> {
+        B::release_wait(&self.manager, &self.table, lock_key)
+    }
+
+    fn interrupt_release_waits(&self, lock_key: &str) {
+        B::interrupt_release_waits(&self.manager, &self.table, lock_key)
     }
 
     fn listener_watches_keys(&self) -> Option<usize> {

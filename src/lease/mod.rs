@@ -111,7 +111,8 @@
 //! | `backend::renewal_hangs` | a renewal attempt; `return(ms)` makes one whose deadline is more than `ms` away get no answer before its deadline |
 //! | `mysql::renew_batch_between_statements` | MySQL's batch renewal after its `UPDATE`, before it reads which rows it renewed |
 //! | `mysql::watcher_name_held`, `mysql::watcher_before_look` | a release watcher whose `GET_LOCK` timed out (another session holds the key's name), and one whose `GET_LOCK` returned 1, about to read the row |
-//! | `sqlite_board::listener_before_presence` | SQLite's board listener about to become present on the board |
+//! | `sqlite_board::waiter_before_presence` | a thread waiting for an SQLite lock about to become present on the board |
+//! | `sqlite_board::listener_woken` | SQLite's board listener back from its wait on the release sequence |
 //! | `leader::agent_watch` | the leader agent about to look at its lease |
 //! | `semaphore::claim_before_lock` | a waiter that claimed a permit offered by a releasing thread, about to queue on the slot's lock |
 

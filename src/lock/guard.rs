@@ -46,8 +46,15 @@ pub struct Lock {
 impl Nudge for LockInner {
     /// Called by the release listener: the lock was released elsewhere, poll now.
     fn nudge(&self) {
-        self.state.lock().nudged = true;
+        let mut state = self.state.lock();
+        state.nudged = true;
+        let polling = state.db_user.is_some();
+        drop(state);
         self.changed.notify_all();
+        if polling && self.waits_itself() {
+            // A poller asleep on its own wakes as for a release.
+            self.core.store.interrupt_release_waits(&self.lock_key);
+        }
     }
 }
 

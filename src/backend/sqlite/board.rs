@@ -11,49 +11,60 @@
 //!   slot s, word 1    unused: nothing writes it, and it reads as zero
 //! ```
 //!
-//! - **Release** (`SqlStore::release` after the row was released, and forced releases): if a
-//!   listener is present (below), grow the file back if someone shrank it (one `fstat`), add
-//!   one to the slot's count, add one to the sequence, wake every thread waiting on the
-//!   sequence. Releases that end a turn (see
-//!   "Bounded turn" in `lock.rs`) announce nothing, as on PostgreSQL. While nobody listens a
-//!   release costs one `fcntl` (and an `fstat` of the file every 20 ms, a `stat` of the path
-//!   once a second) instead of the announcement.
-//! - **Listener** (one thread per registry, only while one of its threads waits, as on
-//!   PostgreSQL; see [`crate::wakeups`]): on subscribing, becomes present, then copies the slot
-//!   counts, then nudges every waiting poller of its registry; then reads the sequence,
-//!   compares the counts, reports every slot that moved, then `FUTEX_WAIT`s on the sequence
-//!   with the value it read and a one-second timeout (the tick). A release between the read
-//!   and the wait changes the sequence, so the wait returns at once: nothing is missed. On
-//!   unsubscribing it lets its presence go.
+//! - **Release** (`SqlStore::release` after the row was released, and forced releases): if
+//!   anyone is present (below), grow the file back if someone shrank it (one `fstat`), add one
+//!   to the slot's count and wake every thread waiting on that count, then add one to the
+//!   sequence and wake every thread waiting on it (`FUTEX_WAKE_OP`: the kernel adds, then
+//!   wakes). Releases that end a turn (see "Bounded turn" in `lock.rs`) announce nothing, as on
+//!   PostgreSQL. While nobody is present a release costs one `fcntl` (and an `fstat` of the
+//!   file every 20 ms, a `stat` of the path once a second) instead of the announcement.
+//! - **Waiting thread** (a thread inside `lock()` of a key held in another process; see
+//!   `Watch` in `lock.rs`): after its first refused attempt it becomes present ([`SlotWait`]),
+//!   and tries once more. Before each attempt it reads its slot's count; after a refused one it
+//!   `FUTEX_WAIT`s on the count with the value it read, until its next poll. A release after
+//!   the read changes the count, so the wait returns at once: nothing is missed. The release
+//!   wakes this thread itself, so a handoff between processes costs one wake-up, as a pipe
+//!   would. Its presence ends with the `lock()` call.
+//! - **Listener** (one thread per registry, only while one of its semaphores, reader/writer
+//!   locks or elections waits, as on PostgreSQL; see [`crate::wakeups`]): on subscribing,
+//!   becomes present, then copies the slot counts, then nudges every waiting poller of its
+//!   registry; then reads the sequence, compares the counts, reports every slot that moved,
+//!   then `FUTEX_WAIT`s on the sequence with the value it read and a one-second timeout (the
+//!   tick). A release between the read and the wait changes the sequence, so the wait returns
+//!   at once. On unsubscribing it lets its presence go.
 //!
 //! # Presence
 //!
-//! A listener is present on a board file while it holds a shared open-file-description lock
-//! (`F_OFD_SETLK`, `F_RDLCK`) on one byte past the board's end, through a second descriptor
-//! of the file opened for that (a lock never conflicts with its own description, and the
-//! releases of the same process test through the first). A release tests for it after its
-//! statement committed (`F_OFD_GETLK` for a write lock: any listener's lock conflicts) and
-//! announces only if one is there; when the test fails it announces. The kernel drops a lock
-//! when its process ends, and truncating or writing the file leaves it alone, so nothing done
-//! to the board's contents hides a listener, and a crashed one costs nothing.
+//! A listener or a waiting thread is present on a board file while its process holds a
+//! shared open-file-description lock (`F_OFD_SETLK`, `F_RDLCK`) on one byte past the board's
+//! end, through a second descriptor of the file opened for that (a lock never conflicts with
+//! its own description, and the releases of the same process test through the first). The
+//! lock is counted: the first presence of the process on the mapping takes it, the last lets
+//! it go. A release tests for it after its statement committed (`F_OFD_GETLK` for a write
+//! lock: any present process's lock conflicts) and announces only if one is there; when the
+//! test fails it announces. The kernel drops a lock when its process ends, and truncating or
+//! writing the file leaves it alone, so nothing done to the board's contents hides a
+//! presence, and a crashed process costs nothing.
 //!
-//! No release is missed by a listener's pollers. The kernel orders every lock operation on
-//! the file (one lock list per inode, under one spinlock), so a release's test either sees a
-//! listener's lock or came before the listener took it:
-//! - it saw the lock: the release announces, after the listener became present. If the
-//!   listener copied the counts after the announcement, its copy already holds it and it will
-//!   not report it — but then the release committed before the copy, so before the nudge that
-//!   follows it, and the nudged pollers' next attempts (which start after the nudge: one in
-//!   flight then cuts its next sleep short) find the row released;
+//! No release is missed. The kernel orders every lock operation on the file (one lock list
+//! per inode, under one spinlock), so a release's test either sees a presence or came before
+//! it was taken:
+//! - it saw the lock: the release announces, after the listener or waiting thread became
+//!   present. A waiting thread reads its count before each attempt, and its attempts after
+//!   becoming present either find the row released or were refused before the release
+//!   committed, so before its announcement changed the count that the thread then waits on.
+//!   A listener that copied the counts after the announcement will not report it — but then
+//!   the release committed before the copy, so before the nudge that follows it, and the
+//!   nudged pollers' next attempts (which start after the nudge: one in flight then cuts its
+//!   next sleep short) find the row released;
 //! - it came before: then the release committed before the test, the test before the lock,
-//!   the lock before the nudge, and again the pollers' next attempts find the row released.
+//!   and the lock before the waiting thread's next attempt or the listener's nudge, which
+//!   finds the row released.
 //!
-//! A poller that starts waiting while its listener is already present is covered by the
-//! listener as before (its first attempt comes after it registered). A listener that follows
-//! a replaced file becomes present on the new one before it lets the old one go and nudges
-//! every poller (below), by the same argument. `tests/sqlite_board.rs` forces the second case
-//! with the fail point `sqlite_board::listener_before_presence` (the listener held just
-//! before it takes its lock while the holder releases).
+//! A listener that follows a replaced file becomes present on the new one before it lets the
+//! old one go and nudges every poller (below), by the same argument. `tests/sqlite_board.rs`
+//! forces the second case with the fail point `sqlite_board::waiter_before_presence` (a
+//! waiting thread held just before it takes its presence while the holder releases).
 //!
 //! A slot is a hash of (table, region, `LOCK_KEY`) modulo [`SLOTS`]: two keys that share one
 //! cost an extra attempt, nothing more. The board only hurries pollers: the row decides who
@@ -87,18 +98,19 @@
 //!   path names — a release notices within 20 ms that its file lost its last link (an
 //!   `fstat`, at most one per 20 ms, which keeps it off the cost of an uncontended
 //!   `unlock()`) and checks the path then, and at least once a second otherwise (one `stat`:
-//!   a file renamed away, or one with another hard link); a listener checks every second; a new
-//!   file is made when there is none — so for about a second wake-ups between processes that
-//!   have the old file and those that have the new one may be missed (their waiters poll), and
-//!   a listener that moves to the new file makes every waiter of its registry try once.
+//!   a file renamed away, or one with another hard link); a listener checks every second, and a
+//!   waiting thread takes the file a release would at each `lock()` call; a new file is made
+//!   when there is none — so for about a second wake-ups between processes that have the old
+//!   file and those that have the new one may be missed (their waiters poll), and a listener
+//!   that moves to the new file makes every waiter of its registry try once.
 //! - **Make it unwritable** for some users: their processes warn and poll.
 //! - **Put a symbolic link or anything but a regular file there**: refused (opened with
 //!   `O_NOFOLLOW`, checked to be a regular file), so nobody can aim a process's writes at
 //!   another file; processes keep the board they had, and those that have none warn and poll.
 //! - **Write into it**: at worst spurious attempts (the row decides), or wake-ups missed.
 //! - **Lock its presence byte** (another program's write lock there): releases announce as
-//!   if someone listened; listeners cannot become present (a warning says so), and releases of
-//!   other processes still announce, seeing that lock.
+//!   if someone were present; listeners and waiting threads cannot become present (a warning
+//!   says so), and releases of other processes still announce, seeing that lock.
 //!
 //! # Which file: the database's identity
 //!
@@ -130,7 +142,7 @@ const WORDS: usize = 2 + 2 * SLOTS;
 const SIZE: usize = WORDS * 4;
 /// The first word of the slots.
 const FIRST_SLOT_WORD: usize = 2;
-/// The byte whose lock says that a listener is present (past the board's end: locks need no
+/// The byte whose lock says that a listener or a waiting thread is present (past the board's end: locks need no
 /// data, and truncating the file does not touch them).
 const PRESENCE_BYTE: libc::off_t = SIZE as libc::off_t;
 /// How often a release checks that the path still names the file it announces on, beyond the
@@ -200,12 +212,15 @@ impl Slots {
 struct Mapped {
     map: *mut u32,
     file: File,
-    /// A second open file description of the same file, on which this process's listener
-    /// holds its presence lock (see [`Presence`]): the releases of this process test for
+    /// A second open file description of the same file, on which this process holds its
+    /// presence lock (see [`Presence`]): the releases of this process test for
     /// presence through `file`, and a lock never conflicts with its own description.
     presence: File,
     /// The file's device and inode, to notice that the path names another file.
     identity: (u64, u64),
+    /// How many of this process's listeners and waiting threads are present through
+    /// `presence` (see [`Presence`]): the lock is taken by the first, let go by the last.
+    present: Mutex<usize>,
 }
 
 // SAFETY: the mapping is never accessed from user space (only its address is passed to the
@@ -264,6 +279,7 @@ impl Mapped {
             file,
             presence,
             identity,
+            present: Mutex::new(0),
         })
     }
 
@@ -322,7 +338,7 @@ impl Mapped {
         Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
     }
 
-    /// Whether any listener (of any process, this one's included) is present on this file.
+    /// Whether anyone (of any process, this one's included) is present on this file.
     fn anyone_present(&self) -> io::Result<bool> {
         Self::presence_lock(&self.file, libc::F_OFD_GETLK, libc::F_WRLCK)
     }
@@ -348,17 +364,18 @@ impl Mapped {
         self.file.read_exact_at(into, (index * 4) as u64)
     }
 
-    /// Adds one to word `index` in the kernel and wakes up to `wake` waiters of the sequence.
-    fn add_one(&self, index: usize, wake: i32) -> io::Result<()> {
-        // SAFETY: FUTEX_WAKE_OP on two word addresses of the live mapping (not FUTEX_PRIVATE:
-        // other processes wait on the same file page). The kernel checks the pages; a page
-        // past the file's end makes the call fail with EFAULT.
+    /// Adds one to word `index` in the kernel, then wakes every thread waiting on it.
+    fn add_one(&self, index: usize) -> io::Result<()> {
+        // SAFETY: FUTEX_WAKE_OP on a word address of the live mapping (not FUTEX_PRIVATE:
+        // other processes wait on the same file page): the operation on the second address
+        // comes first, then the wake-up on the first, the same word. The kernel checks the
+        // page; a page past the file's end makes the call fail with EFAULT.
         let woken = unsafe {
             libc::syscall(
                 libc::SYS_futex,
-                self.address(0),
+                self.address(index),
                 libc::FUTEX_WAKE_OP,
-                wake,
+                i32::MAX,
                 0usize, // the second wake-up's count, passed where the timeout goes
                 self.address(index),
                 futex_op_add(1),
@@ -370,9 +387,9 @@ impl Mapped {
         Ok(())
     }
 
-    /// `FUTEX_WAIT` on the sequence while it is `seen`, at most `timeout`: only EFAULT (the
+    /// `FUTEX_WAIT` on word `index` while it is `seen`, at most `timeout`: only EFAULT (the
     /// word is past the file's end) is an error.
-    fn wait(&self, seen: u32, timeout: Duration) -> io::Result<()> {
+    fn wait(&self, index: usize, seen: u32, timeout: Duration) -> io::Result<()> {
         let timespec = libc::timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -382,7 +399,7 @@ impl Mapped {
         let result = unsafe {
             libc::syscall(
                 libc::SYS_futex,
-                self.address(0),
+                self.address(index),
                 libc::FUTEX_WAIT,
                 seen,
                 &timespec as *const libc::timespec,
@@ -394,7 +411,7 @@ impl Mapped {
             0 => Ok(()),
             _ => match io::Error::last_os_error() {
                 e if e.raw_os_error() == Some(libc::EFAULT) => Err(e),
-                // EAGAIN (the sequence moved), ETIMEDOUT, EINTR.
+                // EAGAIN (the word moved), ETIMEDOUT, EINTR.
                 _ => Ok(()),
             },
         }
@@ -562,10 +579,10 @@ impl Board {
         self.mapping()
     }
 
-    /// A key of `slot` was released (the release has committed):
-    /// wakes every listener of the file the path names, if any is present. `false` when the
-    /// board fails (after a warning): waiters poll. The slot is computed ([`slot_of`]) only
-    /// when a listener is present: most releases find none and skip the hashing.
+    /// A key of `slot` was released (the release has committed): wakes every listener and
+    /// waiting thread of the file the path names, if anyone is present. `false` when the board
+    /// fails (after a warning): waiters poll. The slot is computed ([`slot_of`]) only when
+    /// someone is present: most releases find none and skip the hashing.
     pub fn release(&self, slot: impl FnOnce() -> usize) -> bool {
         let mapped = self.mapping_for_release();
         // After the commit (see "Presence" in the module docs); when the test fails, announce.
@@ -575,7 +592,7 @@ impl Board {
         self.announce_on(&mapped, slot())
     }
 
-    /// A key of `slot` was released: wakes every listener of the
+    /// A key of `slot` was released: wakes every listener and waiting thread of the
     /// file the path names, present or not. `false` when the board fails (after a warning).
     #[cfg(test)]
     fn announce(&self, slot: usize) -> bool {
@@ -587,16 +604,22 @@ impl Board {
         // page past the end succeeds, and growing the file later would zero it.
         let _ = self.grow_back(mapped);
         self.with_repair(mapped, "announce a release", || {
-            mapped.add_one(count_index(slot), 0)?;
-            mapped.add_one(0, i32::MAX)
+            mapped.add_one(count_index(slot))?;
+            mapped.add_one(0)
         })
     }
 
-    /// The release sequence of `mapped` now, `None` when the board fails.
-    fn sequence(&self, mapped: &Mapped) -> Option<u32> {
+    /// Word `index` of `mapped` now, `None` when the board fails.
+    fn word(&self, mapped: &Mapped, index: usize) -> Option<u32> {
         let mut word = [0; 4];
-        self.with_repair(mapped, "read the sequence", || mapped.pread(0, &mut word))
+        self.with_repair(mapped, "read the board", || mapped.pread(index, &mut word))
             .then(|| u32::from_ne_bytes(word))
+    }
+
+    /// The release sequence of `mapped` now.
+    #[cfg(test)]
+    fn sequence(&self, mapped: &Mapped) -> Option<u32> {
+        self.word(mapped, 0)
     }
 
     /// Copies the slot words of `mapped` into `slots`: `false` when the board fails.
@@ -606,25 +629,28 @@ impl Board {
         })
     }
 
-    /// Waits until the sequence of `mapped` is no longer `seen`, or `timeout` passes
-    /// (spurious returns are possible: callers read again). When the board fails, sleeps
-    /// `timeout`.
-    fn wait(&self, mapped: &Mapped, seen: u32, timeout: Duration) {
-        if !self.with_repair(mapped, "wait for releases", || mapped.wait(seen, timeout)) {
-            std::thread::sleep(timeout);
-        }
+    /// Waits until word `index` of `mapped` is no longer `seen`, or `timeout` passes
+    /// (spurious returns are possible: callers read again). `false` when the board fails.
+    fn wait(&self, mapped: &Mapped, index: usize, seen: u32, timeout: Duration) -> bool {
+        self.with_repair(mapped, "wait for releases", || {
+            mapped.wait(index, seen, timeout)
+        })
     }
 }
 
-/// A listener's presence on one board file (see "Presence" in the module docs): a shared
-/// lock on [`PRESENCE_BYTE`] through the mapping's second description, held while the
-/// listener is subscribed; let go when it is dropped (and by the kernel when the process
-/// ends).
+/// A listener's or a waiting thread's presence on one board file (see "Presence" in the
+/// module docs): a shared lock on [`PRESENCE_BYTE`] through the mapping's second description,
+/// taken by the first presence of this process on the mapping and let go with the last (and
+/// by the kernel when the process ends).
 struct Presence(Arc<Mapped>);
 
 impl Drop for Presence {
     fn drop(&mut self) {
-        let _ = self.0.set_present(false);
+        let mut present = self.0.present.lock();
+        *present -= 1;
+        if *present == 0 {
+            let _ = self.0.set_present(false);
+        }
     }
 }
 
@@ -632,10 +658,17 @@ impl Board {
     /// Takes this process's presence on `mapped` (see [`Presence`]). When the kernel refuses
     /// the lock, releases elsewhere may skip their announcements: a warning says so, once.
     fn presence(&self, mapped: &Arc<Mapped>) -> Presence {
-        if let Err(error) = mapped.set_present(true) {
+        let mut present = mapped.present.lock();
+        *present += 1;
+        let taken = match *present {
+            1 => mapped.set_present(true),
+            _ => Ok(()),
+        };
+        drop(present);
+        if let Err(error) = taken {
             if !self.warned_presence.swap(true, Ordering::Relaxed) {
                 log::warn!(
-                    "cannot mark a listener present on the SQLite release board {} ({error}); \
+                    "cannot mark a waiter present on the SQLite release board {} ({error}); \
                      releases of other processes may not wake its waiters, which poll every \
                      idle_between_tries",
                     self.path.display()
@@ -643,6 +676,50 @@ impl Board {
             }
         }
         Presence(Arc::clone(mapped))
+    }
+}
+
+/// One waiting thread's own sleep until a key of `slot` is released (see "Waiting threads"
+/// in the module docs): present on the board from its creation until it is dropped.
+pub(crate) struct SlotWait {
+    board: Arc<Board>,
+    mapped: Arc<Mapped>,
+    index: usize,
+    /// The slot's count when the thread last armed; `None` when the board failed then.
+    seen: Option<u32>,
+    _presence: Presence,
+}
+
+impl SlotWait {
+    /// Present on the board (the file the path names: at most one `stat` a second) for a
+    /// waiter of keys of `slot`.
+    pub fn new(board: &Arc<Board>, slot: usize) -> SlotWait {
+        let mapped = board.mapping_for_release();
+        fail_point!("sqlite_board::waiter_before_presence");
+        let presence = board.presence(&mapped);
+        SlotWait {
+            board: Arc::clone(board),
+            mapped,
+            index: count_index(slot),
+            seen: None,
+            _presence: presence,
+        }
+    }
+}
+
+impl crate::backend::ReleaseWait for SlotWait {
+    fn arm(&mut self) {
+        self.seen = self.board.word(&self.mapped, self.index);
+    }
+
+    fn sleep(&self, until: Instant) -> Option<bool> {
+        let seen = self.seen?;
+        let timeout = until.saturating_duration_since(Instant::now());
+        if !self.board.wait(&self.mapped, self.index, seen, timeout) {
+            return None;
+        }
+        let now = self.board.word(&self.mapped, self.index)?;
+        Some(now != seen)
     }
 }
 
@@ -686,7 +763,6 @@ impl BoardListener {
         while self.requests.recv().is_ok() {
             while self.requests.try_recv().is_ok() {}
             let mut mapped = self.board.mapping();
-            fail_point!("sqlite_board::listener_before_presence");
             // Present before reading the board and nudging the pollers: a release that did
             // not see this presence committed before the nudge (see "Presence").
             let mut _presence = self.board.presence(&mapped);
@@ -698,7 +774,7 @@ impl BoardListener {
             loop {
                 // The sequence before the counts: a release after this read changes it, so
                 // the wait below returns at once.
-                let sequence = self.board.sequence(&mapped);
+                let sequence = self.board.word(&mapped, 0);
                 if sequence.is_some() && self.board.read_slots(&mapped, &mut now) {
                     let moved: Vec<usize> = (0..SLOTS)
                         .filter(|&s| seen.count(s) != now.count(s))
@@ -751,11 +827,13 @@ impl BoardListener {
                     }
                 }
                 let timeout = next_tick.saturating_duration_since(at);
-                match sequence {
-                    Some(sequence) => self.board.wait(&mapped, sequence, timeout),
+                let waited =
+                    sequence.is_some_and(|seen| self.board.wait(&mapped, 0, seen, timeout));
+                if !waited {
                     // The board fails: its waiters poll; try it again at the tick.
-                    None => std::thread::sleep(timeout),
+                    std::thread::sleep(timeout);
                 }
+                fail_point!("sqlite_board::listener_woken");
             }
         }
     }

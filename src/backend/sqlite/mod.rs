@@ -488,6 +488,29 @@ impl Backend for Sqlite {
     }
 
     #[cfg(target_os = "linux")]
+    const WAITERS_WAIT_THEMSELVES: bool = true;
+
+    #[cfg(target_os = "linux")]
+    fn release_wait(
+        manager: &SqliteManager,
+        table: &crate::backend::TableSettings,
+        lock_key: &str,
+    ) -> Option<Box<dyn crate::backend::ReleaseWait>> {
+        let board = manager.board()?;
+        let slot = board::slot_of(&table.table, &table.region, lock_key);
+        Some(Box::new(board::SlotWait::new(board, slot)))
+    }
+
+    #[cfg(target_os = "linux")]
+    fn interrupt_release_waits(
+        manager: &SqliteManager,
+        table: &crate::backend::TableSettings,
+        lock_key: &str,
+    ) {
+        Self::release_done(manager, table, lock_key, Some(true), true);
+    }
+
+    #[cfg(target_os = "linux")]
     fn release_done(
         manager: &SqliteManager,
         table: &crate::backend::TableSettings,

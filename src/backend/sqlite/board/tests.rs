@@ -31,7 +31,7 @@ fn an_announcement_on_one_mapping_wakes_a_waiter_on_another() {
     let slot = slot_of("T", "R", "k");
     let waiter = std::thread::spawn(move || {
         let started = Instant::now();
-        b.wait(&b.current(), seen, Duration::from_secs(30));
+        b.wait(&b.current(), 0, seen, Duration::from_secs(30));
         let mut slots = Slots::new();
         assert!(b.read_slots(&b.current(), &mut slots));
         (started.elapsed(), slots.count(slot))
@@ -56,8 +56,8 @@ fn past_the_files_end_the_kernel_says_efault_and_no_signal_comes() {
     let efault = |result: io::Result<()>| {
         assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::EFAULT));
     };
-    efault(board.add_one(0, i32::MAX));
-    efault(board.add_one(count_index(slot), 0));
+    efault(board.add_one(0));
+    efault(board.add_one(count_index(slot)));
     // SAFETY: as in `Board::wait`, with no timeout needed: the call fails at once.
     let waited = unsafe {
         libc::syscall(
@@ -79,8 +79,8 @@ fn past_the_files_end_the_kernel_says_efault_and_no_signal_comes() {
     );
     // Half a board: the sequence works, the last slot fails.
     board.file.set_len(4096).unwrap();
-    board.add_one(0, i32::MAX).unwrap();
-    efault(board.add_one(count_index(slot), 0));
+    board.add_one(0).unwrap();
+    efault(board.add_one(count_index(slot)));
 }
 
 #[test]
@@ -112,7 +112,7 @@ fn a_shrunk_board_is_grown_back_and_keeps_working() {
     // a waiter that saw another value returns at once.
     cut(0);
     let started = Instant::now();
-    a.wait(&a.current(), 1, Duration::from_secs(30));
+    a.wait(&a.current(), 0, 1, Duration::from_secs(30));
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "waited on the grown board"
