@@ -6,8 +6,9 @@
 //!
 //! Waiters here poll only every 30 s, so a waiter that gets the lock within a few seconds of
 //! the release was woken by the release, not by its timer. A release comes only once the
-//! waiter's registry has subscribed (its listener's first nudge makes the waiter try again), not
-//! after a fixed sleep that a busy machine may outlast.
+//! waiter's registry has subscribed (its listener's first nudge makes the waiter try again; on
+//! SQLite the waiter tries again once it is present on the board itself), not after a fixed
+//! sleep that a busy machine may outlast.
 
 #![cfg(any(
     feature = "postgres",
@@ -77,8 +78,8 @@ fn until_polled(waiter: &LockRegistry, before: u64) {
 }
 
 /// Waits until the waiter's registry listens for releases: it tried once and found the lock
-/// held, then its listener subscribed and nudged it to try again (for a release it might have
-/// missed meanwhile).
+/// held, then its listener subscribed and nudged it to try again, or (SQLite) it became present
+/// on the board and tried again (for a release it might have missed meanwhile).
 fn until_listening(waiter: &LockRegistry, before: u64) {
     until_tried(waiter, before, 2);
 }
@@ -278,7 +279,8 @@ mod suite {
             release_reaches_waiter(&holder, &waiter, true, WOKEN_WITHIN),
             "the waiter slept until its next poll"
         );
-        // One failed try, one when the subscription took effect, one woken try; on MySQL
+        // One failed try, one when the subscription took effect (on SQLite, once the waiter is
+        // present on the release board), one woken try; on MySQL
         // perhaps one more: a watcher that starts before the holder's named lock is taken (the
         // holder takes it in the background, which a loaded machine can delay) reports its
         // first `GET_LOCK` as a possible release.

@@ -40,8 +40,8 @@ fn within(within: Duration, done: impl Fn() -> bool) -> bool {
     done()
 }
 
-/// `holder` takes `key` and a thread of `waiter` waits for it; once the waiter has tried once
-/// and subscribed, runs `meanwhile` and releases. Returns whether the waiter got the lock
+/// `holder` takes `key` and a thread of `waiter` waits for it; once the waiter has tried and
+/// become present on the board, runs `meanwhile` and releases. Returns whether the waiter got the lock
 /// within [`WOKEN_WITHIN`] of the release, and the waiter's attempts (joins it either way).
 /// (A fresh key each time: handoffs of one key add up to a turn, which a registry may end by
 /// staying away from the key.)
@@ -63,7 +63,7 @@ fn handoff(
             guard.unlock().unwrap();
         })
     };
-    // The failed try, then time for the listener to subscribe.
+    // The failed try, then time for the waiter to become present and try once more.
     assert!(
         within(WOKEN_WITHIN, || waiter.statistics().acquires > before),
         "the waiter tried"
@@ -116,9 +116,9 @@ fn sequence(board: &Path) -> u32 {
 }
 
 /// Truncating or shrinking the board while registries wait on it and release through it
-/// crashed the process with SIGBUS at the next release (the board was read and written
-/// through its mapping). The body runs in a child process, so that a crash fails this test
-/// with the signal's number instead of killing the test binary.
+/// crashes no process (a mapping read or written past the file's end would raise SIGBUS), and
+/// releases wake waiters again. The body runs in a child process, so that a crash fails this
+/// test with the signal's number instead of killing the test binary.
 #[test]
 fn shrinking_the_board_crashes_nothing_and_wake_ups_come_back() {
     if std::env::var_os(CHILD).is_some() {
@@ -183,10 +183,10 @@ fn truncation_body() {
         .is_some());
 }
 
-/// Deleting the board while processes use it (a temporary-directory cleaner) used to split
-/// them for good: those that had mapped the old file and those that opened the database later
-/// and made a new one no longer woke each other. Now each follows the file the path names
-/// (at a release, and every second while it listens).
+/// Deleting the board while processes use it (a temporary-directory cleaner) does not split
+/// them: those that had mapped the old file and those that open the database later and make a
+/// new one still wake each other, as each follows the file the path names (at a release, before
+/// a waiting thread's attempt, and every second while a listener listens).
 #[test]
 fn after_the_board_is_deleted_old_and_new_registries_wake_each_other() {
     let f = Fixture::new(Db::Sqlite, "board_deleted").unwrap();
@@ -202,8 +202,8 @@ fn after_the_board_is_deleted_old_and_new_registries_wake_each_other() {
         woken,
         "a release through the deleted file reached a new registry"
     );
-    // A failed try, one when the subscription took effect, one woken (two when the release
-    // came before the subscription took effect).
+    // A failed try, one once present, one woken (two when the release came before the
+    // waiter was present).
     assert!(tries <= 3, "{tries} tries");
     let (woken, _) = handoff(&new_waiter, &old_waiter, "new to old", || {});
     assert!(
@@ -213,9 +213,8 @@ fn after_the_board_is_deleted_old_and_new_registries_wake_each_other() {
     assert!(board.exists());
 }
 
-/// The board was keyed by the path as given: a registry that opened the database through a
-/// symbolic link (or a path with `..`) had a board of its own, and its waiters were woken only
-/// by their timers.
+/// Registries that open one database through a symbolic link or a path with `..` share its
+/// board (one beside the file the path resolves to), so releases wake each other's waiters.
 #[test]
 fn registries_reaching_one_database_by_other_paths_share_its_board() {
     let f = Fixture::new(Db::Sqlite, "board_paths").unwrap();
@@ -243,8 +242,8 @@ fn registries_reaching_one_database_by_other_paths_share_its_board() {
     ] {
         let (woken, tries) = handoff(holder, waiter, what, || {});
         assert!(woken, "{what}: slept until its next poll");
-        // A failed try, one when the subscription took effect, one woken (two when the release
-        // came before the subscription took effect).
+        // A failed try, one once present, one woken (two when the release came before the
+        // waiter was present).
         assert!(tries <= 3, "{what}: {tries} tries");
     }
     assert!(
@@ -253,10 +252,9 @@ fn registries_reaching_one_database_by_other_paths_share_its_board() {
     );
 }
 
-/// Every release announced itself on the board (a `stat`, a `pwrite` and two futex calls per
-/// `unlock()`) even when no process listened. Now a release announces only while a listener
-/// is present on the board (an open-file-description lock that listeners hold while they are
-/// subscribed), and a listener is present while a registry's thread waits for a lock.
+/// A release announces on the board only while someone is present on it (an
+/// open-file-description lock that a thread waiting in `lock()` holds during its call, and a
+/// listener while it is subscribed); otherwise it costs one `fcntl`.
 #[test]
 fn a_release_announces_on_the_board_only_while_someone_listens() {
     let f = Fixture::new(Db::Sqlite, "board_listeners").unwrap();
@@ -276,9 +274,9 @@ fn a_release_announces_on_the_board_only_while_someone_listens() {
     }
     assert_eq!(sequence(&board), 0, "nobody listened: nothing announced");
     let (woken, _) = handoff(&holder, &waiter, "watched", || {});
-    assert!(woken, "the waiter's listener was present and woken");
+    assert!(woken, "the waiter was present and woken");
     assert!(sequence(&board) >= 1, "the release was announced");
-    // The waiter stops listening a tick or two after its last wait; releases then go quiet.
+    // The waiter's presence ends with its `lock()` call; releases then go quiet.
     let quiet = within(WOKEN_WITHIN, || {
         let before = sequence(&board);
         holder
@@ -290,10 +288,7 @@ fn a_release_announces_on_the_board_only_while_someone_listens() {
             .unwrap();
         sequence(&board) == before
     });
-    assert!(
-        quiet,
-        "releases still announced after the listener unsubscribed"
-    );
+    assert!(quiet, "releases still announced after the waiter left");
 }
 
 /// A thread waiting in `lock()` is woken by the release in the other process itself, not by

@@ -99,10 +99,11 @@
 //!   `fstat`, at most one per 20 ms, which keeps it off the cost of an uncontended
 //!   `unlock()`) and checks the path then, and at least once a second otherwise (one `stat`:
 //!   a file renamed away, or one with another hard link); a listener checks every second, and a
-//!   waiting thread takes the file a release would at each `lock()` call; a new file is made
-//!   when there is none — so for about a second wake-ups between processes that have the old
-//!   file and those that have the new one may be missed (their waiters poll), and a listener
-//!   that moves to the new file makes every waiter of its registry try once.
+//!   waiting thread takes the file a release would before each attempt (so from its next poll
+//!   on); a new file is made when there is none — so for about a second, or until a waiting
+//!   thread's next poll, wake-ups between processes that have the old file and those that have
+//!   the new one may be missed (their waiters poll), and a listener that moves to the new file
+//!   makes every waiter of its registry try once.
 //! - **Make it unwritable** for some users: their processes warn and poll.
 //! - **Put a symbolic link or anything but a regular file there**: refused (opened with
 //!   `O_NOFOLLOW`, checked to be a regular file), so nobody can aim a process's writes at
@@ -387,9 +388,11 @@ impl Mapped {
         Ok(())
     }
 
-    /// `FUTEX_WAIT` on word `index` while it is `seen`, at most `timeout`: only EFAULT (the
-    /// word is past the file's end) is an error.
-    fn wait(&self, index: usize, seen: u32, timeout: Duration) -> io::Result<()> {
+    /// `FUTEX_WAIT` on word `index` while it is `seen`, at most `timeout`: `true` when woken
+    /// or the word was no longer `seen` (only announcements wake a board's words), `false`
+    /// when the time ran out or a signal came. Only EFAULT (the word is past the file's end)
+    /// is an error.
+    fn wait(&self, index: usize, seen: u32, timeout: Duration) -> io::Result<bool> {
         let timespec = libc::timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -408,11 +411,10 @@ impl Mapped {
             )
         };
         match result {
-            0 => Ok(()),
+            0 => Ok(true),
             _ => match io::Error::last_os_error() {
                 e if e.raw_os_error() == Some(libc::EFAULT) => Err(e),
-                // EAGAIN (the word moved), ETIMEDOUT, EINTR.
-                _ => Ok(()),
+                e => Ok(e.raw_os_error() == Some(libc::EAGAIN)),
             },
         }
     }
@@ -629,12 +631,15 @@ impl Board {
         })
     }
 
-    /// Waits until word `index` of `mapped` is no longer `seen`, or `timeout` passes
-    /// (spurious returns are possible: callers read again). `false` when the board fails.
-    fn wait(&self, mapped: &Mapped, index: usize, seen: u32, timeout: Duration) -> bool {
+    /// Waits until word `index` of `mapped` is no longer `seen`, or `timeout` passes (see
+    /// [`Mapped::wait`]); `None` when the board fails.
+    fn wait(&self, mapped: &Mapped, index: usize, seen: u32, timeout: Duration) -> Option<bool> {
+        let mut moved = false;
         self.with_repair(mapped, "wait for releases", || {
-            mapped.wait(index, seen, timeout)
+            moved = mapped.wait(index, seen, timeout)?;
+            Ok(())
         })
+        .then_some(moved)
     }
 }
 
@@ -709,17 +714,20 @@ impl SlotWait {
 
 impl crate::backend::ReleaseWait for SlotWait {
     fn arm(&mut self) {
+        let named = self.board.mapping_for_release();
+        if !Arc::ptr_eq(&named, &self.mapped) {
+            // The file was deleted or replaced: present on the new one before the old one is
+            // let go (the attempt that follows sees any release made before).
+            self._presence = self.board.presence(&named);
+            self.mapped = named;
+        }
         self.seen = self.board.word(&self.mapped, self.index);
     }
 
     fn sleep(&self, until: Instant) -> Option<bool> {
         let seen = self.seen?;
         let timeout = until.saturating_duration_since(Instant::now());
-        if !self.board.wait(&self.mapped, self.index, seen, timeout) {
-            return None;
-        }
-        let now = self.board.word(&self.mapped, self.index)?;
-        Some(now != seen)
+        self.board.wait(&self.mapped, self.index, seen, timeout)
     }
 }
 
@@ -827,9 +835,8 @@ impl BoardListener {
                     }
                 }
                 let timeout = next_tick.saturating_duration_since(at);
-                let waited =
-                    sequence.is_some_and(|seen| self.board.wait(&mapped, 0, seen, timeout));
-                if !waited {
+                let waited = sequence.and_then(|seen| self.board.wait(&mapped, 0, seen, timeout));
+                if waited.is_none() {
                     // The board fails: its waiters poll; try it again at the tick.
                     std::thread::sleep(timeout);
                 }
