@@ -491,12 +491,15 @@ impl LockInner {
                             Wait::Until(deadline) => next_poll.min(deadline),
                             Wait::Forever => next_poll,
                         };
-                        if watch.open(self) {
+                        state.db_user = Some(me);
+                        // Opening the sleep (a lock on the board file) runs outside the key's
+                        // mutex, still as its poller.
+                        if MutexGuard::unlocked(state, || watch.open(self)) {
                             // Releases from now on end this thread's sleeps: one that came
                             // before is found by another attempt now.
+                            state.db_user = None;
                             continue;
                         }
-                        state.db_user = Some(me);
                         self.sleep_between_polls(state, wake_at, watch);
                         state.db_user = None;
                         continue;
