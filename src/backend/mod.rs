@@ -117,8 +117,6 @@ pub(crate) use store::{Batched, Grant, Path, SqlStore, Store};
 /// A connection of a backend, as its pool hands it out.
 pub(crate) type Conn<B> = <<B as Backend>::Manager as r2d2::ManageConnection>::Connection;
 
-/// What one database must provide. Implementations hold no state beyond what their connection
-/// manager needs; every method runs exactly one statement (or one batch) and must not retry.
 /// One waiting thread's own sleep until its key is released elsewhere (see
 /// [`Backend::release_wait`]).
 pub(crate) trait ReleaseWait: Send {
@@ -131,6 +129,8 @@ pub(crate) trait ReleaseWait: Send {
     fn sleep(&self, until: Instant) -> Option<bool>;
 }
 
+/// What one database must provide. Implementations hold no state beyond what their connection
+/// manager needs; every method runs exactly one statement (or one batch) and must not retry.
 pub(crate) trait Backend: Send + Sync + 'static {
     /// Opens connections; its `has_broken` must report connections marked by `mark_broken`.
     type Manager: r2d2::ManageConnection;

@@ -44,7 +44,8 @@ pub struct Lock {
 }
 
 impl Nudge for LockInner {
-    /// Called by the release listener: the lock was released elsewhere, poll now.
+    /// Called by the release listener (the lock was released elsewhere) and by the registry
+    /// closing: the poller tries, or looks at the registry, now.
     fn nudge(&self) {
         let mut state = self.state.lock();
         state.nudged = true;
