@@ -433,8 +433,10 @@ impl RegistryBuilder {
     ///   notify whatever this setting says.
     /// - **SQLite** (Linux): a 32 KiB file beside the database, `<database>-leasehold`, mapped
     ///   by every process that uses the database (the *release board*; its directory must be
-    ///   writable, as for SQLite's own `-wal` file), and a listener thread per registry that
-    ///   waits on it only while a thread waits. Elsewhere, or when the file cannot be opened
+    ///   writable, as for SQLite's own `-wal` file). A thread waiting in `lock()` sleeps on
+    ///   its key's slot of the board, which a release in another process wakes directly; a
+    ///   listener thread per registry waits on the board only while one of its semaphores,
+    ///   reader/writer locks or elections waits. Elsewhere, or when the file cannot be opened
     ///   (a warning says so), waiters poll.
     /// - **MySQL / MariaDB** (named locks, `GET_LOCK`): while this registry holds locks, one
     ///   extra connection holding a named lock per held key; while its threads wait, one

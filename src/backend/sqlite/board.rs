@@ -143,8 +143,8 @@ const WORDS: usize = 2 + 2 * SLOTS;
 const SIZE: usize = WORDS * 4;
 /// The first word of the slots.
 const FIRST_SLOT_WORD: usize = 2;
-/// The byte whose lock says that a listener or a waiting thread is present (past the board's end: locks need no
-/// data, and truncating the file does not touch them).
+/// The byte whose lock says that a listener or a waiting thread is present (past the board's
+/// end: locks need no data, and truncating the file does not touch them).
 const PRESENCE_BYTE: libc::off_t = SIZE as libc::off_t;
 /// How often a release checks that the path still names the file it announces on, beyond the
 /// `fstat` of [`LINK_CHECK_EVERY`] (see the module docs).
@@ -684,15 +684,16 @@ impl Board {
     }
 }
 
-/// One waiting thread's own sleep until a key of `slot` is released (see "Waiting threads"
-/// in the module docs): present on the board from its creation until it is dropped.
+/// One waiting thread's own sleep until a key of `slot` is released (see "Waiting thread" in
+/// the module docs): present on the board from its creation until it is dropped.
 pub(crate) struct SlotWait {
     board: Arc<Board>,
-    mapped: Arc<Mapped>,
+    /// The presence on the mapping it waits on.
+    presence: Presence,
+    /// The slot's count word.
     index: usize,
     /// The slot's count when the thread last armed; `None` when the board failed then.
     seen: Option<u32>,
-    _presence: Presence,
 }
 
 impl SlotWait {
@@ -701,13 +702,11 @@ impl SlotWait {
     pub fn new(board: &Arc<Board>, slot: usize) -> SlotWait {
         let mapped = board.mapping_for_release();
         fail_point!("sqlite_board::waiter_before_presence");
-        let presence = board.presence(&mapped);
         SlotWait {
             board: Arc::clone(board),
-            mapped,
+            presence: board.presence(&mapped),
             index: count_index(slot),
             seen: None,
-            _presence: presence,
         }
     }
 }
@@ -715,19 +714,18 @@ impl SlotWait {
 impl crate::backend::ReleaseWait for SlotWait {
     fn arm(&mut self) {
         let named = self.board.mapping_for_release();
-        if !Arc::ptr_eq(&named, &self.mapped) {
+        if !Arc::ptr_eq(&named, &self.presence.0) {
             // The file was deleted or replaced: present on the new one before the old one is
             // let go (the attempt that follows sees any release made before).
-            self._presence = self.board.presence(&named);
-            self.mapped = named;
+            self.presence = self.board.presence(&named);
         }
-        self.seen = self.board.word(&self.mapped, self.index);
+        self.seen = self.board.word(&self.presence.0, self.index);
     }
 
     fn sleep(&self, until: Instant) -> Option<bool> {
         let seen = self.seen?;
         let timeout = until.saturating_duration_since(Instant::now());
-        self.board.wait(&self.mapped, self.index, seen, timeout)
+        self.board.wait(&self.presence.0, self.index, seen, timeout)
     }
 }
 
