@@ -12,10 +12,13 @@
 //! *return*, timed too) and the next round begins. Each grant serves one hold, so no release
 //! ends a turn: every release wakes the other process.
 //!
-//! Besides the latency, the child reports how many acquire statements each `lock()` sent: 2
-//! (the first try, found held, and the one its wake-up started) is a woken handoff; more is a
-//! waiter that polled (its wake-up was missed). Slow handoffs are listed with that count and
-//! with the time since the previous slow one.
+//! Besides the latency, the child reports how many acquire statements each `lock()` sent: a
+//! woken handoff sends 2 or 3 (the first try, found held; one more once the waiter listens —
+//! its listener subscribed, or on SQLite it is present on the release board — unless the
+//! release came first; and the one its wake-up started). A higher count is an extra try (a
+//! release of another key of the same board slot) or a waiter that polled (its wake-up was
+//! missed; its grant then comes about a multiple of `idle_between_tries` after the call).
+//! Slow handoffs are listed with that count and with the time since the previous slow one.
 //!
 //! `LEASEHOLD_TAILS_HANDOFFS` sets the rounds per backend (default 200, about 15 s each);
 //! `LEASEHOLD_TAILS_BACKENDS` (a comma-separated subset of `sqlite,postgres,mysql`) which run.

@@ -305,10 +305,33 @@ fn a_release_wakes_a_waiting_lock_without_the_listener_thread() {
     let holder = f.registry();
     let waiter = f.builder().idle_between_tries(SLOW_POLL).build().unwrap();
     fail::cfg("sqlite_board::listener_woken", "pause").unwrap();
-    let (woken, tries) = handoff(&holder, &waiter, "own", || {});
+    let guard = holder.obtain("own").unwrap().lock().unwrap();
+    let granted = Arc::new(AtomicBool::new(false));
+    let handle = {
+        let (waiter, granted) = (waiter.clone(), granted.clone());
+        thread::spawn(move || {
+            let lock = waiter.obtain("own").unwrap();
+            let guard = lock.try_lock_for(SLOW_POLL * 2).unwrap().expect("granted");
+            granted.store(true, Ordering::SeqCst);
+            guard.unlock().unwrap();
+        })
+    };
+    // Both refused attempts — the first, and the one once it is present — before the release:
+    // only a wake-up can explain a grant before the next poll, however busy the machine.
+    assert!(
+        within(WOKEN_WITHIN, || waiter.statistics().acquires >= 2),
+        "the waiter tried twice"
+    );
+    guard.unlock().unwrap();
+    let woken = within(WOKEN_WITHIN, || granted.load(Ordering::SeqCst));
     fail::remove("sqlite_board::listener_woken");
+    handle.join().unwrap();
     assert!(woken, "the waiter slept until its next poll");
-    assert_eq!(tries, 3, "a refused attempt, one once present, one woken");
+    assert_eq!(
+        waiter.statistics().acquires,
+        3,
+        "two refused attempts, one woken"
+    );
 }
 
 /// The race of presence (see "Presence" in the board's module docs): a release that commits
