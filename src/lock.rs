@@ -52,21 +52,26 @@
 //!
 //! **Bounded turn.** A *turn* runs from a database grant through its handoffs and re-takes,
 //! and through grants of this registry that follow its own release within 3 ×
-//! `idle_between_tries` (a key kept busy by one registry's quick re-grants is one turn).
-//! Handoffs and lingers happen only while the turn is younger than `Tuning::turn_limit` (500
-//! ms by default). A release past the limit goes to the database; if the grant was shared or
-//! threads of this registry still queue, it *ends the turn*: the release statement reserves
-//! the row for 2 × `idle_between_tries` (`CREATED_DATE` set to the reservation's end, which
+//! `idle_between_tries` (a key kept busy by one registry's quick re-grants is one turn). Its
+//! length is drawn at its grant between ½ and 1 × `Tuning::turn_limit` (500 ms by default),
+//! as [`jittered`] draws a poller's sleep, and handoffs and lingers happen only within it.
+//! The draw keeps turn ends at no fixed phase of the polls of an instance that polls at a
+//! fixed interval from the moment it lost the key (Spring Integration's does): otherwise that
+//! instance would come first at every turn end, ahead of other instances that wait longer.
+//! A release past the turn's length goes to the database; if the grant was shared or threads
+//! of this registry still queue, it *ends the turn*: the release statement reserves the row
+//! for 2 × `idle_between_tries` (`CREATED_DATE` set to the reservation's end, which
 //! leasehold's grant waits for and Spring Integration's ignores) and wakes nobody, and this
 //! registry's threads stay away from the key for 3 × `idle_between_tries` (`last_release`).
 //! A polling instance that ignores the reservation (Spring's, every 100 ms by default) has
 //! the first two intervals; another leasehold instance that waits (with the same
-//! `idle_between_tries`) tries at least once in the third. So while other instances wait, the key leaves this registry at least once per
-//! `turn_limit` + the longest hold; there is no order among the instances that wait, and each
-//! turn end goes to whichever of them tries first. A single hold, however long, and a key
-//! passed between instances one hold at a time never end a turn: their releases are plain ones
-//! that wake the other waiters. The price, when no other instance wants the key, is that the
-//! key rests for 3 × `idle_between_tries` after each turn of this registry's threads.
+//! `idle_between_tries`) tries at least once in the third. So while other instances wait,
+//! the key leaves this registry at least once per `turn_limit` + the longest hold; there is
+//! no order among the instances that wait, and each turn end goes to whichever of them tries
+//! first. A single hold, however long, and a key passed between instances one hold at a time
+//! never end a turn: their releases are plain ones that wake the other waiters. The price,
+//! when no other instance wants the key, is that the key rests for 3 × `idle_between_tries`
+//! after each turn of this registry's threads.
 //!
 //! **Unwinding.** A panic inside an acquire or a release (a bug, or a fail point in tests)
 //! leaves the state as if the call had returned: the thread leaves the queue, stops being the
@@ -121,8 +126,9 @@ struct LocalState {
     db_user: Option<ThreadId>,
     /// Set by a release wake-up: the poller tries again now.
     nudged: bool,
-    /// When the current turn began: its database grant, or an earlier one (see "Bounded turn").
-    turn_started: Instant,
+    /// When the current turn's handoffs and lingers end (see "Bounded turn"); `None` without a
+    /// `turn_limit`.
+    turn_ends: Option<Instant>,
     /// The current grant has passed between threads of this registry (a handoff or a re-take).
     shared: bool,
     /// When this registry last released the key to the database, and whether that release
@@ -147,9 +153,15 @@ impl LocalState {
     fn lingers(&self) -> bool {
         self.owner.is_none() && self.lease.is_some()
     }
+
+    /// Whether the current turn has reached its end.
+    fn turn_over(&self, now: Instant) -> bool {
+        self.turn_ends.is_some_and(|end| now >= end)
+    }
 }
 
-/// A random time between half of `idle` and `idle`: the sleep of a poller between attempts.
+/// A random time between half of `idle` and `idle`: the sleep of a poller between attempts,
+/// and the length of a turn (with `turn_limit`).
 pub(crate) fn jittered(idle: Duration) -> Duration {
     use std::cell::Cell;
     use std::hash::BuildHasher;
@@ -260,7 +272,7 @@ impl LockInner {
                 queue: VecDeque::new(),
                 db_user: None,
                 nudged: false,
-                turn_started: Instant::now(),
+                turn_ends: None,
                 shared: false,
                 last_release: None,
                 linger_end: None,
@@ -388,7 +400,7 @@ impl LockInner {
                 let lease = state.lease.clone().expect("a linger keeps its lease");
                 // A lease lost while it lingered is never handed on: it is released, and
                 // this thread asks the database like any other.
-                if !self.turn_over(state, now) && lease.check().is_none() {
+                if !state.turn_over(now) && lease.check().is_none() {
                     state.owner = Some(me);
                     state.depth = 1;
                     state.shared = true;
@@ -470,13 +482,14 @@ impl LockInner {
                         state.depth = 1;
                         // A grant soon after this registry's own plain release continues
                         // its turn, unless that turn is over.
-                        let continues = !self.turn_over(state, arrived)
+                        let continues = !state.turn_over(arrived)
                             && state.last_release.is_some_and(|(at, ended_turn)| {
                                 !ended_turn
                                     && arrived.saturating_duration_since(at) < settings.turn_gap()
                             });
                         if !continues {
-                            state.turn_started = arrived;
+                            state.turn_ends =
+                                settings.turn_limit.map(|limit| arrived + jittered(limit));
                             state.shared = false;
                         }
                         return Ok(Some((lease, false, false)));
@@ -552,14 +565,6 @@ impl LockInner {
         Arc::downgrade(self) as Weak<dyn Nudge>
     }
 
-    /// Whether the current turn has reached the turn limit.
-    fn turn_over(&self, state: &LocalState, now: Instant) -> bool {
-        self.core
-            .settings
-            .turn_limit
-            .is_some_and(|limit| now.saturating_duration_since(state.turn_started) >= limit)
-    }
-
     /// Called by a guard whose depth reaches this thread's last hold.
     fn release(self: &Arc<Self>, lease: &Arc<Lease>) -> Result<()> {
         self.release_keeping(lease, None, true)
@@ -585,7 +590,7 @@ impl LockInner {
         state.owner = None;
         let now = Instant::now();
         let settings = &self.core.settings;
-        let in_turn = !self.turn_over(&state, now);
+        let in_turn = !state.turn_over(now);
         if settings.local_handoff && in_turn && lease.is_held() && keep.is_none() {
             if let Some(next) = state.queue.pop_front() {
                 state.owner = Some(next);
@@ -621,7 +626,7 @@ impl LockInner {
     ) -> Result<()> {
         let now = Instant::now();
         let settings = &self.core.settings;
-        let reserve = if wanted && keep.is_none() && self.turn_over(state, now) {
+        let reserve = if wanted && keep.is_none() && state.turn_over(now) {
             self.core.meter.turn_ended(&self.key);
             settings.reservation()
         } else {
