@@ -4,9 +4,10 @@
 //!
 //! PostgreSQL's listener `LISTEN`s on a connection of its own (see `backend::postgres`);
 //! SQLite's waits on a release board shared by the processes of the host (see
-//! `backend::sqlite_board`), for semaphores, reader/writer locks and elections only: a lock's
-//! poller sleeps on the board itself and does not register here (see `Watch` in `lock.rs`); MySQL's starts a watcher per waited-for key, each blocked in
-//! `GET_LOCK` on its own connection (see `backend::mysql::wakeups`; it learns the keys through
+//! `backend::sqlite::board`), for semaphores, reader/writer locks and elections only: a lock's
+//! poller sleeps on the board itself and does not register here (see `Watch` in `lock.rs`);
+//! MySQL's starts a watcher per waited-for key, each blocked in `GET_LOCK` on its own
+//! connection (see `backend::mysql::wakeups`; it learns the keys through
 //! [`ListenerEvent::Watched`], and a newly waited-for key sends a request while subscribed). A
 //! subscription is not free: while a connection `LISTEN`s, every release in the database wakes
 //! that connection's server process and the listener thread, on every instance that listens
