@@ -296,9 +296,9 @@ mod suite {
         assert_eq!(code(&third), 0, "{third:?}");
     }
 
-    /// `run --keep-for 8d` used to take the lock, run the job, fail to keep the row (the
-    /// library refuses more than 7 days) and exit 70 with the lock free. Every duration is
-    /// checked before anything runs.
+    /// Every duration is checked before anything runs: `run --keep-for 8d` (the library keeps
+    /// a row at most 7 days) exits with a usage error before it takes the lock or runs the
+    /// job.
     pub fn out_of_range_durations_exit_usage_before_the_lock_is_taken(f: &Fixture) {
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("ran");
@@ -1669,8 +1669,9 @@ mod suite {
         }
     }
 
-    /// A typo'd `--prefix` used to create a table, its floor table and a trigger from `list`
-    /// or `status`, and the message named a DDL file an installed binary's user does not have.
+    /// A typo'd `--prefix` given to `list` or `status` creates no table, floor table or trigger,
+    /// and the message points at `leasehold init`, not at a DDL file an installed binary's user
+    /// does not have.
     pub fn read_only_commands_create_no_table_and_point_at_init(f: &Fixture) {
         let typo = format!("{}TYPO_", f.prefix);
         let _dropper = DropTables(f, typo.clone());

@@ -1,6 +1,6 @@
 //! Races forced with fail points (feature `failpoints`, part of `--all-features`): each test
-//! pins one interleaving that an outside audit found to break a guarantee, instead of
-//! hoping a loop hits the window. The fail point names are listed in `src/lease/mod.rs`.
+//! pins one interleaving in which a guarantee could break, instead of hoping a loop hits the
+//! window. The fail point names are listed in `src/lease/mod.rs`.
 //!
 //! Fail points are process-wide, so every test holds a [`fail::FailScenario`], which runs the
 //! tests of this binary one at a time and clears every fail point when it ends. Waits are
@@ -107,7 +107,7 @@ fn sqlite(test: &str) -> Fixture {
     Fixture::new(Db::Sqlite, test).expect("SQLite is embedded")
 }
 
-/// Finding 1: the keeper renews with the old time-to-live while the holder renews with a longer
+/// The keeper renews with the old time-to-live while the holder renews with a longer
 /// one; the keeper's statement runs last. The holder must not count on the longer one.
 #[test]
 fn renewals_with_different_ttls_are_serialised_and_the_holder_never_outlives_the_row() {
@@ -173,7 +173,7 @@ impl RowHeld {
     }
 }
 
-/// Finding 1, variant: a manual renewal with a shorter time-to-live times out for its caller but
+/// A manual renewal with a shorter time-to-live times out for its caller but
 /// runs on the server later. Another session holds its row locked past the caller's deadline
 /// (the caller's socket gives up at the deadline; the server's statement waits on), then lets
 /// go. The holder must count with it. (An unbounded renewal would wait for the row and
@@ -219,7 +219,7 @@ fn a_renewal_that_timed_out_still_bounds_the_holders_deadline() {
     scenario.teardown();
 }
 
-/// Finding 2: a shorter time-to-live given to a lease whose keeper already sleeps is renewed
+/// A shorter time-to-live given to a lease whose keeper already sleeps is renewed
 /// on the new schedule.
 #[test]
 fn a_shorter_ttl_given_by_a_manual_renewal_is_renewed_in_time() {
@@ -245,7 +245,7 @@ fn a_shorter_ttl_given_by_a_manual_renewal_is_renewed_in_time() {
     scenario.teardown();
 }
 
-/// Finding 2, handoff: a thread that asked for a shorter time-to-live gets the lease from a
+/// A thread that asked for a shorter time-to-live gets the lease from a
 /// local holder and keeps it.
 #[test]
 fn a_shorter_ttl_asked_for_by_the_next_local_holder_is_renewed_in_time() {
@@ -280,7 +280,7 @@ fn a_shorter_ttl_asked_for_by_the_next_local_holder_is_renewed_in_time() {
     scenario.teardown();
 }
 
-/// Finding 3: a loss callback that panics does not stop the lease clock.
+/// A loss callback that panics does not stop the lease clock.
 #[test]
 fn a_panicking_loss_callback_does_not_stop_loss_reports() {
     let scenario = fail::FailScenario::setup();
@@ -303,7 +303,7 @@ fn a_panicking_loss_callback_does_not_stop_loss_reports() {
     scenario.teardown();
 }
 
-/// Finding 4: a loss that happens while a loss channel is being registered still reaches it.
+/// A loss that happens while a loss channel is being registered still reaches it.
 #[test]
 fn a_loss_during_loss_channel_registration_is_delivered() {
     let scenario = fail::FailScenario::setup();
@@ -334,7 +334,7 @@ fn a_loss_during_loss_channel_registration_is_delivered() {
     scenario.teardown();
 }
 
-/// Finding 5: a panic inside an acquire leaves the key usable by the other threads.
+/// A panic inside an acquire leaves the key usable by the other threads.
 #[test]
 fn a_panic_inside_an_acquire_does_not_wedge_the_key() {
     let scenario = fail::FailScenario::setup();
@@ -358,7 +358,7 @@ fn a_panic_inside_an_acquire_does_not_wedge_the_key() {
     scenario.teardown();
 }
 
-/// Finding 6: a handoff to a thread that asked for another time-to-live returns within the
+/// A handoff to a thread that asked for another time-to-live returns within the
 /// caller's deadline, even when renewals are slow.
 #[test]
 fn a_handoff_with_another_ttl_returns_within_the_callers_deadline() {
@@ -400,7 +400,7 @@ fn a_handoff_with_another_ttl_returns_within_the_callers_deadline() {
     scenario.teardown();
 }
 
-/// Finding 10: a grant that arrives after its time-to-live ran out is not returned as held.
+/// A grant that arrives after its time-to-live ran out is not returned as held.
 #[test]
 fn a_grant_that_arrives_expired_is_not_returned() {
     let scenario = fail::FailScenario::setup();
@@ -418,7 +418,7 @@ fn a_grant_that_arrives_expired_is_not_returned() {
     scenario.teardown();
 }
 
-/// Finding 10: the leader's `is_leader()` follows a loss the lease knows of, even before the
+/// The leader's `is_leader()` follows a loss the lease knows of, even before the
 /// election's agent looks.
 #[test]
 fn is_leader_turns_false_as_soon_as_the_lease_is_lost() {
@@ -454,7 +454,7 @@ fn is_leader_turns_false_as_soon_as_the_lease_is_lost() {
     scenario.teardown();
 }
 
-/// Finding 11: a holder that finds its own lease expired when it unlocks reports the loss once,
+/// A holder that finds its own lease expired when it unlocks reports the loss once,
 /// to the callback and to its loss channel.
 #[test]
 fn a_loss_found_by_unlock_is_reported_once() {
@@ -501,7 +501,7 @@ fn a_loss_found_by_unlock_is_reported_once() {
     scenario.teardown();
 }
 
-/// Finding 12: once granted (by a local handoff), a lock call succeeds even when the renewal
+/// Once granted (by a local handoff), a lock call succeeds even when the renewal
 /// with the caller's time-to-live fails; the lease keeps what the database has.
 #[test]
 fn a_handoff_with_another_ttl_succeeds_even_when_renewals_fail() {

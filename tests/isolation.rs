@@ -54,8 +54,9 @@ fn sqlite(test: &str) -> Fixture {
     Fixture::new(Db::Sqlite, test).expect("SQLite fixture")
 }
 
-/// Finding 1: a callback blocking on the lease clock's report of an expired lease of one
-/// registry stopped the renewals and loss reports of every registry in the process.
+/// A loss callback that blocks on the lease clock's report of an expired lease of one
+/// registry delays neither the renewals nor the loss reports of another registry in the
+/// process.
 #[test]
 fn a_blocking_loss_callback_delays_no_other_registrys_leases() {
     let f = sqlite("blocking_callback_clock");
@@ -103,8 +104,8 @@ fn a_blocking_loss_callback_delays_no_other_registrys_leases() {
     kept.unlock().unwrap();
 }
 
-/// Finding 1, the renewal side: a callback blocking on a loss the renewal found (the row had
-/// been freed by an operator) stopped the registry's renewals of its other leases.
+/// A loss callback that blocks on a loss the renewal found (the row freed by an operator)
+/// delays no renewal of the registry's other leases.
 #[test]
 fn a_blocking_loss_callback_delays_no_renewal_of_its_own_registry() {
     let f = sqlite("blocking_callback_renewal");
@@ -219,10 +220,9 @@ impl RowLocker {
     }
 }
 
-/// Finding 2: one row locked by another session made the batched renewal wait on it, and the
-/// whole batch's leases were lost. Now the batch skips the locked row: its lease alone is
-/// retried and, the row staying locked, lost as expired (the outcome was unknown), while the
-/// other leases are renewed.
+/// One row locked by another session costs only its own lease: the batched renewal skips the
+/// locked row, whose lease alone is retried and, the row staying locked, lost as expired (the
+/// outcome was unknown), while the other leases of the batch are renewed.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 fn a_locked_row_costs_only_its_own_lease(db: Db, test: &str) {
     let Some(f) = Fixture::new(db, test) else {

@@ -742,7 +742,7 @@ mod mysql_resources {
     }
 
     /// `unlock_keeping_for` ends the lease but leaves the row held: the holder lets its named
-    /// lock go (it used to keep it as long as the registry lived).
+    /// lock go rather than keep it as long as the registry lives.
     #[test]
     fn a_release_keeping_the_row_lets_the_named_lock_go() {
         let Some(f) = Fixture::new(Db::Mysql, "notify_keep_for") else {
