@@ -286,3 +286,51 @@ fn postgres_a_locked_row_costs_only_its_own_lease() {
 fn mysql_a_locked_row_costs_only_its_own_lease() {
     a_locked_row_costs_only_its_own_lease(Db::Mysql, "locked_row_my");
 }
+
+/// A free lock row that another session holds locked (an operator's `SELECT … FOR UPDATE`) is
+/// refused to an acquire at once, as a held lock is: the acquire does not wait for the other
+/// session (until `operation_timeout`, and then fail), so the row holds up none of the
+/// registry's connections and no caller past its own try. Once the session lets go, the key
+/// is granted.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn an_acquire_of_a_locked_free_row_is_refused_without_waiting(db: Db, test: &str) {
+    let Some(f) = Fixture::new(db, test) else {
+        return;
+    };
+    let registry = f
+        .builder()
+        .operation_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let lock = registry.obtain("locked-free").unwrap();
+    lock.lock().unwrap().unlock().unwrap();
+    let locker = RowLocker::lock(&f, "locked-free");
+    for _ in 0..3 {
+        assert!(
+            matches!(lock.try_lock(), Ok(None)),
+            "a try of the locked row was not refused"
+        );
+    }
+    assert!(
+        matches!(lock.try_lock_for(Duration::from_millis(300)), Ok(None)),
+        "a bounded wait for the locked row was not refused at its deadline"
+    );
+    locker.unlock();
+    let guard = lock
+        .try_lock_for(GENEROUS)
+        .unwrap()
+        .expect("granted once the session let go");
+    guard.unlock().unwrap();
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_an_acquire_of_a_locked_free_row_is_refused_without_waiting() {
+    an_acquire_of_a_locked_free_row_is_refused_without_waiting(Db::Postgres, "locked_free_pg");
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_an_acquire_of_a_locked_free_row_is_refused_without_waiting() {
+    an_acquire_of_a_locked_free_row_is_refused_without_waiting(Db::Mysql, "locked_free_my");
+}

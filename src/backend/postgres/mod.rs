@@ -37,7 +37,8 @@
 //! one server connection, and closes it before the commit.
 //!
 //! - **acquire** is one statement, one round trip:
-//!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now RETURNING FENCING_TOKEN),
+//!   `WITH expired AS (UPDATE … WHERE key AND EXPIRED_AFTER < now AND EXISTS (SELECT … FOR NO
+//!   KEY UPDATE SKIP LOCKED) RETURNING FENCING_TOKEN),
 //!   absent AS (INSERT … SELECT … WHERE NOT EXISTS (SELECT 1 FROM expired)
 //!   ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN)
 //!   SELECT FENCING_TOKEN FROM expired UNION ALL SELECT FENCING_TOKEN FROM absent`.
@@ -48,7 +49,13 @@
 //!   of an expired row serialize on its row lock and the second re-checks `EXPIRED_AFTER`
 //!   against the new version, finds it live and then conflicts in the `INSERT`; two acquirers of
 //!   an absent key race in the `INSERT`, where the loser waits for the winner and then does
-//!   nothing. Neither sees a duplicate-key error. The new token is
+//!   nothing. Neither sees a duplicate-key error. The `EXISTS` locks a free or expired row
+//!   before the `UPDATE` does, and skips one that another session holds locked (an operator's
+//!   `SELECT … FOR UPDATE`, a migration, the fenced transaction of a lease that ran out, the
+//!   statement of another acquirer): the `UPDATE` then matches nothing, the `INSERT` finds the
+//!   key (`DO NOTHING` does not wait for a row lock) and the try is refused, as for a held
+//!   lock, instead of waiting for that session with one of the registry's connections. The
+//!   waiter tries again at its next poll or release wake-up. The new token is
 //!   `GREATEST(FENCING_TOKEN + 1, clock µs, floor + 1)`, or `GREATEST(clock µs, floor + 1)` for
 //!   a new row, where floor is the deletion floor's mark for the key (0 if none; see
 //!   [`super`]), read in the statement's snapshot — which is why the `INSERT` also requires
@@ -273,7 +280,10 @@ impl Backend for Postgres {
                  CREATED_DATE = {NOW}, EXPIRED_AFTER = {NOW_PLUS_TTL}, \
                  FENCING_TOKEN = GREATEST(FENCING_TOKEN + 1, {bounds}) \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
-                 AND CREATED_DATE <= {NOW} RETURNING FENCING_TOKEN), \
+                 AND CREATED_DATE <= {NOW} AND EXISTS (SELECT 1 FROM {table} \
+                 WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
+                 AND CREATED_DATE <= {NOW} FOR NO KEY UPDATE SKIP LOCKED) \
+                 RETURNING FENCING_TOKEN), \
                  absent AS (INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, \
                  EXPIRED_AFTER, FENCING_TOKEN{name_column}) \
                  SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}){name_value} \
