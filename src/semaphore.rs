@@ -41,11 +41,13 @@
 //! is taken it sleeps `idle_between_tries`, cut short by a permit released in this registry or
 //! a release notification for a slot from another instance (it registers every slot's key
 //! for wake-ups while it waits; on MySQL, where each watched key costs a watcher's connection,
-//! only [`KEYED_WATCHES`] of them, from the one it will try first); other local threads sleep on the condition variable and cost
-//! nothing. The poller that gets a permit, or gives up, wakes them so that one of them polls.
+//! only [`KEYED_WATCHES`] of them, from the one it will try first); other local threads sleep
+//! on the condition variable and cost nothing. The poller that gets a permit, or gives up, wakes them so that one of them polls.
 //!
 //! **A row that does not answer.** Another session may hold a slot's row locked (a migration,
-//! an operator's `SELECT … FOR UPDATE`), and a statement on it may wait for that lock. The
+//! an operator's `SELECT … FOR UPDATE`), and a statement on it may wait for that lock (the
+//! default acquire refuses such a row at once on PostgreSQL and MariaDB and within 1 s on
+//! MySQL; a replacement statement or a slow server may take longer). The
 //! poller gives each row of a round a share of its time ([`Patience`]: the larger of
 //! `idle_between_tries` and 100 ms, never more than the caller's deadline or
 //! `operation_timeout`); a row that does not answer in it is passed over like a held one, and
