@@ -45,17 +45,18 @@
 //!   When the lock is held the `UPDATE` matches nothing and the `INSERT` finds the conflicting
 //!   key before writing anything: no transaction id, no WAL, no disk sync — a failed try is a
 //!   read. (A single `INSERT … ON CONFLICT DO UPDATE … WHERE expired` would lock the row, take a
-//!   transaction id and sync WAL even when its `WHERE` fails.) Under concurrency: two acquirers
-//!   of an expired row serialize on its row lock and the second re-checks `EXPIRED_AFTER`
-//!   against the new version, finds it live and then conflicts in the `INSERT`; two acquirers of
-//!   an absent key race in the `INSERT`, where the loser waits for the winner and then does
-//!   nothing. Neither sees a duplicate-key error. The `EXISTS` locks a free or expired row
-//!   before the `UPDATE` does, and skips one that another session holds locked (an operator's
-//!   `SELECT … FOR UPDATE`, a migration, the fenced transaction of a lease that ran out, the
-//!   statement of another acquirer): the `UPDATE` then matches nothing, the `INSERT` finds the
-//!   key (`DO NOTHING` does not wait for a row lock) and the try is refused, as for a held
-//!   lock, instead of waiting for that session with one of the registry's connections. The
-//!   waiter tries again at its next poll or release wake-up. The new token is
+//!   transaction id and sync WAL even when its `WHERE` fails.) The `EXISTS` locks a free or
+//!   expired row before the `UPDATE` does, and skips one that another session holds locked (an
+//!   operator's `SELECT … FOR UPDATE`, a migration, the fenced transaction of a lease that ran
+//!   out, another acquirer's statement): the `UPDATE` then matches nothing, the `INSERT` finds
+//!   the key (`DO NOTHING` waits for no row lock) and the try is refused, as for a held lock,
+//!   instead of waiting for that session with one of the registry's connections; the waiter
+//!   tries again at its next poll or release wake-up. Under concurrency: of two acquirers of an
+//!   expired row, the one whose `EXISTS` locks it takes it and the other is refused (its
+//!   `EXISTS` skips the locked row, or, once the first has committed, re-checks `EXPIRED_AFTER`
+//!   against the new version and finds it live); two acquirers of an absent key race in the
+//!   `INSERT`, where the loser waits for the winner's statement and then does nothing. Neither
+//!   sees a duplicate-key error. The new token is
 //!   `GREATEST(FENCING_TOKEN + 1, clock µs, floor + 1)`, or `GREATEST(clock µs, floor + 1)` for
 //!   a new row, where floor is the deletion floor's mark for the key (0 if none; see
 //!   [`super`]), read in the statement's snapshot — which is why the `INSERT` also requires
