@@ -1148,6 +1148,65 @@ fn a_named_holders_release_wakes_a_waiter_before_the_watcher_reads_the_row() {
     scenario.teardown();
 }
 
+/// A holder without a named lock (Spring Integration's) that deletes its row after the
+/// waiter's watcher reported and before it read the row — just after the attempt that report
+/// caused was refused — is still reported by that read: the waiter, whose polls are too rare to
+/// matter, is granted the lock. The watcher is held before its read until the waiter's
+/// attempts since the report have been refused (two refusals, then a pause for an attempt the
+/// report caused); on a machine too slow for that pause the attempt comes after the deletion
+/// and the test checks less.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_row_deleted_between_a_watchers_report_and_its_read_still_wakes_the_waiter() {
+    let scenario = fail::FailScenario::setup();
+    let Some(f) = Fixture::new(Db::Mysql, "deleted_before_look") else {
+        return;
+    };
+    let waiter = f
+        .builder()
+        .idle_between_tries(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let row = format!(
+        "LOCK_KEY = '{}' AND REGION = 'DEFAULT'",
+        leasehold::lock_key_for("spring")
+    );
+    let mut raw = common::raw::Raw::open(&f);
+    raw.execute(&format!(
+        "INSERT INTO {} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER) \
+         VALUES ('{}', 'DEFAULT', 'a-spring-instance', UTC_TIMESTAMP(6), \
+         UTC_TIMESTAMP(6) + INTERVAL 10 MINUTE)",
+        f.table(),
+        leasehold::lock_key_for("spring")
+    ));
+    let look = Gate::first_at("mysql::watcher_before_look");
+    let (granted, granted_rx) = crossbeam_channel::bounded(1);
+    let waiting = {
+        let waiter = waiter.clone();
+        thread::spawn(move || {
+            let taken = waiter.obtain("spring").unwrap().try_lock_for(GENEROUS * 2);
+            let _ = granted.send(taken.map(|guard| guard.is_some()));
+        })
+    };
+    look.wait_entered();
+    wait_until("the waiter is refused twice", || {
+        waiter.statistics().contended_tries >= 2
+    });
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        raw.execute(&format!("DELETE FROM {} WHERE {row}", f.table())),
+        1
+    );
+    look.open();
+    let outcome = granted_rx.recv_timeout(GENEROUS);
+    assert!(
+        matches!(outcome, Ok(Ok(true))),
+        "the deletion after the watcher's report never reached the waiter: {outcome:?}"
+    );
+    waiting.join().unwrap();
+    scenario.teardown();
+}
+
 /// A writer that waits for a reader while its write row runs out (its renewals fail, as in a
 /// process paused past its time-to-live) was granted nothing: it claims again, and the
 /// registry's loss callback does not run for it. A plain lock of the same registry that runs

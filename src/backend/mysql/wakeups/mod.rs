@@ -46,13 +46,14 @@
 //!
 //! - *Blocking*: a release found on the row is reported if it is new (see above); a row
 //!   that is gone, or held but run out, is reported if the watcher saw it held since its last
-//!   report. Two answers are reported before the look, which then only decides what the
-//!   watcher does next: the very first `GET_LOCK` (it may follow a release), and a
-//!   `GET_LOCK` that returns 1 after the watcher saw the name held by another session (a
-//!   look found it named, or a `GET_LOCK` timed out) — that session let it go: a release, the
-//!   end of a quiet hold, or the session ended. A waiting registry thus hears of a named
-//!   holder's release one round trip sooner, and each name let go costs it at most one
-//!   attempt that the row refuses.
+//!   report. Two answers are reported before the look as well: the very first `GET_LOCK` (it
+//!   may follow a release), and a `GET_LOCK` that returns 1 after the watcher saw the name
+//!   held by another session (a look found it named, or a `GET_LOCK` timed out) — that
+//!   session let it go: a release, the end of a quiet hold, or the session ended. A waiting
+//!   registry thus hears of a named holder's release one round trip sooner. After such a
+//!   report the look still reports a key it finds free (released, deleted or run out): the
+//!   attempt the first report caused may have been refused just before the row changed. Each
+//!   name let go costs the waiting registry at most two attempts that the row refuses.
 //! - *Looking* (the row is held without its named lock): the watcher no longer takes the
 //!   name; every [`LOOK`] (4 ms) it reads the row and whether anyone holds the name
 //!   (`IS_USED_LOCK`), one statement on its own connection. A holder that takes its name (a
@@ -734,8 +735,8 @@ impl Watcher {
                     // says whether a release came meanwhile. How long `GET_LOCK` took says
                     // nothing (a busy machine makes an instant answer slow). A name that
                     // another session held was let go, and the first answer may follow a
-                    // release: both are reported before the look, which then only decides
-                    // what the watcher does next.
+                    // release: both are reported before the look, and again by the look when
+                    // it finds the key free.
                     let let_go = std::mem::take(&mut named_elsewhere) || first;
                     if let_go {
                         held_since_report = false;
@@ -769,7 +770,8 @@ impl Watcher {
                     };
                     first = false;
                     match news {
-                        true if let_go => backoff = Duration::ZERO,
+                        // Reported again after a report before the look: the attempt that
+                        // one caused may have been refused just before the row changed.
                         true => {
                             held_since_report = false;
                             if !self.report() {
