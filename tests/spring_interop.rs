@@ -1252,11 +1252,9 @@ mod mysql_interop {
         waiter
     }
 
-    /// On MariaDB: a Spring holder takes no named lock, so a watcher used to
-    /// learn nothing of its unlock (the row is gone, which read as "no release") and the
-    /// waiter got the key at its next poll. The watcher now looks at a row held without its
-    /// named lock every few milliseconds and reports its deletion: a waiter that polls once a
-    /// minute gets the key (before: not within 30 s).
+    /// On MariaDB: a Spring holder takes no named lock, so no `GET_LOCK` tells of its unlock.
+    /// The watcher looks at a row held without its named lock every few milliseconds and
+    /// reports its deletion: a waiter that polls once a minute gets the key within 30 s.
     #[test]
     fn a_spring_unlock_wakes_a_waiting_registry() {
         let Some((builder, mut spring)) = setup() else {
@@ -1283,7 +1281,7 @@ mod mysql_interop {
 
     /// A holder without a named lock that stops renewing (a crashed Spring instance, say): when
     /// its row runs out, the watcher reports it and the waiter takes the row over at once
-    /// instead of at its next poll (before: not within 30 s).
+    /// instead of at its next poll (a minute away).
     #[test]
     fn an_expired_unnamed_holder_wakes_a_waiting_registry() {
         let Some((builder, mut spring)) = setup() else {
