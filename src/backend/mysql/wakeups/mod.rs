@@ -760,13 +760,14 @@ impl Watcher {
                         Some(Row::Gone) | Some(Row::Held { expired: true, .. }) => {
                             first || held_since_report
                         }
+                        // Held (reported already if this is the first answer).
                         Some(Row::Held { holding, .. }) => {
                             held_since_report = true;
                             // Held without its name: look at the row from now on.
                             unnamed = Some((holding.clone(), Instant::now()));
-                            first
+                            false
                         }
-                        None => first,
+                        None => false,
                     };
                     first = false;
                     match news {
