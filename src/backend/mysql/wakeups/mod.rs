@@ -50,10 +50,12 @@
 //!   may follow a release), and a `GET_LOCK` that returns 1 after the watcher saw the name
 //!   held by another session (a look found it named, or a `GET_LOCK` timed out) — that
 //!   session let it go: a release, the end of a quiet hold, or the session ended. A waiting
-//!   registry thus hears of a named holder's release one round trip sooner. After such a
-//!   report the look still reports a key it finds free (released, deleted or run out): the
-//!   attempt the first report caused may have been refused just before the row changed. Each
-//!   name let go costs the waiting registry at most two attempts that the row refuses.
+//!   registry thus hears of a named holder's release one round trip sooner. The look after
+//!   such a report reports again a key it finds free — a release since the previous
+//!   `GET_LOCK` not reported yet, and after the very first answer any release, deletion or
+//!   expiry —, since the attempt the report caused may have been refused just before the row
+//!   changed. Each name let go costs the waiting registry at most two attempts that the row
+//!   refuses.
 //! - *Looking* (the row is held without its named lock): the watcher no longer takes the
 //!   name; every [`LOOK`] (4 ms) it reads the row and whether anyone holds the name
 //!   (`IS_USED_LOCK`), one statement on its own connection. A holder that takes its name (a
@@ -736,7 +738,7 @@ impl Watcher {
                     // nothing (a busy machine makes an instant answer slow). A name that
                     // another session held was let go, and the first answer may follow a
                     // release: both are reported before the look, and again by the look when
-                    // it finds the key free.
+                    // it finds news (see the module docs).
                     let let_go = std::mem::take(&mut named_elsewhere) || first;
                     if let_go {
                         held_since_report = false;
