@@ -42,7 +42,8 @@
 //! a release notification for a slot from another instance (it registers every slot's key
 //! for wake-ups while it waits; on MySQL, where each watched key costs a watcher's connection,
 //! only [`KEYED_WATCHES`] of them, from the one it will try first); other local threads sleep
-//! on the condition variable and cost nothing. The poller that gets a permit, or gives up, wakes them so that one of them polls.
+//! on the condition variable and cost nothing. The poller that gets a permit, or gives up,
+//! wakes them so that one of them polls.
 //!
 //! **A row that does not answer.** Another session may hold a slot's row locked (a migration,
 //! an operator's `SELECT … FOR UPDATE`), and a statement on it may wait for that lock (the
