@@ -60,9 +60,11 @@
 
 #[path = "common/child.rs"]
 mod child;
-#[cfg(feature = "mysql")]
-#[path = "common/mysql_params.rs"]
-mod mysql_params;
+// Its `RawLease` serves `tails`; here only its PostgreSQL parameter types and MySQL
+// parameter lists.
+#[allow(dead_code)]
+#[path = "common/raw_lease.rs"]
+mod raw_lease;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[path = "common/urls.rs"]
 mod urls;
@@ -70,6 +72,10 @@ mod urls;
 use child::ChildProcess;
 use criterion::Criterion;
 use leasehold::{LockRegistry, RegistryBuilder};
+#[cfg(feature = "mysql")]
+use raw_lease::mysql_params;
+#[cfg(feature = "postgres")]
+use raw_lease::PG_TYPES;
 use std::io::{BufRead, Write};
 use std::sync::mpsc;
 use std::thread;
@@ -697,20 +703,6 @@ struct PgLease {
     acquire: postgres::Statement,
     release: postgres::Statement,
 }
-
-/// The registry's parameter types: every statement gets all six, used or not.
-#[cfg(feature = "postgres")]
-const PG_TYPES: [postgres::types::Type; 6] = {
-    use postgres::types::Type;
-    [
-        Type::BPCHAR,
-        Type::VARCHAR,
-        Type::BPCHAR,
-        Type::INT8,
-        Type::INT8,
-        Type::TEXT,
-    ]
-};
 
 /// The six documented parameters with the registry's types, for `query_typed`.
 #[cfg(feature = "postgres")]

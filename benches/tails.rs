@@ -20,19 +20,38 @@
 //! missed; its grant then comes about a multiple of `idle_between_tries` after the call).
 //! Slow handoffs are listed with that count and with the time since the previous slow one.
 //!
-//! `LEASEHOLD_TAILS_HANDOFFS` sets the rounds per backend (default 200, about 15 s each);
+//! The floors, in the same shape (the same idle pause, then a commit by this process, a
+//! wake-up of the child, a commit by the child), each measured as many times:
+//!
+//! - *own statements*: the registry's release statement, a pipe wake-up, its acquire statement
+//!   (granted), on raw driver connections ([`RawLease`]): what a handoff of this lock row
+//!   costs with nothing of the registry around it — the baseline of the handoff's target;
+//! - *commit*: a one-integer `UPDATE` on each side instead, what the machine costs for any
+//!   durable handoff;
+//! - SQLite: the pipe wake-up alone; MySQL and MariaDB: two such commits with the server's own
+//!   wake-up between them (the child blocks in `GET_LOCK` on a name this process lets go right
+//!   after its commit), the primitive the registry's wake-ups stand on.
+//!
+//! The handoffs and the floors run in alternating blocks of [`BLOCK`] rounds, so that drift of
+//! a loaded machine falls on all of them alike.
+//!
+//! `LEASEHOLD_TAILS_HANDOFFS` sets the rounds per backend and per floor (default 200, about
+//! a minute per backend in all);
 //! `LEASEHOLD_TAILS_BACKENDS` (a comma-separated subset of `sqlite,postgres,mysql`) which run.
 //! The servers are found as for the tests (`LEASEHOLD_POSTGRES_URL`, `LEASEHOLD_MYSQL_URL`).
 //! The summary is also written to `target/tails.txt`.
 
 #[path = "common/child.rs"]
 mod child;
+#[path = "common/raw_lease.rs"]
+mod raw_lease;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[path = "common/urls.rs"]
 mod urls;
 
 use child::ChildProcess;
 use leasehold::{LockRegistry, RegistryBuilder};
+use raw_lease::RawLease;
 use std::fmt::Write as _;
 use std::io::{BufRead, Write};
 use std::thread;
@@ -161,11 +180,63 @@ impl RawConn {
     }
 }
 
-/// Floor child mode: for each `go` (sent by the holder right after its own commit), commit
-/// once (`commits`) and print when that was done; or (`!commits`) print at once when the line
-/// arrived: a bare wake-up of an idle process.
-fn floor_child(spec: &str, commits: bool) {
-    let mut conn = commits.then(|| RawConn::open(spec));
+/// How the floor's child hears that the release committed.
+#[derive(Clone, Copy, PartialEq)]
+enum FloorWake {
+    /// A line through a pipe; the commits are the registry's own release and acquire
+    /// statements on raw connections ([`RawLease`]).
+    OwnStatements,
+    /// A line through a pipe; the commits are a one-integer `UPDATE` each.
+    Pipe,
+    /// A line through a pipe, and nothing else: a bare wake-up of an idle process.
+    PipeAlone,
+    /// The server's own wake-up (MySQL, MariaDB): the child blocks in `GET_LOCK` on a name
+    /// that this process lets go right after its commit, then commits.
+    NamedLock,
+}
+
+impl FloorWake {
+    fn mode(self) -> &'static str {
+        match self {
+            FloorWake::OwnStatements => "own",
+            FloorWake::Pipe => "floor",
+            FloorWake::PipeAlone => "wake",
+            FloorWake::NamedLock => "named",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            FloorWake::OwnStatements => "own release, pipe wake-up, own acquire",
+            FloorWake::Pipe => "commit, pipe wake-up, commit",
+            FloorWake::PipeAlone => "pipe wake-up alone",
+            FloorWake::NamedLock => "commit, RELEASE_LOCK wakes a GET_LOCK, commit",
+        }
+    }
+}
+
+/// The name the named-lock floor passes between its two processes.
+#[cfg(feature = "mysql")]
+const FLOOR_NAME: &str = "leasehold_bench_tails_floor";
+
+/// The key of the own-statements floor.
+const FLOOR_KEY: &str = "bench-tails-floor";
+
+/// The raw lease of the own-statements floor, on the statements of a registry as [`run`]'s.
+fn floor_lease(spec: &str) -> RawLease {
+    let registry = builder(spec).build().expect("registry");
+    RawLease::open(spec, registry.statements())
+}
+
+/// Floor child mode: for each `go`, wait as `wake` says, commit (unless `PipeAlone`) and
+/// print when that was done. With `OwnStatements` the commit is a grant of the floor's key,
+/// which it then releases (untimed) and says `ok`.
+fn floor_child(spec: &str, wake: FloorWake) {
+    let own = wake == FloorWake::OwnStatements;
+    let mut lease = own.then(|| floor_lease(spec));
+    let mut conn = (wake != FloorWake::PipeAlone && !own).then(|| RawConn::open(spec));
+    #[cfg(feature = "mysql")]
+    let mut named = (wake == FloorWake::NamedLock).then(|| named_conn(spec));
     let mut stdout = std::io::stdout();
     writeln!(stdout, "ready").unwrap();
     stdout.flush().unwrap();
@@ -173,37 +244,115 @@ fn floor_child(spec: &str, commits: bool) {
         if line.unwrap() != "go" {
             break;
         }
+        #[cfg(feature = "mysql")]
+        if let Some(named) = named.as_mut() {
+            use mysql::prelude::Queryable;
+            let got: Option<i64> = named
+                .exec_first("SELECT GET_LOCK(?, 60)", (FLOOR_NAME,))
+                .unwrap();
+            assert_eq!(got, Some(1));
+        }
         if let Some(conn) = conn.as_mut() {
             conn.commit();
         }
+        let granted = lease
+            .as_mut()
+            .map(|lease| lease.acquire(FLOOR_KEY).expect("free"));
         writeln!(stdout, "{}", micros_now()).unwrap();
         stdout.flush().unwrap();
+        if let (Some(lease), Some(token)) = (lease.as_mut(), granted) {
+            lease.release(FLOOR_KEY, token);
+            writeln!(stdout, "ok").unwrap();
+            stdout.flush().unwrap();
+        }
+        #[cfg(feature = "mysql")]
+        if let Some(named) = named.as_mut() {
+            use mysql::prelude::Queryable;
+            named
+                .exec_drop("SELECT RELEASE_LOCK(?)", (FLOOR_NAME,))
+                .unwrap();
+        }
     }
 }
 
-/// The floor of a handoff between processes, in the same shape as [`run`]: after the idle
-/// pause this process commits (the release) and wakes the child through a pipe; the child
-/// commits (the grant). Measured from before the first commit to after the second; with
-/// `commits` false, only the pipe wake-up. What the machine itself adds to any handoff.
-fn floor(spec: &str, rounds: usize, commits: bool) -> Vec<Duration> {
-    let mode = if commits { "floor" } else { "wake" };
-    let mut child = ChildProcess::spawn(CHILD_ENV, &format!("{mode}|{spec}"));
-    let mut conn = commits.then(|| RawConn::open(spec));
-    let mut pause = IdlePause(micros_now() | 1);
-    let mut measured = Vec::with_capacity(rounds);
-    for round in 0..rounds + 5 {
-        pause.sleep();
-        let started = micros_now();
-        if let Some(conn) = conn.as_mut() {
-            conn.commit();
-        }
-        child.send("go");
-        let done = read_numbers(&mut child)[0];
-        if round >= 5 {
-            measured.push(Duration::from_micros(done.saturating_sub(started)));
+/// A raw MySQL connection for the named-lock floor.
+#[cfg(feature = "mysql")]
+fn named_conn(spec: &str) -> mysql::Conn {
+    let (_, location) = spec.split_once('|').expect("kind|location");
+    let url = location.split('?').next().unwrap_or(location);
+    mysql::Conn::new(mysql::Opts::from_url(url).unwrap()).unwrap()
+}
+
+/// The floor of a handoff between processes, in the same shape as [`Handoffs`]: this process
+/// tells the child to wait, and after the idle pause commits (the release) and wakes the
+/// child; the child commits (the grant). Measured from before the first commit to after the
+/// second. What the machine (and, for `NamedLock`, the server's wake-up) adds to any handoff.
+struct Floor {
+    wake: FloorWake,
+    child: ChildProcess,
+    conn: Option<RawConn>,
+    lease: Option<RawLease>,
+    #[cfg(feature = "mysql")]
+    named: Option<mysql::Conn>,
+}
+
+impl Floor {
+    fn start(spec: &str, wake: FloorWake) -> Floor {
+        let child = ChildProcess::spawn(CHILD_ENV, &format!("{}|{spec}", wake.mode()));
+        let own = wake == FloorWake::OwnStatements;
+        Floor {
+            wake,
+            child,
+            conn: (wake != FloorWake::PipeAlone && !own).then(|| RawConn::open(spec)),
+            lease: own.then(|| floor_lease(spec)),
+            #[cfg(feature = "mysql")]
+            named: (wake == FloorWake::NamedLock).then(|| named_conn(spec)),
         }
     }
-    measured
+
+    fn round(&mut self, pause: &mut IdlePause) -> Duration {
+        // The child let go of the floor's key at the end of the previous round.
+        let token = self
+            .lease
+            .as_mut()
+            .map(|lease| lease.acquire(FLOOR_KEY).expect("free"));
+        #[cfg(feature = "mysql")]
+        if let Some(named) = self.named.as_mut() {
+            use mysql::prelude::Queryable;
+            // The child let go of the name at the end of the previous round.
+            let got: Option<i64> = named
+                .exec_first("SELECT GET_LOCK(?, 60)", (FLOOR_NAME,))
+                .unwrap();
+            assert_eq!(got, Some(1));
+        }
+        if self.wake == FloorWake::NamedLock {
+            // The child blocks in its `GET_LOCK` during the pause, as a waiter in `lock()`.
+            self.child.send("go");
+        }
+        pause.sleep();
+        let started = micros_now();
+        if let Some(conn) = self.conn.as_mut() {
+            conn.commit();
+        }
+        if let (Some(lease), Some(token)) = (self.lease.as_mut(), token) {
+            lease.release(FLOOR_KEY, token);
+        }
+        #[cfg(feature = "mysql")]
+        if let Some(named) = self.named.as_mut() {
+            use mysql::prelude::Queryable;
+            named
+                .exec_drop("SELECT RELEASE_LOCK(?)", (FLOOR_NAME,))
+                .unwrap();
+        }
+        if self.wake != FloorWake::NamedLock {
+            self.child.send("go");
+        }
+        let done = read_numbers(&mut self.child)[0];
+        if token.is_some() {
+            assert_eq!(self.child.read_line(), "ok");
+        }
+        Duration::from_micros(done.saturating_sub(started))
+    }
 }
 
 fn summarize_floor(name: &str, what: &str, measured: &[Duration], out: &mut String) {
@@ -261,40 +410,88 @@ struct Round {
     from_call: Duration,
 }
 
-fn run(spec: &str, rounds: usize) -> Vec<Round> {
-    let registry = builder(spec).build().expect("registry");
-    let lock = registry.obtain(KEY).unwrap();
-    let mut child = ChildProcess::spawn(CHILD_ENV, spec);
-    let mut pause = IdlePause(micros_now() | 1);
-    let mut measured = Vec::with_capacity(rounds);
-    let started = Instant::now();
-    let mut take_back = Duration::ZERO;
-    // Warm-up: a few rounds whose figures are dropped (connections, listeners, watchers).
-    for round in 0..rounds + 5 {
+/// The handoffs with the registry's defaults (see the module docs).
+struct Handoffs {
+    // Kept for `lock`, which is its handle.
+    _registry: LockRegistry,
+    lock: leasehold::Lock,
+    child: ChildProcess,
+    started: Instant,
+    /// The previous round's take-back, reported with the next round.
+    take_back: Duration,
+}
+
+impl Handoffs {
+    fn start(spec: &str) -> Handoffs {
+        let registry = builder(spec).build().expect("registry");
+        Handoffs {
+            lock: registry.obtain(KEY).unwrap(),
+            _registry: registry,
+            child: ChildProcess::spawn(CHILD_ENV, spec),
+            started: Instant::now(),
+            take_back: Duration::ZERO,
+        }
+    }
+
+    fn round(&mut self, pause: &mut IdlePause) -> Round {
+        let lock = &self.lock;
         let guard = lock.lock().unwrap();
-        child.send("go");
+        self.child.send("go");
         pause.sleep();
-        let at = started.elapsed();
+        let at = self.started.elapsed();
         let released = micros_now();
         guard.unlock().unwrap();
-        let report = read_numbers(&mut child);
+        let report = read_numbers(&mut self.child);
         let (granted, acquires, called) = (report[0], report[1], report[2]);
-        if round >= 5 {
-            measured.push(Round {
-                handoff: Duration::from_micros(granted.saturating_sub(released)),
-                acquires,
-                take_back,
-                at,
-                from_call: Duration::from_micros(granted.saturating_sub(called)),
-            });
-        }
+        let round = Round {
+            handoff: Duration::from_micros(granted.saturating_sub(released)),
+            acquires,
+            take_back: self.take_back,
+            at,
+            from_call: Duration::from_micros(granted.saturating_sub(called)),
+        };
         let taking = Instant::now();
         drop(lock.lock().unwrap());
-        take_back = taking.elapsed();
+        self.take_back = taking.elapsed();
         // The key is released again before the next round's lock: the child's release was the
         // last statement on the row until now, as in the databases bench.
+        round
     }
-    measured
+}
+
+/// Rounds of each kind measured in a row before the next kind's.
+const BLOCK: usize = 10;
+
+/// Runs `rounds` handoffs and as many rounds of each floor, in alternating blocks of
+/// [`BLOCK`], so that all of them meet the same conditions of the machine; a few rounds of
+/// each first, whose figures are dropped (connections, listeners, watchers).
+fn run(spec: &str, rounds: usize, floors: &[FloorWake]) -> (Vec<Round>, Vec<Vec<Duration>>) {
+    let mut handoffs = Handoffs::start(spec);
+    let mut floors: Vec<Floor> = floors
+        .iter()
+        .map(|wake| Floor::start(spec, *wake))
+        .collect();
+    let mut pause = IdlePause(micros_now() | 1);
+    for _ in 0..5 {
+        handoffs.round(&mut pause);
+        for floor in &mut floors {
+            floor.round(&mut pause);
+        }
+    }
+    let mut measured = Vec::with_capacity(rounds);
+    let mut floor_measured = vec![Vec::with_capacity(rounds); floors.len()];
+    while measured.len() < rounds {
+        let block = BLOCK.min(rounds - measured.len());
+        for _ in 0..block {
+            measured.push(handoffs.round(&mut pause));
+        }
+        for (floor, times) in floors.iter_mut().zip(&mut floor_measured) {
+            for _ in 0..block {
+                times.push(floor.round(&mut pause));
+            }
+        }
+    }
+    (measured, floor_measured)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -386,8 +583,10 @@ fn summarize(name: &str, rounds: &[Round], out: &mut String) {
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         match spec.split_once('|') {
-            Some(("floor", spec)) => floor_child(spec, true),
-            Some(("wake", spec)) => floor_child(spec, false),
+            Some(("own", spec)) => floor_child(spec, FloorWake::OwnStatements),
+            Some(("floor", spec)) => floor_child(spec, FloorWake::Pipe),
+            Some(("wake", spec)) => floor_child(spec, FloorWake::PipeAlone),
+            Some(("named", spec)) => floor_child(spec, FloorWake::NamedLock),
             _ => child(&spec),
         }
         return;
@@ -429,23 +628,17 @@ fn main() {
             eprintln!("skipping {name}: {e}");
             continue;
         }
-        let measured = run(&spec, rounds);
+        let mut wakes = vec![FloorWake::OwnStatements, FloorWake::Pipe];
+        match name {
+            "sqlite" => wakes.push(FloorWake::PipeAlone),
+            "mysql" => wakes.push(FloorWake::NamedLock),
+            _ => {}
+        }
+        let (measured, floors) = run(&spec, rounds, &wakes);
         let mut text = String::new();
         summarize(name, &measured, &mut text);
-        // The floors, right after, with the same pauses and as many rounds.
-        summarize_floor(
-            name,
-            "commit, pipe wake-up, commit",
-            &floor(&spec, rounds, true),
-            &mut text,
-        );
-        if name == "sqlite" {
-            summarize_floor(
-                name,
-                "pipe wake-up alone",
-                &floor(&spec, rounds, false),
-                &mut text,
-            );
+        for (wake, times) in wakes.iter().zip(&floors) {
+            summarize_floor(name, wake.describe(), times, &mut text);
         }
         print!("{text}");
         out.push_str(&text);

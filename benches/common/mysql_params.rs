@@ -1,6 +1,6 @@
 //! MySQL statements with leasehold's documented `:name` parameters, run on a raw `mysql`
 //! connection the way the registry's connections run them: rewritten once to `?` form, with
-//! the parameter each `?` takes. Shared by `benches/databases.rs` and
+//! the parameter each `?` takes. Shared by the benches (through `raw_lease.rs`) and
 //! `examples/mysql_cycles.rs`.
 
 /// The documented parameter names of MySQL statements, in order.
