@@ -5,7 +5,8 @@
 //! - a renewal never waits for such a row, so leases on other rows are renewed however many
 //!   locked rows the renewal workers meet;
 //! - an acquire of such a row comes back refused at once (within a second on MySQL) instead of
-//!   waiting, so a semaphore's poller goes on to a free permit.
+//!   waiting, so a semaphore's poller goes on to a free permit (a lock's `try_lock()` of such
+//!   a row: `isolation.rs`, on PostgreSQL too).
 //!
 //! Bounds are generous (tens of seconds) so that a loaded machine passes.
 
@@ -127,40 +128,6 @@ fn a_locked_permit_row_costs_only_that_permit() {
         permit.unlock().unwrap();
         held.end();
     }
-}
-
-/// `try_lock()` of a key whose row another session holds locked comes back refused instead of
-/// waiting for the row; once the row is let go the key is granted.
-#[test]
-fn a_try_lock_of_a_locked_row_is_refused_without_waiting_for_it() {
-    let Some(f) = Fixture::new(Db::Mysql, "locked_try") else {
-        return;
-    };
-    let registry = f
-        .builder()
-        .operation_timeout(Duration::from_secs(20))
-        .build()
-        .unwrap();
-    let lock = registry.obtain("locked-try").unwrap();
-    lock.lock().unwrap().unlock().unwrap();
-    let held = RowsHeld::on(&f, &[leasehold::lock_key_for("locked-try")]);
-    let started = Instant::now();
-    let refused = lock.try_lock().unwrap();
-    assert!(
-        refused.is_none(),
-        "granted a row another session holds locked"
-    );
-    // Far below the operation timeout the statement would otherwise wait out.
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "the try waited {:?} for the locked row",
-        started.elapsed()
-    );
-    held.end();
-    assert!(
-        lock.try_lock().unwrap().is_some(),
-        "the free key was refused"
-    );
 }
 
 /// A reader/writer lock all of whose read slots but one another session holds locked: a reader
