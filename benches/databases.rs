@@ -459,9 +459,8 @@ fn median(values: &mut [f64]) -> f64 {
 /// that the machine's drift hits both alike; prints per-call medians over the rounds and the
 /// median of the rounds' ratios, and appends them to `target/databases_interleaved.txt`.
 fn interleaved(name: &str, lock: &leasehold::Lock, raw: &mut dyn Raw, mode: &str) {
-    // One round's ratio scatters widely where client and server share a small virtual machine
-    // (from 0.5 to 2 × for 40 PostgreSQL calls); the median of this many moves by a few
-    // percent between runs.
+    // One round's ratio scatters widely where client and server share a small machine; the
+    // median of this many rounds holds steady between runs.
     const ROUNDS: usize = 301;
     const CALLS: u32 = 40;
     let cycle_registry = |lock: &leasehold::Lock| {
