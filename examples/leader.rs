@@ -30,9 +30,9 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const GROUP: &str = "nightly-batch";
-const LEASE: Duration = Duration::from_secs(3);
-const KEEP_ALIVE: Duration = Duration::from_secs(1);
-const SLEEP: Duration = Duration::from_millis(250);
+const TIME_TO_LIVE: Duration = Duration::from_secs(3);
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+const IDLE_BETWEEN_TRIES: Duration = Duration::from_millis(250);
 const PREFIX: &str = "leader_example_";
 
 type Failure = Box<dyn std::error::Error>;
@@ -117,8 +117,8 @@ fn coordinate(target: &str) -> Result<(), Failure> {
     drop(registry(target)?.create_table(true).build()?);
     println!("leader election example: group {GROUP:?} on {target}");
     println!(
-        "lease {LEASE:?}, keep-alive (renewal) every {KEEP_ALIVE:?}, standbys poll every \
-         {SLEEP:?}\n"
+        "time-to-live {TIME_TO_LIVE:?}, renewal every {RENEW_EVERY:?}, standbys try every \
+         {IDLE_BETWEEN_TRIES:?}\n"
     );
     let start = Instant::now();
     let (lines_tx, lines) = leasehold::crossbeam_channel::unbounded::<Line>();
@@ -195,11 +195,11 @@ fn coordinate(target: &str) -> Result<(), Failure> {
     leader.process.wait()?;
     let second = wait_for(&elected, Duration::from_secs(20)).ok_or("no standby took over")?;
     note(&format!(
-        "contender {} took over {:.3} s after the kill (lease {:?} + poll {:?})",
+        "contender {} took over {:.3} s after the kill (time-to-live {:?} + one try interval {:?})",
         second.from,
         second.at.duration_since(killed_at).as_secs_f64(),
-        LEASE,
-        SLEEP
+        TIME_TO_LIVE,
+        IDLE_BETWEEN_TRIES
     ));
 
     wait_for(&|_| false, Duration::from_millis(1500));
@@ -285,9 +285,9 @@ fn contender(target: &str, skew_seconds: Option<&str>) -> Result<(), Failure> {
     static LOGGER: StdoutLogger = StdoutLogger;
     let _ = log::set_logger(&LOGGER).map(|()| log::set_max_level(log::LevelFilter::Warn));
     let mut builder = LeaderElection::builder(registry(target)?, GROUP)
-        .lease_duration(LEASE)
-        .lock_keep_alive_period(KEEP_ALIVE)
-        .lock_acquire_sleep_interval(SLEEP)
+        .time_to_live(TIME_TO_LIVE)
+        .renew_every(RENEW_EVERY)
+        .idle_between_tries(IDLE_BETWEEN_TRIES)
         .max_allowable_diff_from_db_time(Duration::from_millis(500));
     if let Some(skew) = skew_seconds {
         let skew = Duration::from_secs(skew.parse()?);

@@ -664,6 +664,30 @@ mod suite {
             .unwrap();
         assert_eq!(defaults.lease_duration(), s(10));
         assert!(defaults.lock_keep_alive_period() * 2 + s(1) <= s(10));
+        // The registry's words and ActiveMQ's read the same settings.
+        let named = LeaderElection::builder(f.builder(), "strict")
+            .time_to_live(s(9))
+            .renew_every(s(2))
+            .idle_between_tries(ms(700))
+            .build()
+            .unwrap();
+        assert_eq!(
+            (
+                named.time_to_live(),
+                named.renew_every(),
+                named.idle_between_tries()
+            ),
+            (s(9), s(2), ms(700))
+        );
+        assert_eq!(
+            (
+                named.lease_duration(),
+                named.lock_keep_alive_period(),
+                named.lock_acquire_sleep_interval()
+            ),
+            (s(9), s(2), ms(700))
+        );
+        assert_eq!(defaults.renew_every(), defaults.time_to_live() / 3);
         assert!(matches!(
             LeaderElection::builder(f.builder(), "").build(),
             Err(Error::InvalidKey { .. })

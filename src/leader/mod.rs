@@ -101,9 +101,9 @@ impl fmt::Display for LeadershipLost {
 /// let dir = tempfile::tempdir().unwrap();
 /// let registry = LockRegistry::sqlite(dir.path().join("locks.db")).create_table(true);
 /// let election = LeaderElection::builder(registry, "nightly-batch")
-///     .lease_duration(Duration::from_secs(30))
-///     .lock_keep_alive_period(Duration::from_secs(10))
-///     .lock_acquire_sleep_interval(Duration::from_secs(1))
+///     .time_to_live(Duration::from_secs(30))
+///     .renew_every(Duration::from_secs(10))
+///     .idle_between_tries(Duration::from_secs(1))
 ///     .build()?;
 /// let leadership = election.acquire()?; // stands by until elected
 /// assert!(election.is_leader());
@@ -135,16 +135,16 @@ impl fmt::Display for LeadershipLost {
 /// registry's own `on_lease_lost`) is the caller's.
 ///
 /// **The rule for renewal in time.** A leader that cannot renew *steps down* when its lease has
-/// [`step_down_margin`](LeaderElection::step_down_margin) = `lease_duration / 10` left (see
-/// below). The first renewal is due one keep-alive period after the grant; if it fails or is
-/// slow, there must still be a whole keep-alive period for it (or its retries) to get through
+/// [`step_down_margin`](LeaderElection::step_down_margin) = `time_to_live / 10` left (see
+/// below). The first renewal is due one renewal period after the grant; if it fails or is
+/// slow, there must still be a whole renewal period for it (or its retries) to get through
 /// before the step-down. So `build()` requires
 ///
 /// ```text
-/// 2 × lock_keep_alive_period + lease_duration / 10 ≤ lease_duration
+/// 2 × renew_every + time_to_live / 10 ≤ time_to_live
 /// ```
 ///
-/// i.e. a keep-alive period of at most 45 % of the lease (4.5 s of a 10 s lease), and rejects
+/// i.e. a renewal period of at most 45 % of the time-to-live (4.5 s of 10 s), and rejects
 /// anything else with [`Error::InvalidSetting`].
 ///
 /// # Losing leadership, promptly
@@ -181,7 +181,7 @@ impl fmt::Display for LeadershipLost {
 /// (`RegistryBuilder::notifications`, on by default) the release wakes the standbys of other
 /// instances, which try at once: a planned handover takes about one release and one acquire.
 /// Elsewhere (or with notifications off) a standby takes over at its next poll, within one
-/// `lock_acquire_sleep_interval`. The resigning election waits one sleep interval before
+/// `idle_between_tries`. The resigning election waits one such interval before
 /// competing again itself, even when woken, so a standby gets the turn.
 ///
 /// # Clock skew
@@ -192,7 +192,7 @@ impl fmt::Display for LeadershipLost {
 /// election *reports* — [`Leadership::elected_at`], [`Leadership::lease_ends_at`],
 /// [`LeaderElection::now`] — and an operator comparing them across machines wants them on one
 /// clock. So each election measures its offset to the database clock: at `build()`, then every
-/// keep-alive period while it leads or stands by (on a helper thread, so a slow database never
+/// renewal period while it leads or stands by (on a helper thread, so a slow database never
 /// delays a step-down), and on demand with
 /// [`measure_clock_offset`](LeaderElection::measure_clock_offset). The offset is the database
 /// time minus the midpoint of the client clock readings taken around the query; it is uncertain
@@ -271,19 +271,36 @@ impl LeaderElection {
         &self.handle.shared.registry
     }
 
-    /// The lease duration in force.
-    pub fn lease_duration(&self) -> Duration {
+    /// The time-to-live in force ([`LeaderElectionBuilder::time_to_live`]).
+    pub fn time_to_live(&self) -> Duration {
         self.handle.shared.timings.lease
     }
 
-    /// The leader's renewal cadence in force.
-    pub fn lock_keep_alive_period(&self) -> Duration {
+    /// The leader's renewal period in force ([`LeaderElectionBuilder::renew_every`]): the
+    /// default, a third of the time-to-live, unless one was set.
+    pub fn renew_every(&self) -> Duration {
         self.handle.shared.timings.keep_alive
     }
 
-    /// The standby poll interval in force.
-    pub fn lock_acquire_sleep_interval(&self) -> Duration {
+    /// The standby's interval between attempts in force
+    /// ([`LeaderElectionBuilder::idle_between_tries`]).
+    pub fn idle_between_tries(&self) -> Duration {
         self.handle.shared.timings.sleep
+    }
+
+    /// ActiveMQ's name for [`time_to_live`](Self::time_to_live); the same value.
+    pub fn lease_duration(&self) -> Duration {
+        self.time_to_live()
+    }
+
+    /// ActiveMQ's name for [`renew_every`](Self::renew_every); the same value.
+    pub fn lock_keep_alive_period(&self) -> Duration {
+        self.renew_every()
+    }
+
+    /// ActiveMQ's name for [`idle_between_tries`](Self::idle_between_tries); the same value.
+    pub fn lock_acquire_sleep_interval(&self) -> Duration {
+        self.idle_between_tries()
     }
 
     /// How much of its lease a leader that cannot renew keeps when it steps down: a tenth of
@@ -295,7 +312,7 @@ impl LeaderElection {
     /// Stands by until this instance is elected (or, with
     /// [`fail_if_locked`](LeaderElectionBuilder::fail_if_locked), makes one attempt).
     ///
-    /// A standby makes one attempt per `lock_acquire_sleep_interval`. Database failures while
+    /// A standby makes one attempt per `idle_between_tries`. Database failures while
     /// standing by are logged at `warn` and retried at the next interval: a standby outlives
     /// outages. Use [`try_acquire_for`](Self::try_acquire_for) to bound the wait. If this
     /// election already leads through another [`Leadership`], this waits for that term to end.
@@ -350,7 +367,7 @@ impl LeaderElection {
     }
 
     /// The last measured offset to the database clock (measured at `build()` and then every
-    /// keep-alive period while competing or leading).
+    /// renewal period while competing or leading).
     pub fn clock_offset(&self) -> ClockOffset {
         self.handle.shared.offset.lock().last
     }
@@ -550,7 +567,7 @@ impl Leadership {
     }
 
     /// When the lease ends on the reported clock if no further renewal succeeds: an estimate
-    /// from the last renewal the agent has seen (it looks every half keep-alive period), so it
+    /// from the last renewal the agent has seen (it looks every half renewal period), so it
     /// can lag a renewal but never runs ahead of the lease.
     pub fn lease_ends_at(&self) -> SystemTime {
         let deadline = self.term.state.lock().lease_deadline;

@@ -13,8 +13,8 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
     let stops = Stops::catch()?;
     let builder = builder_for(&args.database, creating(args.create))?;
     let election = LeaderElection::builder(builder, args.group.clone())
-        .lease_duration(args.ttl)
-        .lock_acquire_sleep_interval(args.poll)
+        .time_to_live(args.ttl)
+        .idle_between_tries(args.poll)
         .build()?;
     let mut watchdog = Watchdog::start(args.grace)?;
     // Caught from the start: while standing by, a signal ends leasehold (128 + its number);
