@@ -9,6 +9,8 @@
 //!   needs (owner and queue under a `parking_lot` mutex, a condvar), passed back and forth with
 //!   the same harness as leasehold's lock — the floor for `leasehold`. It costs more than the
 //!   condvar ping-pong because each side must see the other queued before letting go.
+//! - `local_handoff/fair_lock_4_threads`: four threads taking turns on the minimal FIFO lock
+//!   as fast as they can; time per acquisition: the floor for `leasehold_4_threads`.
 //! - `local_handoff/leasehold_4_threads`: four threads taking turns on one lock as fast as they
 //!   can; time per acquisition. A turn is a local handoff when another thread is queued, else a
 //!   release to and a grant from the database (SQLite): the queue under contention, fallbacks
@@ -16,7 +18,8 @@
 //!
 //! Database costs and cross-instance handoffs are in `benches/databases.rs`.
 //!
-//! Run with `cargo bench --bench handoff`; the README's Performance table is made from it.
+//! Run with `cargo bench --all-features --bench handoff`; `bash benches/report` puts its ratios
+//! in `BENCHMARKS.md`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use leasehold::{Lock, LockRegistry};
@@ -59,16 +62,19 @@ fn condvar_ping_pong(handoffs: u64) -> Duration {
 }
 
 /// The least a lock that hands itself over in FIFO order needs: an owner and a queue under a
-/// `parking_lot` mutex, and a condvar to wake the next owner. The `fair_lock_baseline`
-/// measures it with the same harness as leasehold's lock (each side waits until the other
-/// queued before letting go).
+/// `parking_lot` mutex, each queued thread waiting on a condvar of its own, which the unlock
+/// that makes it the owner wakes. The `fair_lock_*` baselines measure it with the same
+/// harnesses as leasehold's lock.
 #[derive(Default)]
 struct FairLock {
-    state: Mutex<(
-        Option<thread::ThreadId>,
-        std::collections::VecDeque<thread::ThreadId>,
-    )>,
-    changed: Condvar,
+    /// The owner, and the queued threads with their condvars, oldest first.
+    state: Mutex<(Option<thread::ThreadId>, Queue)>,
+}
+
+type Queue = std::collections::VecDeque<(thread::ThreadId, Arc<Condvar>)>;
+
+thread_local! {
+    static WAKE: Arc<Condvar> = Arc::new(Condvar::new());
 }
 
 impl FairLock {
@@ -79,16 +85,20 @@ impl FairLock {
             state.0 = Some(me);
             return;
         }
-        state.1.push_back(me);
+        let wake = WAKE.with(Arc::clone);
+        state.1.push_back((me, Arc::clone(&wake)));
         while state.0 != Some(me) {
-            self.changed.wait(&mut state);
+            wake.wait(&mut state);
         }
     }
 
     fn unlock(&self) {
         let mut state = self.state.lock();
-        state.0 = state.1.pop_front();
-        self.changed.notify_all();
+        let next = state.1.pop_front();
+        state.0 = next.as_ref().map(|(thread, _)| *thread);
+        if let Some((_, wake)) = next {
+            wake.notify_one();
+        }
     }
 
     fn queued(&self) -> usize {
@@ -214,6 +224,18 @@ fn local_handoff(c: &mut Criterion) {
         stats.grants < 1000,
         "handoffs must not go to the database: {stats:?}"
     );
+    group.bench_function("fair_lock_4_threads", |b| {
+        b.iter_custom(|acquisitions| {
+            let lock = Arc::new(FairLock::default());
+            contended(
+                move || {
+                    lock.lock();
+                    lock.unlock();
+                },
+                acquisitions,
+            )
+        })
+    });
     group.bench_function("leasehold_4_threads", |b| {
         b.iter_custom(|acquisitions| {
             let lock = lock.clone();

@@ -3,7 +3,8 @@
 //! # State machine
 //!
 //! Each [`Lock`] handle points at one `LockInner` per (registry, key). Its `LocalState` sits
-//! behind a mutex with a condition variable for the threads of the registry that want the key:
+//! behind a mutex; each thread that wants the key waits in its queue on a condition variable of
+//! its own:
 //!
 //! | state | `owner` | `lease` | what a thread that wants the key does |
 //! |-------|---------|---------|---------------------------------------|
@@ -38,7 +39,10 @@
 //!
 //! **Local handoff.** A release while threads of this registry queue gives the lock to the
 //! oldest of them: the owner is set to that thread before it wakes, the lease (and so the
-//! fencing token) stays, and no statement runs. Threads of one registry get the key in the
+//! fencing token) stays, and no statement runs. The handoff wakes that thread alone; the
+//! others sleep on, as nothing they wait for has changed. Every other change they may act on
+//! (a release to the database, a release wake-up, a waiter that leaves without the lock and
+//! may leave the key without a poller, the registry closing) wakes the whole queue. Threads of one registry get the key in the
 //! order they asked for it. Tokens order database grants; the local holders of one grant are
 //! ordered by this mutex (`Tuning::local_handoff` off gives every holder a grant and a token
 //! of its own). The previous holder's loss channels disconnect at the handoff.
@@ -121,7 +125,7 @@ struct LocalState {
     /// The database grant: present while an owner holds it or while it lingers.
     lease: Option<Arc<Lease>>,
     /// Threads inside an acquire of this key, oldest first: a release hands over to the front.
-    queue: VecDeque<ThreadId>,
+    queue: VecDeque<Waiter>,
     /// The thread running a statement for this key (polling or releasing), if any.
     db_user: Option<ThreadId>,
     /// Set by a release wake-up: the poller tries again now.
@@ -137,6 +141,18 @@ struct LocalState {
     /// The end of the latest linger, while the registry's [`Lingerer`] has an entry for the
     /// key. The key lingers when it has a lease and no owner.
     linger_end: Option<Instant>,
+}
+
+/// A thread inside an acquire of a key, and the condition variable it waits on: its own, so
+/// that a handoff wakes only the thread it hands to.
+struct Waiter {
+    thread: ThreadId,
+    wake: Arc<Condvar>,
+}
+
+thread_local! {
+    /// The condition variable this thread waits on in any key's queue (one key at a time).
+    static WAKE: Arc<Condvar> = Arc::new(Condvar::new());
 }
 
 /// What the registry's [`Lingerer`] finds at a key's entry.
@@ -157,6 +173,13 @@ impl LocalState {
     /// Whether the current turn has reached its end.
     fn turn_over(&self, now: Instant) -> bool {
         self.turn_ends.is_some_and(|end| now >= end)
+    }
+
+    /// Wakes every thread in the queue to look at the state again.
+    fn wake_all(&self) {
+        for waiter in &self.queue {
+            waiter.wake.notify_one();
+        }
     }
 }
 
@@ -230,7 +253,6 @@ pub(crate) struct LockInner {
     lock_key: Arc<str>,
     core: Arc<Core>,
     state: Mutex<LocalState>,
-    changed: Condvar,
     /// The registry's lingerer, for a key whose releases may linger: a plain lock's key (not
     /// a semaphore's permit or a side of a reader/writer lock, whose rows other code reasons
     /// about).
@@ -277,7 +299,6 @@ impl LockInner {
                 last_release: None,
                 linger_end: None,
             }),
-            changed: Condvar::new(),
             lingerer: None,
             reports_losses: true,
         }
@@ -319,27 +340,33 @@ impl LockInner {
             state.depth += 1;
             return Ok(Some(self.guard(lease)));
         }
-        state.queue.push_back(me);
+        let wake = WAKE.with(Arc::clone);
+        state.queue.push_back(Waiter {
+            thread: me,
+            wake: Arc::clone(&wake),
+        });
         let mut watch = Watch::default();
         // Unwind-safe: whatever panics inside (a bug, a fail point), this thread leaves the
         // queue, stops being the poller, and a grant it got is handed on or released.
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-            self.acquire_locked(&mut state, me, wait, ttl, &mut watch)
+            self.acquire_locked(&mut state, me, &wake, wait, ttl, &mut watch)
         }));
         if watch.registered {
             self.core
                 .wakeups
                 .unregister(&self.lock_key, &self.as_poller());
         }
-        if let Some(position) = state.queue.iter().position(|waiter| *waiter == me) {
+        if let Some(position) = state.queue.iter().position(|waiter| waiter.thread == me) {
             state.queue.remove(position);
         }
         if state.db_user == Some(me) {
             state.db_user = None;
         }
-        // Another waiter may have to poll now; waking the others also has them awake when
-        // the lock is handed on.
-        self.changed.notify_all();
+        // A thread that leaves without the lock may leave the key without a poller: the
+        // others look again. One that leaves holding it changes nothing they wait for.
+        if state.owner != Some(me) {
+            state.wake_all();
+        }
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(panic) => {
@@ -378,6 +405,7 @@ impl LockInner {
         self: &Arc<Self>,
         state: &mut MutexGuard<'_, LocalState>,
         me: ThreadId,
+        wake: &Condvar,
         wait: Wait,
         ttl: Duration,
         watch: &mut Watch,
@@ -513,7 +541,7 @@ impl LockInner {
                             state.db_user = None;
                             continue;
                         }
-                        self.sleep_between_polls(state, wake_at, watch);
+                        self.sleep_between_polls(state, wake, wake_at, watch);
                         state.db_user = None;
                         continue;
                     }
@@ -528,9 +556,9 @@ impl LockInner {
             waited = true;
             match until {
                 Some(until) => {
-                    self.changed.wait_until(state, until);
+                    wake.wait_until(state, until);
                 }
-                None => self.changed.wait(state),
+                None => wake.wait(state),
             }
         }
     }
@@ -540,6 +568,7 @@ impl LockInner {
     fn sleep_between_polls(
         &self,
         state: &mut MutexGuard<'_, LocalState>,
+        wake: &Condvar,
         wake_at: Instant,
         watch: &mut Watch,
     ) {
@@ -548,7 +577,7 @@ impl LockInner {
         }
         while Instant::now() < wake_at && !state.nudged && !self.core.is_closed() {
             let Some(own) = &watch.own else {
-                self.changed.wait_until(state, wake_at);
+                wake.wait_until(state, wake_at);
                 continue;
             };
             match MutexGuard::unlocked(state, || own.sleep(wake_at)) {
@@ -593,11 +622,11 @@ impl LockInner {
         let in_turn = !state.turn_over(now);
         if settings.local_handoff && in_turn && lease.is_held() && keep.is_none() {
             if let Some(next) = state.queue.pop_front() {
-                state.owner = Some(next);
+                state.owner = Some(next.thread);
                 state.depth = 1;
                 state.shared = true;
                 lease.handed_over();
-                self.changed.notify_all();
+                next.wake.notify_one();
                 return Ok(());
             }
             let lingerer = self.lingerer.as_ref().filter(|_| linger && state.shared);
@@ -641,7 +670,7 @@ impl LockInner {
             }))
         });
         state.db_user = None;
-        self.changed.notify_all();
+        state.wake_all();
         outcome.unwrap_or_else(|panic| panic::resume_unwind(panic))
     }
 

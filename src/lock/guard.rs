@@ -50,8 +50,8 @@ impl Nudge for LockInner {
         let mut state = self.state.lock();
         state.nudged = true;
         let polling = state.db_user.is_some();
+        state.wake_all();
         drop(state);
-        self.changed.notify_all();
         if polling && self.waits_itself() {
             // A poller asleep on its own wakes as for a release.
             self.core.store.interrupt_release_waits(&self.lock_key);
