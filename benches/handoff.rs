@@ -9,8 +9,6 @@
 //!   needs (owner and queue under a `parking_lot` mutex, a condvar), passed back and forth with
 //!   the same harness as leasehold's lock — the floor for `leasehold`. It costs more than the
 //!   condvar ping-pong because each side must see the other queued before letting go.
-//! - `local_handoff/fair_lock_4_threads`: four threads taking turns on the minimal FIFO lock
-//!   as fast as they can; time per acquisition: the floor for `leasehold_4_threads`.
 //! - `local_handoff/leasehold_4_threads`: four threads taking turns on one lock as fast as they
 //!   can; time per acquisition. A turn is a local handoff when another thread is queued, else a
 //!   release to and a grant from the database (SQLite): the queue under contention, fallbacks
@@ -63,8 +61,8 @@ fn condvar_ping_pong(handoffs: u64) -> Duration {
 
 /// The least a lock that hands itself over in FIFO order needs: an owner and a queue under a
 /// `parking_lot` mutex, each queued thread waiting on a condvar of its own, which the unlock
-/// that makes it the owner wakes. The `fair_lock_*` baselines measure it with the same
-/// harnesses as leasehold's lock.
+/// that makes it the owner wakes. The `fair_lock_baseline` measures it with the same harness
+/// as leasehold's lock (each side waits until the other queued before letting go).
 #[derive(Default)]
 struct FairLock {
     /// The owner, and the queued threads with their condvars, oldest first.
@@ -224,18 +222,6 @@ fn local_handoff(c: &mut Criterion) {
         stats.grants < 1000,
         "handoffs must not go to the database: {stats:?}"
     );
-    group.bench_function("fair_lock_4_threads", |b| {
-        b.iter_custom(|acquisitions| {
-            let lock = Arc::new(FairLock::default());
-            contended(
-                move || {
-                    lock.lock();
-                    lock.unlock();
-                },
-                acquisitions,
-            )
-        })
-    });
     group.bench_function("leasehold_4_threads", |b| {
         b.iter_custom(|acquisitions| {
             let lock = lock.clone();

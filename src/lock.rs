@@ -42,10 +42,11 @@
 //! fencing token) stays, and no statement runs. The handoff wakes that thread alone; the
 //! others sleep on, as nothing they wait for has changed. Every other change they may act on
 //! (a release to the database, a release wake-up, a waiter that leaves without the lock and
-//! may leave the key without a poller, the registry closing) wakes the whole queue. Threads of one registry get the key in the
-//! order they asked for it. Tokens order database grants; the local holders of one grant are
-//! ordered by this mutex (`Tuning::local_handoff` off gives every holder a grant and a token
-//! of its own). The previous holder's loss channels disconnect at the handoff.
+//! may leave the key without a poller, the registry closing) wakes the whole queue. Threads
+//! of one registry get the key in the order they asked for it. Tokens order database grants;
+//! the local holders of one grant are ordered by this mutex (`Tuning::local_handoff` off gives
+//! every holder a grant and a token of its own). The previous holder's loss channels
+//! disconnect at the handoff.
 //!
 //! **Linger.** A release that finds nobody queued keeps the lease for `Tuning::linger` (5 ms by
 //! default) instead of releasing it, when the grant has already passed between threads of
@@ -340,7 +341,11 @@ impl LockInner {
             state.depth += 1;
             return Ok(Some(self.guard(lease)));
         }
-        let wake = WAKE.with(Arc::clone);
+        // A condition variable of its own also for a thread whose thread-locals are being
+        // destroyed (a lock taken in a thread-local's destructor).
+        let wake = WAKE
+            .try_with(Arc::clone)
+            .unwrap_or_else(|_| Arc::new(Condvar::new()));
         state.queue.push_back(Waiter {
             thread: me,
             wake: Arc::clone(&wake),
