@@ -1,5 +1,6 @@
 //! SQLite-only checks that need a raw connection beside the registry: table upgrades, "a try
-//! that finds the lock held writes nothing", and busy-file retries bounded by the deadline.
+//! that finds the lock held writes nothing", and busy-file retries bounded by the deadline; and
+//! checks of the local queue that need no server (a lock taken in a thread-local destructor).
 
 #![cfg(feature = "sqlite")]
 
@@ -301,4 +302,43 @@ fn in_memory_and_temporary_databases_are_refused_naming_why() {
         .unwrap();
     let guard = registry.obtain("uri").unwrap().lock().unwrap();
     guard.unlock().unwrap();
+}
+
+/// A lock taken and let go in a thread-local's destructor, after the registry's own
+/// thread-locals of that thread are gone (they were set up after it, so they go first).
+#[test]
+fn a_lock_taken_in_a_thread_local_destructor_is_granted_and_released() {
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+    struct LockOnDrop(leasehold::Lock, mpsc::Sender<leasehold::Result<u64>>);
+    impl Drop for LockOnDrop {
+        fn drop(&mut self) {
+            let taken = self.0.lock().and_then(|guard| {
+                let token = guard.fencing_token();
+                guard.unlock().map(|()| token)
+            });
+            let _ = self.1.send(taken);
+        }
+    }
+    thread_local! {
+        static LATE: RefCell<Option<LockOnDrop>> = const { RefCell::new(None) };
+    }
+    let (_dir, _path, registry) = fresh_table();
+    let lock = registry.obtain("thread-local").unwrap();
+    let (sender, taken) = mpsc::channel();
+    let first = {
+        let lock = lock.clone();
+        std::thread::spawn(move || {
+            LATE.with(|late| *late.borrow_mut() = Some(LockOnDrop(lock.clone(), sender)));
+            let guard = lock.lock().unwrap();
+            let token = guard.fencing_token();
+            guard.unlock().unwrap();
+            token
+        })
+        .join()
+        .unwrap()
+    };
+    let late = taken.recv().expect("the destructor ran").unwrap();
+    assert!(late > first, "a grant of its own: {late} after {first}");
+    assert!(lock.try_lock().unwrap().is_some(), "released");
 }
