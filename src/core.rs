@@ -229,6 +229,48 @@ pub(crate) struct Core {
     /// Every local state that threads may wait on (locks, their rows, semaphores, reader/writer
     /// locks), so that closing wakes them all.
     pub waitables: parking_lot::Mutex<Vec<std::sync::Weak<dyn crate::wakeups::Nudge>>>,
+    /// Acquires with an unknown outcome being resolved (see the `lock` module, "Unknown
+    /// outcomes"): closing and dropping the registry wait for them.
+    pub resolutions: std::sync::Arc<Resolutions>,
+}
+
+/// A count of resolutions in flight, and a way to wait until there are none.
+#[derive(Default)]
+pub(crate) struct Resolutions {
+    running: parking_lot::Mutex<usize>,
+    done: parking_lot::Condvar,
+}
+
+/// One resolution in flight: counted until dropped.
+pub(crate) struct Resolution(std::sync::Arc<Resolutions>);
+
+impl Drop for Resolution {
+    fn drop(&mut self) {
+        let mut running = self.0.running.lock();
+        *running -= 1;
+        if *running == 0 {
+            self.0.done.notify_all();
+        }
+    }
+}
+
+impl Resolutions {
+    /// Counts a resolution in until the returned value is dropped.
+    pub(crate) fn begin(self: &std::sync::Arc<Self>) -> Resolution {
+        *self.running.lock() += 1;
+        Resolution(std::sync::Arc::clone(self))
+    }
+
+    /// Waits until no resolution runs, or until `until`: `true` when none runs.
+    pub(crate) fn wait_until(&self, until: std::time::Instant) -> bool {
+        let mut running = self.running.lock();
+        while *running > 0 {
+            if self.done.wait_until(&mut running, until).timed_out() {
+                return *running == 0;
+            }
+        }
+        true
+    }
 }
 
 impl Core {
@@ -254,11 +296,26 @@ impl Core {
     }
 
     /// Closes the registry: every wait of its threads ends with [`Error::Closed`], at once.
+    /// Closing also gives back what the registry may hold without a holder: it waits (up to
+    /// `operation_timeout`) for the resolutions of acquires whose outcome is unknown, and
+    /// keys that linger are released at once.
     pub(crate) fn close(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let all: Vec<_> = self.waitables.lock().clone();
         for waitable in all.iter().filter_map(std::sync::Weak::upgrade) {
             waitable.nudge();
+        }
+        self.finish_resolutions();
+    }
+
+    /// Waits up to `operation_timeout` for the resolutions in flight.
+    pub(crate) fn finish_resolutions(&self) {
+        let until = std::time::Instant::now() + self.settings.operation_timeout;
+        if !self.resolutions.wait_until(until) {
+            log::warn!(
+                "acquires whose outcome is unknown are still being resolved after {:?}",
+                self.settings.operation_timeout
+            );
         }
     }
 }

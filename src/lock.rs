@@ -78,6 +78,25 @@
 //! when no other instance wants the key, is that the key rests for 3 × `idle_between_tries`
 //! after each turn of this registry's threads.
 //!
+//! **Unknown outcomes.** An acquire statement that was sent and got no answer — none before the
+//! call's deadline, or a connection that broke — may still have granted the row on the server,
+//! or may do so later while it waits there. The store never sends the next acquire of the key
+//! before that is settled (*resolved*): it ends the server session that ran the statement and
+//! waits until it is gone (PostgreSQL `pg_terminate_backend` on a connection straight to the
+//! server, MySQL/MariaDB `KILL CONNECTION`; SQLite's statements end before their call returns),
+//! after which nothing sent to it can grant anything, then releases the row if it names this
+//! registry's client id. Client ids belong to one registry, and the key has no other acquire in
+//! flight meanwhile, so such a row can only be that statement's grant. When the call's time
+//! allows, this happens inside the call, which then tries again; otherwise the key is
+//! `resolving`: a short-lived thread of its own resolves it and wakes the queue, nobody of this
+//! registry polls the key meanwhile, and the call ends as its wait says — `Ok(None)` when it had
+//! found the key held, else the error. So a grant nobody holds lasts one resolution (a few
+//! round trips) once the database answers, never a time-to-live; a grant whose answer came
+//! after its time-to-live ran out is given back the same way. Behind a pooler the session is
+//! not known: the row is looked at once the statement's connection is gone, which leaves a
+//! statement still queued in the pooler to grant after the look. Closing and dropping the
+//! registry wait for resolutions in flight (up to `operation_timeout`).
+//!
 //! **Unwinding.** A panic inside an acquire or a release (a bug, or a fail point in tests)
 //! leaves the state as if the call had returned: the thread leaves the queue, stops being the
 //! key's database user, and a grant it had is handed on or released.
@@ -90,7 +109,7 @@ pub use guard::{Lock, LockGuard};
 pub(crate) use linger::Lingerer;
 pub(crate) use rows::{Patience, KEYED_WATCHES};
 
-use crate::backend::ReleaseWait;
+use crate::backend::{Acquired, ReleaseWait};
 use crate::core::Core;
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, Owner};
@@ -129,6 +148,9 @@ struct LocalState {
     queue: VecDeque<Waiter>,
     /// The thread running a statement for this key (polling or releasing), if any.
     db_user: Option<ThreadId>,
+    /// An acquire of this key whose outcome is unknown is being resolved (see "Unknown
+    /// outcomes"): nobody polls the key meanwhile.
+    resolving: bool,
     /// Set by a release wake-up: the poller tries again now.
     nudged: bool,
     /// When the current turn's handoffs and lingers end (see "Bounded turn"); `None` without a
@@ -294,6 +316,7 @@ impl LockInner {
                 lease: None,
                 queue: VecDeque::new(),
                 db_user: None,
+                resolving: false,
                 nudged: false,
                 turn_ends: None,
                 shared: false,
@@ -326,6 +349,7 @@ impl LockInner {
             && state.lease.is_none()
             && state.queue.is_empty()
             && state.db_user.is_none()
+            && !state.resolving
     }
 
     fn acquire(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
@@ -449,7 +473,11 @@ impl LockInner {
                 .filter(|(_, ended_turn)| *ended_turn)
                 .map(|(at, _)| at + settings.turn_gap())
                 .filter(|until| *until > now);
-            if state.owner.is_none() && state.db_user.is_none() && away.is_none() {
+            if state.owner.is_none()
+                && state.db_user.is_none()
+                && !state.resolving
+                && away.is_none()
+            {
                 let attempt_deadline = match wait {
                     Wait::Until(deadline) | Wait::Once(deadline) => {
                         deadline.max(now + Duration::from_millis(1))
@@ -481,20 +509,36 @@ impl LockInner {
                     other => other?,
                 };
                 match granted {
+                    Acquired::Unresolved { session, error } => {
+                        self.resolve_later(state, session, ttl);
+                        let over = match wait {
+                            Wait::No | Wait::Once(_) => true,
+                            Wait::Until(deadline) => deadline <= arrived,
+                            Wait::Forever => false,
+                        };
+                        match (over, waited) {
+                            (false, _) => continue,
+                            (true, true) => return Ok(None),
+                            (true, false) => return Err(error),
+                        }
+                    }
                     // The statement waited so long (a row lock, a stalled server) that the
-                    // lease would be over on arrival: not a usable grant; it runs out.
-                    Some(grant) if Lease::grant_deadline(grant.sent_at, ttl) <= arrived => {
+                    // lease would be over on arrival: not a usable grant; it is given back.
+                    Acquired::Granted(grant)
+                        if Lease::grant_deadline(grant.sent_at, ttl) <= arrived =>
+                    {
                         log::warn!(
                             "the grant of {:?} arrived after its time-to-live ({ttl:?}) ran \
                              out; trying again",
                             self.key
                         );
+                        self.resolve_later(state, None, ttl);
                         if matches!(wait, Wait::No | Wait::Once(_)) {
                             return Ok(None);
                         }
                         continue;
                     }
-                    Some(grant) => {
+                    Acquired::Granted(grant) => {
                         let lease = Lease::start(
                             Arc::clone(&self.key),
                             Arc::clone(&self.lock_key),
@@ -527,7 +571,7 @@ impl LockInner {
                         }
                         return Ok(Some((lease, false, false)));
                     }
-                    None => {
+                    Acquired::Held => {
                         waited = true;
                         self.core.meter.contended(&self.key);
                         let next_poll = Instant::now() + jittered(settings.idle_between_tries);
@@ -565,6 +609,69 @@ impl LockInner {
                 }
                 None => wake.wait(state),
             }
+        }
+    }
+
+    /// Marks the key as resolving and resolves its unknown acquire (see "Unknown outcomes") on
+    /// a short-lived thread of its own, which wakes the queue when done; `session`: the server
+    /// session that ran the statement, when known. Resolution attempts, each bounded by
+    /// `operation_timeout`, go on until one succeeds or for `ttl` at most: a grant made
+    /// before then has expired by the end.
+    fn resolve_later(
+        self: &Arc<Self>,
+        state: &mut MutexGuard<'_, LocalState>,
+        session: Option<i64>,
+        ttl: Duration,
+    ) {
+        state.resolving = true;
+        let lock = Arc::clone(self);
+        let resolution = self.core.resolutions.begin();
+        let resolve = move || {
+            let timeout = lock.core.settings.operation_timeout;
+            let give_up = Instant::now() + ttl.max(timeout);
+            loop {
+                let deadline = (Instant::now() + timeout).min(give_up);
+                match lock.core.store.resolve(&lock.lock_key, session, deadline) {
+                    Ok(released) => {
+                        if released {
+                            log::info!(
+                                "an acquire of {:?} had been granted without an answer: \
+                                 given back",
+                                lock.key
+                            );
+                        }
+                        break;
+                    }
+                    Err(e) if Instant::now() < give_up => {
+                        log::debug!("resolving an acquire of {:?}: {e}; trying again", lock.key);
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(e) => {
+                        log::warn!(
+                            "an acquire of {:?} got no answer and could not be resolved ({e}); \
+                             a grant it made runs out at its time-to-live",
+                            lock.key
+                        );
+                        break;
+                    }
+                }
+            }
+            let mut state = lock.state.lock();
+            state.resolving = false;
+            state.wake_all();
+            drop(state);
+            drop(resolution);
+        };
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-resolve".into())
+            .spawn(resolve);
+        if let Err(e) = spawned {
+            log::error!(
+                "could not start a thread to resolve an acquire of {:?} ({e}): a grant it made \
+                 runs out at its time-to-live",
+                self.key
+            );
+            state.resolving = false;
         }
     }
 

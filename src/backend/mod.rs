@@ -112,7 +112,7 @@ pub(crate) use statements::PerStatement;
 pub use statements::Statements;
 pub(crate) use statements::{pairs_json, CustomQueries, OwnedParams, Params};
 pub use statistics::Statistics;
-pub(crate) use store::{Batched, Grant, Path, SqlStore, Store};
+pub(crate) use store::{Acquired, Batched, Grant, Path, SqlStore, Store};
 
 /// A connection of a backend, as its pool hands it out.
 pub(crate) type Conn<B> = <<B as Backend>::Manager as r2d2::ManageConnection>::Connection;
@@ -227,6 +227,20 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Flags `conn` so that the manager's `has_broken` discards it.
     fn mark_broken(conn: &mut Conn<Self>);
+
+    /// The server session `conn` talks to, where the backend can tell it and end it from
+    /// another connection ([`Backend::end_session`]); `None` elsewhere (an embedded database,
+    /// whose statements end before their call returns; a pooler in between).
+    fn session(_conn: &mut Conn<Self>) -> Option<i64> {
+        None
+    }
+
+    /// Ends server session `session` (another connection's, given up with a statement in
+    /// flight) from `conn`: `Ok(true)` once the session is gone — nothing it was sent can run
+    /// any more — and `Ok(false)` while it still runs (ask again).
+    fn end_session(_conn: &mut Conn<Self>, _session: i64) -> Result<bool, Failure> {
+        Ok(true)
+    }
 
     /// Sets the deadline of the calls that follow on `conn`. A backend that runs inline
     /// returns a [`FailureKind::Broken`] failure from a call still unanswered at the deadline.

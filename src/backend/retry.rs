@@ -18,14 +18,32 @@ impl<B: Backend> SqlStore<B> {
     /// either the backend bounds the call itself ([`Backend::runs_inline`]), or the attempt runs on
     /// a statement thread ([`statement_threads`]) while the caller waits at most until the
     /// deadline. Either way the connection is discarded, and replaced at once for the callers
-    /// waiting meanwhile ([`Pool::discarded`]; r2d2 would leave them waiting). (An acquire
-    /// granted after its caller gave up is left to expire.)
+    /// waiting meanwhile ([`Pool::discarded`]; r2d2 would leave them waiting).
     pub(super) fn run<T, F>(
         &self,
         path: Path,
         operation: &'static str,
         deadline: Instant,
         attempt: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Conn<B>) -> Result<T, Failure> + Send + Sync + 'static,
+    {
+        self.run_noting(path, operation, deadline, attempt, None)
+    }
+
+    /// [`SqlStore::run`] for a statement that must not be sent again while an earlier
+    /// sending's outcome is unknown (an acquire): the first attempt that was sent and got no
+    /// answer — none before the deadline, or a broken connection — ends the loop with its
+    /// error, and `unanswered` tells which server session it ran in.
+    pub(super) fn run_noting<T, F>(
+        &self,
+        path: Path,
+        operation: &'static str,
+        deadline: Instant,
+        attempt: F,
+        mut unanswered: Option<&mut Option<Unanswered>>,
     ) -> Result<T>
     where
         T: Send + 'static,
@@ -69,29 +87,50 @@ impl<B: Backend> SqlStore<B> {
             }
             match pool.get_timeout(remaining) {
                 Err(e) => last = Some(Box::new(e)),
-                Ok(conn) => match attempt_once::<B, T, F>(pool, conn, &attempt, deadline) {
-                    None => {
-                        discard_idle::<B>(pool);
-                        last =
-                            Some(format!("no answer from {} before the deadline", B::NAME).into())
-                    }
-                    Some(Ok(value)) => return Ok(value),
-                    Some(Err(failure)) => {
-                        log::debug!("{operation} on {}: {failure:?}", B::NAME);
-                        match failure.kind {
-                            FailureKind::Fatal => {
-                                return Err(Error::Database {
-                                    operation,
-                                    hint: failure.hint,
-                                    source: failure.source,
-                                })
-                            }
-                            FailureKind::Broken => discard_idle::<B>(pool),
-                            FailureKind::Transient => {}
+                Ok(mut conn) => {
+                    let session = unanswered
+                        .is_some()
+                        .then(|| B::session(&mut conn))
+                        .flatten();
+                    let outcome = attempt_once::<B, T, F>(pool, conn, &attempt, deadline);
+                    let no_answer = match &outcome {
+                        None => true,
+                        Some(Err(failure)) => failure.kind == FailureKind::Broken,
+                        Some(Ok(_)) => false,
+                    };
+                    match outcome {
+                        None => {
+                            discard_idle::<B>(pool);
+                            last = Some(
+                                format!("no answer from {} before the deadline", B::NAME).into(),
+                            )
                         }
-                        last = Some(failure.source);
+                        Some(Ok(value)) => return Ok(value),
+                        Some(Err(failure)) => {
+                            log::debug!("{operation} on {}: {failure:?}", B::NAME);
+                            match failure.kind {
+                                FailureKind::Fatal => {
+                                    return Err(Error::Database {
+                                        operation,
+                                        hint: failure.hint,
+                                        source: failure.source,
+                                    })
+                                }
+                                FailureKind::Broken => discard_idle::<B>(pool),
+                                FailureKind::Transient => {}
+                            }
+                            last = Some(failure.source);
+                        }
                     }
-                },
+                    if let Some(slot) = unanswered.as_deref_mut().filter(|_| no_answer) {
+                        *slot = Some(Unanswered { session });
+                        return Err(Error::Timeout {
+                            operation,
+                            waited: started.elapsed(),
+                            source: last,
+                        });
+                    }
+                }
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             std::thread::sleep(pause.min(remaining));
@@ -99,6 +138,13 @@ impl<B: Backend> SqlStore<B> {
             now = Instant::now();
         }
     }
+}
+
+/// An attempt that was sent and never answered (see [`SqlStore::run_noting`]): the server
+/// session it ran in, when the backend can tell ([`Backend::session`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unanswered {
+    pub session: Option<i64>,
 }
 
 /// An operation's attempt as [`SqlStore::run`] keeps it across retries: in place for a backend

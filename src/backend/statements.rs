@@ -55,6 +55,18 @@ pub(crate) struct Params<'a> {
     pub name: &'a str,
 }
 
+impl Params<'static> {
+    /// Every parameter empty or zero: the start of a statement that binds one or two of them.
+    pub(crate) const EMPTY: Params<'static> = Params {
+        lock_key: "",
+        region: "",
+        client_id: "",
+        ttl_micros: 0,
+        token: 0,
+        name: "",
+    };
+}
+
 /// [`Params`] owned, so that an attempt can run on a statement thread.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedParams {

@@ -54,6 +54,10 @@ pub struct Statistics {
     /// Renewals whose outcome is unknown: no answer in time, an error, or a row another
     /// session held locked. Each is retried until the lease's deadline.
     pub renewals_failed: u64,
+    /// Grants found and released after an acquire statement whose answer never came (no
+    /// answer before the call's deadline, a connection that broke): the database had granted
+    /// the row, and the registry gave it back rather than leave it held by nobody.
+    pub unanswered_grants_released: u64,
     /// Leases the registry holds now.
     pub held_leases: u64,
     /// Time callers spent waiting for locks they were granted, summed.
@@ -72,6 +76,7 @@ pub(super) struct Counters {
     pub(super) grants: AtomicU64,
     pub(super) renewals: AtomicU64,
     pub(super) releases: AtomicU64,
+    pub(super) resolved: AtomicU64,
 }
 
 impl Counters {
@@ -83,6 +88,7 @@ impl Counters {
             grants: read(&self.grants),
             renewals: read(&self.renewals),
             releases: read(&self.releases),
+            unanswered_grants_released: read(&self.resolved),
             ..Statistics::default()
         }
     }

@@ -4,7 +4,10 @@
 #[cfg(feature = "failpoints")]
 use super::injected_failure;
 use super::pools::{build_pool, Pool};
+use super::retry::Unanswered;
 use super::statistics::Counters;
+#[cfg(feature = "failpoints")]
+use super::Failure;
 use super::{
     pairs_json, Backend, BatchRows, HolderRow, ListedRow, ListenerHandler, OwnedParams,
     PoolSettings, Statements, Statistics, TableSettings,
@@ -19,6 +22,19 @@ use std::time::{Duration, Instant};
 pub(crate) struct Grant {
     pub token: i64,
     pub sent_at: Instant,
+}
+
+/// What an acquire found.
+#[derive(Debug)]
+pub(crate) enum Acquired {
+    /// Granted.
+    Granted(Grant),
+    /// Held elsewhere.
+    Held,
+    /// An attempt was sent and got no answer (see [`Store::acquire`]): the row may be this
+    /// registry's, and stays unresolved until [`Store::resolve`] has run for it. `error` is
+    /// what the call reports if it ends now.
+    Unresolved { session: Option<i64>, error: Error },
 }
 
 /// What a batch renewal found for one lease.
@@ -43,14 +59,24 @@ pub(crate) enum Path {
 /// The registry's view of a database: the three lease operations with deadlines.
 pub(crate) trait Store: Send + Sync {
     /// One acquire attempt (retrying transient failures until `deadline`); `name` is the
-    /// lock's name, stored where the table has a `LOCK_NAME` column.
+    /// lock's name, stored where the table has a `LOCK_NAME` column. An acquire statement is
+    /// never sent again while an earlier sending's outcome is unknown: one that got no answer
+    /// is resolved ([`Store::resolve`]) before the next, and when `deadline` leaves no time
+    /// for that, the call returns [`Acquired::Unresolved`].
     fn acquire(
         &self,
         lock_key: &Arc<str>,
         name: &Arc<str>,
         ttl: Duration,
         deadline: Instant,
-    ) -> Result<Option<Grant>>;
+    ) -> Result<Acquired>;
+    /// Resolves an acquire of `lock_key` whose outcome is unknown: waits until `session`,
+    /// the server session that ran it (when known), has ended, so that nothing sent to it
+    /// can grant the row any more, then releases the row if it names this registry's client.
+    /// The caller must send no acquire of `lock_key` meanwhile: then such a row can only be
+    /// that statement's grant. `Ok(true)` when a grant was found and released.
+    fn resolve(&self, lock_key: &Arc<str>, session: Option<i64>, deadline: Instant)
+        -> Result<bool>;
     /// Renews; `Ok(Some(sent_at))` when renewed, `Ok(None)` when this client is not the holder.
     fn renew(
         &self,
@@ -234,14 +260,14 @@ impl<B: Backend> Store for SqlStore<B> {
         name: &Arc<str>,
         ttl: Duration,
         deadline: Instant,
-    ) -> Result<Option<Grant>> {
+    ) -> Result<Acquired> {
         let mut params = self.params(Arc::clone(lock_key), ttl, 0);
         // A name the column cannot hold (PostgreSQL text has no NUL) is stored as none.
         if !name.contains('\0') {
             params.name = Arc::clone(name);
         }
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
-        self.run(Path::Main, "acquire", deadline, move |conn| {
+        let attempt = move |conn: &mut super::Conn<B>| {
             let sent_at = Instant::now();
             fail_point!("backend::acquire_sent");
             counters.acquires.fetch_add(1, Ordering::Relaxed);
@@ -249,15 +275,87 @@ impl<B: Backend> Store for SqlStore<B> {
             if granted.is_some() {
                 counters.grants.fetch_add(1, Ordering::Relaxed);
             }
+            // An answer lost on its way back (test-only), after `return(ms)` milliseconds: the
+            // grant stands, unknown to the caller.
+            fail_point!("backend::acquire_answered", |ms: Option<String>| {
+                let ms = ms.and_then(|ms| ms.parse().ok()).unwrap_or(0);
+                std::thread::sleep(Duration::from_millis(ms));
+                Err(Failure::new(
+                    super::FailureKind::Broken,
+                    "injected by a fail point",
+                    "fail point backend::acquire_answered: the answer was lost",
+                ))
+            });
             Ok(granted.map(|token| Grant { token, sent_at }))
-        })
-        .and_then(|grant| {
-            if let Some(grant) = &grant {
-                self.secure_renewal(lock_key, grant, deadline)?;
-                B::granted(&self.manager, &self.table, lock_key, self.idle_timeout);
+        };
+        let attempt = Arc::new(attempt);
+        loop {
+            let mut unanswered = None;
+            let attempt = Arc::clone(&attempt);
+            let outcome = self.run_noting(
+                Path::Main,
+                "acquire",
+                deadline,
+                move |conn| attempt(conn),
+                Some(&mut unanswered),
+            );
+            let (session, error) = match (unanswered, outcome) {
+                (Some(Unanswered { session }), Err(error)) => (session, error),
+                (_, outcome) => {
+                    let grant = outcome?;
+                    if let Some(grant) = &grant {
+                        self.secure_renewal(lock_key, grant, deadline)?;
+                        B::granted(&self.manager, &self.table, lock_key, self.idle_timeout);
+                    }
+                    return Ok(grant.map_or(Acquired::Held, Acquired::Granted));
+                }
+            };
+            log::debug!("an acquire of {lock_key:?} got no answer ({error}): resolving it");
+            // Resolved within the deadline, the next attempt goes out; otherwise the caller
+            // resolves it later.
+            if Instant::now() >= deadline || self.resolve(lock_key, session, deadline).is_err() {
+                return Ok(Acquired::Unresolved { session, error });
             }
-            Ok(grant)
-        })
+        }
+    }
+
+    fn resolve(
+        &self,
+        lock_key: &Arc<str>,
+        session: Option<i64>,
+        deadline: Instant,
+    ) -> Result<bool> {
+        if let Some(session) = session {
+            let mut pause = Duration::from_millis(1);
+            loop {
+                let ended = self.run(Path::Main, "end a session", deadline, move |conn| {
+                    B::end_session(conn, session)
+                })?;
+                if ended {
+                    break;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::Timeout {
+                        operation: "end a session",
+                        waited: Duration::ZERO,
+                        source: Some(
+                            format!("{} session {session} was still running", B::NAME).into(),
+                        ),
+                    });
+                }
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+        }
+        let mine = self
+            .admin_holder(lock_key, deadline)?
+            .filter(|row| *row.client_id == *self.client_id);
+        let Some(row) = mine else {
+            return Ok(false);
+        };
+        self.counters.resolved.fetch_add(1, Ordering::Relaxed);
+        Store::release(self, lock_key, row.token, deadline, Duration::ZERO)
     }
 
     fn renew(

@@ -45,9 +45,15 @@ pub struct Lock {
 
 impl Nudge for LockInner {
     /// Called by the release listener (the lock was released elsewhere) and by the registry
-    /// closing: the poller tries, or looks at the registry, now.
+    /// closing: the poller tries, or looks at the registry, now; closing also releases a
+    /// lingering lease.
     fn nudge(&self) {
         let mut state = self.state.lock();
+        if self.core.is_closed() && state.lingers() && state.db_user.is_none() {
+            // A closed registry keeps no key nobody holds.
+            state.linger_end = None;
+            self.release_lingering(&mut state, false);
+        }
         state.nudged = true;
         let polling = state.db_user.is_some();
         state.wake_all();

@@ -234,6 +234,15 @@ impl LockRegistry {
     }
 }
 
+impl Drop for LockRegistry {
+    /// Waits (up to `operation_timeout`) until every acquire whose outcome was unknown has
+    /// been resolved: a process that ends right after dropping its registry leaves no row
+    /// held by nobody.
+    fn drop(&mut self) {
+        self.core.finish_resolutions();
+    }
+}
+
 impl std::fmt::Debug for LockRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockRegistry")
@@ -629,6 +638,7 @@ impl RegistryBuilder {
             wakeups,
             closed: Default::default(),
             waitables: Default::default(),
+            resolutions: Default::default(),
         });
         if self.notifications {
             let weak = Arc::downgrade(&core);

@@ -582,6 +582,27 @@ impl Backend for Mysql {
         Ok((params, columns))
     }
 
+    fn session(conn: &mut Conn<Self>) -> Option<i64> {
+        Some(i64::from(conn.conn.connection_id()))
+    }
+
+    /// `KILL CONNECTION` (allowed on one's own sessions without privileges; error 1094: no
+    /// such session), then whether the processlist still shows it: a killed session stays
+    /// listed until the statement it runs has ended.
+    fn end_session(conn: &mut Conn<Self>, session: i64) -> Result<bool, Failure> {
+        conn.arm()?;
+        match conn.conn.query_drop(format!("KILL CONNECTION {session}")) {
+            Err(mysql::Error::MySqlError(e)) if e.code == 1094 => return Ok(true),
+            other => other.map_err(classify)?,
+        }
+        let sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = :token";
+        let params = Params {
+            token: session,
+            ..Params::EMPTY
+        };
+        Ok(Self::read_number(conn, sql, &params)?.unwrap_or(0) == 0)
+    }
+
     fn mark_broken(conn: &mut Conn<Self>) {
         conn.broken = true;
         // Dropping it writes (statements closed, `COM_QUIT`); on a server that stopped

@@ -61,6 +61,9 @@ pub(crate) struct PgConn {
     pooler_found: Option<Arc<AtomicBool>>,
     pub(super) deadline: Instant,
     pub(super) broken: bool,
+    /// The server process serving this connection, when the connection goes straight to it
+    /// ([`PgConn::straight_to_the_server`]): the session a given-up statement runs in.
+    pub(super) server_process: Option<i32>,
     /// The connector, for the cancel request of a call that runs out of time.
     tls: Tls,
     /// Declared last, so dropped after the socket it drives.
@@ -111,14 +114,19 @@ impl PgConn {
             pooler_found: None,
             deadline: Instant::now() + DEFAULT_CALL_LIMIT,
             broken: false,
+            server_process: None,
             tls: tls.clone(),
         };
+        // Once a registry's connection found a pooler, the others go through it too.
+        if !pooler_found.load(Ordering::Relaxed) {
+            conn.server_process = conn.straight_to_the_server();
+        }
         let named = match prepared {
             Some(forced) => forced,
             None => {
-                !pooler_found.load(Ordering::Relaxed) && {
+                conn.server_process.is_some() && {
                     conn.pooler_found = Some(Arc::clone(pooler_found));
-                    conn.straight_to_the_server()
+                    true
                 }
             }
         };
@@ -212,19 +220,20 @@ pub(super) fn no_answer() -> Failure {
 }
 
 impl PgConn {
-    /// Whether this connection goes straight to the server (see [`pooler`]): its cancel key
-    /// names the server process that serves it. One round trip; a connection that fails it is
-    /// taken as going through a pooler (and is likely broken anyway).
-    fn straight_to_the_server(&mut self) -> bool {
+    /// The server process serving this connection when the connection goes straight to the
+    /// server (see [`pooler`]): its cancel key names that process. One round trip; a
+    /// connection that fails it is taken as going through a pooler (and is likely broken
+    /// anyway).
+    fn straight_to_the_server(&mut self) -> Option<i32> {
+        let key = pooler::key_process_id(&self.runtime, &self.client.cancel_token());
         fail_point!("postgres::straight_to_the_server", |answer| answer
-            .is_some_and(|answer| answer == "yes"));
-        let Some(key) = pooler::key_process_id(&self.runtime, &self.client.cancel_token()) else {
-            return false;
-        };
+            .filter(|answer| answer == "yes")
+            .and(key));
+        let key = key?;
         let pid = call!(self, |client| client
             .query_typed_one("SELECT pg_backend_pid()", &[]))
         .and_then(|row| row.try_get::<_, i32>(0).map_err(classify));
-        matches!(pid, Ok(pid) if pid == key)
+        matches!(pid, Ok(pid) if pid == key).then_some(key)
     }
 
     /// Asks the server, from a short-lived thread and connection of its own, to cancel what
@@ -327,6 +336,7 @@ impl PgConn {
             );
         }
         self.statements = None;
+        self.server_process = None;
         true
     }
 }

@@ -502,6 +502,25 @@ impl Backend for Postgres {
         conn.broken = true;
     }
 
+    /// The server process, known only on a connection straight to the server: behind a
+    /// pooler the process changes with every transaction.
+    fn session(conn: &mut Conn<Self>) -> Option<i64> {
+        conn.server_process.map(i64::from)
+    }
+
+    /// Asks the server to terminate the process (only one of this user's sessions, so a
+    /// process id reused by another user's session is never touched) and counts it while it
+    /// is still listed; `pg_terminate_backend` runs only on the row the subquery kept.
+    fn end_session(conn: &mut Conn<Self>, session: i64) -> Result<bool, Failure> {
+        let sql = "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM \
+                   pg_stat_activity WHERE pid = $5 AND usename = current_user OFFSET 0) AS s";
+        let params = Params {
+            token: session,
+            ..Params::EMPTY
+        };
+        Ok(Self::read_number(conn, sql, &params)?.unwrap_or(0) == 0)
+    }
+
     fn set_deadline(conn: &mut Conn<Self>, deadline: Instant) {
         conn.deadline = deadline;
     }
