@@ -61,7 +61,18 @@ impl fmt::Display for LossReason {
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` form — what `unwrap()` and a `main` returning `Result<(), Box<dyn Error>>`
+/// print — is the message followed by its causes, so that what to do reaches the terminal:
+///
+/// ```text
+/// Error: lock table NC5_LOCK does not exist: create it by running sql/postgres.sql (...)
+/// ```
+///
+/// The fields are there to match on. A function that also meets other errors can return
+/// `Box<dyn std::error::Error + Send + Sync>` (or `anyhow::Result`): `?` converts a
+/// `leasehold::Error` into either, keeping its message and causes.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The lock key is empty or longer than [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES).
@@ -243,6 +254,24 @@ pub enum Error {
     },
 }
 
+impl fmt::Debug for Error {
+    /// The message, then each cause on a line of its own (as `anyhow` prints an error).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")?;
+        let mut cause = std::error::Error::source(self);
+        if cause.is_some() {
+            f.write_str("\n\nCaused by:")?;
+        }
+        let mut number = 0;
+        while let Some(error) = cause {
+            write!(f, "\n    {number}: {error}")?;
+            number += 1;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
 /// What went wrong in a TLS connection ([`Error::Tls`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -295,8 +324,22 @@ fn timeout_cause(
     operation: &str,
     source: Option<&(dyn std::error::Error + Send + Sync)>,
 ) -> String {
-    if source.is_some_and(|e| e.to_string().contains(TOO_MANY_CLIENTS)) {
+    let text = source.map(|e| e.to_string()).unwrap_or_default();
+    if text.contains(TOO_MANY_CLIENTS) {
         return format!("{TOO_MANY_CLIENTS}: {TOO_MANY_CLIENTS_FIX}");
+    }
+    // MySQL's 1205, SQLite's busy file: another session held what the statement needed.
+    if text.contains("Lock wait timeout exceeded") {
+        return "a row of the lock table stayed locked by another session until then (an open \
+                fenced transaction, a long transaction or a `SELECT ... FOR UPDATE` on the \
+                table): end that transaction"
+            .to_string();
+    }
+    if text.contains("database is locked") {
+        return "another connection kept the SQLite file's write lock until then (an open \
+                fenced transaction, a long write transaction, or a process frozen inside one): \
+                end that transaction"
+            .to_string();
     }
     format!(
         "the database is unreachable, overloaded or every connection is busy (check the server \
@@ -341,6 +384,40 @@ mod tests {
         let text = e.to_string();
         assert!(
             text.contains("APP_LOCK") && text.contains("sql/sqlite.sql"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn debug_leads_with_the_message_and_lists_the_causes() {
+        let e = Error::Database {
+            operation: "connect",
+            hint: "is the server running?".into(),
+            source: Box::new(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection refused",
+            )),
+        };
+        let debug = format!("{e:?}");
+        assert!(debug.starts_with(&e.to_string()), "{debug}");
+        assert!(
+            debug.ends_with("Caused by:\n    0: connection refused"),
+            "{debug}"
+        );
+        let plain = format!("{:?}", Error::Closed);
+        assert_eq!(plain, Error::Closed.to_string());
+    }
+
+    #[test]
+    fn a_timeout_behind_a_locked_row_names_the_row_lock() {
+        let e = Error::Timeout {
+            operation: "release",
+            waited: Duration::from_secs(5),
+            source: Some("Lock wait timeout exceeded; try restarting transaction".into()),
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("locked by another session") && !text.contains("unreachable"),
             "{text}"
         );
     }
