@@ -312,8 +312,11 @@ impl<B: Backend> Store for SqlStore<B> {
             };
             log::debug!("an acquire of {lock_key:?} got no answer ({error}): resolving it");
             // Resolved within the deadline, the next attempt goes out; otherwise the caller
-            // resolves it later.
-            if Instant::now() >= deadline || self.resolve(lock_key, session, deadline).is_err() {
+            // resolves it later, and the call reports the latest failure.
+            if Instant::now() >= deadline {
+                return Ok(Acquired::Unresolved { session, error });
+            }
+            if let Err(error) = self.resolve(lock_key, session, deadline) {
                 return Ok(Acquired::Unresolved { session, error });
             }
         }
