@@ -40,7 +40,7 @@ pub const MAX_POOL_SIZE: u32 = 10_000;
 ///
 /// | field | default | range | what it does |
 /// |-------|---------|-------|--------------|
-/// | `turn_limit` | `Some(500 ms)` | `None`, or up to [`MAX_TIME_TO_LIVE`] | the longest a registry's threads may pass one database grant among themselves (handoffs and lingers): each turn lasts a random time between ½ and 1 × this, so that turn ends fall at no fixed phase of other instances' polls; past it, a release with local threads still wanting the key reserves the row for 2 × `idle_between_tries` for instances that ignore reservations (Spring Integration's) and the registry's threads stay away for 3 × `idle_between_tries`, so other instances get the key. `None`: no limit (other instances can starve under continuous local contention, and the key never rests) |
+/// | `turn_limit` | `Some(500 ms)` | `None`, or up to [`MAX_TIME_TO_LIVE`] | the longest a registry's threads may pass one database grant among themselves (handoffs and lingers): each turn lasts a random time between ½ and 1 × this, so that turn ends fall at no fixed phase of other instances' polls; past it, a release with local threads still wanting the key reserves the row for 2 × `idle_between_tries` for instances that ignore reservations (Spring Integration's), then the waiting line gives it to the instance that has waited longest (without the line's table, the registry's threads stay away for 3 × `idle_between_tries` instead), so other instances get the key. `None`: no limit (other instances can starve under continuous local contention, and the key never rests) |
 /// | `linger` | 5 ms | 0 ..= [`MAX_LINGER`] | how long a released lease that several threads of the registry use, and nobody queues on, stays held for the next of them (no statement, same fencing token); other instances wait up to this much longer. Zero: off. Plain locks only |
 /// | `local_handoff` | `true` | – | whether a release passes the lock straight to a waiting thread of the registry, keeping the grant and its fencing token; `false` gives every holder a grant and a token of its own (a release and an acquire per handoff) |
 /// | `renewal_pool_size` | 2 | 1 ..= [`MAX_POOL_SIZE`] | connections of the pool that only background renewals use (one batch statement at a time; the second lets a retry go out while a timed-out attempt still holds the first) |
@@ -170,10 +170,18 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// How long a registry's threads stay away from a key after its turn ended: 3 ×
-    /// `idle_between_tries` (see "Bounded turn" in the `lock` module docs).
+    /// How long a registry's threads stay away from a key after its turn ended when there is
+    /// no waiting line: 3 × `idle_between_tries` (see "Bounded turn" in the `lock` module
+    /// docs).
     pub fn turn_gap(&self) -> Duration {
         self.idle_between_tries * 3
+    }
+
+    /// How long a place in the waiting line lives unless refreshed: 5 × `idle_between_tries`,
+    /// at least a second (a waiting poller refreshes it every quarter of that; see "Waiting
+    /// in line" in the `lock` module docs).
+    pub fn place_ttl(&self) -> Duration {
+        (self.idle_between_tries * 5).max(Duration::from_secs(1))
     }
 
     /// How long the release that ends a turn reserves the row for instances that ignore

@@ -66,17 +66,34 @@
 //! A release past the turn's length goes to the database; if the grant was shared or threads
 //! of this registry still queue, it *ends the turn*: the release statement reserves the row
 //! for 2 × `idle_between_tries` (`CREATED_DATE` set to the reservation's end, which
-//! leasehold's grant waits for and Spring Integration's ignores) and wakes nobody, and this
-//! registry's threads stay away from the key for 3 × `idle_between_tries` (`last_release`).
-//! A polling instance that ignores the reservation (Spring's, every 100 ms by default) has
-//! the first two intervals; another leasehold instance that waits (with the same
-//! `idle_between_tries`) tries at least once in the third. So while other instances wait,
-//! the key leaves this registry at least once per `turn_limit` + the longest hold; there is
-//! no order among the instances that wait, and each turn end goes to whichever of them tries
-//! first. A single hold, however long, and a key passed between instances one hold at a time
-//! never end a turn: their releases are plain ones that wake the other waiters. The price,
-//! when no other instance wants the key, is that the key rests for 3 × `idle_between_tries`
-//! after each turn of this registry's threads.
+//! leasehold's grant waits for and Spring Integration's ignores) and wakes nobody. A polling
+//! instance that ignores the reservation (Spring's, every 100 ms by default) has those two
+//! intervals to itself; then the waiting line decides (below). So while other instances wait,
+//! the key leaves this registry at least once per `turn_limit` + the longest hold. A single
+//! hold, however long, and a key passed between instances one hold at a time never end a
+//! turn: their releases are plain ones that wake the other waiters. Without a waiting line
+//! (its table missing), this registry's threads also stay away from the key for 3 ×
+//! `idle_between_tries` after ending a turn (`last_release`), so that another leasehold
+//! instance tries at least once in the third interval, and the key rests that long after
+//! each turn even when nobody else wants it.
+//!
+//! **Waiting in line.** Instances that wait for a key keep places in the database's waiting
+//! line (`backend::queue`), and a free row goes to the instance with the oldest live place.
+//! After a refused acquire, a poller that will poll again takes this registry's place (one
+//! per key and registry: its threads share it and keep their local FIFO order), and
+//! refreshes it every quarter of its time-to-live (`Settings::place_ttl`: 5 ×
+//! `idle_between_tries`, at least 1 s) while it waits; a place not refreshed — its instance
+//! crashed or froze — lapses after that time-to-live and holds nobody back any more. The
+//! acquire statement grants a free row only when no other instance has an earlier live place
+//! (an instance without a place comes after every live one), and a grant gives up the place
+//! (PostgreSQL's acquire statement removes it; elsewhere a statement in the background does,
+//! while this registry sends no acquire of the key). The last thread of a registry that stops
+//! waiting gives the place up the same way. So an instance that waits is granted the key after
+//! at most the turns of the instances ahead of it in line, each at most `turn_limit` + the
+//! longest hold + the 2 × `idle_between_tries` reservation that ends it, and after the holds
+//! of instances that do not know the line (Spring Integration's), which take the free row
+//! whenever they try. Without the table (not created, or a replacement acquire statement)
+//! there is no line: each turn end goes to whichever waiting instance tries first.
 //!
 //! **Unknown outcomes.** An acquire statement that was sent and got no answer — none before the
 //! call's deadline, or a connection that broke — may still have granted the row on the server,
@@ -148,9 +165,15 @@ struct LocalState {
     queue: VecDeque<Waiter>,
     /// The thread running a statement for this key (polling or releasing), if any.
     db_user: Option<ThreadId>,
-    /// An acquire of this key whose outcome is unknown is being resolved (see "Unknown
-    /// outcomes"): nobody polls the key meanwhile.
+    /// The resolution of an acquire of this key whose outcome is unknown runs in the
+    /// background (see "Unknown outcomes"): nobody polls the key meanwhile.
     resolving: bool,
+    /// Leaving the key's waiting line runs in the background (see "Waiting in line"): no place
+    /// is taken meanwhile, so that the leaving cannot remove a newer one.
+    leaving: bool,
+    /// When this registry last took or refreshed its place in the key's waiting line, while
+    /// it has one (see "Waiting in line").
+    place: Option<Instant>,
     /// Set by a release wake-up: the poller tries again now.
     nudged: bool,
     /// When the current turn's handoffs and lingers end (see "Bounded turn"); `None` without a
@@ -176,6 +199,25 @@ struct Waiter {
 thread_local! {
     /// The condition variable this thread waits on in any key's queue (one key at a time).
     static WAKE: Arc<Condvar> = Arc::new(Condvar::new());
+}
+
+/// A statement about a key that runs in the background, and what it keeps from happening
+/// meanwhile (see [`LockInner::in_background`]).
+#[derive(Clone, Copy)]
+enum Background {
+    /// Resolving an acquire whose outcome is unknown: no poll.
+    Resolving,
+    /// Leaving the waiting line: no place taken.
+    Leaving,
+}
+
+impl Background {
+    fn flag(self, state: &mut LocalState) -> &mut bool {
+        match self {
+            Background::Resolving => &mut state.resolving,
+            Background::Leaving => &mut state.leaving,
+        }
+    }
 }
 
 /// What the registry's [`Lingerer`] finds at a key's entry.
@@ -317,6 +359,8 @@ impl LockInner {
                 queue: VecDeque::new(),
                 db_user: None,
                 resolving: false,
+                leaving: false,
+                place: None,
                 nudged: false,
                 turn_ends: None,
                 shared: false,
@@ -350,6 +394,7 @@ impl LockInner {
             && state.queue.is_empty()
             && state.db_user.is_none()
             && !state.resolving
+            && !state.leaving
     }
 
     fn acquire(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
@@ -395,6 +440,10 @@ impl LockInner {
         // others look again. One that leaves holding it changes nothing they wait for.
         if state.owner != Some(me) {
             state.wake_all();
+            // The last waiter of this registry gives up its place in line.
+            if state.queue.is_empty() && state.db_user.is_none() && state.place.take().is_some() {
+                self.in_background(&mut state, Background::Leaving, LockInner::leave_line);
+            }
         }
         let outcome = match outcome {
             Ok(outcome) => outcome,
@@ -441,7 +490,8 @@ impl LockInner {
     ) -> Result<Option<(Arc<Lease>, bool, bool)>> {
         let settings = &self.core.settings;
         // The first pass reads no clock again: it is the start of the wait.
-        let mut first_pass = Some(Instant::now());
+        let started = Instant::now();
+        let mut first_pass = Some(started);
         // This call has waited: an attempt found the key held, or it waited behind another
         // thread of the registry (holding or polling).
         let mut waited = false;
@@ -468,9 +518,11 @@ impl LockInner {
                 self.release_lingering(state, true);
                 continue;
             }
+            // Without a waiting line, the registry stays away after its turn (with one, the
+            // line puts its next request behind those of the instances that wait).
             let away = state
                 .last_release
-                .filter(|(_, ended_turn)| *ended_turn)
+                .filter(|(_, ended_turn)| *ended_turn && !self.core.store.has_line())
                 .map(|(at, _)| at + settings.turn_gap())
                 .filter(|until| *until > now);
             if state.owner.is_none()
@@ -557,6 +609,11 @@ impl LockInner {
                         state.lease = Some(Arc::clone(&lease));
                         state.owner = Some(me);
                         state.depth = 1;
+                        // Its place in line, unless the grant removed it, goes off the grant's
+                        // path: until it has, it only keeps others of the line waiting.
+                        if state.place.take().is_some() && !self.core.store.grant_leaves_line() {
+                            self.in_background(state, Background::Leaving, LockInner::leave_line);
+                        }
                         // A grant soon after this registry's own plain release continues
                         // its turn, unless that turn is over.
                         let continues = !state.turn_over(arrived)
@@ -582,6 +639,9 @@ impl LockInner {
                             Wait::Forever => next_poll,
                         };
                         state.db_user = Some(me);
+                        if wake_at == next_poll {
+                            self.keep_place(state);
+                        }
                         // Opening the sleep (a lock on the board file) runs outside the key's
                         // mutex, still as its poller.
                         if MutexGuard::unlocked(state, || watch.open(self)) {
@@ -596,13 +656,20 @@ impl LockInner {
                     }
                 }
             }
+            // A single attempt waits for a resolution in progress (the key may be this
+            // registry's), as long as its statement could have taken.
+            let resolution_waits = state.resolving && state.owner.is_none() && !waited;
             let until = match wait {
+                Wait::No if resolution_waits && now < started + settings.operation_timeout => {
+                    Some(started + settings.operation_timeout)
+                }
+                Wait::Once(at) if resolution_waits && now < at => Some(at),
                 Wait::No | Wait::Once(_) => return Ok(None),
                 Wait::Until(deadline) if deadline <= now => return Ok(None),
                 Wait::Until(deadline) => Some(away.map_or(deadline, |away| away.min(deadline))),
                 Wait::Forever => away,
             };
-            waited = true;
+            waited = !resolution_waits || !matches!(wait, Wait::No | Wait::Once(_));
             match until {
                 Some(until) => {
                     wake.wait_until(state, until);
@@ -612,21 +679,86 @@ impl LockInner {
         }
     }
 
-    /// Marks the key as resolving and resolves its unknown acquire (see "Unknown outcomes") on
-    /// a short-lived thread of its own, which wakes the queue when done; `session`: the server
-    /// session that ran the statement, when known. Resolution attempts, each bounded by
-    /// `operation_timeout`, go on until one succeeds or for `ttl` at most: a grant made
-    /// before then has expired by the end.
+    /// Takes this registry's place in the key's waiting line, or refreshes it when a quarter
+    /// of its time-to-live has passed (see "Waiting in line"); run by the poller after a
+    /// refusal when it will poll again. A failure only leaves this registry without a place.
+    fn keep_place(&self, state: &mut MutexGuard<'_, LocalState>) {
+        let settings = &self.core.settings;
+        let place_ttl = settings.place_ttl();
+        let now = Instant::now();
+        let fresh = state
+            .place
+            .is_some_and(|at| now.saturating_duration_since(at) < place_ttl / 4);
+        if fresh || state.leaving || !self.core.store.has_line() {
+            return;
+        }
+        let deadline = now + settings.operation_timeout;
+        let taken = MutexGuard::unlocked(state, || {
+            self.core
+                .store
+                .take_place(&self.lock_key, place_ttl, deadline)
+        });
+        state.place = match taken {
+            Ok(()) => Some(now),
+            Err(e) => {
+                log::debug!("taking a place in the line of {:?}: {e}", self.key);
+                None
+            }
+        };
+    }
+
+    /// Leaves the key's waiting line (in the background, see [`LockInner::in_background`]);
+    /// a failure leaves the place to lapse.
+    fn leave_line(self: &Arc<Self>) {
+        let deadline = Instant::now() + self.core.settings.operation_timeout;
+        if let Err(e) = self.core.store.leave_line(&self.lock_key, deadline) {
+            log::debug!("leaving the line of {:?}: {e}; the place lapses", self.key);
+        }
+    }
+
+    /// Runs `job` on a short-lived thread of its own while the key's state says so (`kind`),
+    /// then wakes the queue; closing and dropping the registry wait for it.
+    fn in_background(
+        self: &Arc<Self>,
+        state: &mut MutexGuard<'_, LocalState>,
+        kind: Background,
+        job: impl FnOnce(&Arc<LockInner>) + Send + 'static,
+    ) {
+        *kind.flag(state) = true;
+        let lock = Arc::clone(self);
+        let counted = self.core.resolutions.begin();
+        let run = move || {
+            job(&lock);
+            let mut state = lock.state.lock();
+            *kind.flag(&mut state) = false;
+            state.wake_all();
+            drop(state);
+            drop(counted);
+        };
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-resolve".into())
+            .spawn(run);
+        if let Err(e) = spawned {
+            log::error!(
+                "could not start a thread for {:?} ({e}): a grant or place it would have given \
+                 back runs out at its time-to-live",
+                self.key
+            );
+            *kind.flag(state) = false;
+        }
+    }
+
+    /// Resolves an acquire whose outcome is unknown (see "Unknown outcomes") in the
+    /// background; `session`: the server session that ran the statement, when known.
+    /// Resolution attempts, each bounded by `operation_timeout`, go on until one succeeds or
+    /// for `ttl` at most: a grant made before then has expired by the end.
     fn resolve_later(
         self: &Arc<Self>,
         state: &mut MutexGuard<'_, LocalState>,
         session: Option<i64>,
         ttl: Duration,
     ) {
-        state.resolving = true;
-        let lock = Arc::clone(self);
-        let resolution = self.core.resolutions.begin();
-        let resolve = move || {
+        self.in_background(state, Background::Resolving, move |lock| {
             let timeout = lock.core.settings.operation_timeout;
             let give_up = Instant::now() + ttl.max(timeout);
             loop {
@@ -640,7 +772,7 @@ impl LockInner {
                                 lock.key
                             );
                         }
-                        break;
+                        return;
                     }
                     Err(e) if Instant::now() < give_up => {
                         log::debug!("resolving an acquire of {:?}: {e}; trying again", lock.key);
@@ -652,27 +784,11 @@ impl LockInner {
                              a grant it made runs out at its time-to-live",
                             lock.key
                         );
-                        break;
+                        return;
                     }
                 }
             }
-            let mut state = lock.state.lock();
-            state.resolving = false;
-            state.wake_all();
-            drop(state);
-            drop(resolution);
-        };
-        let spawned = std::thread::Builder::new()
-            .name("leasehold-resolve".into())
-            .spawn(resolve);
-        if let Err(e) = spawned {
-            log::error!(
-                "could not start a thread to resolve an acquire of {:?} ({e}): a grant it made \
-                 runs out at its time-to-live",
-                self.key
-            );
-            state.resolving = false;
-        }
+        });
     }
 
     /// The poller's sleep until its next attempt; a release (since the attempt was sent)

@@ -404,9 +404,14 @@ mod suite {
     /// Ends a turn of `registry` with `key`: a grant, a local handoff, and the second holder's
     /// release after the turn limit. Returns the grant's token.
     fn end_a_turn(registry: &leasehold::LockRegistry, key: &str, limit: Duration) -> u64 {
-        let lock = registry.obtain(key).unwrap();
+        end_a_turn_after(&registry.obtain(key).unwrap(), limit, || {})
+    }
+
+    /// [`end_a_turn`] of `lock`, running `meanwhile` once the turn's grant is held.
+    fn end_a_turn_after(lock: &leasehold::Lock, limit: Duration, meanwhile: impl FnOnce()) -> u64 {
         let first = lock.lock().unwrap();
         let token = first.fencing_token();
+        meanwhile();
         let second = hold_past(&lock, limit);
         while lock.queued_threads() == 0 {
             thread::sleep(Duration::from_millis(1));
@@ -472,10 +477,10 @@ mod suite {
         assert!(again.try_lock().unwrap().is_none(), "still reserved");
     }
 
-    /// After a turn ends, the registry's threads stay away for 2 × `idle_between_tries`: the
-    /// reservation keeps every leasehold instance out for the first half, and another
-    /// leasehold instance that waits gets the key in the second half, before the registry's
-    /// own waiting thread comes back.
+    /// After a turn ends, the reservation keeps every leasehold instance out for 2 ×
+    /// `idle_between_tries`; then the waiting line gives the key to another instance that has
+    /// waited since before the turn end, ahead of the registry's own thread that comes back
+    /// for it at once.
     pub fn after_a_turn_end_another_instance_gets_the_key_before_the_registry_comes_back(
         f: &Fixture,
     ) {
@@ -492,26 +497,33 @@ mod suite {
             .idle_between_tries(Duration::from_millis(50))
             .build()
             .unwrap();
-        end_a_turn(&ours, "aside", limit);
-        let ended = Instant::now();
-        let waiter = {
-            let lock = ours.obtain("aside").unwrap();
-            thread::spawn(move || {
-                let guard = lock.lock().unwrap();
+        let lock = ours.obtain("aside").unwrap();
+        let mut other_waits = None;
+        end_a_turn_after(&lock, limit, || {
+            let other_lock = other.obtain("aside").unwrap();
+            other_waits = Some(thread::spawn(move || {
+                let guard = other_lock
+                    .try_lock_for(2 * idle + GENEROUS)
+                    .unwrap()
+                    .expect("granted once the reservation is over");
                 let at = Instant::now();
+                thread::sleep(Duration::from_millis(100));
                 guard.unlock().unwrap();
                 at
-            })
-        };
-        let guard = other
-            .obtain("aside")
-            .unwrap()
-            .try_lock_for(2 * idle + GENEROUS)
-            .unwrap()
-            .expect("granted once the reservation is over");
-        let granted = Instant::now();
-        thread::sleep(Duration::from_millis(100));
-        guard.unlock().unwrap();
+            }));
+            while other.statistics().contended_tries == 0 {
+                thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let other_waits = other_waits.expect("started while the turn ran");
+        let ended = Instant::now();
+        let waiter = thread::spawn(move || {
+            let guard = lock.lock().unwrap();
+            let at = Instant::now();
+            guard.unlock().unwrap();
+            at
+        });
+        let granted = other_waits.join().unwrap();
         let back = waiter.join().unwrap();
         assert!(
             granted >= ended + idle - Duration::from_millis(500),

@@ -60,6 +60,7 @@
 //! | `statement_threads.rs` | threads that run statements for callers with deadlines where the driver cannot bound a call (MySQL off Unix; PostgreSQL inside an async runtime) |
 //! | `schema.rs` | the DDL and the table, name-column and floor checks of `build()` |
 //! | `semaphores.rs` | the semaphore table: creating it, recording and reading a semaphore's permits |
+//! | `queue.rs` | the waiting line: creating it, taking and leaving a place |
 //! | `statistics.rs` | statement counters ([`Statistics`]) |
 //! | `listener.rs` | what a release listener and its registry tell each other |
 //! | `tls.rs` | what TLS shares between databases: modes, handshake errors and their hints, certificate files |
@@ -85,6 +86,7 @@ mod admin;
 mod failure;
 mod listener;
 mod pools;
+mod queue;
 mod retry;
 mod schema;
 mod semaphores;
@@ -103,6 +105,7 @@ pub(crate) use listener::{ListenerEvent, ListenerHandler, ListenerReply};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use pools::first_connection;
 pub(crate) use pools::PoolSettings;
+pub(crate) use queue::{queue_ddl_for, queue_table, QueueStatements};
 pub(crate) use schema::{
     ddl_for, floor_ddl_for, floor_table, floor_trigger, FloorFound, TableSettings,
 };
@@ -159,6 +162,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The shipped DDL of the semaphore table (`include_str!` of `SEMAPHORE_DDL_FILE`), written
     /// for table `INT_LOCK`: table `INT_LOCK_SEM`.
     const SEMAPHORE_DDL: &'static str;
+    /// Path of the shipped DDL of the waiting line (see [`queue`]), named in messages.
+    const QUEUE_DDL_FILE: &'static str;
+    /// The shipped DDL of the waiting line (`include_str!` of `QUEUE_DDL_FILE`), written for
+    /// table `INT_LOCK`: table `INT_LOCK_QUEUE`.
+    const QUEUE_DDL: &'static str;
+    /// Whether the acquire statement of [`Backend::default_queries`] with `queue` also removes
+    /// the client's place in line when it grants; otherwise the registry leaves the line with
+    /// a statement of its own after the grant.
+    const ACQUIRE_LEAVES_LINE: bool = false;
     /// Whether a trigger's name belongs to its table (PostgreSQL), so it never carries the
     /// table's schema; elsewhere it is a schema's object, named like the table.
     const TRIGGER_NAMES_PER_TABLE: bool = false;
@@ -171,8 +183,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// The default statements for `table`; with `floor`, acquire reads the deletion floor
     /// `{table}_FLOOR` (see [`floor_table`]); with `named`, acquire stores parameter 6 in
-    /// `LOCK_NAME` (whenever it writes the row).
-    fn default_queries(table: &str, floor: bool, named: bool) -> Statements;
+    /// `LOCK_NAME` (whenever it writes the row); with `queue`, acquire grants only when no
+    /// other client holds an earlier live place in the waiting line `{table}_QUEUE` (see
+    /// [`queue`]).
+    fn default_queries(table: &str, floor: bool, named: bool, queue: bool) -> Statements;
+
+    /// The statements of the waiting line `{table}_QUEUE` (see [`queue`]).
+    fn queue_statements(table: &str) -> QueueStatements;
 
     /// The administration statements for `table` (see [`AdminStatements`]); with `named`,
     /// the listing reads `LOCK_NAME`.

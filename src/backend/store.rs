@@ -107,6 +107,16 @@ pub(crate) trait Store: Send + Sync {
         deadline: Instant,
         reserve: Duration,
     ) -> Result<bool>;
+    /// Whether acquires follow the waiting line (see `backend::queue`): then a caller that
+    /// goes on waiting after a refusal takes a place ([`Store::take_place`]).
+    fn has_line(&self) -> bool;
+    /// Takes or refreshes this client's place in the line of `lock_key`, for `ttl`.
+    fn take_place(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<()>;
+    /// Leaves the line of `lock_key`.
+    fn leave_line(&self, lock_key: &str, deadline: Instant) -> Result<()>;
+    /// Whether a grant removes the client's place in line itself (see
+    /// `Backend::ACQUIRE_LEAVES_LINE`).
+    fn grant_leaves_line(&self) -> bool;
     /// `SQLite`, `PostgreSQL`, `MySQL`.
     fn backend_name(&self) -> &'static str;
     /// The table, region and client id the statements bind.
@@ -189,6 +199,8 @@ pub(crate) struct SqlStore<B: Backend> {
     pub(super) named: bool,
     /// The empty name of every statement but acquire.
     pub(super) no_name: Arc<str>,
+    /// The waiting line's statements, when acquire follows the line (see [`super::queue`]).
+    pub(super) queue: Option<Arc<super::QueueStatements>>,
 }
 
 impl<B: Backend> SqlStore<B> {
@@ -219,11 +231,15 @@ impl<B: Backend> SqlStore<B> {
             idle_timeout: pool.idle_timeout,
             named: false,
             no_name: Arc::from(""),
+            queue: None,
         };
         let deadline = Instant::now() + pool.connect_timeout;
         let floor = store.check_table(table, deadline)?;
         store.named = store.check_name_column(table, deadline)?;
-        let defaults = B::default_queries(&table.table, floor, store.named);
+        // The line orders only leasehold's own acquire statement.
+        let queue = store.open_queue(deadline)? && table.custom.acquire.is_none();
+        store.queue = queue.then(|| Arc::new(B::queue_statements(&table.table)));
+        let defaults = B::default_queries(&table.table, floor, store.named, queue);
         store.queries = Arc::new(Statements {
             acquire: table.custom.acquire.clone().unwrap_or(defaults.acquire),
             renew: table.custom.renew.clone().unwrap_or(defaults.renew),
@@ -464,6 +480,22 @@ impl<B: Backend> Store for SqlStore<B> {
             reserve.is_zero(),
         );
         released
+    }
+
+    fn has_line(&self) -> bool {
+        self.queue.is_some()
+    }
+
+    fn take_place(&self, lock_key: &str, ttl: Duration, deadline: Instant) -> Result<()> {
+        self.take_place_of(lock_key, ttl, deadline)
+    }
+
+    fn leave_line(&self, lock_key: &str, deadline: Instant) -> Result<()> {
+        self.leave_of(lock_key, deadline)
+    }
+
+    fn grant_leaves_line(&self) -> bool {
+        B::ACQUIRE_LEAVES_LINE
     }
 
     fn backend_name(&self) -> &'static str {

@@ -176,7 +176,8 @@ impl LockRegistry {
 
 impl RegistryBuilder {
     /// The DDL that `create_table(true)` runs for this builder's database and prefix: the lock
-    /// table, then its deletion floor (see the crate docs, "Fencing tokens"), as one script for
+    /// table, its deletion floor (see the crate docs, "Fencing tokens"), the semaphore table
+    /// and the waiting line (instances waiting for a lock, oldest first), as one script for
     /// the database's own client (`sqlite3`, `psql`, `mysql`). For databases where the user
     /// that takes locks may not create tables: a DBA runs it once. Nothing is connected to.
     ///
@@ -187,6 +188,7 @@ impl RegistryBuilder {
     ///     .table_ddl()?;
     /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS JOBS_LOCK ("));
     /// assert!(ddl.contains("CREATE TRIGGER IF NOT EXISTS JOBS_LOCK_FLOOR"));
+    /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS JOBS_LOCK_QUEUE ("));
     /// # Ok(()) }
     /// ```
     pub fn table_ddl(&self) -> Result<String> {
@@ -194,11 +196,13 @@ impl RegistryBuilder {
             let table_ddl = crate::backend::ddl_for::<B>(table);
             let floor_ddl = crate::backend::floor_ddl_for::<B>(table);
             let semaphore_ddl = crate::backend::semaphore_ddl_for::<B>(table);
+            let queue_ddl = crate::backend::queue_ddl_for::<B>(table);
             format!(
-                "{}\n\n{}\n\n{}\n",
+                "{}\n\n{}\n\n{}\n\n{}\n",
                 table_ddl.trim_end(),
                 floor_ddl.trim_end(),
-                semaphore_ddl.trim_end()
+                semaphore_ddl.trim_end(),
+                queue_ddl.trim_end()
             )
         }
         let table = crate::core::validate_prefix(&self.prefix)? + "LOCK";

@@ -240,6 +240,9 @@ fn acquire_once(
         },
         Answer::Written { affected, id } => {
             let id = match (id, affected) {
+                // No row written: refused before the row (another client ahead in line), so
+                // this statement set no insert id and the session's is an earlier one's.
+                (_, 0) => return Ok(None),
                 // Two rows: the row was updated, which only a grant does (a held lock is
                 // set to its own values: one row with CLIENT_FOUND_ROWS). A trigger hid
                 // the id.
@@ -291,6 +294,25 @@ impl Backend for Mysql {
     const FLOOR_DDL: &'static str = include_str!("../../../sql/mysql_floor.sql");
     const SEMAPHORE_DDL_FILE: &'static str = "sql/mysql_semaphore.sql";
     const SEMAPHORE_DDL: &'static str = include_str!("../../../sql/mysql_semaphore.sql");
+    const QUEUE_DDL_FILE: &'static str = "sql/mysql_queue.sql";
+    const QUEUE_DDL: &'static str = include_str!("../../../sql/mysql_queue.sql");
+
+    /// `SINCE` is assigned before `EXPIRED_AFTER`, whose old value it reads.
+    fn queue_statements(table: &str) -> crate::backend::QueueStatements {
+        let queue = crate::backend::queue_table(table);
+        crate::backend::QueueStatements {
+            take_place: format!(
+                "INSERT INTO {queue} (LOCK_KEY, REGION, CLIENT_ID, SINCE, EXPIRED_AFTER) \
+                 VALUES (:lock_key, :region, :client_id, {NOW}, {NOW_PLUS_TTL}) \
+                 ON DUPLICATE KEY UPDATE SINCE = IF(EXPIRED_AFTER < {NOW}, {NOW}, SINCE), \
+                 EXPIRED_AFTER = {NOW_PLUS_TTL}"
+            ),
+            leave: format!(
+                "DELETE FROM {queue} WHERE LOCK_KEY = :lock_key AND REGION = :region \
+                 AND CLIENT_ID = :client_id"
+            ),
+        }
+    }
 
     fn semaphore_statements(table: &str) -> crate::backend::SemaphoreStatements {
         let table = crate::backend::semaphore_table(table);
@@ -307,7 +329,21 @@ impl Backend for Mysql {
     const NAME_TYPE: &'static str = "VARCHAR(1024) CHARACTER SET utf8mb4";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
+    fn default_queries(table: &str, floor: bool, named: bool, queue: bool) -> Statements {
+        // With the line: the row is written only when no other client holds an earlier live
+        // place (a client without one comes after every live place).
+        let in_turn = match queue {
+            true => format!(
+                " WHERE NOT EXISTS (SELECT 1 FROM {queue} AS w WHERE w.LOCK_KEY = :lock_key \
+                 AND w.REGION = :region AND w.CLIENT_ID <> :client_id \
+                 AND w.EXPIRED_AFTER >= {NOW} AND (w.SINCE, w.CLIENT_ID) < \
+                 (COALESCE((SELECT m.SINCE FROM {queue} AS m WHERE m.LOCK_KEY = :lock_key \
+                 AND m.REGION = :region AND m.CLIENT_ID = :client_id \
+                 AND m.EXPIRED_AFTER >= {NOW}), {NOW}), :client_id))",
+                queue = crate::backend::queue_table(table)
+            ),
+            false => String::new(),
+        };
         // Expired, and not reserved for pollers by a release that ended a turn (its
         // CREATED_DATE is in the future; a held row's never exceeds its EXPIRED_AFTER).
         let expired = format!("(EXPIRED_AFTER < {NOW} AND CREATED_DATE <= {NOW})");
@@ -334,11 +370,18 @@ impl Backend for Mysql {
             ),
             false => ("", "", String::new()),
         };
+        let values = format!(
+            ":lock_key, :region, :client_id, {NOW}, {NOW_PLUS_TTL}, \
+             LAST_INSERT_ID({first_token}){name_value}"
+        );
+        let row = match queue {
+            true => format!("SELECT {values} FROM DUAL{in_turn}"),
+            false => format!("VALUES ({values})"),
+        };
         Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
-                 FENCING_TOKEN{name_column}) VALUES (:lock_key, :region, :client_id, {NOW}, \
-                 {NOW_PLUS_TTL}, LAST_INSERT_ID({first_token}){name_value}) \
+                 FENCING_TOKEN{name_column}) {row} \
                  ON DUPLICATE KEY UPDATE \
                  FENCING_TOKEN = IF({expired}, \
                  LAST_INSERT_ID(GREATEST(FENCING_TOKEN + 1, {bounds})), \

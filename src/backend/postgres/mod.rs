@@ -232,6 +232,29 @@ impl Backend for Postgres {
     const FLOOR_DDL: &'static str = include_str!("../../../sql/postgres_floor.sql");
     const SEMAPHORE_DDL_FILE: &'static str = "sql/postgres_semaphore.sql";
     const SEMAPHORE_DDL: &'static str = include_str!("../../../sql/postgres_semaphore.sql");
+    const QUEUE_DDL_FILE: &'static str = "sql/postgres_queue.sql";
+    const QUEUE_DDL: &'static str = include_str!("../../../sql/postgres_queue.sql");
+    const ACQUIRE_LEAVES_LINE: bool = true;
+
+    /// Places are written without waiting for the disk (`synchronous_commit` off for the
+    /// statement, as a release is): a place lost in a crash only lapses.
+    fn queue_statements(table: &str) -> crate::backend::QueueStatements {
+        let queue = crate::backend::queue_table(table);
+        crate::backend::QueueStatements {
+            take_place: format!(
+                "WITH no_sync AS (SELECT set_config('synchronous_commit', 'off', true)) \
+                 INSERT INTO {queue} AS q (LOCK_KEY, REGION, CLIENT_ID, SINCE, EXPIRED_AFTER) \
+                 SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL} FROM no_sync \
+                 ON CONFLICT (LOCK_KEY, REGION, CLIENT_ID) DO UPDATE SET \
+                 SINCE = CASE WHEN q.EXPIRED_AFTER < {NOW} THEN excluded.SINCE ELSE q.SINCE END, \
+                 EXPIRED_AFTER = excluded.EXPIRED_AFTER"
+            ),
+            leave: format!(
+                "DELETE FROM {queue} USING (SELECT set_config('synchronous_commit', 'off', true)) \
+                 AS no_sync WHERE LOCK_KEY = $1 AND REGION = $2 AND CLIENT_ID = $3"
+            ),
+        }
+    }
 
     fn semaphore_statements(table: &str) -> crate::backend::SemaphoreStatements {
         let table = crate::backend::semaphore_table(table);
@@ -248,7 +271,29 @@ impl Backend for Postgres {
     const NAME_TYPE: &'static str = "VARCHAR(1024)";
     const RELEASED_TIMESTAMP: &'static str = RELEASED;
 
-    fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
+    fn default_queries(table: &str, floor: bool, named: bool, queue: bool) -> Statements {
+        // With the line: no other client holds an earlier live place (a client without one
+        // comes after every live place), and a grant removes the client's own place.
+        let (in_turn, leave) = match queue {
+            true => {
+                let queue = crate::backend::queue_table(table);
+                (
+                    format!(
+                        " AND NOT EXISTS (SELECT 1 FROM {queue} AS w WHERE w.LOCK_KEY = $1 \
+                         AND w.REGION = $2 AND w.CLIENT_ID <> $3 AND w.EXPIRED_AFTER >= {NOW} \
+                         AND (w.SINCE, w.CLIENT_ID) < (COALESCE((SELECT m.SINCE FROM {queue} AS m \
+                         WHERE m.LOCK_KEY = $1 AND m.REGION = $2 AND m.CLIENT_ID = $3 \
+                         AND m.EXPIRED_AFTER >= {NOW}), {NOW}), $3))"
+                    ),
+                    format!(
+                        ", left_line AS (DELETE FROM {queue} WHERE LOCK_KEY = $1 AND REGION = $2 \
+                         AND CLIENT_ID = $3 AND EXISTS (SELECT 1 FROM expired UNION ALL \
+                         SELECT 1 FROM absent))"
+                    ),
+                )
+            }
+            false => (String::new(), String::new()),
+        };
         let (name_set, name_column, name_value) = match named {
             true => (
                 " LOCK_NAME = NULLIF($6, ''),",
@@ -281,15 +326,15 @@ impl Backend for Postgres {
                  CREATED_DATE = {NOW}, EXPIRED_AFTER = {NOW_PLUS_TTL}, \
                  FENCING_TOKEN = GREATEST(FENCING_TOKEN + 1, {bounds}) \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
-                 AND CREATED_DATE <= {NOW} AND EXISTS (SELECT 1 FROM {table} \
+                 AND CREATED_DATE <= {NOW}{in_turn} AND EXISTS (SELECT 1 FROM {table} \
                  WHERE LOCK_KEY = $1 AND REGION = $2 AND EXPIRED_AFTER < {NOW} \
                  AND CREATED_DATE <= {NOW} FOR NO KEY UPDATE SKIP LOCKED) \
                  RETURNING FENCING_TOKEN), \
                  absent AS (INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, \
                  EXPIRED_AFTER, FENCING_TOKEN{name_column}) \
                  SELECT $1, $2, $3, {NOW}, {NOW_PLUS_TTL}, GREATEST({bounds}){name_value} \
-                 WHERE NOT EXISTS (SELECT 1 FROM expired){absent_in_snapshot} \
-                 ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN) \
+                 WHERE NOT EXISTS (SELECT 1 FROM expired){absent_in_snapshot}{in_turn} \
+                 ON CONFLICT (LOCK_KEY, REGION) DO NOTHING RETURNING FENCING_TOKEN){leave} \
                  SELECT FENCING_TOKEN FROM expired \
                  UNION ALL SELECT FENCING_TOKEN FROM absent"
             ),

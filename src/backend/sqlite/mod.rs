@@ -228,6 +228,24 @@ impl Backend for Sqlite {
     const FLOOR_DDL: &'static str = include_str!("../../../sql/sqlite_floor.sql");
     const SEMAPHORE_DDL_FILE: &'static str = "sql/sqlite_semaphore.sql";
     const SEMAPHORE_DDL: &'static str = include_str!("../../../sql/sqlite_semaphore.sql");
+    const QUEUE_DDL_FILE: &'static str = "sql/sqlite_queue.sql";
+    const QUEUE_DDL: &'static str = include_str!("../../../sql/sqlite_queue.sql");
+
+    fn queue_statements(table: &str) -> crate::backend::QueueStatements {
+        let queue = crate::backend::queue_table(table);
+        crate::backend::QueueStatements {
+            take_place: format!(
+                "INSERT INTO {queue} (LOCK_KEY, REGION, CLIENT_ID, SINCE, EXPIRED_AFTER) \
+                 VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}) \
+                 ON CONFLICT (LOCK_KEY, REGION, CLIENT_ID) DO UPDATE SET \
+                 SINCE = CASE WHEN {queue}.EXPIRED_AFTER < excluded.SINCE THEN excluded.SINCE \
+                 ELSE {queue}.SINCE END, EXPIRED_AFTER = excluded.EXPIRED_AFTER"
+            ),
+            leave: format!(
+                "DELETE FROM {queue} WHERE LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3"
+            ),
+        }
+    }
 
     fn semaphore_statements(table: &str) -> crate::backend::SemaphoreStatements {
         let table = crate::backend::semaphore_table(table);
@@ -243,7 +261,22 @@ impl Backend for Sqlite {
     const NAME_TYPE: &'static str = "TEXT";
     const RELEASED_TIMESTAMP: &'static str = "'1970-01-01 00:00:00.000'";
 
-    fn default_queries(table: &str, floor: bool, named: bool) -> Statements {
+    fn default_queries(table: &str, floor: bool, named: bool, queue: bool) -> Statements {
+        // With the line: the row is written only when no other client holds an earlier live
+        // place (a client without one comes after every live place).
+        let row = |values: String| {
+            match queue {
+            true => format!(
+                "SELECT {values} WHERE NOT EXISTS (SELECT 1 FROM {queue} AS w \
+                 WHERE w.LOCK_KEY = ?1 AND w.REGION = ?2 AND w.CLIENT_ID <> ?3 \
+                 AND w.EXPIRED_AFTER >= {NOW} AND (w.SINCE, w.CLIENT_ID) < \
+                 (coalesce((SELECT m.SINCE FROM {queue} AS m WHERE m.LOCK_KEY = ?1 \
+                 AND m.REGION = ?2 AND m.CLIENT_ID = ?3 AND m.EXPIRED_AFTER >= {NOW}), {NOW}), ?3))",
+                queue = crate::backend::queue_table(table)
+            ),
+            false => format!("VALUES ({values})"),
+        }
+        };
         let (name_column, name_value, name_update) = match named {
             true => (
                 ", LOCK_NAME",
@@ -265,14 +298,14 @@ impl Backend for Sqlite {
         Statements {
             acquire: format!(
                 "INSERT INTO {table} (LOCK_KEY, REGION, CLIENT_ID, CREATED_DATE, EXPIRED_AFTER, \
-                 FENCING_TOKEN{name_column}) VALUES (?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, \
-                 {first_token}{name_value}) \
+                 FENCING_TOKEN{name_column}) {} \
                  ON CONFLICT (LOCK_KEY, REGION) DO UPDATE SET CLIENT_ID = excluded.CLIENT_ID,\
                  {name_update} CREATED_DATE = excluded.CREATED_DATE, EXPIRED_AFTER = excluded.EXPIRED_AFTER, \
                  FENCING_TOKEN = max({table}.FENCING_TOKEN + 1, excluded.FENCING_TOKEN) \
                  WHERE {table}.EXPIRED_AFTER < excluded.CREATED_DATE \
                  AND {table}.CREATED_DATE <= excluded.CREATED_DATE \
-                 RETURNING FENCING_TOKEN"
+                 RETURNING FENCING_TOKEN",
+                row(format!("?1, ?2, ?3, {NOW}, {NOW_PLUS_TTL}, {first_token}{name_value}"))
             ),
             renew: format!(
                 "UPDATE {table} SET EXPIRED_AFTER = {NOW_PLUS_TTL} WHERE LOCK_KEY = ?1 \

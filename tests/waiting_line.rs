@@ -1,0 +1,180 @@
+//! Waiting in line: instances that wait for a key are served in the order they started
+//! waiting, on every backend.
+//!
+//! Four instances (registries of their own) of two threads each take one key over and over.
+//! A *turn* is one database grant — its fencing token — with the local handoffs inside it. In
+//! line, while one instance waits, every other instance starts at most one turn that it was
+//! ahead for, and at most one more that began while the waiting instance's place was being
+//! taken; without a line, an instance that polls at the right moments gets turn after turn.
+//! The assertion counts turns, never time: a busy machine changes how long a wait lasts, not
+//! how many turns of others it sees.
+
+mod common;
+
+mod suite {
+    use crate::common::Fixture;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    const INSTANCES: usize = 4;
+    const THREADS: usize = 2;
+    const SECTIONS: usize = 60;
+
+    /// One critical section: who, when its wait began, when it was granted and released, and
+    /// the grant's token.
+    #[derive(Clone, Copy, Debug)]
+    struct Section {
+        instance: usize,
+        asked: Instant,
+        granted: Instant,
+        released: Instant,
+        token: u64,
+    }
+
+    pub fn waiting_instances_are_served_in_order(f: &Fixture) {
+        let registries: Vec<_> = (0..INSTANCES)
+            .map(|_| {
+                f.builder()
+                    .tuning(leasehold::Tuning {
+                        turn_limit: Some(Duration::from_millis(30)),
+                        ..Default::default()
+                    })
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let sections = Arc::new(Mutex::new(Vec::new()));
+        let workers: Vec<_> = registries
+            .iter()
+            .enumerate()
+            .flat_map(|(instance, registry)| {
+                (0..THREADS).map(move |thread| (instance, thread, registry))
+            })
+            .map(|(instance, thread, registry)| {
+                let lock = registry.obtain("line").unwrap();
+                let sections = Arc::clone(&sections);
+                thread::spawn(move || {
+                    for round in 0..SECTIONS {
+                        let asked = Instant::now();
+                        let guard = lock.lock().unwrap();
+                        let granted = Instant::now();
+                        let token = guard.fencing_token();
+                        thread::sleep(Duration::from_millis(1 + ((round + thread) % 4) as u64));
+                        let released = Instant::now();
+                        guard.unlock().unwrap();
+                        sections.lock().unwrap().push(Section {
+                            instance,
+                            asked,
+                            granted,
+                            released,
+                            token,
+                        });
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        let sections = sections.lock().unwrap().clone();
+        // Turns: (start, end, instance) per token.
+        let mut turns: BTreeMap<u64, (Instant, Instant, usize)> = BTreeMap::new();
+        for s in &sections {
+            let turn = turns
+                .entry(s.token)
+                .or_insert((s.granted, s.released, s.instance));
+            assert_eq!(turn.2, s.instance, "one token, two instances: {s:?}");
+            turn.0 = turn.0.min(s.granted);
+            turn.1 = turn.1.max(s.released);
+        }
+        let mut worst = (0, None);
+        for wait in &sections {
+            for other in (0..INSTANCES).filter(|i| *i != wait.instance) {
+                let started = turns
+                    .values()
+                    .filter(|(start, _, instance)| {
+                        *instance == other && *start > wait.asked && *start < wait.granted
+                    })
+                    .count();
+                if started > worst.0 {
+                    worst = (started, Some((wait, other)));
+                }
+            }
+        }
+        println!(
+            "{:?}: {} sections in {} turns; the most turns another instance started during one \
+             wait: {} ({:?})",
+            f.db,
+            sections.len(),
+            turns.len(),
+            worst.0,
+            worst.1
+        );
+        if let Some((wait, _)) = worst.1.filter(|_| worst.0 > 2) {
+            let base = wait.asked;
+            let at = |t: Instant| {
+                if t >= base {
+                    format!("+{:?}", t - base)
+                } else {
+                    format!("-{:?}", base - t)
+                }
+            };
+            let mut around: Vec<_> = turns
+                .values()
+                .filter(|(start, end, _)| {
+                    *end + Duration::from_millis(300) > base && *start < wait.granted
+                })
+                .collect();
+            around.sort_by_key(|(start, _, _)| *start);
+            println!(
+                "the wait of instance {} from +0 to {}; turns around it:",
+                wait.instance,
+                at(wait.granted)
+            );
+            for (start, end, instance) in around {
+                println!("  instance {instance}: {} .. {}", at(*start), at(*end));
+            }
+            for s in sections.iter().filter(|s| {
+                s.instance == wait.instance && s.released > base && s.asked < wait.granted
+            }) {
+                println!(
+                    "  own section: asked {} granted {} released {} token {}",
+                    at(s.asked),
+                    at(s.granted),
+                    at(s.released),
+                    s.token
+                );
+            }
+        }
+        assert!(
+            worst.0 <= 2,
+            "instance {:?} started {} turns while one wait of another went on: {:?}",
+            worst.1.map(|(_, other)| other),
+            worst.0,
+            worst.1.map(|(wait, _)| wait)
+        );
+    }
+}
+
+macro_rules! line {
+    ($db:expr) => {
+        crate::suite_for!($db; waiting_instances_are_served_in_order);
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    line!(crate::common::Db::Sqlite);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    line!(crate::common::Db::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    line!(crate::common::Db::Mysql);
+}
