@@ -412,7 +412,7 @@ mod suite {
         let first = lock.lock().unwrap();
         let token = first.fencing_token();
         meanwhile();
-        let second = hold_past(&lock, limit);
+        let second = hold_past(lock, limit);
         while lock.queued_threads() == 0 {
             thread::sleep(Duration::from_millis(1));
         }
