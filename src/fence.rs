@@ -126,6 +126,7 @@ use crate::lease::Lease;
 use crate::{AnyGuard, Leadership, LockGuard};
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -220,20 +221,37 @@ pub trait FenceableTransaction: sealed::Driver {}
 impl<T: sealed::Driver> FenceableTransaction for T {}
 
 pub(crate) mod sealed {
-    use crate::error::DatabaseError;
+    use std::time::Duration;
+
+    /// What a fence checks, for a driver: the statement, the lock table, and how long the
+    /// transaction may sit idle.
+    pub struct Check {
+        /// The check as given to other drivers.
+        pub fence: super::FenceSql,
+        /// The lock table.
+        pub table: String,
+        /// The longest the fenced transaction may sit idle between two statements.
+        pub idle: Duration,
+    }
 
     /// What the fence needs of a driver's transaction; not nameable outside the crate.
     pub trait Driver: Sized {
         /// The backend name of the registries it fits (`Backend::NAME`).
         const BACKEND: &'static str;
+        /// What a fence keeps of the transaction: how to tell it at the commit, and the session
+        /// settings to restore at its end. The default: nothing yet.
+        type Mark: Default;
         /// Makes dropping the transaction roll it back (rusqlite's can commit on drop).
         fn rollback_on_drop(&mut self) {}
-        /// Runs the check; `true` when it returned a row.
-        fn check(&mut self, fence: &super::FenceSql) -> Result<bool, DatabaseError>;
-        /// Commits.
-        fn commit(self) -> Result<(), DatabaseError>;
-        /// Rolls back.
-        fn rollback(self) -> Result<(), DatabaseError>;
+        /// Bounds the transaction's idle time, runs the check and marks the transaction (in
+        /// `mark`, also when it fails later); `true` when the check returned a row. A
+        /// transaction the fence cannot cover is refused with `Error::InvalidSetting`.
+        fn check(&mut self, check: &Check, mark: &mut Self::Mark) -> crate::Result<bool>;
+        /// Commits, if this is still the transaction `mark` names; otherwise rolls back and
+        /// refuses with `Error::InvalidSetting`. Restores the session either way.
+        fn commit(self, mark: Self::Mark) -> crate::Result<()>;
+        /// Rolls back and restores the session.
+        fn rollback(self, mark: Self::Mark) -> crate::Result<()>;
     }
 }
 
@@ -258,45 +276,55 @@ pub(crate) mod sealed {
 /// ```
 #[must_use = "dropping a fenced transaction rolls it back"]
 pub struct Fenced<'g, T: FenceableTransaction> {
-    tx: Option<T>,
+    /// The transaction and its mark, until it ends.
+    open: Option<(T, T::Mark)>,
     _guard: PhantomData<&'g ()>,
 }
 
 impl<T: FenceableTransaction> Fenced<'_, T> {
     /// Commits the transaction: its writes took effect while no other holder of the lock could
-    /// commit a fenced transaction (see the module docs). An error is the driver's, as
-    /// [`Error::Database`]; whether a commit whose answer was lost took effect is the
-    /// database's to say, as for any commit.
+    /// commit a fenced transaction (see the module docs).
+    ///
+    /// `Err(InvalidSetting)`, with what was open rolled back, when the transaction is no longer
+    /// the one the fence checked: a statement inside it ended it (see
+    /// [Top-level transactions](crate::fence#top-level-transactions)). `Err(Database)` for a
+    /// driver error, among them a server that ended the transaction because it sat idle longer
+    /// than its bound (see [Idle fenced transactions](crate::fence#idle-fenced-transactions));
+    /// whether a commit whose answer was lost took effect is the database's to say, as for any
+    /// commit.
     pub fn commit(mut self) -> Result<()> {
-        let tx = self.tx.take().expect("a fenced transaction ends once");
-        tx.commit().map_err(|e| driver_error("fenced commit", e))
+        let (tx, mark) = self.open.take().expect("a fenced transaction ends once");
+        tx.commit(mark)
     }
 
     /// Rolls the transaction back.
     pub fn rollback(mut self) -> Result<()> {
-        let tx = self.tx.take().expect("a fenced transaction ends once");
-        tx.rollback()
-            .map_err(|e| driver_error("fenced rollback", e))
+        let (tx, mark) = self.open.take().expect("a fenced transaction ends once");
+        tx.rollback(mark)
+    }
+
+    /// The open transaction, for the forwarding methods of each driver.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    fn tx(&mut self) -> &mut T {
+        &mut self.open.as_mut().expect("open until commit or rollback").0
     }
 }
 
+/// Shared access to the driver's transaction. There is no `DerefMut`: a `&mut` of the
+/// transaction could replace it (`std::mem::replace`) and take the fenced one out of the
+/// wrapper, past the guard's borrow. The statements that need `&mut` are on `Fenced` itself
+/// (PostgreSQL: the driver's statement methods; MySQL: `Queryable`).
 impl<T: FenceableTransaction> std::ops::Deref for Fenced<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        self.tx.as_ref().expect("open until commit or rollback")
-    }
-}
-
-impl<T: FenceableTransaction> std::ops::DerefMut for Fenced<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        self.tx.as_mut().expect("open until commit or rollback")
+        &self.open.as_ref().expect("open until commit or rollback").0
     }
 }
 
 impl<T: FenceableTransaction> Drop for Fenced<'_, T> {
     fn drop(&mut self) {
-        if let Some(tx) = self.tx.take() {
-            if let Err(e) = tx.rollback() {
+        if let Some((tx, mark)) = self.open.take() {
+            if let Err(e) = tx.rollback(mark) {
                 log::warn!("rolling back a dropped fenced transaction: {e}");
             }
         }
@@ -307,21 +335,54 @@ impl<T: FenceableTransaction> std::fmt::Debug for Fenced<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fenced")
             .field("backend", &T::BACKEND)
-            .field("open", &self.tx.is_some())
+            .field("open", &self.open.is_some())
             .finish()
     }
 }
 
 /// `Error::Database` for a driver error of a fenced transaction.
-fn driver_error(operation: &'static str, source: DatabaseError) -> Error {
+fn driver_error(operation: &'static str, source: impl Into<DatabaseError>) -> Error {
     Error::Database {
         operation,
-        hint: "the database refused the fenced transaction, which is rolled back; check that \
-               it runs on the registry's database and is fenced before its first statement, \
-               then run it again"
+        hint: "the database refused the fenced transaction, or ended it (it sat idle longer \
+               than the lease's time-to-live, or the connection broke); nothing of it commits. \
+               Check that it runs on the registry's database, is fenced before its first \
+               statement and keeps working until its commit, then run it again"
             .into(),
-        source,
+        source: source.into(),
     }
+}
+
+/// The refusal of a savepoint (a nested transaction).
+fn nested() -> Error {
+    Error::setting(
+        "fence",
+        "the transaction is a savepoint (a nested transaction) or runs inside one: its commit \
+         would only release the savepoint, and its writes would commit later with the outer \
+         transaction, after the lock was let go. Fence a top-level transaction (postgres: \
+         `Client::transaction`) right after it begins, before any savepoint (the postgres \
+         crate rolls a savepoint back without releasing it, so the transaction stays inside \
+         it)",
+    )
+}
+
+/// The refusal of a transaction that ended since, or before, the fence.
+fn ended() -> Error {
+    Error::setting(
+        "fence",
+        "the fenced transaction ended before `Fenced::commit`: a statement inside it committed \
+         or rolled it back (`COMMIT`, `ROLLBACK`, or on MySQL a statement that commits \
+         implicitly, such as DDL). What was open is rolled back and nothing more commits \
+         through the fence; end a fenced transaction only with `Fenced::commit` or \
+         `Fenced::rollback`, and begin it again to retry",
+    )
+}
+
+/// The longest a fenced transaction may sit idle on a server: the lease's time-to-live,
+/// rounded up to whole seconds (MySQL's unit).
+fn idle_bound(ttl: Duration) -> Duration {
+    let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    Duration::from_secs(seconds.max(1))
 }
 
 /// The check's statement for `backend`'s `table`.
@@ -339,7 +400,7 @@ fn statement(backend: &str, table: &str) -> String {
 
 /// The check of `lease`, or why there is none: the lease is lost (known here, without a
 /// statement), or its registry is gone.
-fn fence_sql(lease: &Lease) -> Result<(FenceSql, &'static str)> {
+fn fence_sql(lease: &Lease) -> Result<(sealed::Check, &'static str)> {
     if let Some(reason) = lease.check() {
         return Err(lost(lease, reason));
     }
@@ -358,7 +419,12 @@ fn fence_sql(lease: &Lease) -> Result<(FenceSql, &'static str)> {
             fencing_token: lease.token,
         },
     };
-    Ok((fence, backend))
+    let check = sealed::Check {
+        fence,
+        table: table.table.clone(),
+        idle: idle_bound(lease.ttl()),
+    };
+    Ok((check, backend))
 }
 
 fn lost(lease: &Lease, reason: LossReason) -> Error {
@@ -374,7 +440,7 @@ fn fence<'g, T: FenceableTransaction>(lease: &Lease, tx: T) -> Result<Fenced<'g,
     let mut tx = tx;
     tx.rollback_on_drop();
     let mut fenced = Fenced {
-        tx: Some(tx),
+        open: Some((tx, T::Mark::default())),
         _guard: PhantomData,
     };
     let (check, backend) = fence_sql(lease)?;
@@ -389,8 +455,8 @@ fn fence<'g, T: FenceableTransaction>(lease: &Lease, tx: T) -> Result<Fenced<'g,
         ));
     }
     fail_point!("fence::before_check");
-    let held = fenced.check(&check).map_err(|e| driver_error("fence", e))?;
-    if !held {
+    let (tx, mark) = fenced.open.as_mut().expect("open");
+    if !tx.check(&check, mark)? {
         return Err(lost(lease, lease.found_not_owner()));
     }
     Ok(fenced)
@@ -412,7 +478,7 @@ impl LockGuard {
     /// The same check as [`fence`](Self::fence), as SQL text and parameters for another driver
     /// (see [`FenceSql`]). `Err(LeaseLost)` when the lease is known to be lost.
     pub fn fence_sql(&self) -> Result<FenceSql> {
-        fence_sql(self.lease()).map(|(fence, _)| fence)
+        fence_sql(self.lease()).map(|(check, _)| check.fence)
     }
 }
 
@@ -451,7 +517,7 @@ impl Leadership {
     /// [`LockGuard::fence_sql`] for the leader.
     pub fn fence_sql(&self) -> Result<FenceSql> {
         let lease = self.leading()?;
-        fence_sql(&lease).map(|(fence, _)| fence)
+        fence_sql(&lease).map(|(check, _)| check.fence)
     }
 
     /// The term's lease, while this instance leads.

@@ -593,7 +593,9 @@ mod suite {
         ledger
             .fenced_add(&guard, 0, 1, |tick| {
                 busy_until(tick, || !losses.is_empty());
-                losses.try_recv().expect("the lease is lost while its row is locked");
+                losses
+                    .try_recv()
+                    .expect("the lease is lost while its row is locked");
                 busy_for(tick, Duration::from_millis(600));
                 assert!(
                     granted.try_recv().is_err(),
@@ -736,8 +738,9 @@ mod suite {
 
     /// A savepoint (the postgres crate's nested `Transaction`) is refused with a typed error:
     /// its commit would only release the savepoint, and the writes would commit later with the
-    /// outer transaction, after the guard was let go. The outer transaction goes on, and can be
-    /// fenced itself.
+    /// outer transaction, after the guard was let go. So is a transaction that runs inside a
+    /// savepoint (the crate rolls a dropped one back without releasing it). The outer
+    /// transaction goes on without the refused writes; a fence right after `BEGIN` passes.
     #[cfg(feature = "postgres")]
     pub fn a_savepoint_is_refused_and_its_transaction_goes_on(f: &Fixture) {
         let mut ledger = Ledger::new(f);
@@ -756,24 +759,49 @@ mod suite {
             }
             other => panic!("a savepoint must be refused: {other:?}"),
         };
+        let commit = |tx: Fenced<'_, leasehold::postgres::Transaction<'_>>| {
+            let _ = tx.commit();
+        };
+
         let mut outer = c.transaction().unwrap();
         outer.execute(add(100).as_str(), &[]).unwrap();
         let mut nested = outer.transaction().unwrap();
         nested.execute(add(1000).as_str(), &[]).unwrap();
-        refused(guard.fence(nested).map(|tx| {
-            let _ = tx.commit();
-        }));
-        refused(guard.fence(outer.savepoint("named").unwrap()).map(|tx| {
-            let _ = tx.commit();
-        }));
-        assert!(guard.is_held(), "a refused transaction does not touch the lease");
-        let mut tx = guard.fence(outer).unwrap();
+        refused(guard.fence(nested).map(commit));
+        refused(guard.fence(outer.savepoint("named").unwrap()).map(commit));
+        refused(guard.fence(outer).map(commit));
+        assert!(
+            guard.is_held(),
+            "a refused transaction does not touch the lease"
+        );
+        assert_eq!(
+            reader.total(),
+            0,
+            "nothing of the refused transactions commits"
+        );
+
+        let mut outer = c.transaction().unwrap();
+        outer.execute(add(100).as_str(), &[]).unwrap();
+        let mut nested = outer.transaction().unwrap();
+        nested.execute(add(1000).as_str(), &[]).unwrap();
+        refused(guard.fence(nested).map(commit));
+        outer.commit().unwrap();
+        assert_eq!(
+            reader.total(),
+            100,
+            "the outer transaction commits its own writes, not the refused savepoint's"
+        );
+
+        let mut tx = guard.fence(c.transaction().unwrap()).unwrap();
         tx.execute(add(1).as_str(), &[]).unwrap();
+        let mut inside = tx.transaction().unwrap();
+        inside.execute(add(10).as_str(), &[]).unwrap();
+        inside.commit().unwrap();
         tx.commit().unwrap();
         assert_eq!(
             reader.total(),
-            101,
-            "the refused savepoint rolled back, the outer transaction committed"
+            111,
+            "a savepoint inside a fenced transaction is fine"
         );
         guard.unlock().unwrap();
     }
@@ -789,17 +817,9 @@ mod suite {
         let mut reader = ledger.other(f);
         let holder = f.registry();
         let other = f.registry();
-        let guard = holder
-            .obtain("idle")
-            .unwrap()
-            .lock_with_ttl(TTL)
-            .unwrap();
+        let guard = holder.obtain("idle").unwrap().lock_with_ttl(TTL).unwrap();
         let waited = |then: std::time::Instant| {
-            let fresh = other
-                .obtain("idle")
-                .unwrap()
-                .try_lock_for(TTL * 8)
-                .unwrap();
+            let fresh = other.obtain("idle").unwrap().try_lock_for(TTL * 8).unwrap();
             let took = then.elapsed();
             let fresh = fresh.expect("the key freed while the fenced transaction sat idle");
             fresh.unlock().unwrap();
@@ -827,7 +847,10 @@ mod suite {
                 (took, tx.commit())
             }
         };
-        println!("{:?}: the key freed {took:?} after the transaction went idle", f.db);
+        println!(
+            "{:?}: the key freed {took:?} after the transaction went idle",
+            f.db
+        );
         assert!(
             took < TTL * 6,
             "an idle fenced transaction kept its key for {took:?}, time-to-live {TTL:?}"
@@ -879,20 +902,22 @@ mod suite {
                 use leasehold::mysql::prelude::Queryable;
                 let version: String = c.query_first("SELECT VERSION()").unwrap().unwrap();
                 let names = if version.contains("MariaDB") {
-                    "@@SESSION.autocommit, @@SESSION.wait_timeout, \
+                    "@@SESSION.autocommit + 0, @@SESSION.wait_timeout, \
                      @@SESSION.idle_transaction_timeout, \
                      @@SESSION.idle_write_transaction_timeout, \
                      @@SESSION.idle_readonly_transaction_timeout"
                 } else {
-                    "@@SESSION.autocommit, @@SESSION.wait_timeout"
+                    "@@SESSION.autocommit + 0, @@SESSION.wait_timeout"
                 };
                 let read = format!("SELECT CONCAT_WS(' ', {names})");
-                let inside_values = |tight: bool| -> String {
-                    let bound = if tight { "1" } else { "3" };
-                    if version.contains("MariaDB") {
-                        format!("0 {bound} {bound} {bound} {bound}")
-                    } else {
-                        format!("0 {bound}")
+                // autocommit, wait_timeout (and on MariaDB idle_transaction_timeout, its write
+                // and read-only variants) inside the fenced transaction.
+                let inside_values = |tight: bool| -> &str {
+                    match (version.contains("MariaDB"), tight) {
+                        (true, false) => "0 3 3 0 0",
+                        (true, true) => "0 3 1 0 0",
+                        (false, false) => "0 3",
+                        (false, true) => "0 1",
                     }
                 };
                 for tight in [false, true] {
@@ -954,8 +979,9 @@ mod suite {
                     .lock_with_ttl(Duration::from_millis(300))
                     .unwrap();
                 let early = if db == Db::Sqlite { 0 } else { 100 };
-                let result = stale_ledger
-                    .fenced_add(&guard, early, 1, |_| panic!("a stale holder's fence passed"));
+                let result = stale_ledger.fenced_add(&guard, early, 1, |_| {
+                    panic!("a stale holder's fence passed")
+                });
                 (result, guard.is_held())
             })
             .unwrap();
