@@ -58,10 +58,80 @@
 //! first cannot write once any other connection wrote the file since its read — a renewal or
 //! an acquire of any key counts — and fails with "database is locked".
 //!
+//! # Top-level transactions
+//!
+//! A fence covers one whole top-level transaction, from its check to its commit, and
+//! [`Fenced::commit`] is the only way to commit it. Anything less is refused, with a typed
+//! error and the transaction rolled back, because its commit would not be a commit:
+//!
+//! - **Savepoints.** A savepoint's commit only releases it; its writes commit later with the
+//!   transaction around it, after the guard may have been let go and handed to the next
+//!   holder. rusqlite's `Savepoint` is not a [`FenceableTransaction`] (it does not compile).
+//!   The postgres crate gives a savepoint (`Transaction::transaction`,
+//!   `Transaction::savepoint`) the type of a transaction; the fence's statement exports the
+//!   transaction's snapshot, which PostgreSQL refuses inside a savepoint, and the fence returns
+//!   [`Error::InvalidSetting`]. That also refuses a transaction still inside a savepoint: the
+//!   postgres crate rolls a savepoint back without releasing it, so fence right after `BEGIN`,
+//!   before any savepoint. A `mysql::Transaction` and a `rusqlite::Transaction` are always
+//!   top-level: MySQL has no nested transactions, and SQLite's `BEGIN` fails inside another.
+//!   Savepoints *inside* a fenced transaction are fine ([`Fenced`] makes them).
+//! - **A transaction swapped out.** [`Fenced`] dereferences to the driver's transaction for
+//!   shared access only. A `&mut` of it could replace it (`std::mem::replace`) and take the
+//!   fenced transaction out of the wrapper, past the guard's borrow; the statements that take
+//!   `&mut` are on [`Fenced`] itself instead: the postgres crate's statement methods, mysql's
+//!   `Queryable`, rusqlite's savepoints (its other methods take `&self`).
+//! - **A transaction a statement ended.** SQL run in the transaction can still end it:
+//!   `COMMIT`, `ROLLBACK`, or on MySQL a statement that commits implicitly (DDL).
+//!   [`Fenced::commit`] commits only the transaction the fence checked, still open — on
+//!   PostgreSQL the one with the fenced transaction's id, on MySQL and SQLite the one holding
+//!   the savepoint `leasehold_fence` the fence set (the end of a transaction removes its
+//!   savepoints, as does a `ROLLBACK TO` or `RELEASE` of one set before the fence) — and
+//!   otherwise returns [`Error::InvalidSetting`] and rolls back what is open. Statements run
+//!   after such an end are outside the fence: on MySQL, where autocommit is off while a
+//!   transaction is fenced, they wait in a new transaction that this rollback discards; on
+//!   PostgreSQL and SQLite each commits by itself as it runs. End a fenced transaction only
+//!   with [`Fenced::commit`] or [`Fenced::rollback`].
+//!
+//! # Idle fenced transactions
+//!
+//! A holder that stops inside a fenced transaction (`SIGSTOP`, a VM pause, a thread that
+//! blocks) keeps the row locked: its lease runs out (its renewal skips the locked row), yet no
+//! other instance can take the key while the transaction is open. On the servers the fence
+//! therefore bounds the transaction's idle time — between two of its statements — to the
+//! lease's time-to-live, rounded up to whole seconds, or to the session's own bound when that
+//! is tighter; the server ends a session idle longer, which rolls its transaction back and
+//! frees the row. So a frozen fenced holder blocks its key about one time-to-live, as any
+//! frozen holder does; when it runs again, its next statement or its commit fails with
+//! [`Error::Database`] and nothing of the transaction commits. A live holder that leaves its
+//! fenced transaction idle that long loses it the same way: keep a fenced transaction working
+//! until its commit.
+//!
+//! | database | the bound |
+//! |----------|-----------|
+//! | PostgreSQL | `SET LOCAL idle_in_transaction_session_timeout`, which ends with the transaction |
+//! | MariaDB 10.3 and later | the session's `idle_transaction_timeout`, `idle_write_transaction_timeout` and `idle_readonly_transaction_timeout`, restored when the transaction ends |
+//! | MySQL (and MariaDB before 10.3) | the session's `wait_timeout`, restored when the transaction ends: MySQL has no bound of its own for idle transactions, and `wait_timeout` ends a session idle that long, in a transaction or not |
+//!
+//! SQLite has no server to end a transaction: a process stopped inside a fenced transaction
+//! keeps the file's write lock until it runs again or exits (the operating system then
+//! releases its locks). Meanwhile every statement that writes the file — acquires, releases,
+//! and renewals of every key and registry on it — waits in its busy handler and fails after
+//! its `operation_timeout` with [`Error::Timeout`], and the leases of other processes run out.
+//! There is no bound: SQLite has one writer.
+//!
 //! # What it costs
 //!
 //! One statement (a primary-key lookup) and a share lock on one row, held until the
-//! transaction ends; on SQLite the write lock that any write transaction takes anyway.
+//! transaction ends; on SQLite the write lock that any write transaction takes anyway. Besides:
+//!
+//! - PostgreSQL: the fence's statement also exports the transaction's snapshot (a small file
+//!   on the server until the transaction ends, which also keeps that snapshot's rows from
+//!   vacuum until then), and the commit reads the transaction's id first (one more round
+//!   trip).
+//! - MySQL: one more round trip at the fence (the session's settings and the savepoint); the
+//!   commit releases the savepoint, commits and restores the settings in one round trip, and
+//!   the driver's own commit, which then finds nothing to commit, is another.
+//! - SQLite: a savepoint at the fence and its release at the commit, in process.
 //!
 //! # Long fenced transactions
 //!
@@ -70,7 +140,8 @@
 //!   its lease reported lost (`is_held()` false, the loss channel, `on_lease_lost`) while it
 //!   still runs, and `unlock` then returns `Err(LeaseLost)`. Its commit was still safe: nobody
 //!   could take the row before it ended. Keep fenced transactions well inside the
-//!   time-to-live.
+//!   time-to-live, and never idle that long (see [Idle fenced
+//!   transactions](#idle-fenced-transactions)).
 //! - **Other instances** wanting the key find it held while the lease runs, as always. Once
 //!   it has expired, their acquire waits for the transaction on the row, as does a Spring
 //!   Integration instance's takeover on the same table; an acquire statement that waits longer
@@ -143,6 +214,13 @@ mod sqlite;
 /// `LOCK_KEY` (text), `REGION` (text), `CLIENT_ID` (text), `FENCING_TOKEN` (64-bit integer).
 /// Placeholders are the database's own: `$1`–`$4` on PostgreSQL, `?` on MySQL, `?1`–`?4` on
 /// SQLite.
+///
+/// What [`LockGuard::fence`] adds is yours to do with another driver: run the check in a
+/// top-level transaction, not a savepoint (sqlx's `begin()` on a transaction makes one, whose
+/// commit only releases it), commit it only while it is still that transaction, and bound its
+/// idle time (on PostgreSQL `SET LOCAL idle_in_transaction_session_timeout` to the lease's
+/// time-to-live) so that a holder stopped inside it frees the key (see the [module
+/// docs](crate::fence#top-level-transactions)).
 ///
 /// With sqlx on PostgreSQL, for instance:
 ///
@@ -257,10 +335,14 @@ pub(crate) mod sealed {
 
 /// A transaction in which the lease was checked and its row is locked until the end.
 ///
-/// It dereferences to the driver's transaction for the work; [`commit`](Self::commit) is the
-/// only way to commit it (the driver's `commit` takes the transaction by value, which this
-/// wrapper keeps), and dropping it rolls back. It borrows the guard: the lock stays held until
-/// the transaction has ended, so this does not compile:
+/// The work goes through it: it dereferences to the driver's transaction (shared access:
+/// rusqlite's statements, the mysql transaction's counters), and has the statements that take
+/// `&mut` itself — the postgres crate's statement methods, mysql's `Queryable`, savepoints
+/// inside it. [`commit`](Self::commit) is the only way to commit it, and dropping it rolls
+/// back (see [Top-level transactions](crate::fence#top-level-transactions)).
+///
+/// It borrows the guard: the lock stays held until the transaction has ended, so this does
+/// not compile:
 ///
 /// ```compile_fail
 /// # fn main() -> leasehold::Result<()> {
@@ -272,6 +354,39 @@ pub(crate) mod sealed {
 /// let tx = guard.fence(conn.transaction().unwrap())?;
 /// guard.unlock()?; // error: `guard` is borrowed by the open fenced transaction
 /// tx.commit()?;
+/// # Ok(()) }
+/// ```
+///
+/// Nor does taking the fenced transaction out, which would leave the guard free while the
+/// transaction and its lock go on:
+///
+/// ```compile_fail
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("app.db");
+/// # let registry = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+/// # let mut conn = leasehold::rusqlite::Connection::open(&path).unwrap();
+/// # let mut other = leasehold::rusqlite::Connection::open(&path).unwrap();
+/// let guard = registry.obtain("ledger")?.lock()?;
+/// let mut tx = guard.fence(conn.transaction().unwrap())?;
+/// let taken = std::mem::replace(&mut *tx, other.transaction().unwrap()); // error: no `&mut`
+/// # drop((tx, taken));
+/// # Ok(()) }
+/// ```
+///
+/// A savepoint is not a transaction the fence takes (see [Top-level
+/// transactions](crate::fence#top-level-transactions)); rusqlite's does not compile:
+///
+/// ```compile_fail
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("app.db");
+/// # let registry = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+/// # let mut conn = leasehold::rusqlite::Connection::open(&path).unwrap();
+/// let guard = registry.obtain("ledger")?.lock()?;
+/// let mut outer = conn.transaction().unwrap();
+/// let tx = guard.fence(outer.savepoint().unwrap())?; // error: not a FenceableTransaction
+/// # drop(tx);
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping a fenced transaction rolls it back"]
@@ -303,8 +418,7 @@ impl<T: FenceableTransaction> Fenced<'_, T> {
         tx.rollback(mark)
     }
 
-    /// The open transaction, for the forwarding methods of each driver.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    /// The open transaction, for the methods of each driver that take `&mut`.
     fn tx(&mut self) -> &mut T {
         &mut self.open.as_mut().expect("open until commit or rollback").0
     }
@@ -468,9 +582,15 @@ impl LockGuard {
     /// [`fence`](crate::fence) module docs). Returns the transaction wrapped so that only
     /// [`Fenced::commit`] commits it.
     ///
+    /// The transaction must be a top-level one, fenced before its first statement; the server
+    /// ends it if it sits idle longer than the lease's time-to-live (see [Top-level
+    /// transactions](crate::fence#top-level-transactions) and [Idle fenced
+    /// transactions](crate::fence#idle-fenced-transactions)).
+    ///
     /// `Err(LeaseLost)` when the lease is lost, at once if this process knows it already;
-    /// `Err(InvalidSetting)` for a transaction on another type of database; `Err(Database)` for
-    /// a driver error. On every error `tx` is rolled back.
+    /// `Err(InvalidSetting)` for a transaction on another type of database, a savepoint, or a
+    /// transaction that had ended; `Err(Database)` for a driver error. On every error `tx` is
+    /// rolled back.
     pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
         fence(self.lease(), tx)
     }

@@ -10,7 +10,7 @@
 //! SQLite has no server to end an idle transaction: the idle bound does not apply here.
 
 use super::sealed::{Check, Driver};
-use super::{driver_error, ended};
+use super::{driver_error, ended, Fenced};
 use crate::backend::sqlite::NOW;
 
 /// The savepoint that marks a fenced transaction.
@@ -89,5 +89,25 @@ impl Driver for rusqlite::Transaction<'_> {
 
     fn rollback(self, _mark: bool) -> crate::Result<()> {
         rusqlite::Transaction::rollback(self).map_err(|e| driver_error("fenced rollback", e))
+    }
+}
+
+/// Savepoints inside the fenced transaction (rusqlite's other methods take `&self`, through
+/// `Deref`).
+impl Fenced<'_, rusqlite::Transaction<'_>> {
+    /// A savepoint inside the fenced transaction, as
+    /// [`Transaction::savepoint`](rusqlite::Transaction::savepoint): its commit releases the
+    /// savepoint, and its writes commit with the fenced transaction.
+    pub fn savepoint(&mut self) -> rusqlite::Result<rusqlite::Savepoint<'_>> {
+        self.tx().savepoint()
+    }
+
+    /// A named savepoint inside the fenced transaction, as
+    /// [`Transaction::savepoint_with_name`](rusqlite::Transaction::savepoint_with_name).
+    pub fn savepoint_with_name<T: Into<String>>(
+        &mut self,
+        name: T,
+    ) -> rusqlite::Result<rusqlite::Savepoint<'_>> {
+        self.tx().savepoint_with_name(name)
     }
 }
