@@ -467,19 +467,6 @@ fn driver_error(operation: &'static str, source: impl Into<DatabaseError>) -> Er
     }
 }
 
-/// The refusal of a savepoint (a nested transaction).
-fn nested() -> Error {
-    Error::setting(
-        "fence",
-        "the transaction is a savepoint (a nested transaction) or runs inside one: its commit \
-         would only release the savepoint, and its writes would commit later with the outer \
-         transaction, after the lock was let go. Fence a top-level transaction (postgres: \
-         `Client::transaction`) right after it begins, before any savepoint (the postgres \
-         crate rolls a savepoint back without releasing it, so the transaction stays inside \
-         it)",
-    )
-}
-
 /// The refusal of a transaction that ended since, or before, the fence.
 fn ended() -> Error {
     Error::setting(

@@ -896,6 +896,7 @@ mod suite {
                     tx.commit().unwrap();
                     assert_eq!(setting(c), before);
                 }
+                guard.unlock().unwrap();
             }
             #[cfg(feature = "mysql")]
             Conn::Mysql(c) => {
@@ -920,7 +921,7 @@ mod suite {
                         (false, true) => "0 1",
                     }
                 };
-                for tight in [false, true] {
+                for (tight, end) in [(false, "commit"), (true, "rollback"), (true, "drop")] {
                     if tight {
                         let set = if version.contains("MariaDB") {
                             "SET SESSION idle_transaction_timeout = 1"
@@ -934,13 +935,24 @@ mod suite {
                     let mut tx = guard.fence(tx).unwrap();
                     let inside: String = tx.query_first(&read).unwrap().unwrap();
                     assert_eq!(inside, inside_values(tight), "before: {before}");
-                    tx.commit().unwrap();
+                    match end {
+                        "commit" => tx.commit().unwrap(),
+                        "rollback" => tx.rollback().unwrap(),
+                        _ => drop(tx),
+                    }
                     let after: String = c.query_first(&read).unwrap().unwrap();
-                    assert_eq!(after, before);
+                    assert_eq!(after, before, "after {end}");
                 }
+                // A fence the database refuses restores the session too.
+                let before: String = c.query_first(&read).unwrap().unwrap();
+                assert!(registry.force_release("bound").unwrap());
+                let tx = c.start_transaction(Default::default()).unwrap();
+                assert!(guard.fence(tx).unwrap_err().is_lease_lost());
+                let after: String = c.query_first(&read).unwrap().unwrap();
+                assert_eq!(after, before, "after a refused fence");
+                assert!(guard.unlock().unwrap_err().is_lease_lost());
             }
         }
-        guard.unlock().unwrap();
     }
 
     /// A holder paused between its own check of the lease and the fence statement, resumed

@@ -13,7 +13,7 @@
 //! `&mut postgres::Transaction` that could replace the fenced one.
 
 use super::sealed::{Check, Driver};
-use super::{driver_error, ended, nested, Fenced};
+use super::{driver_error, ended, Fenced};
 use postgres::error::SqlState;
 use postgres::types::{BorrowToSql, ToSql, Type};
 use postgres::{
@@ -49,6 +49,19 @@ fn fence_statement(table: &str) -> String {
          CASE WHEN {IDLE}::interval BETWEEN INTERVAL '1 ms' AND $5 * INTERVAL '1 ms' \
          THEN {IDLE} ELSE CAST($5 AS TEXT) END, true) \
          FROM {table} WHERE {CONDITIONS} FOR SHARE"
+    )
+}
+
+/// The refusal of a savepoint (a nested transaction).
+fn nested() -> crate::Error {
+    crate::Error::setting(
+        "fence",
+        "the transaction is a savepoint (a nested transaction) or runs inside one: its commit \
+         would only release the savepoint, and its writes would commit later with the outer \
+         transaction, after the lock was let go. Fence a top-level transaction (postgres: \
+         `Client::transaction`) right after it begins, before any savepoint (the postgres \
+         crate rolls a savepoint back without releasing it, so the transaction stays inside \
+         it)",
     )
 }
 
