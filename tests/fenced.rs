@@ -749,8 +749,10 @@ mod suite {
         let guard = registry.obtain("nested").unwrap().lock().unwrap();
         let table = ledger.table.clone();
         let add = |n: i64| format!("UPDATE {table} SET TOTAL = TOTAL + {n} WHERE ID = 1");
-        let Conn::Postgres(c) = &mut ledger.conn else {
-            unreachable!("a PostgreSQL fixture")
+        let c = match &mut ledger.conn {
+            Conn::Postgres(c) => c,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a PostgreSQL fixture"),
         };
         let refused = |result: leasehold::Result<()>| match result {
             Err(Error::InvalidSetting { setting, reason }) => {
