@@ -865,6 +865,47 @@ mod suite {
         assert!(guard.unlock().unwrap_err().is_lease_lost());
     }
 
+    /// SQLite has no server to end an idle fenced transaction: while one is open, every other
+    /// writer of the file waits, and fails after its `operation_timeout` with `Timeout` — an
+    /// acquire of another key too, with the fenced lease long run out. Once the transaction
+    /// ends, the file is free again.
+    #[cfg(feature = "sqlite")]
+    pub fn on_sqlite_an_idle_fenced_transaction_keeps_every_writer_out_until_it_ends(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let holder = f.builder().renewal(false).build().unwrap();
+        let other = f
+            .builder()
+            .operation_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let guard = holder
+            .obtain("idle")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(300))
+            .unwrap();
+        ledger
+            .fenced_add(&guard, 0, 1, |_| {
+                wait_lost(|| guard.is_held());
+                for key in ["idle", "elsewhere"] {
+                    match other.obtain(key).unwrap().try_lock() {
+                        Err(Error::Timeout { .. }) => {}
+                        other => {
+                            panic!("{key}: a writer got past the fenced transaction: {other:?}")
+                        }
+                    }
+                }
+            })
+            .unwrap();
+        assert!(other.obtain("idle").unwrap().try_lock().unwrap().is_some());
+        assert!(other
+            .obtain("elsewhere")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .is_some());
+        assert_eq!(ledger.total(), 1);
+    }
+
     /// The server's bound on a fenced transaction's idle time is the lease's time-to-live,
     /// rounded up to whole seconds, or the session's own when that is tighter; the session's
     /// settings are as before once the transaction has ended.
@@ -1044,6 +1085,9 @@ macro_rules! fenced {
 #[cfg(feature = "sqlite")]
 mod sqlite {
     fenced!(crate::common::Db::Sqlite);
+    crate::suite_for!(crate::common::Db::Sqlite;
+        on_sqlite_an_idle_fenced_transaction_keeps_every_writer_out_until_it_ends,
+    );
 }
 
 #[cfg(feature = "postgres")]
