@@ -646,7 +646,21 @@ impl Leadership {
 
 #[cfg(test)]
 mod tests {
-    use super::statement;
+    use super::{idle_bound, statement};
+    use std::time::Duration;
+
+    #[test]
+    fn the_idle_bound_is_the_time_to_live_rounded_up_to_whole_seconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(idle_bound(ms(10)), ms(1000));
+        assert_eq!(idle_bound(ms(500)), ms(1000));
+        assert_eq!(idle_bound(ms(2000)), ms(2000));
+        assert_eq!(idle_bound(ms(2001)), ms(3000));
+        assert_eq!(
+            idle_bound(Duration::from_secs(7 * 86_400)),
+            ms(7 * 86_400_000)
+        );
+    }
 
     #[test]
     fn every_statement_binds_four_parameters_and_locks_the_row() {
