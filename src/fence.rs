@@ -61,8 +61,8 @@
 //! # Top-level transactions
 //!
 //! A fence covers one whole top-level transaction, from its check to its commit, and
-//! [`Fenced::commit`] is the only way to commit it. Anything less is refused, with a typed
-//! error and the transaction rolled back, because its commit would not be a commit:
+//! [`Fenced::commit`] is the only way to commit it. Anything less would not be a commit; the
+//! fence refuses it with a typed error and rolls it back, or does not compile it:
 //!
 //! - **Savepoints.** A savepoint's commit only releases it; its writes commit later with the
 //!   transaction around it, after the guard may have been let go and handed to the next
@@ -79,7 +79,7 @@
 //!   shared access only. A `&mut` of it could replace it (`std::mem::replace`) and take the
 //!   fenced transaction out of the wrapper, past the guard's borrow; the statements that take
 //!   `&mut` are on [`Fenced`] itself instead: the postgres crate's statement methods, mysql's
-//!   `Queryable`, rusqlite's savepoints (its other methods take `&self`).
+//!   `Queryable`, rusqlite's savepoints (rusqlite's statements take `&self`).
 //! - **A transaction a statement ended.** SQL run in the transaction can still end it:
 //!   `COMMIT`, `ROLLBACK`, or on MySQL a statement that commits implicitly (DDL).
 //!   [`Fenced::commit`] commits only the transaction the fence checked, still open — on
