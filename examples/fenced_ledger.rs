@@ -5,8 +5,10 @@
 //! the total + 1 and commits. Run several at once on one file, stop one with `kill -STOP` for
 //! longer than the lease (10 s here by default) and resume it with `kill -CONT`: the total
 //! stays equal to the number of sections that printed `committed`. The stopped holder either
-//! commits before anyone else can take the lock (the others wait for its transaction) or, if
-//! it was stopped before its fence, is refused.
+//! commits before anyone else can take the lock (the others wait for its transaction), or, if
+//! it was stopped before its fence, is refused, or, stopped inside its fenced transaction for
+//! longer than the lease on PostgreSQL or MySQL, fails: the server ended the idle transaction,
+//! which frees the lock for the others.
 //!
 //! ```text
 //! cargo run --example fenced_ledger -- ledger.db                  # SQLite

@@ -58,10 +58,80 @@
 //! first cannot write once any other connection wrote the file since its read — a renewal or
 //! an acquire of any key counts — and fails with "database is locked".
 //!
+//! # Top-level transactions
+//!
+//! A fence covers one whole top-level transaction, from its check to its commit, and
+//! [`Fenced::commit`] is the only way to commit it. Anything less would not be a commit; the
+//! fence refuses it with a typed error and rolls it back, or does not compile it:
+//!
+//! - **Savepoints.** A savepoint's commit only releases it; its writes commit later with the
+//!   transaction around it, after the guard may have been let go and handed to the next
+//!   holder. rusqlite's `Savepoint` is not a [`FenceableTransaction`] (it does not compile).
+//!   The postgres crate gives a savepoint (`Transaction::transaction`,
+//!   `Transaction::savepoint`) the type of a transaction; the fence's statement exports the
+//!   transaction's snapshot, which PostgreSQL refuses inside a savepoint, and the fence returns
+//!   [`Error::InvalidSetting`]. That also refuses a transaction still inside a savepoint: the
+//!   postgres crate rolls a savepoint back without releasing it, so fence right after `BEGIN`,
+//!   before any savepoint. A `mysql::Transaction` and a `rusqlite::Transaction` are always
+//!   top-level: MySQL has no nested transactions, and SQLite's `BEGIN` fails inside another.
+//!   Savepoints *inside* a fenced transaction are fine ([`Fenced`] makes them).
+//! - **A transaction swapped out.** [`Fenced`] dereferences to the driver's transaction for
+//!   shared access only. A `&mut` of it could replace it (`std::mem::replace`) and take the
+//!   fenced transaction out of the wrapper, past the guard's borrow; the statements that take
+//!   `&mut` are on [`Fenced`] itself instead: the postgres crate's statement methods, mysql's
+//!   `Queryable`, rusqlite's savepoints (rusqlite's statements take `&self`).
+//! - **A transaction a statement ended.** SQL run in the transaction can still end it:
+//!   `COMMIT`, `ROLLBACK`, or on MySQL a statement that commits implicitly (DDL).
+//!   [`Fenced::commit`] commits only the transaction the fence checked, still open — on
+//!   PostgreSQL the one with the fenced transaction's id, on MySQL and SQLite the one holding
+//!   the savepoint `leasehold_fence` the fence set (the end of a transaction removes its
+//!   savepoints, as does a `ROLLBACK TO` or `RELEASE` of one set before the fence) — and
+//!   otherwise returns [`Error::InvalidSetting`] and rolls back what is open. Statements run
+//!   after such an end are outside the fence: on MySQL, where autocommit is off while a
+//!   transaction is fenced, they wait in a new transaction that this rollback discards; on
+//!   PostgreSQL and SQLite each commits by itself as it runs. End a fenced transaction only
+//!   with [`Fenced::commit`] or [`Fenced::rollback`].
+//!
+//! # Idle fenced transactions
+//!
+//! A holder that stops inside a fenced transaction (`SIGSTOP`, a VM pause, a thread that
+//! blocks) keeps the row locked: its lease runs out (its renewal skips the locked row), yet no
+//! other instance can take the key while the transaction is open. On the servers the fence
+//! therefore bounds the transaction's idle time — between two of its statements — to the
+//! lease's time-to-live, rounded up to whole seconds, or to the session's own bound when that
+//! is tighter; the server ends a session idle longer, which rolls its transaction back and
+//! frees the row. So a frozen fenced holder blocks its key about one time-to-live, as any
+//! frozen holder does; when it runs again, its next statement or its commit fails with
+//! [`Error::Database`] and nothing of the transaction commits. A live holder that leaves its
+//! fenced transaction idle that long loses it the same way: keep a fenced transaction working
+//! until its commit.
+//!
+//! | database | the bound |
+//! |----------|-----------|
+//! | PostgreSQL | `SET LOCAL idle_in_transaction_session_timeout`, which ends with the transaction |
+//! | MariaDB 10.3 and later | the session's `idle_transaction_timeout`, `idle_write_transaction_timeout` and `idle_readonly_transaction_timeout`, restored when the transaction ends |
+//! | MySQL (and MariaDB before 10.3) | the session's `wait_timeout`, restored when the transaction ends: MySQL has no bound of its own for idle transactions, and `wait_timeout` ends a session idle that long, in a transaction or not |
+//!
+//! SQLite has no server to end a transaction: a process stopped inside a fenced transaction
+//! keeps the file's write lock until it runs again or exits (the operating system then
+//! releases its locks). Meanwhile every statement that writes the file — acquires, releases,
+//! and renewals of every key and registry on it — waits in its busy handler and fails after
+//! its `operation_timeout` with [`Error::Timeout`], and the leases of other processes run out.
+//! There is no bound: SQLite has one writer.
+//!
 //! # What it costs
 //!
 //! One statement (a primary-key lookup) and a share lock on one row, held until the
-//! transaction ends; on SQLite the write lock that any write transaction takes anyway.
+//! transaction ends; on SQLite the write lock that any write transaction takes anyway. Besides:
+//!
+//! - PostgreSQL: the fence's statement also exports the transaction's snapshot (a small file
+//!   on the server until the transaction ends, which also keeps that snapshot's rows from
+//!   vacuum until then), and the commit reads the transaction's id first (one more round
+//!   trip).
+//! - MySQL: one more round trip at the fence (the session's settings and the savepoint); the
+//!   commit releases the savepoint, commits and restores the settings in one round trip, and
+//!   the driver's own commit, which then finds nothing to commit, is another.
+//! - SQLite: a savepoint at the fence and its release at the commit, in process.
 //!
 //! # Long fenced transactions
 //!
@@ -70,7 +140,8 @@
 //!   its lease reported lost (`is_held()` false, the loss channel, `on_lease_lost`) while it
 //!   still runs, and `unlock` then returns `Err(LeaseLost)`. Its commit was still safe: nobody
 //!   could take the row before it ended. Keep fenced transactions well inside the
-//!   time-to-live.
+//!   time-to-live, and never idle that long (see [Idle fenced
+//!   transactions](#idle-fenced-transactions)).
 //! - **Other instances** wanting the key find it held while the lease runs, as always. Once
 //!   it has expired, their acquire waits for the transaction on the row, as does a Spring
 //!   Integration instance's takeover on the same table; an acquire statement that waits longer
@@ -126,6 +197,7 @@ use crate::lease::Lease;
 use crate::{AnyGuard, Leadership, LockGuard};
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -142,6 +214,13 @@ mod sqlite;
 /// `LOCK_KEY` (text), `REGION` (text), `CLIENT_ID` (text), `FENCING_TOKEN` (64-bit integer).
 /// Placeholders are the database's own: `$1`–`$4` on PostgreSQL, `?` on MySQL, `?1`–`?4` on
 /// SQLite.
+///
+/// What [`LockGuard::fence`] adds is yours to do with another driver: run the check in a
+/// top-level transaction, not a savepoint (sqlx's `begin()` on a transaction makes one, whose
+/// commit only releases it), commit it only while it is still that transaction, and bound its
+/// idle time (on PostgreSQL `SET LOCAL idle_in_transaction_session_timeout` to the lease's
+/// time-to-live) so that a holder stopped inside it frees the key (see the [module
+/// docs](crate::fence#top-level-transactions)).
 ///
 /// With sqlx on PostgreSQL, for instance:
 ///
@@ -220,29 +299,50 @@ pub trait FenceableTransaction: sealed::Driver {}
 impl<T: sealed::Driver> FenceableTransaction for T {}
 
 pub(crate) mod sealed {
-    use crate::error::DatabaseError;
+    use std::time::Duration;
+
+    /// What a fence checks, for a driver: the statement, the lock table, and how long the
+    /// transaction may sit idle.
+    pub struct Check {
+        /// The check as given to other drivers.
+        pub fence: super::FenceSql,
+        /// The lock table.
+        pub table: String,
+        /// The longest the fenced transaction may sit idle between two statements.
+        pub idle: Duration,
+    }
 
     /// What the fence needs of a driver's transaction; not nameable outside the crate.
     pub trait Driver: Sized {
         /// The backend name of the registries it fits (`Backend::NAME`).
         const BACKEND: &'static str;
+        /// What a fence keeps of the transaction: how to tell it at the commit, and the session
+        /// settings to restore at its end. The default: nothing yet.
+        type Mark: Default;
         /// Makes dropping the transaction roll it back (rusqlite's can commit on drop).
         fn rollback_on_drop(&mut self) {}
-        /// Runs the check; `true` when it returned a row.
-        fn check(&mut self, fence: &super::FenceSql) -> Result<bool, DatabaseError>;
-        /// Commits.
-        fn commit(self) -> Result<(), DatabaseError>;
-        /// Rolls back.
-        fn rollback(self) -> Result<(), DatabaseError>;
+        /// Bounds the transaction's idle time, runs the check and marks the transaction (in
+        /// `mark`, also when it fails later); `true` when the check returned a row. A
+        /// transaction the fence cannot cover is refused with `Error::InvalidSetting`.
+        fn check(&mut self, check: &Check, mark: &mut Self::Mark) -> crate::Result<bool>;
+        /// Commits, if this is still the transaction `mark` names; otherwise rolls back and
+        /// refuses with `Error::InvalidSetting`. Restores the session either way.
+        fn commit(self, mark: Self::Mark) -> crate::Result<()>;
+        /// Rolls back and restores the session.
+        fn rollback(self, mark: Self::Mark) -> crate::Result<()>;
     }
 }
 
 /// A transaction in which the lease was checked and its row is locked until the end.
 ///
-/// It dereferences to the driver's transaction for the work; [`commit`](Self::commit) is the
-/// only way to commit it (the driver's `commit` takes the transaction by value, which this
-/// wrapper keeps), and dropping it rolls back. It borrows the guard: the lock stays held until
-/// the transaction has ended, so this does not compile:
+/// The work goes through it: it dereferences to the driver's transaction (shared access:
+/// rusqlite's statements, the mysql transaction's counters), and has the statements that take
+/// `&mut` itself — the postgres crate's statement methods, mysql's `Queryable`, savepoints
+/// inside it. [`commit`](Self::commit) is the only way to commit it, and dropping it rolls
+/// back (see [Top-level transactions](crate::fence#top-level-transactions)).
+///
+/// It borrows the guard: the lock stays held until the transaction has ended, so this does
+/// not compile:
 ///
 /// ```compile_fail
 /// # fn main() -> leasehold::Result<()> {
@@ -256,47 +356,89 @@ pub(crate) mod sealed {
 /// tx.commit()?;
 /// # Ok(()) }
 /// ```
+///
+/// Nor does taking the fenced transaction out, which would leave the guard free while the
+/// transaction and its lock go on:
+///
+/// ```compile_fail
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("app.db");
+/// # let registry = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+/// # let mut conn = leasehold::rusqlite::Connection::open(&path).unwrap();
+/// # let mut other = leasehold::rusqlite::Connection::open(&path).unwrap();
+/// let guard = registry.obtain("ledger")?.lock()?;
+/// let mut tx = guard.fence(conn.transaction().unwrap())?;
+/// let taken = std::mem::replace(&mut *tx, other.transaction().unwrap()); // error: no `&mut`
+/// # drop((tx, taken));
+/// # Ok(()) }
+/// ```
+///
+/// A savepoint is not a transaction the fence takes (see [Top-level
+/// transactions](crate::fence#top-level-transactions)); rusqlite's does not compile:
+///
+/// ```compile_fail
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("app.db");
+/// # let registry = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+/// # let mut conn = leasehold::rusqlite::Connection::open(&path).unwrap();
+/// let guard = registry.obtain("ledger")?.lock()?;
+/// let mut outer = conn.transaction().unwrap();
+/// let tx = guard.fence(outer.savepoint().unwrap())?; // error: not a FenceableTransaction
+/// # drop(tx);
+/// # Ok(()) }
+/// ```
 #[must_use = "dropping a fenced transaction rolls it back"]
 pub struct Fenced<'g, T: FenceableTransaction> {
-    tx: Option<T>,
+    /// The transaction and its mark, until it ends.
+    open: Option<(T, T::Mark)>,
     _guard: PhantomData<&'g ()>,
 }
 
 impl<T: FenceableTransaction> Fenced<'_, T> {
     /// Commits the transaction: its writes took effect while no other holder of the lock could
-    /// commit a fenced transaction (see the module docs). An error is the driver's, as
-    /// [`Error::Database`]; whether a commit whose answer was lost took effect is the
-    /// database's to say, as for any commit.
+    /// commit a fenced transaction (see the module docs).
+    ///
+    /// `Err(InvalidSetting)`, with what was open rolled back, when the transaction is no longer
+    /// the one the fence checked: a statement inside it ended it (see
+    /// [Top-level transactions](crate::fence#top-level-transactions)). `Err(Database)` for a
+    /// driver error, among them a server that ended the transaction because it sat idle longer
+    /// than its bound (see [Idle fenced transactions](crate::fence#idle-fenced-transactions));
+    /// whether a commit whose answer was lost took effect is the database's to say, as for any
+    /// commit.
     pub fn commit(mut self) -> Result<()> {
-        let tx = self.tx.take().expect("a fenced transaction ends once");
-        tx.commit().map_err(|e| driver_error("fenced commit", e))
+        let (tx, mark) = self.open.take().expect("a fenced transaction ends once");
+        tx.commit(mark)
     }
 
     /// Rolls the transaction back.
     pub fn rollback(mut self) -> Result<()> {
-        let tx = self.tx.take().expect("a fenced transaction ends once");
-        tx.rollback()
-            .map_err(|e| driver_error("fenced rollback", e))
+        let (tx, mark) = self.open.take().expect("a fenced transaction ends once");
+        tx.rollback(mark)
+    }
+
+    /// The open transaction, for the methods of each driver that take `&mut`.
+    fn tx(&mut self) -> &mut T {
+        &mut self.open.as_mut().expect("open until commit or rollback").0
     }
 }
 
+/// Shared access to the driver's transaction. There is no `DerefMut`: a `&mut` of the
+/// transaction could replace it (`std::mem::replace`) and take the fenced one out of the
+/// wrapper, past the guard's borrow. The statements that need `&mut` are on `Fenced` itself
+/// (PostgreSQL: the driver's statement methods; MySQL: `Queryable`).
 impl<T: FenceableTransaction> std::ops::Deref for Fenced<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        self.tx.as_ref().expect("open until commit or rollback")
-    }
-}
-
-impl<T: FenceableTransaction> std::ops::DerefMut for Fenced<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        self.tx.as_mut().expect("open until commit or rollback")
+        &self.open.as_ref().expect("open until commit or rollback").0
     }
 }
 
 impl<T: FenceableTransaction> Drop for Fenced<'_, T> {
     fn drop(&mut self) {
-        if let Some(tx) = self.tx.take() {
-            if let Err(e) = tx.rollback() {
+        if let Some((tx, mark)) = self.open.take() {
+            if let Err(e) = tx.rollback(mark) {
                 log::warn!("rolling back a dropped fenced transaction: {e}");
             }
         }
@@ -307,21 +449,41 @@ impl<T: FenceableTransaction> std::fmt::Debug for Fenced<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fenced")
             .field("backend", &T::BACKEND)
-            .field("open", &self.tx.is_some())
+            .field("open", &self.open.is_some())
             .finish()
     }
 }
 
 /// `Error::Database` for a driver error of a fenced transaction.
-fn driver_error(operation: &'static str, source: DatabaseError) -> Error {
+fn driver_error(operation: &'static str, source: impl Into<DatabaseError>) -> Error {
     Error::Database {
         operation,
-        hint: "the database refused the fenced transaction, which is rolled back; check that \
-               it runs on the registry's database and is fenced before its first statement, \
-               then run it again"
+        hint: "the database refused the fenced transaction, or ended it (it sat idle longer \
+               than the lease's time-to-live, or the connection broke); nothing of it commits. \
+               Check that it runs on the registry's database, is fenced before its first \
+               statement and keeps working until its commit, then run it again"
             .into(),
-        source,
+        source: source.into(),
     }
+}
+
+/// The refusal of a transaction that ended since, or before, the fence.
+fn ended() -> Error {
+    Error::setting(
+        "fence",
+        "the fenced transaction ended before `Fenced::commit`: a statement inside it committed \
+         or rolled it back (`COMMIT`, `ROLLBACK`, or on MySQL a statement that commits \
+         implicitly, such as DDL). What was open is rolled back and nothing more commits \
+         through the fence; end a fenced transaction only with `Fenced::commit` or \
+         `Fenced::rollback`, and begin it again to retry",
+    )
+}
+
+/// The longest a fenced transaction may sit idle on a server: the lease's time-to-live,
+/// rounded up to whole seconds (MySQL's unit).
+fn idle_bound(ttl: Duration) -> Duration {
+    let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    Duration::from_secs(seconds.max(1))
 }
 
 /// The check's statement for `backend`'s `table`.
@@ -339,7 +501,7 @@ fn statement(backend: &str, table: &str) -> String {
 
 /// The check of `lease`, or why there is none: the lease is lost (known here, without a
 /// statement), or its registry is gone.
-fn fence_sql(lease: &Lease) -> Result<(FenceSql, &'static str)> {
+fn fence_sql(lease: &Lease) -> Result<(sealed::Check, &'static str)> {
     if let Some(reason) = lease.check() {
         return Err(lost(lease, reason));
     }
@@ -358,7 +520,12 @@ fn fence_sql(lease: &Lease) -> Result<(FenceSql, &'static str)> {
             fencing_token: lease.token,
         },
     };
-    Ok((fence, backend))
+    let check = sealed::Check {
+        fence,
+        table: table.table.clone(),
+        idle: idle_bound(lease.ttl()),
+    };
+    Ok((check, backend))
 }
 
 fn lost(lease: &Lease, reason: LossReason) -> Error {
@@ -374,7 +541,7 @@ fn fence<'g, T: FenceableTransaction>(lease: &Lease, tx: T) -> Result<Fenced<'g,
     let mut tx = tx;
     tx.rollback_on_drop();
     let mut fenced = Fenced {
-        tx: Some(tx),
+        open: Some((tx, T::Mark::default())),
         _guard: PhantomData,
     };
     let (check, backend) = fence_sql(lease)?;
@@ -389,8 +556,8 @@ fn fence<'g, T: FenceableTransaction>(lease: &Lease, tx: T) -> Result<Fenced<'g,
         ));
     }
     fail_point!("fence::before_check");
-    let held = fenced.check(&check).map_err(|e| driver_error("fence", e))?;
-    if !held {
+    let (tx, mark) = fenced.open.as_mut().expect("open");
+    if !tx.check(&check, mark)? {
         return Err(lost(lease, lease.found_not_owner()));
     }
     Ok(fenced)
@@ -402,9 +569,15 @@ impl LockGuard {
     /// [`fence`](crate::fence) module docs). Returns the transaction wrapped so that only
     /// [`Fenced::commit`] commits it.
     ///
+    /// The transaction must be a top-level one, fenced before its first statement; the server
+    /// ends it if it sits idle longer than the lease's time-to-live (see [Top-level
+    /// transactions](crate::fence#top-level-transactions) and [Idle fenced
+    /// transactions](crate::fence#idle-fenced-transactions)).
+    ///
     /// `Err(LeaseLost)` when the lease is lost, at once if this process knows it already;
-    /// `Err(InvalidSetting)` for a transaction on another type of database; `Err(Database)` for
-    /// a driver error. On every error `tx` is rolled back.
+    /// `Err(InvalidSetting)` for a transaction on another type of database, a savepoint, or a
+    /// transaction that had ended; `Err(Database)` for a driver error. On every error `tx` is
+    /// rolled back.
     pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
         fence(self.lease(), tx)
     }
@@ -412,7 +585,7 @@ impl LockGuard {
     /// The same check as [`fence`](Self::fence), as SQL text and parameters for another driver
     /// (see [`FenceSql`]). `Err(LeaseLost)` when the lease is known to be lost.
     pub fn fence_sql(&self) -> Result<FenceSql> {
-        fence_sql(self.lease()).map(|(fence, _)| fence)
+        fence_sql(self.lease()).map(|(check, _)| check.fence)
     }
 }
 
@@ -451,7 +624,7 @@ impl Leadership {
     /// [`LockGuard::fence_sql`] for the leader.
     pub fn fence_sql(&self) -> Result<FenceSql> {
         let lease = self.leading()?;
-        fence_sql(&lease).map(|(fence, _)| fence)
+        fence_sql(&lease).map(|(check, _)| check.fence)
     }
 
     /// The term's lease, while this instance leads.
@@ -473,7 +646,21 @@ impl Leadership {
 
 #[cfg(test)]
 mod tests {
-    use super::statement;
+    use super::{idle_bound, statement};
+    use std::time::Duration;
+
+    #[test]
+    fn the_idle_bound_is_the_time_to_live_rounded_up_to_whole_seconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(idle_bound(ms(10)), ms(1000));
+        assert_eq!(idle_bound(ms(500)), ms(1000));
+        assert_eq!(idle_bound(ms(2000)), ms(2000));
+        assert_eq!(idle_bound(ms(2001)), ms(3000));
+        assert_eq!(
+            idle_bound(Duration::from_secs(7 * 86_400)),
+            ms(7 * 86_400_000)
+        );
+    }
 
     #[test]
     fn every_statement_binds_four_parameters_and_locks_the_row() {

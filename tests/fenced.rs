@@ -204,14 +204,15 @@ mod suite {
         }
 
         /// One transaction: adds `early` (a write made before the fence, as by a holder that
-        /// paused afterwards), fences with `guard`, runs `inside` (the pause), then reads the
-        /// total and writes it + `add`, and commits.
+        /// paused afterwards), fences with `guard`, runs `inside` (the pause; its argument runs
+        /// a statement in the transaction, to keep it busy), then reads the total and writes it
+        /// + `add`, and commits.
         pub fn fenced_add(
             &mut self,
             guard: &impl Fence,
             early: i64,
             add: i64,
-            inside: impl FnOnce(),
+            inside: impl FnOnce(&mut dyn FnMut()),
         ) -> leasehold::Result<()> {
             let table = &self.table;
             let bump = format!("UPDATE {table} SET TOTAL = TOTAL + {early} WHERE ID = 1");
@@ -226,7 +227,7 @@ mod suite {
                         tx.execute(&bump, []).unwrap();
                     }
                     let tx = guard.fence_in(tx)?;
-                    inside();
+                    inside(&mut || tx.query_row("SELECT 1", [], |_| Ok(())).unwrap());
                     let total: i64 = tx.query_row(&read, [], |r| r.get(0)).unwrap();
                     tx.execute(&write(total), []).unwrap();
                     tx.commit()
@@ -238,7 +239,9 @@ mod suite {
                         tx.execute(bump.as_str(), &[]).unwrap();
                     }
                     let mut tx = guard.fence_in(tx)?;
-                    inside();
+                    inside(&mut || {
+                        tx.execute("SELECT 1", &[]).unwrap();
+                    });
                     let total: i64 = tx.query_one(read.as_str(), &[]).unwrap().get(0);
                     tx.execute(write(total).as_str(), &[]).unwrap();
                     tx.commit()
@@ -251,7 +254,7 @@ mod suite {
                         tx.query_drop(&bump).unwrap();
                     }
                     let mut tx = guard.fence_in(tx)?;
-                    inside();
+                    inside(&mut || tx.query_drop("SELECT 1").unwrap());
                     let total: i64 = tx.query_first(&read).unwrap().unwrap();
                     tx.query_drop(write(total)).unwrap();
                     tx.commit()
@@ -328,6 +331,23 @@ mod suite {
         }
     }
 
+    /// Keeps a fenced transaction busy (a statement every 50 ms, through `tick`) until `done`.
+    fn busy_until(tick: &mut dyn FnMut(), done: impl Fn() -> bool) {
+        let until = Instant::now() + GENEROUS;
+        while !done() {
+            assert!(Instant::now() < until, "waited in vain");
+            tick();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        tick();
+    }
+
+    /// Keeps a fenced transaction busy for `how_long`.
+    fn busy_for(tick: &mut dyn FnMut(), how_long: Duration) {
+        let until = Instant::now() + how_long;
+        busy_until(tick, || Instant::now() >= until);
+    }
+
     /// Waits until `guard` counts its lease as gone.
     fn wait_lost(is_held: impl Fn() -> bool) {
         let until = Instant::now() + GENEROUS;
@@ -341,7 +361,7 @@ mod suite {
         let mut ledger = Ledger::new(f);
         let registry = f.registry();
         let lock = registry.obtain("ledger").unwrap().lock().unwrap();
-        ledger.fenced_add(&lock, 0, 1, || {}).unwrap();
+        ledger.fenced_add(&lock, 0, 1, |_| {}).unwrap();
         lock.unlock().unwrap();
 
         let permit = registry
@@ -349,22 +369,22 @@ mod suite {
             .unwrap()
             .acquire()
             .unwrap();
-        ledger.fenced_add(&permit, 0, 1, || {}).unwrap();
+        ledger.fenced_add(&permit, 0, 1, |_| {}).unwrap();
         permit.unlock().unwrap();
 
         let rw = registry.rw_lock("ledger-rw").unwrap();
         let read = rw.read().unwrap();
-        ledger.fenced_add(&read, 0, 1, || {}).unwrap();
+        ledger.fenced_add(&read, 0, 1, |_| {}).unwrap();
         drop(read);
         let write = rw.write().unwrap();
-        ledger.fenced_add(&write, 0, 1, || {}).unwrap();
+        ledger.fenced_add(&write, 0, 1, |_| {}).unwrap();
         drop(write);
 
         let election = LeaderElection::builder(f.builder(), "ledger-leader")
             .build()
             .unwrap();
         let leadership = election.acquire().unwrap();
-        ledger.fenced_add(&leadership, 0, 1, || {}).unwrap();
+        ledger.fenced_add(&leadership, 0, 1, |_| {}).unwrap();
         leadership.resign().unwrap();
 
         let any: AnyGuard = registry
@@ -373,7 +393,7 @@ mod suite {
             .lock()
             .unwrap()
             .into();
-        ledger.fenced_add(&any, 0, 1, || {}).unwrap();
+        ledger.fenced_add(&any, 0, 1, |_| {}).unwrap();
         assert_eq!(
             any.fence_sql().unwrap().params.lock_key,
             leasehold::lock_key_for("ledger-any")
@@ -455,7 +475,7 @@ mod suite {
         // SQLite's writer would keep every other writer out; the write before the fence is
         // made on the servers only.
         let early = if f.db == Db::Sqlite { 0 } else { 100 };
-        let reason = lost_reason(ledger.fenced_add(&guard, early, 1, || {
+        let reason = lost_reason(ledger.fenced_add(&guard, early, 1, |_| {
             panic!("the fence let a lost lease through")
         }));
         assert!(matches!(reason, LossReason::Expired(_)), "{reason:?}");
@@ -489,7 +509,7 @@ mod suite {
             .expect("free");
         assert!(guard.is_held(), "no renewal has run yet");
         let early = if f.db == Db::Sqlite { 0 } else { 100 };
-        let reason = lost_reason(ledger.fenced_add(&guard, early, 1, || {
+        let reason = lost_reason(ledger.fenced_add(&guard, early, 1, |_| {
             panic!("the fence let a taken row through")
         }));
         assert_eq!(reason, LossReason::NotOwner);
@@ -499,7 +519,7 @@ mod suite {
             "the loss is reported"
         );
         assert_eq!(ledger.total(), 0);
-        ledger.fenced_add(&fresh, 0, 1, || {}).unwrap();
+        ledger.fenced_add(&fresh, 0, 1, |_| {}).unwrap();
         assert_eq!(ledger.total(), 1);
     }
 
@@ -521,16 +541,17 @@ mod suite {
             let fresh = lock.try_lock_for(Duration::from_secs(60)).unwrap();
             let fresh = fresh.expect("granted after the fenced transaction ended");
             granted_tx.send(()).unwrap();
-            let result = next.fenced_add(&fresh, 0, 10, || {});
+            let result = next.fenced_add(&fresh, 0, 10, |_| {});
             fresh.unlock().unwrap();
             result
         });
         ledger
-            .fenced_add(&guard, 0, 1, || {
+            .fenced_add(&guard, 0, 1, |tick| {
                 // The lease runs out on both clocks (the holder's deadline comes first; the
-                // row's expiry follows by the drift allowance), and well beyond.
-                wait_lost(|| guard.is_held());
-                std::thread::sleep(Duration::from_millis(1500));
+                // row's expiry follows by the drift allowance), and well beyond, while the
+                // transaction keeps working (an idle one would be ended by the server).
+                busy_until(tick, || !guard.is_held());
+                busy_for(tick, Duration::from_millis(1500));
                 assert!(
                     granted.try_recv().is_err(),
                     "another instance took the lock while a fenced transaction was open"
@@ -565,16 +586,17 @@ mod suite {
             let fresh = lock.try_lock_for(Duration::from_secs(60)).unwrap();
             let fresh = fresh.expect("granted after the fenced transaction ended");
             granted_tx.send(()).unwrap();
-            let result = next.fenced_add(&fresh, 0, 10, || {});
+            let result = next.fenced_add(&fresh, 0, 10, |_| {});
             fresh.unlock().unwrap();
             result
         });
         ledger
-            .fenced_add(&guard, 0, 1, || {
+            .fenced_add(&guard, 0, 1, |tick| {
+                busy_until(tick, || !losses.is_empty());
                 losses
-                    .recv_timeout(GENEROUS)
+                    .try_recv()
                     .expect("the lease is lost while its row is locked");
-                std::thread::sleep(Duration::from_millis(600));
+                busy_for(tick, Duration::from_millis(600));
                 assert!(
                     granted.try_recv().is_err(),
                     "another instance took the lock while a fenced transaction was open"
@@ -597,7 +619,7 @@ mod suite {
         let guard = holder
             .obtain("spring")
             .unwrap()
-            .lock_with_ttl(Duration::from_millis(500))
+            .lock_with_ttl(Duration::from_millis(1500))
             .unwrap();
         let now = match f.db {
             Db::Postgres => "(now() AT TIME ZONE 'UTC')",
@@ -613,9 +635,11 @@ mod suite {
             key = leasehold::lock_key_for("spring"),
         );
         ledger
-            .fenced_add(&guard, 0, 1, || {
-                wait_lost(|| guard.is_held());
-                std::thread::sleep(Duration::from_millis(300));
+            .fenced_add(&guard, 0, 1, |tick| {
+                // The takeover waits 1 s for the row, with the transaction idle meanwhile:
+                // well inside the 2 s the server lets it idle (the time-to-live, rounded up).
+                busy_until(tick, || !guard.is_held());
+                busy_for(tick, Duration::from_millis(300));
                 let waited = spring.conn.try_run(&takeover);
                 assert!(
                     waited.is_err(),
@@ -651,6 +675,327 @@ mod suite {
             guard.is_held(),
             "a refused transaction does not touch the lease"
         );
+    }
+
+    /// SQL run through the fenced handle that ends the transaction (here a `COMMIT`, as a
+    /// statement with an implicit commit would) and writes on: the fenced commit refuses, with
+    /// a typed error, and nothing written after the end commits through it. On PostgreSQL and
+    /// SQLite the later write is made in a new transaction (`BEGIN`); on MySQL autocommit is off
+    /// while fenced, so a write after the end opens one by itself. Afterwards the session is
+    /// as before (MySQL: autocommit on).
+    pub fn a_transaction_ended_inside_the_fence_is_refused_at_commit(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut reader = ledger.other(f);
+        let registry = f.registry();
+        let guard = registry.obtain("ended").unwrap().lock().unwrap();
+        let table = ledger.table.clone();
+        let add = |n: i64| format!("UPDATE {table} SET TOTAL = TOTAL + {n} WHERE ID = 1");
+        let result = match &mut ledger.conn {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(c) => {
+                let tx = guard.fence(c.transaction().unwrap()).unwrap();
+                tx.execute(&add(1), []).unwrap();
+                tx.execute_batch("COMMIT; BEGIN").unwrap();
+                tx.execute(&add(10), []).unwrap();
+                tx.commit()
+            }
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => {
+                let mut tx = guard.fence(c.transaction().unwrap()).unwrap();
+                tx.execute(add(1).as_str(), &[]).unwrap();
+                tx.batch_execute("COMMIT; BEGIN").unwrap();
+                tx.execute(add(10).as_str(), &[]).unwrap();
+                tx.commit()
+            }
+            #[cfg(feature = "mysql")]
+            Conn::Mysql(c) => {
+                use leasehold::mysql::prelude::Queryable;
+                let tx = c.start_transaction(Default::default()).unwrap();
+                let mut tx = guard.fence(tx).unwrap();
+                tx.query_drop(add(1)).unwrap();
+                tx.query_drop("COMMIT").unwrap();
+                tx.query_drop(add(10)).unwrap();
+                tx.commit()
+            }
+        };
+        match result {
+            Err(Error::InvalidSetting { setting, reason }) => {
+                assert_eq!(setting, "fence");
+                assert!(reason.contains("ended"), "{reason}");
+            }
+            other => panic!("a fenced commit of an ended transaction must be refused: {other:?}"),
+        }
+        assert_eq!(
+            reader.total(),
+            1,
+            "the write before the end committed with it, the one after did not"
+        );
+        ledger.conn.run(&add(100));
+        assert_eq!(reader.total(), 101, "the session commits as before");
+        assert!(guard.is_held());
+        guard.unlock().unwrap();
+    }
+
+    /// A savepoint (the postgres crate's nested `Transaction`) is refused with a typed error:
+    /// its commit would only release the savepoint, and the writes would commit later with the
+    /// outer transaction, after the guard was let go. So is a transaction that runs inside a
+    /// savepoint (the crate rolls a dropped one back without releasing it). The outer
+    /// transaction goes on without the refused writes; a fence right after `BEGIN` passes.
+    #[cfg(feature = "postgres")]
+    pub fn a_savepoint_is_refused_and_its_transaction_goes_on(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut reader = ledger.other(f);
+        let registry = f.registry();
+        let guard = registry.obtain("nested").unwrap().lock().unwrap();
+        let table = ledger.table.clone();
+        let add = |n: i64| format!("UPDATE {table} SET TOTAL = TOTAL + {n} WHERE ID = 1");
+        let c = match &mut ledger.conn {
+            Conn::Postgres(c) => c,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a PostgreSQL fixture"),
+        };
+        let refused = |result: leasehold::Result<()>| match result {
+            Err(Error::InvalidSetting { setting, reason }) => {
+                assert_eq!(setting, "fence");
+                assert!(reason.contains("savepoint"), "{reason}");
+            }
+            other => panic!("a savepoint must be refused: {other:?}"),
+        };
+        let commit = |tx: Fenced<'_, leasehold::postgres::Transaction<'_>>| {
+            let _ = tx.commit();
+        };
+
+        let mut outer = c.transaction().unwrap();
+        outer.execute(add(100).as_str(), &[]).unwrap();
+        let mut nested = outer.transaction().unwrap();
+        nested.execute(add(1000).as_str(), &[]).unwrap();
+        refused(guard.fence(nested).map(commit));
+        refused(guard.fence(outer.savepoint("named").unwrap()).map(commit));
+        refused(guard.fence(outer).map(commit));
+        assert!(
+            guard.is_held(),
+            "a refused transaction does not touch the lease"
+        );
+        assert_eq!(
+            reader.total(),
+            0,
+            "nothing of the refused transactions commits"
+        );
+
+        let mut outer = c.transaction().unwrap();
+        outer.execute(add(100).as_str(), &[]).unwrap();
+        let mut nested = outer.transaction().unwrap();
+        nested.execute(add(1000).as_str(), &[]).unwrap();
+        refused(guard.fence(nested).map(commit));
+        outer.commit().unwrap();
+        assert_eq!(
+            reader.total(),
+            100,
+            "the outer transaction commits its own writes, not the refused savepoint's"
+        );
+
+        let mut tx = guard.fence(c.transaction().unwrap()).unwrap();
+        tx.execute(add(1).as_str(), &[]).unwrap();
+        let mut inside = tx.transaction().unwrap();
+        inside.execute(add(10).as_str(), &[]).unwrap();
+        inside.commit().unwrap();
+        tx.commit().unwrap();
+        assert_eq!(
+            reader.total(),
+            111,
+            "a savepoint inside a fenced transaction is fine"
+        );
+        guard.unlock().unwrap();
+    }
+
+    /// A fenced transaction that sits idle (its holder frozen, or just not getting on) is ended
+    /// by the server about one time-to-live after its last statement, so its key frees then
+    /// instead of never: another instance gets the lock within a few time-to-lives, and the
+    /// idle transaction commits nothing.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub fn an_idle_fenced_transaction_frees_its_key_about_one_ttl_later(f: &Fixture) {
+        const TTL: Duration = Duration::from_secs(2);
+        let mut ledger = Ledger::new(f);
+        let mut reader = ledger.other(f);
+        let holder = f.registry();
+        let other = f.registry();
+        let guard = holder.obtain("idle").unwrap().lock_with_ttl(TTL).unwrap();
+        let waited = |then: std::time::Instant| {
+            let fresh = other.obtain("idle").unwrap().try_lock_for(TTL * 8).unwrap();
+            let took = then.elapsed();
+            let fresh = fresh.expect("the key freed while the fenced transaction sat idle");
+            fresh.unlock().unwrap();
+            took
+        };
+        let table = ledger.table.clone();
+        let add = format!("UPDATE {table} SET TOTAL = TOTAL + 1 WHERE ID = 1");
+        let (took, committed) = match &mut ledger.conn {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(_) => unreachable!("a server fixture"),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => {
+                let mut tx = guard.fence(c.transaction().unwrap()).unwrap();
+                tx.execute(add.as_str(), &[]).unwrap();
+                let took = waited(Instant::now());
+                (took, tx.commit())
+            }
+            #[cfg(feature = "mysql")]
+            Conn::Mysql(c) => {
+                use leasehold::mysql::prelude::Queryable;
+                let tx = c.start_transaction(Default::default()).unwrap();
+                let mut tx = guard.fence(tx).unwrap();
+                tx.query_drop(&add).unwrap();
+                let took = waited(Instant::now());
+                (took, tx.commit())
+            }
+        };
+        println!(
+            "{:?}: the key freed {took:?} after the transaction went idle",
+            f.db
+        );
+        assert!(
+            took < TTL * 6,
+            "an idle fenced transaction kept its key for {took:?}, time-to-live {TTL:?}"
+        );
+        assert!(
+            matches!(committed, Err(Error::Database { .. })),
+            "the server ended the idle transaction: {committed:?}"
+        );
+        assert_eq!(reader.total(), 0, "nothing of the idle transaction commits");
+        assert!(guard.unlock().unwrap_err().is_lease_lost());
+    }
+
+    /// SQLite has no server to end an idle fenced transaction: while one is open, every other
+    /// writer of the file waits, and fails after its `operation_timeout` with `Timeout` — an
+    /// acquire of another key too, with the fenced lease long run out. Once the transaction
+    /// ends, the file is free again.
+    #[cfg(feature = "sqlite")]
+    pub fn on_sqlite_an_idle_fenced_transaction_keeps_every_writer_out_until_it_ends(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let holder = f.builder().renewal(false).build().unwrap();
+        let other = f
+            .builder()
+            .operation_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let guard = holder
+            .obtain("idle")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(300))
+            .unwrap();
+        ledger
+            .fenced_add(&guard, 0, 1, |_| {
+                wait_lost(|| guard.is_held());
+                for key in ["idle", "elsewhere"] {
+                    match other.obtain(key).unwrap().try_lock() {
+                        Err(Error::Timeout { .. }) => {}
+                        other => {
+                            panic!("{key}: a writer got past the fenced transaction: {other:?}")
+                        }
+                    }
+                }
+            })
+            .unwrap();
+        assert!(other.obtain("idle").unwrap().try_lock().unwrap().is_some());
+        assert!(other
+            .obtain("elsewhere")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .is_some());
+        assert_eq!(ledger.total(), 1);
+    }
+
+    /// The server's bound on a fenced transaction's idle time is the lease's time-to-live,
+    /// rounded up to whole seconds, or the session's own when that is tighter; the session's
+    /// settings are as before once the transaction has ended.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub fn the_idle_bound_is_the_time_to_live_or_a_tighter_one_and_is_restored(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let registry = f.registry();
+        let guard = registry
+            .obtain("bound")
+            .unwrap()
+            .lock_with_ttl(Duration::from_millis(2500))
+            .unwrap();
+        match &mut ledger.conn {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(_) => unreachable!("a server fixture"),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => {
+                let show = "SHOW idle_in_transaction_session_timeout";
+                let setting = |c: &mut leasehold::postgres::Client| -> String {
+                    c.query_one(show, &[]).unwrap().get(0)
+                };
+                for (session, inside) in [("0", "3s"), ("1s", "1s"), ("1h", "3s")] {
+                    c.batch_execute(&format!(
+                        "SET idle_in_transaction_session_timeout = '{session}'"
+                    ))
+                    .unwrap();
+                    let before = setting(c);
+                    let mut tx = guard.fence(c.transaction().unwrap()).unwrap();
+                    let bound: String = tx.query_one(show, &[]).unwrap().get(0);
+                    assert_eq!(bound, inside, "session {session}");
+                    tx.commit().unwrap();
+                    assert_eq!(setting(c), before);
+                }
+                guard.unlock().unwrap();
+            }
+            #[cfg(feature = "mysql")]
+            Conn::Mysql(c) => {
+                use leasehold::mysql::prelude::Queryable;
+                let version: String = c.query_first("SELECT VERSION()").unwrap().unwrap();
+                let names = if version.contains("MariaDB") {
+                    "@@SESSION.autocommit + 0, @@SESSION.wait_timeout, \
+                     @@SESSION.idle_transaction_timeout, \
+                     @@SESSION.idle_write_transaction_timeout, \
+                     @@SESSION.idle_readonly_transaction_timeout"
+                } else {
+                    "@@SESSION.autocommit + 0, @@SESSION.wait_timeout"
+                };
+                let read = format!("SELECT CONCAT_WS(' ', {names})");
+                // autocommit, wait_timeout (and on MariaDB idle_transaction_timeout, its write
+                // and read-only variants) inside the fenced transaction.
+                let inside_values = |tight: bool| -> &str {
+                    match (version.contains("MariaDB"), tight) {
+                        (true, false) => "0 3 3 0 0",
+                        (true, true) => "0 3 1 0 0",
+                        (false, false) => "0 3",
+                        (false, true) => "0 1",
+                    }
+                };
+                for (tight, end) in [(false, "commit"), (true, "rollback"), (true, "drop")] {
+                    if tight {
+                        let set = if version.contains("MariaDB") {
+                            "SET SESSION idle_transaction_timeout = 1"
+                        } else {
+                            "SET SESSION wait_timeout = 1"
+                        };
+                        c.query_drop(set).unwrap();
+                    }
+                    let before: String = c.query_first(&read).unwrap().unwrap();
+                    let tx = c.start_transaction(Default::default()).unwrap();
+                    let mut tx = guard.fence(tx).unwrap();
+                    let inside: String = tx.query_first(&read).unwrap().unwrap();
+                    assert_eq!(inside, inside_values(tight), "before: {before}");
+                    match end {
+                        "commit" => tx.commit().unwrap(),
+                        "rollback" => tx.rollback().unwrap(),
+                        _ => drop(tx),
+                    }
+                    let after: String = c.query_first(&read).unwrap().unwrap();
+                    assert_eq!(after, before, "after {end}");
+                }
+                // A fence the database refuses restores the session too.
+                let before: String = c.query_first(&read).unwrap().unwrap();
+                assert!(registry.force_release("bound").unwrap());
+                let tx = c.start_transaction(Default::default()).unwrap();
+                assert!(guard.fence(tx).unwrap_err().is_lease_lost());
+                let after: String = c.query_first(&read).unwrap().unwrap();
+                assert_eq!(after, before, "after a refused fence");
+                assert!(guard.unlock().unwrap_err().is_lease_lost());
+            }
+        }
     }
 
     /// A holder paused between its own check of the lease and the fence statement, resumed
@@ -689,8 +1034,9 @@ mod suite {
                     .lock_with_ttl(Duration::from_millis(300))
                     .unwrap();
                 let early = if db == Db::Sqlite { 0 } else { 100 };
-                let result = stale_ledger
-                    .fenced_add(&guard, early, 1, || panic!("a stale holder's fence passed"));
+                let result = stale_ledger.fenced_add(&guard, early, 1, |_| {
+                    panic!("a stale holder's fence passed")
+                });
                 (result, guard.is_held())
             })
             .unwrap();
@@ -715,7 +1061,7 @@ mod suite {
             0,
             "nothing of the stale holder's transaction commits"
         );
-        ledger.fenced_add(&fresh, 0, 1, || {}).unwrap();
+        ledger.fenced_add(&fresh, 0, 1, |_| {}).unwrap();
         assert_eq!(ledger.total(), 1);
     }
 }
@@ -729,6 +1075,7 @@ macro_rules! fenced {
             the_database_refuses_a_fence_after_the_row_was_taken,
             a_takeover_waits_for_an_open_fenced_transaction,
             a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease,
+            a_transaction_ended_inside_the_fence_is_refused_at_commit,
         );
         #[cfg(feature = "failpoints")]
         crate::suite_for!($db; a_resumed_stale_holder_is_refused_by_the_database);
@@ -738,6 +1085,9 @@ macro_rules! fenced {
 #[cfg(feature = "sqlite")]
 mod sqlite {
     fenced!(crate::common::Db::Sqlite);
+    crate::suite_for!(crate::common::Db::Sqlite;
+        on_sqlite_an_idle_fenced_transaction_keeps_every_writer_out_until_it_ends,
+    );
 }
 
 #[cfg(feature = "postgres")]
@@ -746,6 +1096,11 @@ mod postgres {
     #[cfg(feature = "sqlite")]
     crate::suite_for!(crate::common::Db::Postgres; a_transaction_on_another_database_type_is_refused);
     crate::suite_for!(crate::common::Db::Postgres; a_spring_takeover_waits_for_an_open_fenced_transaction);
+    crate::suite_for!(crate::common::Db::Postgres;
+        a_savepoint_is_refused_and_its_transaction_goes_on,
+        an_idle_fenced_transaction_frees_its_key_about_one_ttl_later,
+        the_idle_bound_is_the_time_to_live_or_a_tighter_one_and_is_restored,
+    );
 }
 
 #[cfg(feature = "mysql")]
@@ -754,6 +1109,10 @@ mod mysql {
     #[cfg(feature = "sqlite")]
     crate::suite_for!(crate::common::Db::Mysql; a_transaction_on_another_database_type_is_refused);
     crate::suite_for!(crate::common::Db::Mysql; a_spring_takeover_waits_for_an_open_fenced_transaction);
+    crate::suite_for!(crate::common::Db::Mysql;
+        an_idle_fenced_transaction_frees_its_key_about_one_ttl_later,
+        the_idle_bound_is_the_time_to_live_or_a_tighter_one_and_is_restored,
+    );
 }
 
 /// The example's ledger, run by the chaos test's child processes.

@@ -1,10 +1,20 @@
 //! The fence on SQLite: a write of the lock row that changes nothing, so the check also takes
 //! the database's write lock (whatever `BEGIN` the transaction started with), which keeps
 //! every other writer — any takeover of the row — out until the transaction ends.
+//!
+//! A `rusqlite::Transaction` is always a top-level transaction (its `BEGIN` fails inside
+//! another); a savepoint is a `rusqlite::Savepoint`, which the fence does not take. The fence
+//! marks the transaction with a savepoint of its own ([`MARK`]), which any end of the
+//! transaction removes: the commit releases it first and refuses when it is gone.
+//!
+//! SQLite has no server to end an idle transaction: the idle bound does not apply here.
 
-use super::{sealed::Driver, FenceSql};
+use super::sealed::{Check, Driver};
+use super::{driver_error, ended, Fenced};
 use crate::backend::sqlite::NOW;
-use crate::error::DatabaseError;
+
+/// The savepoint that marks a fenced transaction.
+const MARK: &str = "leasehold_fence";
 
 /// The check on `table` (parameters `?1`–`?4`): returns the token while the lease holds.
 pub(super) fn statement(table: &str) -> String {
@@ -17,31 +27,87 @@ pub(super) fn statement(table: &str) -> String {
 
 impl Driver for rusqlite::Transaction<'_> {
     const BACKEND: &'static str = "SQLite";
+    /// Whether the fence set its savepoint.
+    type Mark = bool;
 
     fn rollback_on_drop(&mut self) {
         self.set_drop_behavior(rusqlite::DropBehavior::Rollback);
     }
 
-    fn check(&mut self, fence: &FenceSql) -> Result<bool, DatabaseError> {
-        let p = &fence.params;
-        let mut statement = self.prepare(&fence.sql)?;
-        let mut rows = statement.query(rusqlite::params![
-            p.lock_key,
-            p.region,
-            p.client_id,
-            p.fencing_token
-        ])?;
-        let found = rows.next()?.is_some();
-        // Run the statement to its end (SQLite's RETURNING has written by the first row).
-        while rows.next()?.is_some() {}
-        Ok(found)
+    fn check(&mut self, check: &Check, mark: &mut bool) -> crate::Result<bool> {
+        let p = &check.fence.params;
+        let found = (|| {
+            let mut statement = self.prepare(&check.fence.sql)?;
+            let mut rows = statement.query(rusqlite::params![
+                p.lock_key,
+                p.region,
+                p.client_id,
+                p.fencing_token
+            ])?;
+            let found = rows.next()?.is_some();
+            // Run the statement to its end (SQLite's RETURNING has written by the first row).
+            while rows.next()?.is_some() {}
+            Ok::<_, rusqlite::Error>(found)
+        })()
+        .map_err(|e| driver_error("fence", e))?;
+        if !found {
+            return Ok(false);
+        }
+        // A transaction that a statement ended before the fence: the check ran on its own.
+        if self.is_autocommit() {
+            return Err(ended());
+        }
+        self.execute_batch(&format!("SAVEPOINT {MARK}"))
+            .map_err(|e| driver_error("fence", e))?;
+        *mark = true;
+        Ok(true)
     }
 
-    fn commit(self) -> Result<(), DatabaseError> {
-        Ok(rusqlite::Transaction::commit(self)?)
+    fn commit(self, mark: bool) -> crate::Result<()> {
+        if mark {
+            let released = if self.is_autocommit() {
+                Err(ended())
+            } else {
+                self.execute_batch(&format!("RELEASE {MARK}")).map_err(|e| {
+                    // The transaction was ended, and begun again.
+                    if e.to_string().contains("no such savepoint") {
+                        ended()
+                    } else {
+                        driver_error("fenced commit", e)
+                    }
+                })
+            };
+            if let Err(e) = released {
+                if let Err(rollback) = rusqlite::Transaction::rollback(self) {
+                    log::debug!("rolling back a refused fenced transaction: {rollback}");
+                }
+                return Err(e);
+            }
+        }
+        rusqlite::Transaction::commit(self).map_err(|e| driver_error("fenced commit", e))
     }
 
-    fn rollback(self) -> Result<(), DatabaseError> {
-        Ok(rusqlite::Transaction::rollback(self)?)
+    fn rollback(self, _mark: bool) -> crate::Result<()> {
+        rusqlite::Transaction::rollback(self).map_err(|e| driver_error("fenced rollback", e))
+    }
+}
+
+/// Savepoints inside the fenced transaction (rusqlite's other methods take `&self`, through
+/// `Deref`).
+impl Fenced<'_, rusqlite::Transaction<'_>> {
+    /// A savepoint inside the fenced transaction, as
+    /// [`Transaction::savepoint`](rusqlite::Transaction::savepoint): its commit releases the
+    /// savepoint, and its writes commit with the fenced transaction.
+    pub fn savepoint(&mut self) -> rusqlite::Result<rusqlite::Savepoint<'_>> {
+        self.tx().savepoint()
+    }
+
+    /// A named savepoint inside the fenced transaction, as
+    /// [`Transaction::savepoint_with_name`](rusqlite::Transaction::savepoint_with_name).
+    pub fn savepoint_with_name<T: Into<String>>(
+        &mut self,
+        name: T,
+    ) -> rusqlite::Result<rusqlite::Savepoint<'_>> {
+        self.tx().savepoint_with_name(name)
     }
 }
