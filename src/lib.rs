@@ -21,8 +21,9 @@
 //! let lock = registry.obtain("invoice-run")?;
 //! match lock.try_lock_for(Duration::from_secs(2))? {
 //!     Some(guard) => {
-//!         // Only this thread of all instances gets here. Hand the token to the resource
-//!         // you write to, so it can refuse a stale holder's late writes.
+//!         // Only this thread of all instances gets here. Hand the token (a `u64`, see
+//!         // below) to the resource you write to, so it can refuse a stale holder's late
+//!         // writes.
 //!         let token = guard.fencing_token();
 //!         # let _ = token;
 //!         guard.unlock()?;                             // Err(LeaseLost) if it had expired
@@ -35,12 +36,12 @@
 //! Outcomes of contention are values, not errors: `try_lock*` return `Ok(None)` when the lock
 //! is held elsewhere and `Err` only when the input is bad or the database fails.
 //!
-//! The lock table must exist before a registry is built. [`RegistryBuilder::create_table`]
-//! `(true)` creates what is missing: the lock table, its deletion floor (a table and a
-//! trigger, on PostgreSQL with its function, that keep the highest fencing token of deleted
-//! rows so that tokens keep rising) and the semaphore table. Without it a missing table is
-//! [`Error::TableMissing`]; [`RegistryBuilder::table_ddl`] and `leasehold init --print` give all
-//! of that DDL for a DBA to run.
+//! The lock table must exist before a registry is built.
+//! [`create_table(true)`](RegistryBuilder::create_table) creates what is missing: the lock
+//! table, its deletion floor (a table and a trigger, on PostgreSQL with its function, that keep
+//! the highest fencing token of deleted rows so that tokens keep rising) and the semaphore
+//! table. Without it a missing table is [`Error::TableMissing`]; [`RegistryBuilder::table_ddl`]
+//! and `leasehold init --print` give all of that DDL, for a DBA to run.
 //!
 //! # Which backend
 //!
