@@ -21,8 +21,9 @@
 //! let lock = registry.obtain("invoice-run")?;
 //! match lock.try_lock_for(Duration::from_secs(2))? {
 //!     Some(guard) => {
-//!         // Only this thread of all instances gets here. Hand the token to the resource
-//!         // you write to, so it can refuse a stale holder's late writes.
+//!         // Only this thread of all instances gets here. Hand the token (a `u64`, see
+//!         // below) to the resource you write to, so it can refuse a stale holder's late
+//!         // writes.
 //!         let token = guard.fencing_token();
 //!         # let _ = token;
 //!         guard.unlock()?;                             // Err(LeaseLost) if it had expired
@@ -35,11 +36,18 @@
 //! Outcomes of contention are values, not errors: `try_lock*` return `Ok(None)` when the lock
 //! is held elsewhere and `Err` only when the input is bad or the database fails.
 //!
+//! The lock table must exist before a registry is built.
+//! [`create_table(true)`](RegistryBuilder::create_table) creates what is missing: the lock
+//! table, its deletion floor (a table and a trigger, on PostgreSQL with its function, that keep
+//! the highest fencing token of deleted rows so that tokens keep rising) and the semaphore
+//! table. Without it a missing table is [`Error::TableMissing`]; [`RegistryBuilder::table_ddl`]
+//! and `leasehold init --print` give all of that DDL, for a DBA to run.
+//!
 //! # Which backend
 //!
 //! | feature | use it when | notes |
 //! |---------|-------------|-------|
-//! | `sqlite` (default) | the instances run on one host (processes of a batch job, cron runs) | embedded, no server; WAL mode; releases wake waiters of other processes at once (a release board beside the file, Linux) |
+//! | `sqlite` (default) | the instances run on one host (processes of a batch job, cron runs) | embedded, no server; WAL mode; releases wake waiters of other processes at once (through a small shared file beside the database, Linux) |
 //! | `postgres` | instances on several hosts share a PostgreSQL server | releases wake waiters at once (`LISTEN`/`NOTIFY`) |
 //! | `mysql` | they share MySQL 8.0+ or MariaDB 10.6+ | releases wake waiters at once (named locks, `GET_LOCK`) |
 //!
@@ -64,8 +72,12 @@
 //! - [`Lock::with_lock`] runs a closure under the lock and unlocks after it, reporting a lease
 //!   lost meanwhile as [`Error::LeaseLost`].
 //! - A guard dropped without [`LockGuard::unlock`] releases too (and logs a failure).
-//! - Locks are reentrant per thread; threads of one registry queue in-process and pass the
-//!   lock among themselves without a statement.
+//! - Locks are reentrant per thread, as Java's and Spring's are, so a guard belongs to the
+//!   thread that took the lock: it is not `Send`, and moving it into `thread::spawn` fails with
+//!   "`*const ()` cannot be sent between threads safely". Lock on the thread that does the
+//!   work, or hold the lock on one thread and pass the work (see [`LockGuard`]).
+//! - Threads of one registry queue in-process and pass the lock among themselves without a
+//!   statement (a local handoff), keeping the grant and its fencing token.
 //!
 //! ```
 //! # fn main() -> leasehold::Result<()> {
@@ -94,8 +106,12 @@
 //! # Fencing the resource you protect
 //!
 //! Every grant carries a [`fencing token`](LockGuard::fencing_token) larger than all earlier
-//! grants of the key. Write it with the data, and have the resource refuse a write whose token
-//! is older than the last one it accepted — in SQL, one conditional statement:
+//! grants of the key: a `u64`, the grant's time on the database's clock in microseconds since
+//! the Unix epoch (16 digits), or the key's previous token + 1 when that is larger. It fits a
+//! signed 64-bit column (`BIGINT`), not a 32-bit one (`INT`, `int4`); JavaScript numbers are
+//! exact only up to 2⁵³ (about 9 × 10¹⁵), so pass it to JavaScript as a string. Write it with
+//! the data, and have the resource refuse a write whose token is older than the last one it
+//! accepted — in SQL, one conditional statement:
 //!
 //! ```sql
 //! UPDATE invoices SET status = $1, fencing_token = $2
@@ -385,8 +401,9 @@ pub use lock::{Lock, LockGuard};
 pub use rwlock::{ReadGuard, RwLock, RwLockStatus, WriteGuard, MAX_READERS};
 pub use semaphore::{Permit, Semaphore, SemaphoreStatus, MAX_PERMITS};
 
-/// The README's Rust snippets, compiled by `cargo test --doc` so that they cannot rot.
-#[cfg(doctest)]
+/// The README's Rust snippets, compiled by `cargo test --doc` so that they cannot rot. They use
+/// SQLite and PostgreSQL, so they run with both features on (`cargo test --all-features`).
+#[cfg(all(doctest, feature = "sqlite", feature = "postgres"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeSnippets;
 

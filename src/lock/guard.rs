@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 ///
 /// Acquiring is reentrant per thread: a thread that holds the lock and asks again gets another
 /// guard at once (and the lock is released when the outermost guard goes). A nested acquire
-/// keeps the lease's current time-to-live.
+/// keeps the lease's current time-to-live. A `Lock` is `Send` and `Sync`, while its guards
+/// stay on the thread that took it (see [`LockGuard`]): to hold the lock on another thread,
+/// move a clone of the `Lock` there and lock it there.
 ///
 /// ```
 /// # fn main() -> leasehold::Result<()> {
@@ -222,8 +224,67 @@ impl std::fmt::Debug for Lock {
 /// Proof that the current thread holds a lock. Releases it when dropped.
 ///
 /// Dropping releases on a best-effort basis and logs failures; call [`unlock`](Self::unlock)
-/// to learn whether the lease was still held when it was released. The guard is `!Send`: a
-/// lock is held by a thread, which is what makes reentrancy well defined.
+/// to learn whether the lease was still held when it was released.
+///
+/// # A guard stays on the thread that took the lock
+///
+/// A `LockGuard` is neither `Send` nor `Sync`. Moving one into `std::thread::spawn` fails to
+/// compile with "`*const ()` cannot be sent between threads safely" (the `*const ()` is the
+/// marker that keeps it on its thread). The reason is reentrancy: as with Java's
+/// `ReentrantLock` and Spring Integration's locks, a thread that holds a lock and asks again
+/// gets a nested guard at once, and the lock goes only with the thread's outermost guard. So a
+/// lock is held by a thread, and its guards cannot leave it. Two ways to work with that:
+///
+/// - **Take the lock on the thread that does the work.** A [`Lock`] is `Clone` and `Send`:
+///   move a clone into the thread and lock it there.
+/// - **Hold the lock on one thread and pass the work** to others — scoped threads
+///   (`std::thread::scope`), a channel, a pool — with the [fencing token](Self::fencing_token),
+///   a plain `u64`, for writes that check it. The holding thread unlocks once the work is done.
+///
+/// ```compile_fail,E0277
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+/// let guard = registry.obtain("import")?.lock()?;
+/// std::thread::spawn(move || guard.unlock()); // `*const ()` cannot be sent between threads safely
+/// # Ok(()) }
+/// ```
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+/// let lock = registry.obtain("import")?;
+///
+/// // Locked on the thread that does the work:
+/// let worker = std::thread::spawn({
+///     let lock = lock.clone();
+///     move || -> leasehold::Result<u64> {
+///         let guard = lock.lock()?;
+///         let token = guard.fencing_token(); // ... the work, its writes carrying the token ...
+///         guard.unlock()?;
+///         Ok(token)
+///     }
+/// });
+/// worker.join().expect("the worker ran")?;
+///
+/// // Held here while scoped threads do the work:
+/// let guard = lock.lock()?;
+/// let token = guard.fencing_token();
+/// let written: u64 = std::thread::scope(|scope| {
+///     let parts: Vec<_> = (0..4u64)
+///         .map(|part| scope.spawn(move || part + token)) // ... writes carrying `token` ...
+///         .collect();
+///     parts.into_iter().map(|part| part.join().expect("the part ran")).sum()
+/// });
+/// guard.unlock()?;
+/// # assert_eq!(written, 6 + 4 * token);
+/// # Ok(()) }
+/// ```
+///
+/// # Watching for a loss
+///
+/// Long work can stop as soon as the lease is lost:
 ///
 /// ```
 /// # fn main() -> leasehold::Result<()> {
@@ -276,6 +337,13 @@ impl LockGuard {
     /// The fencing token of the database grant behind this guard. Every grant of a key carries
     /// a larger token than all earlier grants of that key. Pass it to the resource you protect
     /// and have it refuse tokens smaller than the largest it has seen.
+    ///
+    /// The token is the grant's time on the database's clock in microseconds since the Unix
+    /// epoch (16 decimal digits), or the key's previous token + 1 when that is larger (and
+    /// above the highest token of the key's deleted rows, which the deletion floor keeps). It
+    /// always fits a signed 64-bit integer: store it as `BIGINT` (SQLite: `INTEGER`), never as a
+    /// 32-bit `INT`/`int4`. A JavaScript number holds integers exactly only up to 2⁵³ (about
+    /// 9 × 10¹⁵), so pass the token to JavaScript as a string (or a `BigInt`).
     ///
     /// **A local handoff keeps the token**: threads of one registry that pass the lock among
     /// themselves share their grant's token, so the rule above refuses late writes of other
