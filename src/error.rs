@@ -93,8 +93,10 @@ pub enum Error {
 
     /// The lock table does not exist.
     #[error(
-        "lock table {table} does not exist: create it by running {ddl_file} (with INT_ replaced \
-         by your prefix), or call RegistryBuilder::create_table(true)"
+        "lock table {table} does not exist: build the registry with \
+         RegistryBuilder::create_table(true), run `leasehold init`, or run all that `leasehold \
+         init --print` (RegistryBuilder::table_ddl) prints: {ddl_file} and the files beside it, \
+         with INT_ replaced by your prefix"
     )]
     TableMissing {
         /// The table that was looked for.

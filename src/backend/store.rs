@@ -252,6 +252,48 @@ impl<B: Backend> SqlStore<B> {
         Ok(store)
     }
 
+    /// One batch renewal statement (see [`Store::renew_batch`]) on `path`'s pool.
+    fn run_batch(
+        &self,
+        path: Path,
+        operation: &'static str,
+        batch: &Arc<Vec<String>>,
+        leases: &[(&str, i64)],
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<(Instant, Vec<Batched>)> {
+        let pairs = pairs_json(leases.iter().map(|(key, token)| (*key, *token)));
+        let params = self.params(pairs.as_str(), ttl, 0);
+        let (batch, counters) = (Arc::clone(batch), Arc::clone(&self.counters));
+        let count = leases.len();
+        let (sent_at, renewed) = self.run(path, operation, deadline, move |conn| {
+            let sent_at = Instant::now();
+            fail_point!("backend::renew_sent", |_| Err(injected_failure()));
+            counters.renewals.fetch_add(1, Ordering::Relaxed);
+            Ok((
+                sent_at,
+                B::renew_batch(conn, &batch, &params.borrowed(), count)?,
+            ))
+        })?;
+        let BatchRows { renewed, busy } = renewed;
+        let renewed: std::collections::HashSet<(String, i64)> = renewed.into_iter().collect();
+        let busy: std::collections::HashSet<(String, i64)> = busy.into_iter().collect();
+        let found = leases
+            .iter()
+            .map(|(key, token)| {
+                let pair = ((*key).to_string(), *token);
+                if renewed.contains(&pair) {
+                    Batched::Renewed
+                } else if busy.contains(&pair) {
+                    Batched::RowBusy
+                } else {
+                    Batched::NotHolder
+                }
+            })
+            .collect();
+        Ok((sent_at, found))
+    }
+
     pub(super) fn params(
         &self,
         lock_key: impl Into<Arc<str>>,
@@ -385,6 +427,34 @@ impl<B: Backend> Store for SqlStore<B> {
         deadline: Instant,
         path: Path,
     ) -> Result<Option<Instant>> {
+        // A renewal by hand never waits for a row another session holds locked (its own
+        // fenced transaction's, say): where one can, it runs as a batch of one, which skips
+        // such a row, and says so at once.
+        let batch = self.batch_renew.as_ref().filter(|_| {
+            path == Path::Main && B::ROW_LOCKS && !self.batch_refused.load(Ordering::Relaxed)
+        });
+        if let Some(batch) = batch {
+            match self.run_batch(path, "renew", batch, &[(lock_key, token)], ttl, deadline) {
+                Ok((sent_at, found)) => {
+                    return match found[0] {
+                        Batched::Renewed => Ok(Some(sent_at)),
+                        Batched::NotHolder => Ok(None),
+                        Batched::RowBusy => Err(Error::Database {
+                            operation: "renew",
+                            hint: "another session holds the lock row locked — this lease's \
+                                   own open fenced transaction, or a long transaction or \
+                                   `SELECT ... FOR UPDATE` on the lock table: renew before \
+                                   fencing or after that transaction ends"
+                                .to_string(),
+                            source: "the lock row was locked; the renewal skipped it".into(),
+                        }),
+                    };
+                }
+                // Refused, so it did not run: the plain statement from now on.
+                Err(Error::Database { .. }) => self.batch_refused.store(true, Ordering::Relaxed),
+                Err(e) => return Err(e),
+            }
+        }
         let params = self.params(lock_key, ttl, token);
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
         let operation = match path {
@@ -414,20 +484,14 @@ impl<B: Backend> Store for SqlStore<B> {
             Some(batch) if !one_is_enough && !self.batch_refused.load(Ordering::Relaxed) => batch,
             _ => return renew_each(self, leases, ttl, deadline),
         };
-        let pairs = pairs_json(leases.iter().map(|(key, token)| (*key, *token)));
-        let params = self.params(pairs.as_str(), ttl, 0);
-        let (batch, counters) = (Arc::clone(batch), Arc::clone(&self.counters));
-        let count = leases.len();
-        let outcome = self.run(Path::Renewal, "background renewal", deadline, move |conn| {
-            let sent_at = Instant::now();
-            fail_point!("backend::renew_sent", |_| Err(injected_failure()));
-            counters.renewals.fetch_add(1, Ordering::Relaxed);
-            Ok((
-                sent_at,
-                B::renew_batch(conn, &batch, &params.borrowed(), count)?,
-            ))
-        });
-        let (sent_at, renewed) = match outcome {
+        match self.run_batch(
+            Path::Renewal,
+            "background renewal",
+            batch,
+            leases,
+            ttl,
+            deadline,
+        ) {
             Err(Error::Database { hint, .. }) => {
                 // Refused, so it did not run: renew one by one from now on.
                 log::warn!(
@@ -435,27 +499,10 @@ impl<B: Backend> Store for SqlStore<B> {
                     B::NAME
                 );
                 self.batch_refused.store(true, Ordering::Relaxed);
-                return renew_each(self, leases, ttl, deadline);
+                renew_each(self, leases, ttl, deadline)
             }
-            other => other?,
-        };
-        let BatchRows { renewed, busy } = renewed;
-        let renewed: std::collections::HashSet<(String, i64)> = renewed.into_iter().collect();
-        let busy: std::collections::HashSet<(String, i64)> = busy.into_iter().collect();
-        let found = leases
-            .iter()
-            .map(|(key, token)| {
-                let pair = ((*key).to_string(), *token);
-                if renewed.contains(&pair) {
-                    Batched::Renewed
-                } else if busy.contains(&pair) {
-                    Batched::RowBusy
-                } else {
-                    Batched::NotHolder
-                }
-            })
-            .collect();
-        Ok((sent_at, found))
+            other => other,
+        }
     }
 
     fn release(

@@ -409,9 +409,11 @@ impl RegistryBuilder {
         self
     }
 
-    /// Create the table (and nothing else) if it does not exist, from the shipped DDL. Defaults
-    /// to `false`: the table is checked and a missing table or column is reported with the
-    /// file or statement to run.
+    /// Create what is missing of the shipped DDL ([`table_ddl`](Self::table_ddl)): the lock
+    /// table, its deletion floor (a table and a trigger), the semaphore table and the waiting
+    /// line; nothing that exists is changed. Defaults to `false`: the table is checked and a
+    /// missing table or column is reported with the file or statement to run, and without the
+    /// floor or the line the registry works without them (and says so in its log).
     pub fn create_table(mut self, create: bool) -> Self {
         self.create_table = create;
         self
