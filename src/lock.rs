@@ -755,7 +755,7 @@ impl LockInner {
     fn resolve_later(
         self: &Arc<Self>,
         state: &mut MutexGuard<'_, LocalState>,
-        session: Option<i64>,
+        session: Option<crate::backend::Session>,
         ttl: Duration,
     ) {
         self.in_background(state, Background::Resolving, move |lock| {
@@ -763,7 +763,11 @@ impl LockInner {
             let give_up = Instant::now() + ttl.max(timeout);
             loop {
                 let deadline = (Instant::now() + timeout).min(give_up);
-                match lock.core.store.resolve(&lock.lock_key, session, deadline) {
+                match lock
+                    .core
+                    .store
+                    .resolve(&lock.lock_key, session.as_ref(), deadline)
+                {
                     Ok(released) => {
                         if released {
                             log::info!(

@@ -248,14 +248,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The server session `conn` talks to, where the backend can tell it and end it from
     /// another connection ([`Backend::end_session`]); `None` elsewhere (an embedded database,
     /// whose statements end before their call returns; a pooler in between).
-    fn session(_conn: &mut Conn<Self>) -> Option<i64> {
+    fn session(_conn: &mut Conn<Self>) -> Option<Session> {
         None
     }
 
     /// Ends server session `session` (another connection's, given up with a statement in
     /// flight) from `conn`: `Ok(true)` once the session is gone — nothing it was sent can run
-    /// any more — and `Ok(false)` while it still runs (ask again).
-    fn end_session(_conn: &mut Conn<Self>, _session: i64) -> Result<bool, Failure> {
+    /// any more — or when `conn` talks to another server instance (a failover, a restart: the
+    /// session's server is not there to end it on), and `Ok(false)` while it still runs (ask
+    /// again).
+    fn end_session(_conn: &mut Conn<Self>, _session: &Session) -> Result<bool, Failure> {
         Ok(true)
     }
 
@@ -363,6 +365,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// outside r2d2's checkout (see `pools`, "The parked connection"): SQLite's, whose
     /// connections are local files that no server closes behind the pool's back.
     const PARKS_CONNECTION: bool = false;
+}
+
+/// A server session that ran a statement given up without an answer: its id on its server,
+/// and that server instance (its name where the backend has one, and when it started), so that
+/// it is looked for only there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub id: i64,
+    pub server: (String, i64),
 }
 
 /// What a batch renewal found: the pairs renewed, and the pairs still this client's whose rows

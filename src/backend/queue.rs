@@ -48,6 +48,10 @@ impl<B: Backend> SqlStore<B> {
     /// work without it), then tells whether the line is there to use.
     pub(super) fn open_queue(&self, deadline: Instant) -> Result<bool> {
         let table = queue_table(&self.table.table);
+        // A read-only registry never waits for a lock.
+        if self.table.read_only {
+            return Ok(false);
+        }
         if self.table.create_table {
             let ddl = queue_ddl_for::<B>(&self.table.table);
             let created = self.run(
@@ -77,8 +81,26 @@ impl<B: Backend> SqlStore<B> {
                  among them",
                 B::QUEUE_DDL_FILE
             );
+            return Ok(false);
         }
-        Ok(!columns.is_empty())
+        // Every user of the lock table takes and leaves places: a place for a key no lock
+        // has (its LOCK_KEY is no lock key's) shows that this one may.
+        let probe = "~leasehold-line-probe";
+        let statements = B::queue_statements(&self.table.table);
+        let (params, sql) = (self.params(probe, Duration::from_secs(1), 0), statements);
+        let used = self.run(Path::Main, "check the waiting line", deadline, move |conn| {
+            B::update(conn, &sql.take_place, &params.borrowed())?;
+            B::update(conn, &sql.leave, &params.borrowed()).map(drop)
+        });
+        if let Err(e) = used {
+            log::warn!(
+                "this user may not use the waiting line {table} ({e}): grant it SELECT, INSERT, \
+                 UPDATE and DELETE there; until then, instances waiting for a lock have no \
+                 order among them"
+            );
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Takes or refreshes this client's place for `lock_key`, for `ttl`.

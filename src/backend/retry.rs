@@ -2,7 +2,7 @@
 //! that a silent server cannot stretch, short pauses between transient failures.
 
 use super::pools::Pool;
-use super::{statement_threads, Backend, Conn, Failure, FailureKind, Path, SqlStore};
+use super::{statement_threads, Backend, Conn, Failure, FailureKind, Path, Session, SqlStore};
 use crate::error::{DatabaseError, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -142,9 +142,9 @@ impl<B: Backend> SqlStore<B> {
 
 /// An attempt that was sent and never answered (see [`SqlStore::run_noting`]): the server
 /// session it ran in, when the backend can tell ([`Backend::session`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Unanswered {
-    pub session: Option<i64>,
+    pub session: Option<Session>,
 }
 
 /// An operation's attempt as [`SqlStore::run`] keeps it across retries: in place for a backend

@@ -34,7 +34,10 @@ pub(crate) enum Acquired {
     /// An attempt was sent and got no answer (see [`Store::acquire`]): the row may be this
     /// registry's, and stays unresolved until [`Store::resolve`] has run for it. `error` is
     /// what the call reports if it ends now.
-    Unresolved { session: Option<i64>, error: Error },
+    Unresolved {
+        session: Option<super::Session>,
+        error: Error,
+    },
 }
 
 /// What a batch renewal found for one lease.
@@ -75,8 +78,12 @@ pub(crate) trait Store: Send + Sync {
     /// can grant the row any more, then releases the row if it names this registry's client.
     /// The caller must send no acquire of `lock_key` meanwhile: then such a row can only be
     /// that statement's grant. `Ok(true)` when a grant was found and released.
-    fn resolve(&self, lock_key: &Arc<str>, session: Option<i64>, deadline: Instant)
-        -> Result<bool>;
+    fn resolve(
+        &self,
+        lock_key: &Arc<str>,
+        session: Option<&super::Session>,
+        deadline: Instant,
+    ) -> Result<bool>;
     /// Renews; `Ok(Some(sent_at))` when renewed, `Ok(None)` when this client is not the holder.
     fn renew(
         &self,
@@ -374,7 +381,7 @@ impl<B: Backend> Store for SqlStore<B> {
             if Instant::now() >= deadline {
                 return Ok(Acquired::Unresolved { session, error });
             }
-            if let Err(error) = self.resolve(lock_key, session, deadline) {
+            if let Err(error) = self.resolve(lock_key, session.as_ref(), deadline) {
                 return Ok(Acquired::Unresolved { session, error });
             }
         }
@@ -383,15 +390,18 @@ impl<B: Backend> Store for SqlStore<B> {
     fn resolve(
         &self,
         lock_key: &Arc<str>,
-        session: Option<i64>,
+        session: Option<&super::Session>,
         deadline: Instant,
     ) -> Result<bool> {
         if let Some(session) = session {
             let mut pause = Duration::from_millis(1);
             loop {
-                let ended = self.run(Path::Main, "end a session", deadline, move |conn| {
-                    B::end_session(conn, session)
-                })?;
+                let ended = {
+                    let session = session.clone();
+                    self.run(Path::Main, "end a session", deadline, move |conn| {
+                        B::end_session(conn, &session)
+                    })?
+                };
                 if ended {
                     break;
                 }
@@ -401,7 +411,7 @@ impl<B: Backend> Store for SqlStore<B> {
                         operation: "end a session",
                         waited: Duration::ZERO,
                         source: Some(
-                            format!("{} session {session} was still running", B::NAME).into(),
+                            format!("{} session {} was still running", B::NAME, session.id).into(),
                         ),
                     });
                 }

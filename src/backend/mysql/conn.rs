@@ -170,6 +170,8 @@ pub(super) fn row_locked(failure: &Failure) -> bool {
 /// deadline its statements must keep (see the module docs, "Deadlines").
 pub(crate) struct MysqlConn {
     pub(super) conn: mysql::Conn,
+    /// The server instance this connection talks to (see [`server_of`]).
+    pub(super) server: Option<(String, i64)>,
     plans: PerStatement<Plan>,
     pub(super) broken: bool,
     /// Shared by the registry's connections.
@@ -503,8 +505,10 @@ impl r2d2::ManageConnection for MysqlManager {
         if !mariadb {
             conn.query_drop(RowLockWaits::MYSQL_SESSION)?;
         }
+        let server = server_of(&mut conn);
         Ok(MysqlConn {
             conn,
+            server,
             mariadb,
             plans: PerStatement::new(),
             broken: false,
@@ -528,6 +532,20 @@ impl r2d2::ManageConnection for MysqlManager {
         conn.end_watch();
         conn.broken
     }
+}
+
+/// The server `conn` talks to — `host:port` as the server names itself, and when it started
+/// (seconds since the Unix epoch, from its uptime) — so that a session id is looked for only
+/// on the server instance that gave it (see [`super::Mysql`]'s `end_session`); `None` when
+/// the server does not say.
+pub(super) fn server_of(conn: &mut mysql::Conn) -> Option<(String, i64)> {
+    let (name, now): (String, i64) = conn
+        .query_first("SELECT CONCAT(@@hostname, ':', @@port), UNIX_TIMESTAMP()")
+        .ok()??;
+    let (_, uptime): (String, i64) = conn
+        .query_first("SHOW GLOBAL STATUS LIKE 'Uptime'")
+        .ok()??;
+    Some((name, now - uptime))
 }
 
 /// How long the writes of a connection being discarded may wait (see `mark_broken`).

@@ -167,7 +167,7 @@ pub(crate) mod wakeups;
 mod watchdog;
 use crate::backend::{
     AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
-    ListedRow, Params, Statements,
+    ListedRow, Params, Session, Statements,
 };
 use conn::MysqlManager;
 use conn::{
@@ -625,22 +625,36 @@ impl Backend for Mysql {
         Ok((params, columns))
     }
 
-    fn session(conn: &mut Conn<Self>) -> Option<i64> {
-        Some(i64::from(conn.conn.connection_id()))
+    fn session(conn: &mut Conn<Self>) -> Option<Session> {
+        Some(Session {
+            id: i64::from(conn.conn.connection_id()),
+            server: conn.server.clone()?,
+        })
     }
 
-    /// `KILL CONNECTION` (allowed on one's own sessions without privileges; error 1094: no
-    /// such session), then whether the processlist still shows it: a killed session stays
-    /// listed until the statement it runs has ended.
-    fn end_session(conn: &mut Conn<Self>, session: i64) -> Result<bool, Failure> {
+    /// On the same server instance (its name, and its start within two seconds, as two
+    /// readings of its uptime may differ by one): `KILL CONNECTION` (allowed on one's own
+    /// sessions without privileges; error 1094: no such session), then whether the
+    /// processlist still shows it: a killed session stays listed until the statement it runs
+    /// has ended.
+    fn end_session(conn: &mut Conn<Self>, session: &Session) -> Result<bool, Failure> {
+        let same_server = conn.server.as_ref().is_some_and(|(name, started)| {
+            *name == session.server.0 && (started - session.server.1).abs() <= 2
+        });
+        if !same_server {
+            return Ok(true);
+        }
         conn.arm()?;
-        match conn.conn.query_drop(format!("KILL CONNECTION {session}")) {
+        match conn
+            .conn
+            .query_drop(format!("KILL CONNECTION {}", session.id))
+        {
             Err(mysql::Error::MySqlError(e)) if e.code == 1094 => return Ok(true),
             other => other.map_err(classify)?,
         }
         let sql = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = :token";
         let params = Params {
-            token: session,
+            token: session.id,
             ..Params::EMPTY
         };
         Ok(Self::read_number(conn, sql, &params)?.unwrap_or(0) == 0)

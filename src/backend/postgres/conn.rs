@@ -6,7 +6,7 @@ use super::errors::{classify, sql_state};
 use super::hosts::connect_on;
 use super::pooler;
 use super::tls::Tls;
-use super::{DEFAULT_CALL_LIMIT, PARAM_TYPES};
+use super::{DEFAULT_CALL_LIMIT, PARAM_TYPES, SERVER_STARTED};
 use crate::backend::{Failure, FailureKind, Params, PerStatement};
 use crate::error::TOO_MANY_CLIENTS;
 use std::future::{poll_fn, Future};
@@ -62,8 +62,9 @@ pub(crate) struct PgConn {
     pub(super) deadline: Instant,
     pub(super) broken: bool,
     /// The server process serving this connection, when the connection goes straight to it
-    /// ([`PgConn::straight_to_the_server`]): the session a given-up statement runs in.
-    pub(super) server_process: Option<i32>,
+    /// ([`PgConn::straight_to_the_server`]), and when its server started (µs since the Unix
+    /// epoch): the session a given-up statement runs in.
+    pub(super) server_process: Option<(i32, i64)>,
     /// The connector, for the cancel request of a call that runs out of time.
     tls: Tls,
     /// Declared last, so dropped after the socket it drives.
@@ -224,16 +225,23 @@ impl PgConn {
     /// server (see [`pooler`]): its cancel key names that process. One round trip; a
     /// connection that fails it is taken as going through a pooler (and is likely broken
     /// anyway).
-    fn straight_to_the_server(&mut self) -> Option<i32> {
+    fn straight_to_the_server(&mut self) -> Option<(i32, i64)> {
         let key = pooler::key_process_id(&self.runtime, &self.client.cancel_token());
+        let sql = format!("SELECT pg_backend_pid(), {SERVER_STARTED}");
+        let found =
+            call!(self, |client| client.query_typed_one(sql.as_str(), &[])).and_then(|row| {
+                Ok((
+                    row.try_get::<_, i32>(0).map_err(classify)?,
+                    row.try_get::<_, i64>(1).map_err(classify)?,
+                ))
+            });
         fail_point!("postgres::straight_to_the_server", |answer| answer
             .filter(|answer| answer == "yes")
-            .and(key));
-        let key = key?;
-        let pid = call!(self, |client| client
-            .query_typed_one("SELECT pg_backend_pid()", &[]))
-        .and_then(|row| row.try_get::<_, i32>(0).map_err(classify));
-        matches!(pid, Ok(pid) if pid == key).then_some(key)
+            .and(key.zip(found.as_ref().ok().map(|(_, started)| *started))));
+        match (key, found) {
+            (Some(key), Ok((pid, started))) if pid == key => Some((pid, started)),
+            _ => None,
+        }
     }
 
     /// Asks the server, from a short-lived thread and connection of its own, to cancel what

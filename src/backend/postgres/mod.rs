@@ -170,7 +170,8 @@ mod pooler;
 mod tls;
 use crate::backend::{
     AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
-    ListedRow, ListenerEvent, ListenerHandler, ListenerReply, Params, Statements, TableSettings,
+    ListedRow, ListenerEvent, ListenerHandler, ListenerReply, Params, Session, Statements,
+    TableSettings,
 };
 use crate::error::TOO_MANY_CLIENTS;
 use conn::{
@@ -198,6 +199,10 @@ const NOW: &str = "(now() AT TIME ZONE 'UTC')";
 const NOW_PLUS_TTL: &str = "(now() AT TIME ZONE 'UTC') + $4 * INTERVAL '1 microsecond'";
 /// Database clock in microseconds since the Unix epoch: the floor of a new fencing token.
 const CLOCK_MICROS: &str = "CAST(extract(epoch FROM now()) * 1000000 AS BIGINT)";
+/// When the server instance started, in µs since the Unix epoch: with a process id, names one
+/// session of one server instance (a restart or a failover starts another).
+pub(super) const SERVER_STARTED: &str =
+    "CAST(extract(epoch FROM pg_postmaster_start_time()) * 1000000 AS BIGINT)";
 /// How `EXPIRED_AFTER` marks a released row.
 const RELEASED: &str = "TIMESTAMP '1970-01-01 00:00:00'";
 /// Parameter types declared with every prepare: those of the columns they are compared with.
@@ -549,18 +554,26 @@ impl Backend for Postgres {
 
     /// The server process, known only on a connection straight to the server: behind a
     /// pooler the process changes with every transaction.
-    fn session(conn: &mut Conn<Self>) -> Option<i64> {
-        conn.server_process.map(i64::from)
+    fn session(conn: &mut Conn<Self>) -> Option<Session> {
+        conn.server_process.map(|(pid, started)| Session {
+            id: i64::from(pid),
+            server: (String::new(), started),
+        })
     }
 
-    /// Asks the server to terminate the process (only one of this user's sessions, so a
-    /// process id reused by another user's session is never touched) and counts it while it
-    /// is still listed; `pg_terminate_backend` runs only on the row the subquery kept.
-    fn end_session(conn: &mut Conn<Self>, session: i64) -> Result<bool, Failure> {
-        let sql = "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM \
-                   pg_stat_activity WHERE pid = $5 AND usename = current_user OFFSET 0) AS s";
+    /// On the same server instance (the postmaster's start, to the microsecond), asks the
+    /// server to terminate the process (only one of this user's sessions, so a process id
+    /// reused by another user's session is never touched) and counts it while it is still
+    /// listed; `pg_terminate_backend` runs only on the row the subquery kept.
+    fn end_session(conn: &mut Conn<Self>, session: &Session) -> Result<bool, Failure> {
+        let sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM pg_stat_activity \
+             WHERE pid = $5 AND usename = current_user AND {SERVER_STARTED} = $4 OFFSET 0) AS s"
+        );
+        let sql = sql.as_str();
         let params = Params {
-            token: session,
+            token: session.id,
+            ttl_micros: session.server.1,
             ..Params::EMPTY
         };
         Ok(Self::read_number(conn, sql, &params)?.unwrap_or(0) == 0)
