@@ -90,9 +90,11 @@
 //! while this registry sends no acquire of the key). The last thread of a registry that stops
 //! waiting gives the place up the same way. So an instance that waits is granted the key after
 //! at most the turns of the instances ahead of it in line, each at most `turn_limit` + the
-//! longest hold + the 2 × `idle_between_tries` reservation that ends it, and after the holds
-//! of instances that do not know the line (Spring Integration's), which take the free row
-//! whenever they try. Without the table (not created, or a replacement acquire statement)
+//! longest hold + the 2 × `idle_between_tries` reservation that ends it + the time the next
+//! in line takes to try (at once when a release wakes it, else within its own
+//! `idle_between_tries`), and after the holds of instances that do not know the line (Spring
+//! Integration's), which take the free row whenever they try. A newcomer's try (`try_lock`)
+//! finds a free key that others wait for in line taken. Without the table (not created, or a replacement acquire statement)
 //! there is no line: each turn end goes to whichever waiting instance tries first.
 //!
 //! **Unknown outcomes.** An acquire statement that was sent and got no answer — none before the
@@ -100,7 +102,8 @@
 //! or may do so later while it waits there. The store never sends the next acquire of the key
 //! before that is settled (*resolved*): it ends the server session that ran the statement and
 //! waits until it is gone (PostgreSQL `pg_terminate_backend` on a connection straight to the
-//! server, MySQL/MariaDB `KILL CONNECTION`; SQLite's statements end before their call returns),
+//! server, MySQL/MariaDB `KILL CONNECTION`, each only on the server instance that gave the
+//! session; SQLite's statements end before their call returns),
 //! after which nothing sent to it can grant anything, then releases the row if it names this
 //! registry's client id. Client ids belong to one registry, and the key has no other acquire in
 //! flight meanwhile, so such a row can only be that statement's grant. When the call's time

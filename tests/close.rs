@@ -221,6 +221,42 @@ fn a_blocked_lock_that_hears_releases_ends_at_once(db: Db) {
     held.unlock().unwrap();
 }
 
+/// Closing releases a key that lingers (a grant shared by two threads, let go by both, kept
+/// for the next of them): nothing the registry no longer holds for anyone stays held.
+fn closing_releases_a_lingering_key(db: Db) {
+    let Some(f) = Fixture::new(db, "close_lingering") else {
+        return;
+    };
+    let registry = Arc::new(
+        f.builder()
+            .tuning(leasehold::Tuning {
+                linger: Duration::from_secs(60),
+                ..Default::default()
+            })
+            .build()
+            .unwrap(),
+    );
+    let lock = registry.obtain("lingers").unwrap();
+    let first = lock.lock().unwrap();
+    let second = {
+        let lock = lock.clone();
+        thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
+    };
+    eventually("the second thread queued", || lock.queued_threads() > 0);
+    first.unlock().unwrap();
+    second.join().unwrap();
+    let holder = registry.holder("lingers").unwrap();
+    assert!(holder.is_some(), "the grant lingers after both let go");
+    registry.close();
+    assert_eq!(
+        registry.holder("lingers").unwrap(),
+        None,
+        "closing left a lingering grant held"
+    );
+    let other = f.registry();
+    assert!(other.obtain("lingers").unwrap().try_lock().unwrap().is_some());
+}
+
 macro_rules! on_every_backend {
     ($($module:ident => $db:expr),*) => {$(
         mod $module {
@@ -234,6 +270,11 @@ macro_rules! on_every_backend {
             #[test]
             fn a_blocked_lock_that_hears_releases_ends_at_once() {
                 super::a_blocked_lock_that_hears_releases_ends_at_once($db);
+            }
+
+            #[test]
+            fn closing_releases_a_lingering_key() {
+                super::closing_releases_a_lingering_key($db);
             }
 
             #[test]
