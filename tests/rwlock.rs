@@ -343,6 +343,69 @@ mod suite {
         }
         drop(row_lock);
     }
+
+    /// The read slot whose row has the largest token, locked by another session (an
+    /// operator's `SELECT … FOR UPDATE` on a released slot, in an open transaction) while no
+    /// reader holds the lock: a bounded write still gets in, with a token above every earlier
+    /// read and write grant. Each round locks the slot that is the largest then (the previous
+    /// write's or a read's), and a second writer takes the write side meanwhile too. SQLite
+    /// locks whole files, not rows: nothing to check there.
+    pub fn a_writer_gets_in_while_the_largest_token_slot_is_locked_elsewhere(f: &Fixture) {
+        let (a, b) = (f.registry(), f.registry());
+        let (at_a, at_b) = (a.rw_lock("pinned").unwrap(), b.rw_lock("pinned").unwrap());
+        let mut earlier = 0u64;
+        // Several slots get rows, then a write takes its token.
+        let reads: Vec<_> = (0..4).map(|_| at_a.read().unwrap()).collect();
+        for read in &reads {
+            earlier = earlier.max(read.fencing_token());
+        }
+        drop(reads);
+        let write = at_b.try_write_for(GENEROUS).unwrap().expect("write");
+        assert!(write.fencing_token() > earlier);
+        earlier = write.fencing_token();
+        write.unlock().unwrap();
+        for round in 0..4 {
+            if round % 2 == 1 {
+                // The largest token is a read's this round.
+                let read = at_a.try_read_for(GENEROUS).unwrap().expect("read");
+                assert!(read.fencing_token() > 0);
+                earlier = earlier.max(read.fencing_token());
+                read.unlock().unwrap();
+            }
+            let status = a.rw_lock_status("pinned").unwrap();
+            assert!(status.held_readers().is_empty(), "{:?}", status.readers);
+            let top = status
+                .readers
+                .iter()
+                .max_by_key(|row| row.fencing_token)
+                .expect("read slot rows")
+                .clone();
+            assert!(top.fencing_token >= earlier, "{top:?} after {earlier}");
+            let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[top.lock_key])
+            else {
+                return;
+            };
+            for writer in [&at_a, &at_b] {
+                let write = match writer.try_write_for(Duration::from_secs(5)) {
+                    Ok(Some(write)) => write,
+                    other => panic!(
+                        "{:?}: round {round}: {other:?} with no reader and the slot of token {} \
+                         locked elsewhere",
+                        f.db, top.fencing_token
+                    ),
+                };
+                let token = write.fencing_token();
+                assert!(
+                    token > earlier && token > top.fencing_token,
+                    "{:?}: round {round}: write token {token} after {earlier}",
+                    f.db
+                );
+                earlier = token;
+                write.unlock().unwrap();
+            }
+            drop(row_lock);
+        }
+    }
 }
 
 macro_rules! rw_locks {
@@ -357,6 +420,7 @@ macro_rules! rw_locks {
             bad_input_gets_typed_errors,
             a_lock_a_semaphore_and_a_rw_lock_of_one_name_are_unrelated,
             read_slot_rows_another_session_holds_locked_cost_only_those_rows,
+            a_writer_gets_in_while_the_largest_token_slot_is_locked_elsewhere,
         );
     };
 }
