@@ -1,9 +1,10 @@
 //! Reader/writer locks against every database: never a writer beside another holder across
 //! registries and threads (an outside witness checks), a waiting writer keeps new readers of
 //! every instance out and gets in under a continuous stream of readers, a write token exceeds
-//! every earlier grant, crashed holders' rows come back after their time-to-live, and bad input
-//! is refused (PostgreSQL also through PgBouncer in transaction mode). Waits are bounded
-//! generously; no assertion is on elapsed time.
+//! every earlier grant (also while another session holds the row of the largest token locked),
+//! read slot rows locked elsewhere cost only those rows, crashed holders' rows come back after
+//! their time-to-live, and bad input is refused (PostgreSQL also through PgBouncer in
+//! transaction mode). Waits are bounded generously; no assertion is on elapsed time.
 
 mod common;
 
@@ -381,8 +382,7 @@ mod suite {
                 .expect("read slot rows")
                 .clone();
             assert!(top.fencing_token >= earlier, "{top:?} after {earlier}");
-            let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[top.lock_key])
-            else {
+            let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[top.lock_key]) else {
                 return;
             };
             for writer in [&at_a, &at_b] {
@@ -406,6 +406,61 @@ mod suite {
             drop(row_lock);
         }
     }
+
+    /// The read slot of the largest token ahead of the database clock (as after the clock was
+    /// set back) and locked by another session: no other slot's grant is above its token, so
+    /// a bounded write returns no guard with a token at or below it (it waits for the row);
+    /// once the row is free, the write gets in above it. SQLite locks whole files, not rows:
+    /// nothing to check there.
+    pub fn a_write_token_stays_above_a_locked_slot_ahead_of_the_clock(f: &Fixture) {
+        const AN_HOUR_MICROS: u64 = 3_600_000_000;
+        let registry = f.registry();
+        let lock = registry.rw_lock("ahead-locked").unwrap();
+        let reads: Vec<_> = (0..3).map(|_| lock.read().unwrap()).collect();
+        drop(reads);
+        let status = registry.rw_lock_status("ahead-locked").unwrap();
+        let top = status
+            .readers
+            .iter()
+            .max_by_key(|row| row.fencing_token)
+            .expect("read slot rows")
+            .lock_key
+            .clone();
+        let mut raw = crate::common::raw::Raw::open(f);
+        let pushed = raw.execute(&format!(
+            "UPDATE {} SET FENCING_TOKEN = FENCING_TOKEN + {AN_HOUR_MICROS} \
+             WHERE LOCK_KEY = '{top}'",
+            f.table()
+        ));
+        assert_eq!(pushed, 1);
+        let ahead = registry
+            .rw_lock_status("ahead-locked")
+            .unwrap()
+            .readers
+            .iter()
+            .map(|row| row.fencing_token)
+            .max()
+            .unwrap();
+        let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[top]) else {
+            return;
+        };
+        if let Some(write) = lock.try_write_for(Duration::from_millis(500)).unwrap() {
+            assert!(
+                write.fencing_token() > ahead,
+                "{:?}: write token {} with the slot of token {ahead} locked",
+                f.db,
+                write.fencing_token()
+            );
+        }
+        drop(row_lock);
+        let write = lock.try_write_for(GENEROUS).unwrap().expect("write");
+        assert!(
+            write.fencing_token() > ahead,
+            "{:?}: write token {} after {ahead}",
+            f.db,
+            write.fencing_token()
+        );
+    }
 }
 
 macro_rules! rw_locks {
@@ -421,6 +476,7 @@ macro_rules! rw_locks {
             a_lock_a_semaphore_and_a_rw_lock_of_one_name_are_unrelated,
             read_slot_rows_another_session_holds_locked_cost_only_those_rows,
             a_writer_gets_in_while_the_largest_token_slot_is_locked_elsewhere,
+            a_write_token_stays_above_a_locked_slot_ahead_of_the_clock,
         );
     };
 }
