@@ -75,12 +75,13 @@
 //! Which slot: first the row (or rows) that carries the largest token, whose grant is above
 //! it by construction; when that row is held or does not answer — another session holds it
 //! locked, as an operator's `SELECT … FOR UPDATE` or an expired reader's fenced transaction
-//! still open does, and PostgreSQL and MariaDB refuse such a row at once — the other slots
-//! with a row, larger tokens first, then those without one, up to the first grant. A grant
-//! takes at least the database clock's reading, so any slot's grant is above the largest
-//! token once the database clock has passed it, which it has unless the clock was set back
-//! or the grants came quicker than its tick (SQLite's counts milliseconds; there no session
-//! locks single rows). A grant that is not above it is let go, and the writer polls again.
+//! still open does, and PostgreSQL and MariaDB refuse such a row within milliseconds — the
+//! other slots with a row, larger tokens first, then those without one, up to the first
+//! grant. A grant takes at least the database clock's reading, so any slot's grant is above
+//! the largest token once the database clock has passed it, which it has unless the clock
+//! was set back or the grants came quicker than its tick (SQLite's counts milliseconds; there
+//! no session locks single rows). A grant that is not above it is let go, and the writer
+//! polls again.
 //!
 //! The bound: **each read slot row the writer tries and finds locked costs that write one
 //! refused statement (on MySQL, whose acquire waits up to 1 s for a locked row, one share of
