@@ -35,7 +35,8 @@
 //! was not granted in time, [`Error::Timeout`] only when no statement of the wait had an answer
 //! from the database. A read slot or claim row that another session holds locked costs only
 //! that row: a reader passes over it as a semaphore's poller passes over a permit's row (see
-//! `crate::semaphore`, "A row that does not answer").
+//! `crate::semaphore`, "A row that does not answer"), and so does a writer taking its token
+//! (see *Fencing*).
 //!
 //! # Writer preference
 //!
@@ -61,18 +62,38 @@
 //!
 //! # Fencing
 //!
-//! A write guard's token is a grant of its own: once no read slot is held, the writer (which
-//! holds the write row, so no reader can take a slot) takes the read slot whose row has the
-//! largest token and lets it go at once. The grant's token is above that row's token, so above
-//! every read slot's token, and above the deletion floor, so above the token of every row
-//! deleted since (see "Fencing tokens" in the crate docs): above every earlier read grant and
-//! every earlier write token (each of which is such a grant), whatever rows were deleted, on
-//! any database and whatever its clock did. The write token is the larger of that grant's
-//! token and the write row's own; tokens are only ever compared, never added. It costs two
-//! statements per write hold (the slot's grant and release), a local handoff between writers
-//! of one registry included: every write hold has a token of its own. A read guard's
-//! token is its slot's grant: above every earlier grant of its slot, and below every later
-//! write token. The table shows the rows' own tokens.
+//! A write guard's token is a grant of its own. Once the listing finds no read slot held, the
+//! writer (which holds the write row, so no reader keeps a slot it takes meanwhile) takes one
+//! read slot and lets it go at once, and keeps that grant's token only if it is above the
+//! largest token among the read slots' rows in that listing. Every earlier read grant and
+//! every earlier write token (each of which is such a grant) is either at most that largest
+//! token or was in a row deleted since, and every grant is above the deletion floor, so above
+//! the token of every row deleted since (see "Fencing tokens" in the crate docs): the write
+//! token is above every earlier read and write grant, whatever rows were deleted, on any
+//! database and whatever its clock did.
+//!
+//! Which slot: first the row (or rows) that carries the largest token, whose grant is above
+//! it by construction; when that row is held or does not answer — another session holds it
+//! locked, as an operator's `SELECT … FOR UPDATE` or an expired reader's fenced transaction
+//! still open does, and PostgreSQL and MariaDB refuse such a row within milliseconds — the
+//! other slots with a row, larger tokens first, then those without one, up to the first
+//! grant. A grant takes at least the database clock's reading, so any slot's grant is above
+//! the largest token once the database clock has passed it, which it has unless the clock
+//! was set back or the grants came quicker than its tick (SQLite's counts milliseconds; there
+//! no session locks single rows). A grant that is not above it is let go, and the writer
+//! polls again.
+//!
+//! The bound: **each read slot row the writer tries and finds locked costs that write one
+//! refused statement (on MySQL, whose acquire waits up to 1 s for a locked row, one share of
+//! the row poller's patience, after which the registry's writes pass over that row for a
+//! while, as a semaphore's poller does); a writer waits for a locked row only while every row
+//! that carries the largest token is locked and the database clock reads below that token,
+//! until one of those rows answers or the clock passes the token.** Besides those refused,
+//! the token costs two statements (the grant and its release) per write hold, a local handoff
+//! between writers of one registry included: every write hold has a token of its own. The write token is the larger
+//! of that grant's token and the write row's own; tokens are only ever compared, never added.
+//! A read guard's token is its slot's grant: above every earlier grant of its slot, and below
+//! every later write token. The table shows the rows' own tokens.
 //!
 //! # Threads of one registry
 //!
@@ -245,6 +266,10 @@ pub(crate) struct RwInner {
     /// What every claim row's `LOCK_KEY` starts with (and sorts after); the write row sorts
     /// right after the claim rows.
     claim_prefix: String,
+    /// How the write token tries the read slots, kept from one write hold of this registry to
+    /// the next, so that a slot whose row did not answer is passed over for a while (see
+    /// [`Patience`]). Only a thread that holds the write row locks it.
+    token_patience: Mutex<Patience>,
     state: Mutex<LocalState>,
     changed: Condvar,
 }
@@ -282,6 +307,7 @@ impl RwInner {
                 .map(|claim| unreported(&format!("{stem}@v{claim:02}")))
                 .collect(),
             claim_prefix: format!("{stem}@v"),
+            token_patience: Mutex::new(Patience::new(&core.settings)),
             state: Mutex::new(LocalState {
                 writers: 0,
                 nudges: 0,
@@ -546,7 +572,9 @@ impl RwInner {
                         // The claim ran out meanwhile: claim again.
                         continue;
                     }
-                    // A reader took the slot meanwhile (it lets go, as it sees the claim).
+                    // No token yet: readers took the slots meanwhile (they let go, as they see
+                    // the claim), rows did not answer, or the database clock reads below the
+                    // largest token while its rows do not answer (see "Fencing").
                 }
                 if !matches!(wait, Wait::No) {
                     self.watch_readers(&slots, poller, watched);
@@ -618,11 +646,12 @@ impl RwInner {
         Ok(None)
     }
 
-    /// The write token, once no read slot is held: a grant of the read slot with the largest
-    /// token (any slot when none has a row), released at once. Its token is above that slot's
-    /// and so above every read slot's, above the deletion floor (rows deleted since), and so
-    /// above every earlier write token, each of which is such a grant; the write token is the
-    /// larger of it and the write row's own token. `None` when the slot was taken meanwhile.
+    /// The write token, once no read slot is held (see "Fencing" in the module docs): a grant
+    /// of a read slot, let go at once, whose token is above the largest token among `slots`
+    /// (the rows of the listing that found no slot held); the larger of it and the write row's
+    /// own token. `None` (poll again) when no slot gave such a grant: every slot was taken
+    /// meanwhile or did not answer, or the database clock reads below that largest token and
+    /// the rows that carry it did not answer.
     fn write_token(
         &self,
         claim: &LockGuard,
@@ -630,40 +659,68 @@ impl RwInner {
         wait: Wait,
         ttl: Duration,
     ) -> Result<Option<u64>> {
-        let slot = slots
+        let largest = slots.iter().map(|row| row.token).max();
+        let order = self.token_slots(slots);
+        let mut patience = self.token_patience.lock();
+        let mut outcome = Ok(None);
+        for (index, slot) in order.into_iter().enumerate() {
+            if index > 0 && wait.deadline().is_some_and(|d| d <= Instant::now()) {
+                break;
+            }
+            let lock = &self.readers[slot];
+            if lock.is_held_by_current_thread() {
+                // This thread's read lease on it ran out (or it asks for an upgrade).
+                continue;
+            }
+            // A row held, or one that does not answer in its share of the wait (another
+            // session holds it locked): the next slot.
+            let grant = match patience.try_row(lock, &self.core.settings, wait.deadline(), ttl) {
+                Err(Error::Timeout { .. }) if !wait.over(Instant::now()) => break,
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+                Ok(grant) => grant,
+            };
+            let Some(grant) = grant else {
+                continue;
+            };
+            let token = grant.fencing_token();
+            if let Err(e) = grant.unlock() {
+                // The row runs out after its time-to-live; the token is taken all the same.
+                log::warn!(
+                    "could not release read slot {slot} of {:?} after taking the write token: {e}",
+                    self.name
+                );
+            }
+            // A grant not above the largest token means the database clock reads below it;
+            // the rows that carry it were tried first, and another slot's grant would fall
+            // short as well: poll again.
+            if largest.is_none_or(|largest| i128::from(token) > i128::from(largest)) {
+                outcome = Ok(Some(token.max(claim.fencing_token())));
+            }
+            break;
+        }
+        patience.round_over(&self.core.settings);
+        outcome
+    }
+
+    /// The read slots in the order the write token tries them: the slots with a row in `slots`
+    /// by token, largest first (a grant of a row that carries the largest token is above it
+    /// by construction), then the slots without a row.
+    fn token_slots(&self, slots: &[&ListedRow]) -> Vec<usize> {
+        let mut rows: Vec<(i64, usize)> = slots
             .iter()
-            .max_by_key(|row| row.token)
-            .and_then(|row| self.reader_keys.iter().position(|k| **k == *row.lock_key))
-            .unwrap_or(0);
-        if self.readers[slot].is_held_by_current_thread() {
-            // This thread holds that read slot (its lease ran out, or it asks for an upgrade):
-            // it waits for itself, as any upgrade does.
-            return Ok(None);
-        }
-        // A row that does not answer in its share of the wait (another session holds it
-        // locked): poll again.
-        let mut patience = Patience::new(&self.core.settings);
-        let grant = match patience.try_row(
-            &self.readers[slot],
-            &self.core.settings,
-            wait.deadline(),
-            ttl,
-        ) {
-            Err(Error::Timeout { .. }) if !wait.over(Instant::now()) => return Ok(None),
-            other => other?,
-        };
-        let Some(grant) = grant else {
-            return Ok(None);
-        };
-        let token = grant.fencing_token().max(claim.fencing_token());
-        if let Err(e) = grant.unlock() {
-            // The row runs out after its time-to-live; the token is taken all the same.
-            log::warn!(
-                "could not release read slot {slot} of {:?} after taking the write token: {e}",
-                self.name
-            );
-        }
-        Ok(Some(token))
+            .filter_map(|row| {
+                let slot = self.reader_keys.iter().position(|k| **k == *row.lock_key)?;
+                Some((row.token, slot))
+            })
+            .collect();
+        rows.sort_unstable_by(|a, b| b.cmp(a));
+        let mut order: Vec<usize> = rows.iter().map(|(_, slot)| *slot).collect();
+        let rowless = (0..self.readers.len()).filter(|slot| !order.contains(slot));
+        order.extend(rowless.collect::<Vec<_>>());
+        order
     }
 
     /// Registers the held read slots among `slots` for release wake-ups (on MySQL only the

@@ -1,9 +1,10 @@
 //! Reader/writer locks against every database: never a writer beside another holder across
 //! registries and threads (an outside witness checks), a waiting writer keeps new readers of
 //! every instance out and gets in under a continuous stream of readers, a write token exceeds
-//! every earlier grant, crashed holders' rows come back after their time-to-live, and bad input
-//! is refused (PostgreSQL also through PgBouncer in transaction mode). Waits are bounded
-//! generously; no assertion is on elapsed time.
+//! every earlier grant (also while another session holds the row of the largest token locked),
+//! read slot rows locked elsewhere cost only those rows, crashed holders' rows come back after
+//! their time-to-live, and bad input is refused (PostgreSQL also through PgBouncer in
+//! transaction mode). Waits are bounded generously; no assertion is on elapsed time.
 
 mod common;
 
@@ -343,6 +344,123 @@ mod suite {
         }
         drop(row_lock);
     }
+
+    /// The read slot whose row has the largest token, locked by another session (an
+    /// operator's `SELECT … FOR UPDATE` on a released slot, in an open transaction) while no
+    /// reader holds the lock: a bounded write still gets in, with a token above every earlier
+    /// read and write grant. Each round locks the slot that is the largest then (the previous
+    /// write's or a read's), and a second writer takes the write side meanwhile too. SQLite
+    /// locks whole files, not rows: nothing to check there.
+    pub fn a_writer_gets_in_while_the_largest_token_slot_is_locked_elsewhere(f: &Fixture) {
+        let (a, b) = (f.registry(), f.registry());
+        let (at_a, at_b) = (a.rw_lock("pinned").unwrap(), b.rw_lock("pinned").unwrap());
+        let mut earlier = 0u64;
+        // Several slots get rows, then a write takes its token.
+        let reads: Vec<_> = (0..4).map(|_| at_a.read().unwrap()).collect();
+        for read in &reads {
+            earlier = earlier.max(read.fencing_token());
+        }
+        drop(reads);
+        let write = at_b.try_write_for(GENEROUS).unwrap().expect("write");
+        assert!(write.fencing_token() > earlier);
+        earlier = write.fencing_token();
+        write.unlock().unwrap();
+        for round in 0..4 {
+            if round % 2 == 1 {
+                // The largest token is a read's this round.
+                let read = at_a.try_read_for(GENEROUS).unwrap().expect("read");
+                assert!(read.fencing_token() > 0);
+                earlier = earlier.max(read.fencing_token());
+                read.unlock().unwrap();
+            }
+            let status = a.rw_lock_status("pinned").unwrap();
+            assert!(status.held_readers().is_empty(), "{:?}", status.readers);
+            let top = status
+                .readers
+                .iter()
+                .max_by_key(|row| row.fencing_token)
+                .expect("read slot rows")
+                .clone();
+            assert!(top.fencing_token >= earlier, "{top:?} after {earlier}");
+            let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[top.lock_key]) else {
+                return;
+            };
+            for writer in [&at_a, &at_b] {
+                let write = match writer.try_write_for(Duration::from_secs(5)) {
+                    Ok(Some(write)) => write,
+                    other => panic!(
+                        "{:?}: round {round}: {other:?} with no reader and the slot of token {} \
+                         locked elsewhere",
+                        f.db, top.fencing_token
+                    ),
+                };
+                let token = write.fencing_token();
+                assert!(
+                    token > earlier && token > top.fencing_token,
+                    "{:?}: round {round}: write token {token} after {earlier}",
+                    f.db
+                );
+                earlier = token;
+                write.unlock().unwrap();
+            }
+            drop(row_lock);
+        }
+    }
+
+    /// The read slot of the largest token ahead of the database clock (as after the clock was
+    /// set back) and locked by another session: no other slot's grant is above its token, so
+    /// a bounded write returns no guard with a token at or below it (it waits for the row);
+    /// once the row is free, the write gets in above it. SQLite locks whole files, not rows:
+    /// nothing to check there.
+    pub fn a_write_token_stays_above_a_locked_slot_ahead_of_the_clock(f: &Fixture) {
+        const AN_HOUR_MICROS: u64 = 3_600_000_000;
+        let registry = f.registry();
+        let lock = registry.rw_lock("ahead-locked").unwrap();
+        let reads: Vec<_> = (0..3).map(|_| lock.read().unwrap()).collect();
+        drop(reads);
+        let status = registry.rw_lock_status("ahead-locked").unwrap();
+        let top = status
+            .readers
+            .iter()
+            .max_by_key(|row| row.fencing_token)
+            .expect("read slot rows")
+            .lock_key
+            .clone();
+        let mut raw = crate::common::raw::Raw::open(f);
+        let pushed = raw.execute(&format!(
+            "UPDATE {} SET FENCING_TOKEN = FENCING_TOKEN + {AN_HOUR_MICROS} \
+             WHERE LOCK_KEY = '{top}'",
+            f.table()
+        ));
+        assert_eq!(pushed, 1);
+        let ahead = registry
+            .rw_lock_status("ahead-locked")
+            .unwrap()
+            .readers
+            .iter()
+            .map(|row| row.fencing_token)
+            .max()
+            .unwrap();
+        let Some(row_lock) = crate::common::row_lock::RowLock::hold(f, &[top]) else {
+            return;
+        };
+        if let Some(write) = lock.try_write_for(Duration::from_millis(500)).unwrap() {
+            assert!(
+                write.fencing_token() > ahead,
+                "{:?}: write token {} with the slot of token {ahead} locked",
+                f.db,
+                write.fencing_token()
+            );
+        }
+        drop(row_lock);
+        let write = lock.try_write_for(GENEROUS).unwrap().expect("write");
+        assert!(
+            write.fencing_token() > ahead,
+            "{:?}: write token {} after {ahead}",
+            f.db,
+            write.fencing_token()
+        );
+    }
 }
 
 macro_rules! rw_locks {
@@ -357,6 +475,8 @@ macro_rules! rw_locks {
             bad_input_gets_typed_errors,
             a_lock_a_semaphore_and_a_rw_lock_of_one_name_are_unrelated,
             read_slot_rows_another_session_holds_locked_cost_only_those_rows,
+            a_writer_gets_in_while_the_largest_token_slot_is_locked_elsewhere,
+            a_write_token_stays_above_a_locked_slot_ahead_of_the_clock,
         );
     };
 }
