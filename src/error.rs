@@ -330,8 +330,9 @@ fn timeout_cause(
     if text.contains(TOO_MANY_CLIENTS) {
         return format!("{TOO_MANY_CLIENTS}: {TOO_MANY_CLIENTS_FIX}");
     }
-    // MySQL's 1205, SQLite's busy file: another session held what the statement needed.
-    if text.contains("Lock wait timeout exceeded") {
+    // MySQL's 1205, a renewal that skipped a locked row, SQLite's busy file: another session
+    // held what the statement needed.
+    if text.contains("Lock wait timeout exceeded") || text.contains("stayed locked by another") {
         return "a row of the lock table stayed locked by another session until then (an open \
                 fenced transaction, a long transaction or a `SELECT ... FOR UPDATE` on the \
                 table): end that transaction"

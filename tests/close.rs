@@ -227,34 +227,46 @@ fn closing_releases_a_lingering_key(db: Db) {
     let Some(f) = Fixture::new(db, "close_lingering") else {
         return;
     };
-    let registry = Arc::new(
-        f.builder()
-            .tuning(leasehold::Tuning {
-                linger: Duration::from_secs(60),
-                ..Default::default()
-            })
-            .build()
-            .unwrap(),
-    );
-    let lock = registry.obtain("lingers").unwrap();
-    let first = lock.lock().unwrap();
-    let second = {
-        let lock = lock.clone();
-        thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
-    };
-    eventually("the second thread queued", || lock.queued_threads() > 0);
-    first.unlock().unwrap();
-    second.join().unwrap();
-    let holder = registry.holder("lingers").unwrap();
-    assert!(holder.is_some(), "the grant lingers after both let go");
-    registry.close();
-    assert_eq!(
-        registry.holder("lingers").unwrap(),
-        None,
-        "closing left a lingering grant held"
-    );
+    // A linger of the longest kind; a machine too busy to look within it tries again.
+    for round in 1.. {
+        let registry = Arc::new(
+            f.builder()
+                .tuning(leasehold::Tuning {
+                    linger: leasehold::MAX_LINGER,
+                    ..Default::default()
+                })
+                .build()
+                .unwrap(),
+        );
+        let lock = registry.obtain("lingers").unwrap();
+        let first = lock.lock().unwrap();
+        let second = {
+            let lock = lock.clone();
+            thread::spawn(move || lock.lock().unwrap().unlock().unwrap())
+        };
+        eventually("the second thread queued", || lock.queued_threads() > 0);
+        first.unlock().unwrap();
+        second.join().unwrap();
+        let lingering = registry.holder("lingers").unwrap().is_some();
+        registry.close();
+        if !lingering && round < 5 {
+            continue;
+        }
+        assert!(lingering, "the grant did not linger after both let go");
+        assert_eq!(
+            registry.holder("lingers").unwrap(),
+            None,
+            "closing left a lingering grant held"
+        );
+        break;
+    }
     let other = f.registry();
-    assert!(other.obtain("lingers").unwrap().try_lock().unwrap().is_some());
+    assert!(other
+        .obtain("lingers")
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .is_some());
 }
 
 macro_rules! on_every_backend {

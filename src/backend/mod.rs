@@ -167,6 +167,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The shipped DDL of the waiting line (`include_str!` of `QUEUE_DDL_FILE`), written for
     /// table `INT_LOCK`: table `INT_LOCK_QUEUE`.
     const QUEUE_DDL: &'static str;
+    /// Whether the database grants privileges per table, so that a user of the lock table may
+    /// still lack them on the waiting line (see [`queue`]); SQLite's users have the file.
+    const TABLE_PRIVILEGES: bool = true;
     /// Whether the acquire statement of [`Backend::default_queries`] with `queue` also removes
     /// the client's place in line when it grants; otherwise the registry leaves the line with
     /// a statement of its own after the grant.

@@ -24,6 +24,10 @@ pub(crate) struct Grant {
     pub sent_at: Instant,
 }
 
+/// Why a renewal by hand timed out on a row another session kept locked (see
+/// [`crate::error`]'s timeout causes, which recognize it).
+pub(crate) const ROW_LOCKED: &str = "the lock row stayed locked by another session";
+
 /// What an acquire found.
 #[derive(Debug)]
 pub(crate) enum Acquired {
@@ -437,32 +441,41 @@ impl<B: Backend> Store for SqlStore<B> {
         deadline: Instant,
         path: Path,
     ) -> Result<Option<Instant>> {
-        // A renewal by hand never waits for a row another session holds locked (its own
+        // A renewal by hand never blocks on a row another session holds locked (its own
         // fenced transaction's, say): where one can, it runs as a batch of one, which skips
-        // such a row, and says so at once.
+        // such a row; it tries again after short pauses until the deadline, and then says
+        // that the row stayed locked.
         let batch = self.batch_renew.as_ref().filter(|_| {
             path == Path::Main && B::ROW_LOCKS && !self.batch_refused.load(Ordering::Relaxed)
         });
         if let Some(batch) = batch {
-            match self.run_batch(path, "renew", batch, &[(lock_key, token)], ttl, deadline) {
-                Ok((sent_at, found)) => {
-                    return match found[0] {
-                        Batched::Renewed => Ok(Some(sent_at)),
-                        Batched::NotHolder => Ok(None),
-                        Batched::RowBusy => Err(Error::Database {
-                            operation: "renew",
-                            hint: "another session holds the lock row locked — this lease's \
-                                   own open fenced transaction, or a long transaction or \
-                                   `SELECT ... FOR UPDATE` on the lock table: renew before \
-                                   fencing or after that transaction ends"
-                                .to_string(),
-                            source: "the lock row was locked; the renewal skipped it".into(),
-                        }),
-                    };
+            let started = Instant::now();
+            let mut pause = Duration::from_millis(1);
+            loop {
+                match self.run_batch(path, "renew", batch, &[(lock_key, token)], ttl, deadline) {
+                    Ok((sent_at, found)) => match found[0] {
+                        Batched::Renewed => return Ok(Some(sent_at)),
+                        Batched::NotHolder => return Ok(None),
+                        Batched::RowBusy => {}
+                    },
+                    // Refused, so it did not run: the plain statement from now on.
+                    Err(Error::Database { .. }) => {
+                        self.batch_refused.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(e) => return Err(e),
                 }
-                // Refused, so it did not run: the plain statement from now on.
-                Err(Error::Database { .. }) => self.batch_refused.store(true, Ordering::Relaxed),
-                Err(e) => return Err(e),
+                // The row was locked: again after a pause, unless that leaves no time.
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left <= pause {
+                    return Err(Error::Timeout {
+                        operation: "renew",
+                        waited: started.elapsed(),
+                        source: Some(ROW_LOCKED.into()),
+                    });
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
             }
         }
         let params = self.params(lock_key, ttl, token);

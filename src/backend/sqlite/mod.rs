@@ -229,6 +229,7 @@ impl Backend for Sqlite {
     const SEMAPHORE_DDL_FILE: &'static str = "sql/sqlite_semaphore.sql";
     const SEMAPHORE_DDL: &'static str = include_str!("../../../sql/sqlite_semaphore.sql");
     const QUEUE_DDL_FILE: &'static str = "sql/sqlite_queue.sql";
+    const TABLE_PRIVILEGES: bool = false;
     const QUEUE_DDL: &'static str = include_str!("../../../sql/sqlite_queue.sql");
 
     fn queue_statements(table: &str) -> crate::backend::QueueStatements {
