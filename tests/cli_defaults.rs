@@ -1192,8 +1192,9 @@ mod suite {
         }
     }
 
-    /// Odd inputs got a different answer from each subcommand: `sqlite::memory:` was "run
-    /// init" for `list` and refused by `init`, a directory was a "disk I/O error" for some;
+    /// Odd inputs got a different answer from each subcommand: `sqlite::memory:` and a path in
+    /// a missing directory were "run init" for `list` and refused by `init`, a directory was a
+    /// "disk I/O error" for some;
     /// `--permits 0` said to use `obtain`, `--ttl -1` to write `-- -1`, and `PT15M` was
     /// refused.
     pub fn every_subcommand_answers_odd_inputs_alike(f: &Fixture) {
@@ -1208,14 +1209,16 @@ mod suite {
             ("release", &["--key", "k", "--force"]),
             ("cleanup", &["--older-than", "1d"]),
         ];
-        for (url, answer) in [
-            ("sqlite::memory:", "is a database in memory"),
-            (directory.as_str(), "names a directory"),
+        let nowhere = format!("sqlite:{}/missing/locks.db", dir.path().display());
+        for (url, answer, exit) in [
+            ("sqlite::memory:", "is a database in memory", 64),
+            (directory.as_str(), "names a directory", 64),
+            (nowhere.as_str(), "there is no directory", 70),
         ] {
             for (subcommand, args) in subcommands {
                 let refused = output(leasehold_at(f, url, subcommand, args));
                 let said = stderr(&refused);
-                assert_eq!(code(&refused), 64, "{subcommand} {url}: {said}");
+                assert_eq!(code(&refused), exit, "{subcommand} {url}: {said}");
                 assert!(
                     said.contains(answer)
                         && !said.contains("leasehold init")

@@ -95,8 +95,9 @@ fn sqlite_path(url: &str) -> Option<&str> {
 
 /// Refuses, before anything is connected to, what no command can use: an SQLite database in
 /// memory (each connection has its own, and locks in it exclude nothing), an SQLite path that
-/// is a directory, a MySQL URL that names no database (without one in --prefix). Every
-/// subcommand but `init --print` says the same of them (exit 64).
+/// is a directory, a MySQL URL that names no database (without one in --prefix) — exit 64 —
+/// and an SQLite path whose directory is missing (exit 70, as for a missing file). Every
+/// subcommand but `init --print` says the same of them.
 fn refuse_unusable(database: &Database) -> Result<(), Failure> {
     let url = database.database.as_str();
     if let Some(path) = sqlite_path(url) {
@@ -112,7 +113,21 @@ fn refuse_unusable(database: &Database) -> Result<(), Failure> {
                 ),
             ));
         }
-        if std::path::Path::new(path).is_dir() {
+        let file = std::path::Path::new(path);
+        if let Some(directory) = file
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty() && !parent.is_dir())
+        {
+            return Err(Failure::new(
+                exit::ERROR,
+                format!(
+                    "there is no directory {} for the SQLite database {path}: create it, or \
+                     check the path in --database for a typo",
+                    directory.display()
+                ),
+            ));
+        }
+        if file.is_dir() {
             return Err(Failure::new(
                 exit::USAGE,
                 format!(
