@@ -104,6 +104,7 @@ impl Watchdog {
     }
 
     /// The watchdog's process id.
+    #[cfg_attr(not(any(target_os = "linux", target_os = "android")), allow(dead_code))]
     pub fn pid(&self) -> libc::pid_t {
         self.child.id() as libc::pid_t
     }
