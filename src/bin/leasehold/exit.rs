@@ -67,7 +67,7 @@ impl From<Error> for Failure {
 /// driver's errors without the name of their kind (`DriverError { … }`); durations rounded
 /// to what a person reads.
 pub fn for_cli(message: &str) -> String {
-    const SAID: [(&str, &str); 27] = [
+    const SAID: [(&str, &str); 31] = [
         (" and RegistryBuilder::renewal_pool_size", ""),
         (" and RegistryBuilder::pool_size", ""),
         (" (with INT_ replaced by the prefix)", ""),
@@ -116,6 +116,13 @@ pub fn for_cli(message: &str) -> String {
             "Resource temporarily unavailable (os error 11)",
             "no answer in time",
         ),
+        (
+            "point the registry at another path",
+            "give another path in --database",
+        ),
+        ("do not reach this registry", "do not reach leasehold"),
+        (" (every idle_between_tries)", ""),
+        ("semaphores of this registry", "--permits"),
     ];
     let mut text = message.to_string();
     for (library, command) in SAID {
@@ -291,6 +298,24 @@ mod tests {
             for_cli("(check the server and RegistryBuilder::renewal_pool_size)"),
             "(check the server)"
         );
+    }
+
+    #[test]
+    fn the_registry_is_not_named() {
+        for message in [
+            "the file is not a healthy SQLite database: point the registry at another path",
+            "PostgreSQL release notifications do not reach this registry: LISTEN at x did not \
+             hear; waiters only poll now (every idle_between_tries). Give the listener a direct \
+             connection: RegistryBuilder::listener_url",
+            "could not create the semaphore table T from sql/sqlite_semaphore.sql: e; \
+             semaphores of this registry will fail until it exists",
+        ] {
+            let said = for_cli(message);
+            assert!(
+                !said.contains("registry") && !said.contains("idle_between"),
+                "{said}"
+            );
+        }
     }
 
     #[test]
