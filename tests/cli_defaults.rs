@@ -1264,7 +1264,7 @@ mod suite {
         });
         let help = stdout(&help);
         assert!(
-            help.contains("75") && help.contains("flock's -w exits 1") && help.contains("PT10M"),
+            help.contains("exit 75 where flock(1) exits 1") && help.contains("PT10M"),
             "{help}"
         );
     }

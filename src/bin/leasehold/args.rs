@@ -127,9 +127,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = time_to_live, allow_hyphen_values = true)]
     pub ttl: Duration,
     /// Give up after waiting this long for the lock, connecting to the database included
-    /// (exit 75, or --conflict-exit-code, as flock's -w exits 1): seconds as flock(1) takes
-    /// them (10, 1.5), with units (500ms, 10m) or ISO 8601 (PT10M); 0 is --no-wait. Default:
-    /// wait until granted.
+    /// (exit 75 where flock(1) exits 1, or --conflict-exit-code): seconds as flock takes them
+    /// (10, 1.5), with units (500ms, 10m) or ISO 8601 (PT10M); 0 is --no-wait. Default: wait
+    /// until granted.
     #[arg(
         long,
         short = 'w',
@@ -139,7 +139,8 @@ pub struct RunArgs {
         conflicts_with = "no_wait"
     )]
     pub wait: Option<Duration>,
-    /// Give up at once if the lock is held elsewhere (exit 75, or --conflict-exit-code).
+    /// Give up at once if the lock is held elsewhere (exit 75 where flock(1) exits 1, or
+    /// --conflict-exit-code).
     #[arg(long, short = 'n')]
     pub no_wait: bool,
     /// The exit code when the lock was held elsewhere (--no-wait, or --wait ran out), as
