@@ -4,7 +4,9 @@
 //! and `list` say the same of a row; read-only commands open SQLite read-only and a directory
 //! SQLite cannot write is named; messages speak of the command, not of the library; a table of
 //! another shape is not offered a `DROP TABLE`; SIGTSTP never stops leasehold inside a
-//! statement.
+//! statement; what a command leaves running is said, and an interrupt stops it; the URL's
+//! connect timeout, `-w` and `--db-timeout` bound the waits for the database; odd inputs get
+//! one answer from every subcommand.
 //!
 //! `LEASEHOLD_TEST_BIN` runs the tests against another build of the command.
 
