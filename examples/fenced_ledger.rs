@@ -37,6 +37,16 @@ use std::time::Duration;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
+/// What `--help` prints, and a command line without a database.
+pub const USAGE: &str = "usage: fenced_ledger DATABASE [--mode fenced|plain|autocommit] \
+                         [--sections N] [--until FILE] [--ttl-ms MS] [--pause-ms MS] [--prefix P]
+DATABASE: an SQLite file, or a postgres:// or mysql:// URL (with --features postgres / mysql).
+Each section takes the lock, reads the ledger's total in a transaction fenced with the guard,
+pauses --pause-ms (default 200), writes the total + 1 and commits. --sections N (default 20;
+0: until --until FILE exists); --mode plain (the transaction without the fence) and
+autocommit (no transaction) are the unprotected controls; --ttl-ms the lease (default 10000);
+--prefix the lock table's and the ledger's (INT_LEDGER) prefix.";
+
 /// How a section writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -104,11 +114,7 @@ impl Options {
             }
         }
         if options.database.is_empty() {
-            return Err(
-                "usage: fenced_ledger DATABASE [--mode fenced|plain|autocommit] \
-                        [--sections N] [--until FILE] [--ttl-ms MS] [--pause-ms MS] [--prefix P]"
-                    .into(),
-            );
+            return Err(USAGE.into());
         }
         Ok(options)
     }
@@ -341,6 +347,13 @@ pub fn run(options: &Options) -> Result<u64, Failure> {
 }
 
 fn main() {
+    if std::env::args()
+        .skip(1)
+        .any(|arg| arg == "--help" || arg == "-h")
+    {
+        println!("{USAGE}");
+        return;
+    }
     let options = match Options::parse(std::env::args().skip(1)) {
         Ok(options) => options,
         Err(usage) => {

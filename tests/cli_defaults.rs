@@ -4,7 +4,9 @@
 //! and `list` say the same of a row; read-only commands open SQLite read-only and a directory
 //! SQLite cannot write is named; messages speak of the command, not of the library; a table of
 //! another shape is not offered a `DROP TABLE`; SIGTSTP never stops leasehold inside a
-//! statement.
+//! statement; what a command leaves running is said, and an interrupt stops it; the URL's
+//! connect timeout, `-w` and `--db-timeout` bound the waits for the database; odd inputs get
+//! one answer from every subcommand.
 //!
 //! `LEASEHOLD_TEST_BIN` runs the tests against another build of the command.
 
@@ -778,6 +780,564 @@ mod suite {
         written.expect("the database is free while leasehold is stopped");
         assert_eq!(wait_with_deadline(&mut run).code(), Some(0));
     }
+    /// The lines a child writes to a pipe (its stderr, a terminal's output), read as they come.
+    struct Said {
+        lines: std::sync::mpsc::Receiver<String>,
+        seen: String,
+    }
+
+    impl Said {
+        fn of(pipe: impl std::io::Read + Send + 'static) -> Said {
+            let (sender, lines) = std::sync::mpsc::channel();
+            thread::spawn(move || {
+                let mut pipe = std::io::BufReader::new(pipe);
+                let mut line = Vec::new();
+                while std::io::BufRead::read_until(&mut pipe, b'\n', &mut line).unwrap_or(0) > 0 {
+                    if sender
+                        .send(String::from_utf8_lossy(&line).into_owned())
+                        .is_err()
+                    {
+                        break;
+                    }
+                    line.clear();
+                }
+            });
+            Said {
+                lines,
+                seen: String::new(),
+            }
+        }
+
+        /// The first line (from here on) that holds `text`.
+        fn wait_for(&mut self, text: &str) -> String {
+            let deadline = Instant::now() + GENEROUS;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.lines.recv_timeout(left) {
+                    Ok(line) => {
+                        self.seen.push_str(&line);
+                        if line.contains(text) {
+                            return line;
+                        }
+                    }
+                    Err(_) => panic!("never said {text:?}; said: {}", self.seen),
+                }
+            }
+        }
+
+        /// Everything said, once the writer has closed the pipe.
+        fn all(mut self) -> String {
+            while let Ok(line) = self.lines.recv_timeout(GENEROUS) {
+                self.seen.push_str(&line);
+            }
+            self.seen
+        }
+    }
+
+    /// Kills one process when dropped.
+    struct Killer(u32);
+
+    impl Drop for Killer {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &self.0.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
+    /// The parent of process `pid`, from `/proc`.
+    fn parent_of(pid: u32) -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        after_comm.split(' ').nth(1).unwrap().parse().unwrap()
+    }
+
+    /// A command that ended leaving a process in its group (a shell's background job, which
+    /// ignores SIGINT and SIGQUIT) kept leasehold waiting without a word, the interrupts that
+    /// reached leasehold went to that process and changed nothing, and once it had ended the
+    /// init of the system reaped it, a second or more late.
+    pub fn what_the_command_left_running_is_said_and_an_interrupt_stops_it(f: &Fixture) {
+        for (subcommand, signal) in [("run", "INT"), ("lead", "QUIT")] {
+            let dir = tempfile::tempdir().unwrap();
+            let left = dir.path().join("left");
+            let script = format!(
+                "trap '' TERM; sleep 300 & echo $! > '{}'; exit 3",
+                left.display()
+            );
+            let name = if subcommand == "run" {
+                "--key"
+            } else {
+                "--group"
+            };
+            let mut args = vec![name, "leftover", "--grace", "1s"];
+            if subcommand == "lead" {
+                args.push("--once");
+            }
+            args.extend(["--", "sh", "-c", &script]);
+            let mut run = leasehold(f, subcommand, &args)
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let _reaper = Reaper(vec![run.id()]);
+            let mut said = Said::of(run.stderr.take().unwrap());
+            let sleeper = read_pid(&left);
+            let _killer = Killer(sleeper);
+            let line = said.wait_for("waiting for the processes it left");
+            assert!(
+                line.contains("exit code 3")
+                    && line.contains(&format!("SIGINT to leasehold (pid {})", run.id())),
+                "{subcommand}: {line}"
+            );
+            // Orphaned, it is leasehold's to reap the moment it ends.
+            assert_eq!(parent_of(sleeper), run.id(), "{subcommand}");
+            send(signal, run.id());
+            let status = wait_with_deadline(&mut run);
+            assert_eq!(
+                status.code(),
+                Some(3),
+                "{subcommand}: the command's own code"
+            );
+            assert!(state_of(sleeper).is_none(), "{subcommand}: it was stopped");
+            let said = said.all();
+            assert!(
+                said.contains("interrupted: stopping") && said.contains("sending SIGKILL"),
+                "{subcommand}: {said}"
+            );
+            let free = output(leasehold(f, "status", &["--key", "leftover"]));
+            assert_eq!(code(&free), 1, "{subcommand}: released: {free:?}");
+        }
+    }
+
+    /// In a terminal, Ctrl-C ended the command; what it left running in its group ignores the
+    /// terminal's signals, and a second Ctrl-C or a Ctrl-\ went to it, not to leasehold, which
+    /// waited without a word. Runs on a pseudo-terminal through script(1).
+    pub fn a_second_interrupt_in_a_terminal_stops_what_the_command_left(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let left = dir.path().join("left");
+        let script = format!(
+            "trap '' TERM; sleep 300 & echo $! > '{}'; wait",
+            left.display()
+        );
+        let run = leasehold(
+            f,
+            "run",
+            &["--key", "tty", "--grace", "1s", "--", "sh", "-c", &script],
+        );
+        let words: Vec<String> = std::iter::once(run.get_program())
+            .chain(run.get_args())
+            .map(|word| format!("'{}'", word.to_str().unwrap().replace('\'', r"'\''")))
+            .collect();
+        let mut terminal = Command::new("script")
+            .args(["-qec", &format!("exec {}", words.join(" ")), "/dev/null"])
+            .env("SHELL", "/bin/sh")
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("script(1) from util-linux runs the test on a pseudo-terminal");
+        let _reaper = Reaper(vec![terminal.id()]);
+        let mut screen = Said::of(terminal.stdout.take().unwrap());
+        let mut typed = terminal.stdin.take().unwrap();
+        let sleeper = read_pid(&left);
+        let _killer = Killer(sleeper);
+        std::io::Write::write_all(&mut typed, b"\x03").unwrap();
+        let line = screen.wait_for("waiting for the processes it left");
+        assert!(
+            line.contains("exit code 130") && line.contains("Ctrl-C stops them"),
+            "{line}"
+        );
+        std::io::Write::write_all(&mut typed, b"\x1c").unwrap();
+        let status = wait_with_deadline(&mut terminal);
+        drop(typed);
+        assert_eq!(status.code(), Some(130), "the command's own code");
+        assert!(state_of(sleeper).is_none(), "it was stopped");
+        let shown = screen.all();
+        assert!(shown.contains("interrupted: stopping"), "{shown}");
+    }
+
+    /// `command`'s output, or a panic if it has not ended within [`GENEROUS`].
+    fn output_within(mut command: Command) -> Output {
+        let child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        thread::spawn(move || sender.send(child.wait_with_output()));
+        match receiver.recv_timeout(GENEROUS) {
+            Ok(output) => output.unwrap(),
+            Err(_) => {
+                drop(Killer(pid));
+                panic!("{command:?} did not end in {GENEROUS:?}");
+            }
+        }
+    }
+
+    /// `url` (a server's) with its host and port replaced by `address`.
+    fn url_at(url: &str, address: std::net::SocketAddr) -> String {
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let user = authority
+            .rsplit_once('@')
+            .map(|(user, _)| format!("{user}@"));
+        let url = format!("{scheme}://{}{address}{path}", user.unwrap_or_default());
+        if scheme.starts_with("mysql") {
+            // The MySQL driver otherwise moves to the local server's Unix socket.
+            let separator = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{separator}prefer_socket=false")
+        } else {
+            url
+        }
+    }
+
+    /// `leasehold SUBCOMMAND --database URL ARGS…` with the fixture's prefix, in a process
+    /// group of its own.
+    fn leasehold_at(f: &Fixture, url: &str, subcommand: &str, args: &[&str]) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(binary());
+        command
+            .args([subcommand, "--database", url, "--prefix", &f.prefix])
+            .args(args)
+            .env_remove("LEASEHOLD_DATABASE_URL")
+            .stdin(Stdio::null())
+            .process_group(0);
+        command
+    }
+
+    /// Connecting always had 5 s: a PostgreSQL URL's `connect_timeout` (a MySQL URL's
+    /// `tcp_connect_timeout_ms`) was ignored, `-w 1` against a server that does not answer
+    /// waited 5 s, and no option changed it.
+    pub fn the_url_the_wait_and_db_timeout_bound_connecting(f: &Fixture) {
+        // Connections complete (the listen backlog), and nothing ever answers them.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = url_at(&url(f), silent.local_addr().unwrap());
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let limited = match f.db {
+            Db::Postgres => format!("{url}{separator}connect_timeout=1"),
+            _ => format!("{url}{separator}tcp_connect_timeout_ms=1000"),
+        };
+        for (url, subcommand, args, within) in [
+            (&limited, "status", &["--key", "k"][..], "within 1s"),
+            (
+                &limited,
+                "list",
+                &["--db-timeout", "1.5s"][..],
+                "within 1.5s",
+            ),
+            (
+                &url,
+                "run",
+                &["-w", "1", "--db-timeout", "1h", "--key", "k", "--", "true"][..],
+                "within 1s",
+            ),
+        ] {
+            let refused = output_within(leasehold_at(f, url, subcommand, args));
+            assert_eq!(code(&refused), 70, "{subcommand} {args:?}: {refused:?}");
+            let said = stderr(&refused);
+            assert!(
+                said.contains(&format!("cannot reach {}", server_name(f))) && said.contains(within),
+                "{subcommand} {args:?}: {said}"
+            );
+        }
+    }
+
+    fn server_name(f: &Fixture) -> &'static str {
+        match f.db {
+            Db::Postgres => "PostgreSQL",
+            _ => "MySQL",
+        }
+    }
+
+    /// A loopback TCP proxy to the fixture's server whose connections can be frozen: bytes stop
+    /// flowing both ways, connections stay open (a server or network that hangs).
+    struct Proxy {
+        address: std::net::SocketAddr,
+        frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Proxy {
+        fn to(f: &Fixture) -> Proxy {
+            use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+            use std::sync::atomic::{AtomicBool, Ordering};
+            let server = url(f);
+            let rest = server.split_once("://").unwrap().1;
+            let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            let port = if f.db == Db::Postgres { 5432 } else { 3306 };
+            let upstream = match host.contains(':') {
+                true => host.to_socket_addrs(),
+                false => (host, port).to_socket_addrs(),
+            }
+            .unwrap()
+            .next()
+            .unwrap();
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let address = listener.local_addr().unwrap();
+            let frozen = std::sync::Arc::new(AtomicBool::new(false));
+            let flag = std::sync::Arc::clone(&frozen);
+            thread::spawn(move || {
+                for client in listener.incoming() {
+                    let Ok(client) = client else { continue };
+                    let Ok(server) = TcpStream::connect(upstream) else {
+                        continue;
+                    };
+                    for (mut from, mut to) in [
+                        (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                        (server, client),
+                    ] {
+                        let flag = std::sync::Arc::clone(&flag);
+                        thread::spawn(move || {
+                            let mut buffer = [0u8; 16 * 1024];
+                            while let Ok(n @ 1..) = std::io::Read::read(&mut from, &mut buffer) {
+                                while flag.load(Ordering::SeqCst) {
+                                    thread::sleep(Duration::from_millis(5));
+                                }
+                                if std::io::Write::write_all(&mut to, &buffer[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+            });
+            Proxy { address, frozen }
+        }
+
+        fn freeze(&self) {
+            self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl Drop for Proxy {
+        fn drop(&mut self) {
+            self.frozen
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// A run whose server stopped answering while its command ran exited 5 s after the
+    /// command, whatever the operator wanted; the loss that such a server causes was reported
+    /// with the library's builder settings in it.
+    pub fn a_server_that_stops_answering_is_given_up_after_db_timeout(f: &Fixture) {
+        // The release after the command.
+        let proxy = Proxy::to(f);
+        let through = url_at(&url(f), proxy.address);
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
+        let script = format!(
+            "echo $$ > '{}'; while [ ! -e '{}' ]; do sleep 0.05; done",
+            ready.display(),
+            go.display()
+        );
+        let mut run = leasehold_at(
+            f,
+            &through,
+            "run",
+            &[
+                "--db-timeout",
+                "1s",
+                "--key",
+                "vanish",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let _reaper = Reaper(vec![run.id()]);
+        read_pid(&ready);
+        proxy.freeze();
+        std::fs::write(&go, "").unwrap();
+        let status = wait_with_deadline(&mut run);
+        let said = Said::of(run.stderr.take().unwrap()).all();
+        assert_eq!(status.code(), Some(70), "{said}");
+        // The release gave up after the 2 s asked for (the message says how long it tried),
+        // not after the 5 s of the default.
+        let tried = said
+            .split_once("releasing \"vanish\" failed: release did not complete within ")
+            .and_then(|(_, rest)| rest.split_once(':'))
+            .and_then(|(tried, _)| humantime::parse_duration(tried).ok())
+            .unwrap_or_else(|| panic!("{said}"));
+        assert!(tried < Duration::from_secs(4), "{said}");
+        drop(proxy);
+
+        // A loss: renewals that get no answer.
+        let proxy = Proxy::to(f);
+        let through = url_at(&url(f), proxy.address);
+        let _ = std::fs::remove_file(&ready);
+        let script = format!("echo $$ > '{}'; exec sleep 300", ready.display());
+        let mut run = leasehold_at(
+            f,
+            &through,
+            "run",
+            &[
+                "--ttl", "1s", "--grace", "1s", "--key", "lost", "--", "sh", "-c", &script,
+            ],
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let _reaper = Reaper(vec![run.id()]);
+        let command = read_pid(&ready);
+        let _killer = Killer(command);
+        proxy.freeze();
+        let status = wait_with_deadline(&mut run);
+        let said = Said::of(run.stderr.take().unwrap()).all();
+        assert_eq!(status.code(), Some(74), "{said}");
+        assert!(said.contains("lost the lease of \"lost\""), "{said}");
+        for library in ["RegistryBuilder", "Tuning", "LockRegistry", "Error {"] {
+            assert!(!said.contains(library), "{library} in {said}");
+        }
+    }
+
+    /// Odd inputs got a different answer from each subcommand: `sqlite::memory:` and a path in
+    /// a missing directory were "run init" for `list` and refused by `init`, a directory was a
+    /// "disk I/O error" for some;
+    /// `--permits 0` said to use `obtain`, `--ttl -1` to write `-- -1`, and `PT15M` was
+    /// refused.
+    pub fn every_subcommand_answers_odd_inputs_alike(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let directory = format!("sqlite:{}", dir.path().display());
+        let subcommands: [(&str, &[&str]); 7] = [
+            ("run", &["--key", "k", "--", "true"]),
+            ("lead", &["--group", "g", "--once", "--", "true"]),
+            ("status", &["--key", "k"]),
+            ("list", &[]),
+            ("init", &[]),
+            ("release", &["--key", "k", "--force"]),
+            ("cleanup", &["--older-than", "1d"]),
+        ];
+        let nowhere = format!("sqlite:{}/missing/locks.db", dir.path().display());
+        for (url, answer, exit) in [
+            ("sqlite::memory:", "is a database in memory", 64),
+            (directory.as_str(), "names a directory", 64),
+            (nowhere.as_str(), "there is no directory", 70),
+        ] {
+            for (subcommand, args) in subcommands {
+                let refused = output(leasehold_at(f, url, subcommand, args));
+                let said = stderr(&refused);
+                assert_eq!(code(&refused), exit, "{subcommand} {url}: {said}");
+                assert!(
+                    said.contains(answer)
+                        && !said.contains("leasehold init")
+                        && !said.contains("invalid setting")
+                        && !said.contains("I/O error"),
+                    "{subcommand} {url}: {said}"
+                );
+            }
+        }
+        let run = |args: &[&str]| {
+            let mut command = leasehold(f, "run", &["--key", "odd"]);
+            command.args(args).args(["--", "true"]);
+            output(command)
+        };
+        let permits = run(&["--permits", "0"]);
+        assert_eq!(code(&permits), 64, "{permits:?}");
+        assert!(
+            stderr(&permits).contains("1 to 256") && !stderr(&permits).contains("obtain"),
+            "{permits:?}"
+        );
+        for negative in ["-1", "-1s"] {
+            let refused = run(&["--ttl", negative]);
+            assert_eq!(code(&refused), 64, "{refused:?}");
+            let said = stderr(&refused);
+            assert!(
+                said.contains("cannot be negative") && !said.contains("-- -1"),
+                "{said}"
+            );
+        }
+        // ISO 8601, as ShedLock and Java write durations.
+        let iso = run(&["--ttl", "PT15M", "--keep-for", "PT0.5S", "-w", "PT10S"]);
+        assert_eq!(code(&iso), 0, "{iso:?}");
+        let months = run(&["--ttl", "P1M"]);
+        assert_eq!(code(&months), 64, "{months:?}");
+        assert!(stderr(&months).contains("no fixed length"), "{months:?}");
+        // The help says how leasehold differs from flock where scripts look.
+        let help = output({
+            let mut c = Command::new(binary());
+            c.args(["run", "--help"]);
+            c
+        });
+        let help = stdout(&help);
+        assert!(
+            help.contains("exit 75 where flock(1) exits 1") && help.contains("PT10M"),
+            "{help}"
+        );
+    }
+
+    /// A MySQL URL without a database was "table missing" for every command but `init`, and a
+    /// refused connection was shown in the driver's `DriverError { … }`.
+    pub fn a_mysql_url_without_a_database_or_server_is_said_plainly(f: &Fixture) {
+        assert_eq!(f.db, Db::Mysql);
+        let url = url(f);
+        let no_database = url[..url.rfind('/').unwrap()].to_string();
+        for subcommand in ["status", "list", "init", "run"] {
+            let mut command = leasehold_at(f, &no_database, subcommand, &[]);
+            match subcommand {
+                "status" => command.args(["--key", "k"]),
+                "run" => command.args(["--key", "k", "--", "true"]),
+                _ => &mut command,
+            };
+            let refused = output(command);
+            assert_eq!(code(&refused), 64, "{subcommand}: {refused:?}");
+            assert!(
+                stderr(&refused).contains("names no database"),
+                "{subcommand}: {refused:?}"
+            );
+        }
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let refused = output(leasehold_at(
+            f,
+            &url_at(&url, closed),
+            "status",
+            &["--key", "k", "--db-timeout", "0.5s"],
+        ));
+        assert_eq!(code(&refused), 70, "{refused:?}");
+        let said = stderr(&refused);
+        assert!(
+            said.contains("Connection refused") && !said.contains("Error {"),
+            "{said}"
+        );
+    }
+
+    /// `examples/fenced_ledger.rs --help` said "unknown option --help" and exited 2. Run when
+    /// the example has been built (`cargo build --example fenced_ledger`).
+    pub fn the_fenced_ledger_example_prints_its_usage(_f: &Fixture) {
+        let example = std::env::current_exe()
+            .unwrap()
+            .parent()
+            .and_then(Path::parent)
+            .unwrap()
+            .join("examples/fenced_ledger");
+        if !example.exists() {
+            crate::common::skipped(&format!(
+                "{} is not built: cargo build --example fenced_ledger",
+                example.display()
+            ));
+            return;
+        }
+        for flag in ["--help", "-h"] {
+            let help = output({
+                let mut c = Command::new(&example);
+                c.arg(flag);
+                c
+            });
+            assert_eq!(code(&help), 0, "{help:?}");
+            assert!(
+                stdout(&help).starts_with("usage: fenced_ledger DATABASE"),
+                "{help:?}"
+            );
+        }
+    }
 }
 
 macro_rules! defaults {
@@ -798,7 +1358,11 @@ macro_rules! defaults {
 mod sqlite {
     defaults!(crate::common::Db::Sqlite);
     crate::suite_for!(crate::common::Db::Sqlite;
-        read_only_users_read_and_unwritable_directories_are_named);
+        read_only_users_read_and_unwritable_directories_are_named,
+        what_the_command_left_running_is_said_and_an_interrupt_stops_it,
+        a_second_interrupt_in_a_terminal_stops_what_the_command_left,
+        every_subcommand_answers_odd_inputs_alike,
+        the_fenced_ledger_example_prints_its_usage);
     #[cfg(feature = "failpoints")]
     crate::suite_for!(crate::common::Db::Sqlite;
         sigtstp_never_stops_leasehold_inside_an_sqlite_statement);
@@ -808,10 +1372,16 @@ mod sqlite {
 mod postgres {
     defaults!(crate::common::Db::Postgres);
     crate::suite_for!(crate::common::Db::Postgres;
-        a_url_of_the_wrong_database_names_the_url_to_give);
+        a_url_of_the_wrong_database_names_the_url_to_give,
+        the_url_the_wait_and_db_timeout_bound_connecting,
+        a_server_that_stops_answering_is_given_up_after_db_timeout);
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
     defaults!(crate::common::Db::Mysql);
+    crate::suite_for!(crate::common::Db::Mysql;
+        the_url_the_wait_and_db_timeout_bound_connecting,
+        a_server_that_stops_answering_is_given_up_after_db_timeout,
+        a_mysql_url_without_a_database_or_server_is_said_plainly);
 }

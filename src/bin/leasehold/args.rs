@@ -1,17 +1,22 @@
 //! The command line: every subcommand and its options (clap's derive).
 
 use clap::{Args, Parser, Subcommand};
-use leasehold::{MAX_IDLE_BETWEEN_TRIES, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE};
+use leasehold::{
+    MAX_IDLE_BETWEEN_TRIES, MAX_PERMITS, MAX_TIMEOUT, MAX_TIME_TO_LIVE, MIN_TIME_TO_LIVE,
+};
 use std::ffi::OsString;
 use std::time::Duration;
 
 const AFTER_HELP: &str = "\
 Exit codes of `run`: the command's own (128 + N when signal N ended it); 75 the lock was held \
-elsewhere (--no-wait, or --wait ran out); 74 the lease was lost (the command was stopped, or \
-ended after the loss); 70 leasehold failed (database, table); 64 bad arguments, keys or settings; \
-126/127 the command could not be started / was not found. `lead` exits likewise: the command's \
-own when it ended while leading; 74 when leadership was lost and --once (or a signal) ended \
-the loop; 128 + N when signal N arrived while standing by.
+elsewhere (--no-wait, or --wait ran out; flock(1) exits 1 then, and -E 1 does the same); 74 the \
+lease was lost (the command was stopped, or ended after the loss); 70 leasehold failed \
+(database, table); 64 bad arguments, keys or settings; 126/127 the command could not be \
+started / was not found. `lead` exits likewise: the command's own when it ended while leading; \
+74 when leadership was lost and --once (or a signal) ended the loop; 128 + N when signal N \
+arrived while standing by.
+
+Durations are seconds (10, 1.5), with units (500ms, 10m, 1h 30m) or ISO 8601 (PT10M, P1DT2H).
 
 Only `init` creates the lock table (and an SQLite database file); `run` and `lead` create them \
 only with --create. Every other command uses what exists, and exits 70 naming `leasehold init` \
@@ -19,14 +24,17 @@ when the table or file is missing: a mistyped --database or --prefix must not ma
 empty lock table in which the job runs beside another instance.
 
 The command runs in a process group of its own, which gets the terminal when leasehold has \
-it: Ctrl-C reaches the command once. SIGINT, SIGTERM and SIGHUP sent to leasehold go to the \
-whole group; after a forwarded SIGTERM the group gets SIGKILL once --grace has passed (as \
-`timeout -k` does). SIGTSTP sent to leasehold stops the command's group, SIGCONT continues it; \
-leasehold itself goes on renewing, and it stops itself (after Ctrl-Z on a terminal, or while \
-no command runs) only between two database statements, never inside one. On a loss, and when \
-leasehold dies (even by SIGKILL, through a watchdog process shown as `leasehold-watch` by \
-`ps -e` and as `leasehold __watchdog` by `ps -ef`), the group gets SIGTERM, then SIGKILL after \
---grace; processes that leave the group (setsid) are not tracked.";
+it: Ctrl-C reaches the command once. SIGINT, SIGQUIT, SIGTERM and SIGHUP sent to leasehold go \
+to the whole group; after a forwarded SIGTERM the group gets SIGKILL once --grace has passed \
+(as `timeout -k` does). When the command ends, leasehold waits for what it left running in \
+its group before it releases the lock; it takes the terminal back, says so on stderr after a \
+second, and an interrupt (Ctrl-C, Ctrl-\\, SIGINT, SIGQUIT) then stops what is left: SIGTERM, \
+then SIGKILL after --grace. SIGTSTP sent to leasehold stops the command's group, SIGCONT \
+continues it; leasehold itself goes on renewing, and it stops itself (after Ctrl-Z on a \
+terminal, or while no command runs) only between two database statements, never inside one. \
+On a loss, and when leasehold dies (even by SIGKILL, through a watchdog process shown as \
+`leasehold-watch` by `ps -e` and as `leasehold __watchdog` by `ps -ef`), the group gets \
+SIGTERM, then SIGKILL after --grace; processes that leave the group (setsid) are not tracked.";
 
 /// Distributed locks in a SQL database for shell scripts and cron jobs.
 #[derive(Parser, Debug)]
@@ -89,6 +97,13 @@ pub struct Database {
     /// Report waiting, acquired, renewed, lost and released on stderr, with timestamps.
     #[arg(long, short)]
     pub verbose: bool,
+    /// How long leasehold waits for the database before it gives up (exit 70): to connect at
+    /// the start, and then for each step (an attempt to take the lock, the release, a read of
+    /// `status` or `list`), retries included; 1ms to 1 day. Default: 5s, and to connect the
+    /// URL's own limit when it sets one (PostgreSQL's connect_timeout, in seconds; MySQL's
+    /// tcp_connect_timeout_ms), per host. `run --wait` bounds connecting too.
+    #[arg(long, value_name = "DURATION", value_parser = db_timeout, allow_hyphen_values = true)]
+    pub db_timeout: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -109,35 +124,44 @@ pub struct RunArgs {
     pub key: String,
     /// How long the lock outlives a crash of this process (it is renewed every third of it);
     /// 10ms to 7 days.
-    #[arg(long, default_value = "30s", value_parser = time_to_live)]
+    #[arg(long, default_value = "30s", value_parser = time_to_live, allow_hyphen_values = true)]
     pub ttl: Duration,
-    /// Give up after waiting this long for the lock (exit 75, or --conflict-exit-code):
-    /// seconds as flock(1) takes them (10, 1.5) or with units (500ms, 10m). Default: wait
+    /// Give up after waiting this long for the lock, connecting to the database included
+    /// (exit 75 where flock(1) exits 1, or --conflict-exit-code): seconds as flock takes them
+    /// (10, 1.5), with units (500ms, 10m) or ISO 8601 (PT10M); 0 is --no-wait. Default: wait
     /// until granted.
     #[arg(
         long,
         short = 'w',
         value_name = "SECS",
         value_parser = any_duration,
+        allow_hyphen_values = true,
         conflicts_with = "no_wait"
     )]
     pub wait: Option<Duration>,
-    /// Give up at once if the lock is held elsewhere (exit 75, or --conflict-exit-code).
+    /// Give up at once if the lock is held elsewhere (exit 75 where flock(1) exits 1, or
+    /// --conflict-exit-code).
     #[arg(long, short = 'n')]
     pub no_wait: bool,
     /// The exit code when the lock was held elsewhere (--no-wait, or --wait ran out), as
     /// flock(1)'s -E.
-    #[arg(long, short = 'E', value_name = "N", default_value_t = crate::exit::BUSY)]
+    #[arg(
+        long,
+        short = 'E',
+        value_name = "N",
+        default_value_t = crate::exit::BUSY,
+        allow_negative_numbers = true
+    )]
     pub conflict_exit_code: u8,
     /// Keep the lock held until this long after it was granted, even when COMMAND ends
     /// sooner, so that another run of the job within the period finds it held (ShedLock's
     /// lockAtLeastFor); at most 7 days.
-    #[arg(long, value_parser = keep_for)]
+    #[arg(long, value_parser = keep_for, allow_hyphen_values = true)]
     pub keep_for: Option<Duration>,
     /// How long COMMAND's process group has to end after SIGTERM — once the lease is lost,
     /// leasehold died, or a SIGTERM sent to leasehold was forwarded to it — before SIGKILL to
     /// the whole group (as `timeout -k`); at most 7 days.
-    #[arg(long, default_value = "10s", value_parser = grace)]
+    #[arg(long, default_value = "10s", value_parser = grace, allow_hyphen_values = true)]
     pub grace: Duration,
     /// Print nothing when the lock is held elsewhere (--no-wait, or --wait ran out): only the
     /// exit code tells, as with `flock -n` (with -E 0 a crontab line stays silent when it
@@ -151,7 +175,13 @@ pub struct RunArgs {
     /// Hold one of N permits of the semaphore KEY instead of the lock KEY: at most N commands
     /// run at once with this KEY across all hosts (1 to 256; every run of KEY must give the
     /// same N). The command gets the permit's number, 0 to N-1, in LEASEHOLD_PERMIT.
-    #[arg(long, value_name = "N", conflicts_with = "keep_for")]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = permits,
+        allow_hyphen_values = true,
+        conflicts_with = "keep_for"
+    )]
     pub permits: Option<u32>,
     /// Hold the read side of the reader/writer lock KEY instead of the lock KEY: runs beside
     /// other --read runs of KEY, never beside a --write run.
@@ -176,15 +206,15 @@ pub struct LeadArgs {
     pub group: String,
     /// How long leadership outlives a crash of this process (it is renewed every third of it;
     /// a leader that cannot renew stops the command with a tenth of it left); 10ms to 7 days.
-    #[arg(long, default_value = "30s", value_parser = time_to_live)]
+    #[arg(long, default_value = "30s", value_parser = time_to_live, allow_hyphen_values = true)]
     pub ttl: Duration,
     /// How often a standby tries to become leader; 1ms to 1h.
-    #[arg(long, default_value = "1s", value_parser = poll)]
+    #[arg(long, default_value = "1s", value_parser = poll, allow_hyphen_values = true)]
     pub poll: Duration,
     /// How long COMMAND's process group has to end after SIGTERM — once leadership is lost,
     /// leasehold died, or a SIGTERM sent to leasehold was forwarded to it — before SIGKILL to
     /// the whole group (as `timeout -k`); at most 7 days.
-    #[arg(long, default_value = "10s", value_parser = grace)]
+    #[arg(long, default_value = "10s", value_parser = grace, allow_hyphen_values = true)]
     pub grace: Duration,
     /// Create the lock table (and the SQLite database file) when missing, as `init` does.
     /// Without it, a missing table or file ends leasehold with 70 before anything runs.
@@ -244,7 +274,8 @@ pub struct Watch {
         value_name = "SECS",
         num_args = 0..=1,
         default_missing_value = "2",
-        value_parser = watch_interval
+        value_parser = watch_interval,
+        allow_negative_numbers = true
     )]
     pub watch: Option<Duration>,
 }
@@ -295,7 +326,7 @@ pub struct CleanupArgs {
     pub database: Database,
     /// Delete rows released or expired longer ago than this (released rows count from their
     /// last grant).
-    #[arg(long, value_parser = any_duration)]
+    #[arg(long, value_parser = any_duration, allow_hyphen_values = true)]
     pub older_than: Duration,
 }
 
@@ -322,10 +353,22 @@ pub struct WatchdogArgs {
     pub grace_ms: u64,
 }
 
-/// A duration on the command line: plain seconds as flock(1) takes them (`10`, `1.5`), or
-/// with units (`500ms`, `10m`, `1h 30m`).
+/// A duration on the command line: plain seconds as flock(1) takes them (`10`, `1.5`), with
+/// units (`500ms`, `10m`, `1h 30m`), or ISO 8601 as Java and ShedLock write them (`PT15M`).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    if let Some(rest) = text.strip_prefix('-') {
+        if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+            return Err("a duration cannot be negative".to_string());
+        }
+        return Err(format!(
+            "{text:?} is not a duration (is the value missing?): give seconds (10, 1.5) or a \
+             duration with units (500ms, 10m)"
+        ));
+    }
+    if text.starts_with(['P', 'p']) {
+        return iso_8601(text);
+    }
     if text.starts_with(|c: char| c.is_ascii_digit() || c == '.')
         && text.chars().all(|c| c.is_ascii_digit() || c == '.')
     {
@@ -336,8 +379,64 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
             .map_err(|_| format!("{text} seconds is too long"));
     }
     humantime::parse_duration(text).map_err(|e| {
-        format!("{e}: give seconds (10, 1.5) or a duration with units (500ms, 10m, 1h 30m)")
+        format!(
+            "{e}: give seconds (10, 1.5), a duration with units (500ms, 10m, 1h 30m) or ISO \
+             8601 (PT10M)"
+        )
     })
+}
+
+/// An ISO 8601 duration (`PT15M`, `PT1H30M`, `PT0.5S`, `P1D`, `P1DT12H`, `P2W`), upper or
+/// lower case, a decimal fraction (`.` or `,`) allowed in every number. Years and months,
+/// which have no fixed length, are refused.
+fn iso_8601(text: &str) -> Result<Duration, String> {
+    let refused = |why: &str| {
+        format!(
+            "{text:?} is not an ISO 8601 duration ({why}): write e.g. PT15M, PT1H30M, PT0.5S, \
+             P1D or P1DT12H"
+        )
+    };
+    let upper = text.to_ascii_uppercase();
+    let body = &upper[1..];
+    let (days, time) = match body.split_once('T') {
+        Some((_, "")) => return Err(refused("nothing after T")),
+        Some((days, time)) => (days, time),
+        None => (body, ""),
+    };
+    if body.is_empty() {
+        return Err(refused("nothing after P"));
+    }
+    let mut seconds = 0.0;
+    for (mut part, mut units, in_days) in [
+        (days, &[('W', 604_800.0), ('D', 86_400.0)][..], true),
+        (time, &[('H', 3_600.0), ('M', 60.0), ('S', 1.0)][..], false),
+    ] {
+        while !part.is_empty() {
+            let digits = part
+                .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))
+                .ok_or_else(|| refused("a number without its unit"))?;
+            let unit = part[digits..].chars().next().expect("found above");
+            let Some(at) = units.iter().position(|(u, _)| *u == unit) else {
+                return Err(match unit {
+                    'Y' | 'M' if in_days => {
+                        refused("years and months have no fixed length: give days")
+                    }
+                    _ => refused(&format!("{unit} is not a unit there")),
+                });
+            };
+            if digits == 0 {
+                return Err(refused(&format!("no number before {unit}")));
+            }
+            let number: f64 = part[..digits]
+                .replace(',', ".")
+                .parse()
+                .map_err(|_| refused(&format!("{:?} is not a number", &part[..digits])))?;
+            seconds += number * units[at].1;
+            units = &units[at + 1..];
+            part = &part[digits + unit.len_utf8()..];
+        }
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text} is too long"))
 }
 
 /// A duration within `min..=max`; `what` says why the bounds are there.
@@ -357,6 +456,33 @@ fn duration_within(
         ));
     }
     Ok(duration)
+}
+
+/// `--permits`: the library's range.
+fn permits(text: &str) -> Result<u32, String> {
+    let number: i64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number"))?;
+    u32::try_from(number)
+        .ok()
+        .filter(|n| (1..=MAX_PERMITS).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "{number} is outside the allowed range 1 to {MAX_PERMITS} (how many commands \
+                 may run at once with this KEY)"
+            )
+        })
+}
+
+/// `--db-timeout`: the library's range for its timeouts.
+fn db_timeout(text: &str) -> Result<Duration, String> {
+    duration_within(
+        text,
+        Duration::from_millis(1),
+        MAX_TIMEOUT,
+        "how long leasehold waits for the database",
+    )
 }
 
 /// `--wait`, `--older-than`: any length.

@@ -51,9 +51,11 @@ pub fn registry(
     Ok(builder.build()?)
 }
 
-/// A registry builder for `database` that does what `tables` allows.
+/// A registry builder for `database` that does what `tables` allows, once the URL has been
+/// checked for what no command can use ([`refuse_unusable`]).
 pub fn builder_for(database: &Database, tables: Tables) -> Result<RegistryBuilder, Failure> {
     let builder = builder(database)?;
+    refuse_unusable(database)?;
     if tables == Tables::Create {
         return Ok(builder.create_table(true));
     }
@@ -91,6 +93,149 @@ fn sqlite_path(url: &str) -> Option<&str> {
     Some(path.strip_prefix("//").unwrap_or(path))
 }
 
+/// Refuses, before anything is connected to, what no command can use: an SQLite database in
+/// memory (each connection has its own, and locks in it exclude nothing), an SQLite path that
+/// is a directory, a MySQL URL that names no database (without one in --prefix) — exit 64 —
+/// and an SQLite path whose directory is missing (exit 70, as for a missing file). Every
+/// subcommand but `init --print` says the same of them.
+fn refuse_unusable(database: &Database) -> Result<(), Failure> {
+    let url = database.database.as_str();
+    if let Some(path) = sqlite_path(url) {
+        let uri_in_memory = path.starts_with("file:")
+            && (path.contains(":memory:") || path.contains("mode=memory"));
+        if path == ":memory:" || uri_in_memory {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!(
+                    "{url} is a database in memory, which every connection has to itself: locks \
+                     in it would exclude nothing; give the path of a file that every process \
+                     sharing the locks opens, e.g. sqlite:/var/lib/jobs/locks.db"
+                ),
+            ));
+        }
+        let file = std::path::Path::new(path);
+        if let Some(directory) = file
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty() && !parent.is_dir())
+        {
+            return Err(Failure::new(
+                exit::ERROR,
+                format!(
+                    "there is no directory {} for the SQLite database {path}: create it, or \
+                     check the path in --database for a typo",
+                    directory.display()
+                ),
+            ));
+        }
+        if file.is_dir() {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!(
+                    "{url} names a directory: give the path of the database file, e.g. \
+                     sqlite:{}/locks.db",
+                    path.trim_end_matches('/')
+                ),
+            ));
+        }
+    }
+    if is_mysql(url) && mysql_database(url).is_none() && !database.prefix.contains('.') {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "the URL {} names no database: add it (mysql://USER@HOST:PORT/DB), or give it \
+                 in --prefix (DB.{})",
+                without_password(url),
+                database.prefix
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn is_mysql(url: &str) -> bool {
+    url.starts_with("mysql://") || url.starts_with("mariadb://")
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The parts of a server URL: the hosts (`host:port`, several separated by commas), the path
+/// after them (without its `/`) and the options after `?`.
+fn url_parts(url: &str) -> (&str, &str, &str) {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (rest, options) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
+    (hosts, path, options)
+}
+
+/// The value of option `name` in a URL's options (`a=1&b=2`).
+fn url_option<'u>(options: &'u str, name: &str) -> Option<&'u str> {
+    options
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// The database a MySQL URL names: its path, or its `db_name` option.
+fn mysql_database(url: &str) -> Option<&str> {
+    let (_, path, options) = url_parts(url);
+    Some(path)
+        .filter(|path| !path.is_empty())
+        .or_else(|| url_option(options, "db_name").filter(|name| !name.is_empty()))
+}
+
+/// `url` with the password of its user, if any, left out.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((user, hosts)) => {
+            let name = user.split_once(':').map_or(user, |(name, _)| name);
+            format!("{scheme}://{name}@{hosts}{}", &rest[end..])
+        }
+        None => url.to_string(),
+    }
+}
+
+/// The default of `--db-timeout`, the library's.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long to try to connect: `--db-timeout`, else the URL's own limit per connection
+/// attempt (PostgreSQL's `connect_timeout` in seconds, MySQL's `tcp_connect_timeout_ms`) for
+/// each of its hosts, else 5 s.
+pub fn connect_timeout(database: &Database) -> Duration {
+    if let Some(timeout) = database.db_timeout {
+        return timeout;
+    }
+    let url = database.database.as_str();
+    let (hosts, _, options) = url_parts(url);
+    let per_host = if is_postgres(url) {
+        // As libpq and tokio-postgres read it: whole seconds, 0 or less for none.
+        url_option(options, "connect_timeout")
+            .and_then(|value| value.trim().parse::<i64>().ok())
+            .filter(|seconds| *seconds > 0)
+            .map(|seconds| Duration::from_secs(seconds.unsigned_abs()))
+    } else if is_mysql(url) {
+        url_option(options, "tcp_connect_timeout_ms")
+            .and_then(|value| value.parse::<u64>().ok())
+            .filter(|millis| *millis > 0)
+            .map(Duration::from_millis)
+    } else {
+        None
+    };
+    let hosts = hosts.split(',').count() as u32;
+    per_host
+        .and_then(|limit| limit.checked_mul(hosts))
+        .map_or(DEFAULT_TIMEOUT, |limit| limit.min(leasehold::MAX_TIMEOUT))
+}
+
 /// A registry builder for the database of `database`, with its prefix, region and client id.
 pub fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
     let url = database.database.as_str();
@@ -108,14 +253,14 @@ pub fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
         }
         #[cfg(not(feature = "sqlite"))]
         return Err(without("sqlite"));
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+    } else if is_postgres(url) {
         #[cfg(feature = "postgres")]
         {
             LockRegistry::postgres(url)
         }
         #[cfg(not(feature = "postgres"))]
         return Err(without("postgres"));
-    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+    } else if is_mysql(url) {
         #[cfg(feature = "mysql")]
         {
             LockRegistry::mysql(url.replacen("mariadb://", "mysql://", 1))
@@ -131,7 +276,10 @@ pub fn builder(database: &Database) -> Result<RegistryBuilder, Failure> {
             ),
         ));
     };
-    let mut builder = builder.prepared_statements(database.prepared_statements);
+    let mut builder = builder
+        .prepared_statements(database.prepared_statements)
+        .connect_timeout(connect_timeout(database))
+        .operation_timeout(database.db_timeout.unwrap_or(DEFAULT_TIMEOUT));
     if let Some(url) = &database.listener_url {
         builder = builder.listener_url(url.clone());
     }

@@ -63,9 +63,11 @@ impl From<Error> for Failure {
 
 /// A message of the library as the command's user reads it: the command's options and
 /// `leasehold init` where the library names its builder's settings, its constructors and the
-/// DDL files of its source tree (which an installed command's user does not have).
+/// DDL files of its source tree (which an installed command's user does not have); the MySQL
+/// driver's errors without the name of their kind (`DriverError { … }`); durations rounded
+/// to what a person reads.
 pub fn for_cli(message: &str) -> String {
-    const SAID: [(&str, &str); 15] = [
+    const SAID: [(&str, &str); 31] = [
         (" and RegistryBuilder::renewal_pool_size", ""),
         (" and RegistryBuilder::pool_size", ""),
         (" (with INT_ replaced by the prefix)", ""),
@@ -93,6 +95,34 @@ pub fn for_cli(message: &str) -> String {
             "check --prefix (the lock table is the prefix",
         ),
         ("check the prefix", "check --prefix"),
+        ("invalid setting `prefix`", "invalid --prefix"),
+        ("invalid setting `region`", "invalid --region"),
+        ("invalid setting `permits`", "invalid --permits"),
+        ("invalid setting `time_to_live`", "invalid --ttl"),
+        ("invalid setting `idle_between_tries`", "invalid --poll"),
+        ("invalid setting `keep`", "invalid --keep-for"),
+        ("invalid setting `listener_url`", "invalid --listener-url"),
+        ("invalid setting `connect_timeout`", "invalid --db-timeout"),
+        (
+            "invalid setting `operation_timeout`",
+            "invalid --db-timeout",
+        ),
+        ("invalid setting `sqlite`", "invalid --database"),
+        (
+            "fewer processes or registries, a smaller pool_size",
+            "fewer processes",
+        ),
+        (
+            "Resource temporarily unavailable (os error 11)",
+            "no answer in time",
+        ),
+        (
+            "point the registry at another path",
+            "give another path in --database",
+        ),
+        ("do not reach this registry", "do not reach leasehold"),
+        (" (every idle_between_tries)", ""),
+        ("semaphores of this registry", "--permits"),
     ];
     let mut text = message.to_string();
     for (library, command) in SAID {
@@ -117,6 +147,101 @@ pub fn for_cli(message: &str) -> String {
         }
     }
     out.push_str(rest);
+    rounded_durations(&unwrapped(&out))
+}
+
+/// `text` without the kind the MySQL driver names around each of its errors:
+/// `DriverError { Could not connect … }` becomes `Could not connect …`, and
+/// ``IO error: `…'`` the text inside the quotes.
+fn unwrapped(text: &str) -> String {
+    const KINDS: [&str; 6] = [
+        "DriverError { ",
+        "CodecError { ",
+        "IoError { ",
+        "MySqlError { ",
+        "UrlError { ",
+        "TlsError { ",
+    ];
+    let mut text = text.to_string();
+    while let Some((at, kind)) = KINDS
+        .iter()
+        .filter_map(|kind| text.find(kind).map(|at| (at, kind)))
+        .min()
+    {
+        let inside = at + kind.len();
+        // The matching `}`: the driver's texts may hold braces of their own.
+        let mut depth = 1;
+        let close = text[inside..].char_indices().find_map(|(i, c)| {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            (depth == 0).then_some(inside + i)
+        });
+        let Some(close) = close else { break };
+        let inner = text[inside..close].trim_end().to_string();
+        text.replace_range(at..close + 1, &inner);
+    }
+    while let Some(at) = text.find("IO error: `") {
+        let inside = at + "IO error: `".len();
+        let Some(end) = text[inside..].find('\'') else {
+            break;
+        };
+        let inner = text[inside..inside + end].to_string();
+        text.replace_range(at..inside + end + 1, &inner);
+    }
+    text
+}
+
+/// `text` with the durations Rust's `Debug` writes (`4.949087599s`, `524.241699ms`) rounded:
+/// seconds to a tenth (whole seconds from 10 s, milliseconds below 1 s), milliseconds to whole
+/// ones.
+fn rounded_durations(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_number = bytes[i].is_ascii_digit()
+            && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'.'));
+        if !starts_number {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'.') {
+            i += 1;
+        }
+        let number = &text[start..i];
+        let unit = ["ms", "s"]
+            .into_iter()
+            .find(|unit| text[i..].starts_with(unit))
+            .filter(|unit| {
+                let after = i + unit.len();
+                after == bytes.len() || !bytes[after].is_ascii_alphanumeric()
+            });
+        let (Some(unit), Ok(value)) = (unit, number.parse::<f64>()) else {
+            continue;
+        };
+        if !number.contains('.') {
+            continue;
+        }
+        let shown = match unit {
+            "s" if value < 1.0 => format!("{:.0}ms", value * 1000.0),
+            "s" if value < 10.0 => {
+                let tenths = format!("{value:.1}");
+                let whole = tenths.strip_suffix(".0").unwrap_or(&tenths);
+                format!("{whole}s")
+            }
+            unit => format!("{value:.0}{unit}"),
+        };
+        out.push_str(&text[copied..start]);
+        out.push_str(&shown);
+        i += unit.len();
+        copied = i;
+    }
+    out.push_str(&text[copied..]);
     out
 }
 
@@ -148,6 +273,61 @@ mod tests {
              run by a user"
         );
         assert_eq!(for_cli("see sql/ and x.sql"), "see sql/ and x.sql");
+        assert_eq!(
+            for_cli(
+                "connect failed: cannot reach MySQL at 127.0.0.1:5999 within 5s (DriverError { \
+                 Could not connect to address `127.0.0.1:5999': Connection refused (os error \
+                 111) }): start the server"
+            ),
+            "connect failed: cannot reach MySQL at 127.0.0.1:5999 within 5s (Could not connect \
+             to address `127.0.0.1:5999': Connection refused (os error 111)): start the server"
+        );
+        assert_eq!(
+            for_cli("(CodecError { IO error: `Resource temporarily unavailable (os error 11)' })"),
+            "(no answer in time)"
+        );
+        assert_eq!(
+            for_cli("MySqlError { ERROR 1045 (28000): a {b} c }."),
+            "ERROR 1045 (28000): a {b} c."
+        );
+        assert_eq!(
+            for_cli("invalid setting `prefix`: \"a-b\" is not a plain SQL identifier"),
+            "invalid --prefix: \"a-b\" is not a plain SQL identifier"
+        );
+        assert_eq!(
+            for_cli("(check the server and RegistryBuilder::renewal_pool_size)"),
+            "(check the server)"
+        );
+    }
+
+    #[test]
+    fn the_registry_is_not_named() {
+        for message in [
+            "the file is not a healthy SQLite database: point the registry at another path",
+            "PostgreSQL release notifications do not reach this registry: LISTEN at x did not \
+             hear; waiters only poll now (every idle_between_tries). Give the listener a direct \
+             connection: RegistryBuilder::listener_url",
+            "could not create the semaphore table T from sql/sqlite_semaphore.sql: e; \
+             semaphores of this registry will fail until it exists",
+        ] {
+            let said = for_cli(message);
+            assert!(
+                !said.contains("registry") && !said.contains("idle_between"),
+                "{said}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_are_rounded() {
+        assert_eq!(
+            for_cli("within 4.949087599s (no answer within 524.241699ms, 12.7s, 0.04s)"),
+            "within 4.9s (no answer within 524ms, 13s, 40ms)"
+        );
+        assert_eq!(
+            for_cli("at 127.0.0.1:5432 for 1.000001s, v1.5s and 10s"),
+            "at 127.0.0.1:5432 for 1s, v1.5s and 10s"
+        );
         assert!(!for_cli(", or use LockRegistry::mysql").contains("LockRegistry"));
     }
 }

@@ -2,13 +2,12 @@
 //! their DDL.
 
 use crate::args::InitArgs;
-use crate::database::builder;
+use crate::database::{builder, builder_for, Tables};
 use crate::exit::{self, Failure};
 
 pub fn init(args: InitArgs) -> Result<u8, Failure> {
-    let builder = builder(&args.database)?;
     if args.print {
-        print!("{}", builder.table_ddl()?);
+        print!("{}", builder(&args.database)?.table_ddl()?);
         return Ok(0);
     }
     if args.database.no_create_table {
@@ -17,7 +16,7 @@ pub fn init(args: InitArgs) -> Result<u8, Failure> {
             "init creates the table: drop --no-create-table (or use --print to see the DDL)",
         ));
     }
-    let registry = builder.create_table(true).build()?;
+    let registry = builder_for(&args.database, Tables::Create)?.build()?;
     println!(
         "table {} is ready on {} (with its deletion floor and semaphore table unless a warning \
          said otherwise)",

@@ -94,7 +94,8 @@ pub fn lead(args: LeadArgs, reporter: &Reporter) -> Result<u8, Failure> {
                 Err(e) => {
                     eprintln!(
                         "leasehold: the command ended (exit code {code}) but resigning {group:?} \
-                         failed: {e}; the lease runs out after its time-to-live"
+                         failed: {}; the lease runs out after its time-to-live",
+                        exit::for_cli(&e.to_string())
                     );
                     Ok(exit::ERROR)
                 }

@@ -3,13 +3,13 @@
 //! ends.
 
 use crate::args::RunArgs;
-use crate::database::{creating, registry};
-use crate::exit::{self, Failure};
+use crate::database::{builder_for, connect_timeout, creating};
+use crate::exit::{self, for_cli, Failure};
 use crate::output::rounded;
 use crate::report::Reporter;
 use crate::supervisor::{code_of, forward_signals, spawn, supervise, Stops, Watchdog};
 use leasehold::{AnyGuard, Error};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the command runs under: the lock, a permit of the semaphore, or a side of the
 /// reader/writer lock.
@@ -24,9 +24,10 @@ fn unlock_keeping_for(held: Held, keep: Duration) -> leasehold::Result<()> {
 }
 
 /// Takes the lock or permit as `--no-wait` / `--wait` / neither say: with `try_once`,
-/// `try_for` or `wait`.
+/// `try_for` or `wait`. `--wait` counts from `started`, so that connecting is part of it.
 fn take<T>(
     args: &RunArgs,
+    started: Instant,
     try_once: impl FnOnce() -> leasehold::Result<Option<T>>,
     try_for: impl FnOnce(Duration) -> leasehold::Result<Option<T>>,
     wait: impl FnOnce() -> leasehold::Result<T>,
@@ -34,7 +35,8 @@ fn take<T>(
     if args.no_wait {
         try_once()
     } else if let Some(timeout) = args.wait {
-        try_for(timeout)
+        // Past its end (connecting took it all), one attempt.
+        try_for(timeout.saturating_sub(started.elapsed()))
     } else {
         wait().map(Some)
     }
@@ -43,7 +45,13 @@ fn take<T>(
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     // First of all: a SIGTSTP must never stop leasehold inside a statement.
     let stops = Stops::catch()?;
-    let registry = registry(&args.database, Some(args.ttl), creating(args.create))?;
+    let started = Instant::now();
+    let mut builder = builder_for(&args.database, creating(args.create))?.time_to_live(args.ttl);
+    // `--wait` bounds connecting too; `--wait 0` is `--no-wait`, which connects as usual.
+    if let Some(wait) = args.wait.filter(|wait| !wait.is_zero()) {
+        builder = builder.connect_timeout(connect_timeout(&args.database).min(wait));
+    }
+    let registry = builder.build()?;
     // Before the lock: without a watchdog the command would not be stopped if leasehold died.
     let mut watchdog = Watchdog::start(args.grace)?;
     reporter.say(format_args!("waiting for {:?}", args.key));
@@ -55,6 +63,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
             let lock = rw_lock.as_ref().expect("made for --read");
             take(
                 &args,
+                started,
                 || lock.try_read(),
                 |wait| lock.try_read_for(wait),
                 || lock.read(),
@@ -65,6 +74,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
             let lock = rw_lock.as_ref().expect("made for --write");
             take(
                 &args,
+                started,
                 || lock.try_write(),
                 |wait| lock.try_write_for(wait),
                 || lock.write(),
@@ -75,6 +85,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
             let lock = registry.obtain(&args.key)?;
             take(
                 &args,
+                started,
                 || lock.try_lock(),
                 |wait| lock.try_lock_for(wait),
                 || lock.lock(),
@@ -85,6 +96,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
             let semaphore = registry.semaphore(&args.key, permits)?;
             take(
                 &args,
+                started,
                 || semaphore.try_acquire(),
                 |wait| semaphore.try_acquire_for(wait),
                 || semaphore.acquire(),
@@ -219,9 +231,10 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         }
         Err(e) => {
             eprintln!(
-                "leasehold: the command ended (exit code {code}) but releasing {:?} failed: {e}; \
+                "leasehold: the command ended (exit code {code}) but releasing {:?} failed: {}; \
                  the lock runs out after its time-to-live",
-                args.key
+                args.key,
+                for_cli(&e.to_string())
             );
             Ok(exit::ERROR)
         }

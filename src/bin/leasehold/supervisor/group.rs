@@ -36,6 +36,19 @@ pub fn code_of(status: ExitStatus) -> u8 {
     }
 }
 
+/// Makes leasehold the parent of the processes of the command's group whose own parent ends
+/// (Linux: a child subreaper), so that it reaps them itself the moment they end: a zombie
+/// still counts as a member of its group, and the init of some containers reaps orphans a
+/// second or more late. Elsewhere init adopts and reaps them.
+fn adopt_orphans() {
+    // SAFETY: prctl(2) with PR_SET_CHILD_SUBREAPER and an integer argument changes only this
+    // process's attribute.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+    }
+}
+
 /// A command running in a process group of its own.
 pub struct Group<'w> {
     /// The command's pid, which is also its group's id.
@@ -54,8 +67,8 @@ pub enum State {
     Running,
     /// The command was stopped (SIGTSTP, SIGSTOP, SIGTTIN).
     Stopped,
-    /// The command has ended, processes it started are left in its group.
-    Leftovers,
+    /// The command has ended (with this status); processes it started are left in its group.
+    Leftovers(ExitStatus),
     /// The command and every process of its group have ended.
     Gone(ExitStatus),
 }
@@ -73,6 +86,7 @@ pub fn spawn<'w>(
     for (name, value) in env {
         builder.env(name, value);
     }
+    adopt_orphans();
     let terminal = Terminal::foreground();
     let tty = terminal.as_ref().map(Terminal::fd);
     let watch = watchdog.fd();
@@ -169,8 +183,8 @@ impl Group<'_> {
 
     /// Reaps the command if it has ended, and says what is left.
     ///
-    /// Processes of the group whose parent died are adopted by init, which reaps them — or by
-    /// leasehold itself when it is init (PID 1 of a container) or a subreaper: so leasehold
+    /// Processes of the group whose parent died are adopted by leasehold ([`adopt_orphans`],
+    /// Linux) or by init (or leasehold again, when it is PID 1 of a container): so leasehold
     /// also reaps any child of its own in the group. A zombie still counts as a member of its
     /// group, and one nobody reaped would keep the group "running" for ever.
     pub fn poll(&mut self) -> Result<State, Failure> {
@@ -205,10 +219,44 @@ impl Group<'_> {
             }
             self.status = Some(ExitStatus::from_raw(raw));
         }
+        self.reap_strays();
         match self.status {
             None => Ok(State::Running),
-            Some(_) if exists(self.pid) => Ok(State::Leftovers),
+            Some(status) if exists(self.pid) => Ok(State::Leftovers(status)),
             Some(status) => Ok(State::Gone(status)),
+        }
+    }
+
+    /// Reaps the processes leasehold adopted ([`adopt_orphans`]) that had left the command's
+    /// group (`setsid`) and have ended since, so that none stays a zombie while leasehold runs.
+    /// Each is looked at before it is reaped: the command's group and the watchdog are reaped
+    /// elsewhere, and the first of them found waitable ends the round.
+    fn reap_strays(&self) {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        loop {
+            // SAFETY: waitid(2) with WNOWAIT fills `info` without reaping; getpgid(2) reads a
+            // process's group; waitpid(2) reaps one child of ours that no other code waits for.
+            unsafe {
+                let mut info = std::mem::zeroed::<libc::siginfo_t>();
+                let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+                if libc::waitid(libc::P_ALL, 0, &mut info, flags) != 0 {
+                    return;
+                }
+                let pid = info.si_pid();
+                if pid == 0 || pid == self.watchdog.pid() || libc::getpgid(pid) == self.pid {
+                    return;
+                }
+                let mut raw = 0;
+                libc::waitpid(pid, &mut raw, libc::WNOHANG);
+            }
+        }
+    }
+
+    /// The command has ended: gives the terminal back to leasehold's own process group if the
+    /// command's group has it, as a shell takes it back once its job's process has ended.
+    pub fn release_terminal(&self) {
+        if let Some(terminal) = &self.terminal {
+            terminal.take_back_from(self.pid);
         }
     }
 

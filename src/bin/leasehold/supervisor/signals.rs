@@ -3,11 +3,11 @@
 use crate::exit::{self, Failure};
 use leasehold::crossbeam_channel;
 
-/// SIGINT, SIGTERM and SIGHUP received by leasehold, for forwarding to the command's group.
-/// From the call on, they no longer end leasehold.
+/// SIGINT, SIGQUIT, SIGTERM and SIGHUP received by leasehold, for forwarding to the command's
+/// group. From the call on, they no longer end leasehold.
 pub fn forward_signals() -> Result<crossbeam_channel::Receiver<i32>, Failure> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGQUIT, SIGTERM, SIGHUP])
         .map_err(|e| Failure::new(exit::ERROR, format!("cannot catch signals: {e}")))?;
     let (sender, receiver) = crossbeam_channel::unbounded();
     std::thread::Builder::new()

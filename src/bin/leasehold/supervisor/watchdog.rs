@@ -103,6 +103,12 @@ impl Watchdog {
         }
     }
 
+    /// The watchdog's process id.
+    #[cfg_attr(not(any(target_os = "linux", target_os = "android")), allow(dead_code))]
+    pub fn pid(&self) -> libc::pid_t {
+        self.child.id() as libc::pid_t
+    }
+
     /// The write end, for the command's child to announce its group.
     pub fn fd(&self) -> RawFd {
         self.pipe.as_ref().map_or(-1, |pipe| pipe.as_raw_fd())
