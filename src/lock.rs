@@ -204,6 +204,15 @@ thread_local! {
     static WAKE: Arc<Condvar> = Arc::new(Condvar::new());
 }
 
+/// What a statement about a key that runs in the background needs (see
+/// [`LockInner::in_background`]).
+struct Job {
+    store: Arc<dyn crate::backend::Store>,
+    lock_key: Arc<str>,
+    key: Arc<str>,
+    timeout: Duration,
+}
+
 /// A statement about a key that runs in the background, and what it keeps from happening
 /// meanwhile (see [`LockInner::in_background`]).
 #[derive(Clone, Copy)]
@@ -712,30 +721,39 @@ impl LockInner {
 
     /// Leaves the key's waiting line (in the background, see [`LockInner::in_background`]);
     /// a failure leaves the place to lapse.
-    fn leave_line(self: &Arc<Self>) {
-        let deadline = Instant::now() + self.core.settings.operation_timeout;
-        if let Err(e) = self.core.store.leave_line(&self.lock_key, deadline) {
-            log::debug!("leaving the line of {:?}: {e}; the place lapses", self.key);
+    fn leave_line(job: &Job) {
+        let deadline = Instant::now() + job.timeout;
+        if let Err(e) = job.store.leave_line(&job.lock_key, deadline) {
+            log::debug!("leaving the line of {:?}: {e}; the place lapses", job.key);
         }
     }
 
     /// Runs `job` on a short-lived thread of its own while the key's state says so (`kind`),
-    /// then wakes the queue; closing and dropping the registry wait for it.
+    /// then wakes the queue; closing and dropping the registry wait for it. The thread keeps
+    /// the store, not the registry: a registry dropped meanwhile goes (its listener with it),
+    /// and the statement still runs.
     fn in_background(
         self: &Arc<Self>,
         state: &mut MutexGuard<'_, LocalState>,
         kind: Background,
-        job: impl FnOnce(&Arc<LockInner>) + Send + 'static,
+        job: impl FnOnce(&Job) + Send + 'static,
     ) {
         *kind.flag(state) = true;
-        let lock = Arc::clone(self);
+        let context = Job {
+            store: Arc::clone(&self.core.store),
+            lock_key: Arc::clone(&self.lock_key),
+            key: Arc::clone(&self.key),
+            timeout: self.core.settings.operation_timeout,
+        };
+        let lock = Arc::downgrade(self);
         let counted = self.core.resolutions.begin();
         let run = move || {
-            job(&lock);
-            let mut state = lock.state.lock();
-            *kind.flag(&mut state) = false;
-            state.wake_all();
-            drop(state);
+            job(&context);
+            if let Some(lock) = lock.upgrade() {
+                let mut state = lock.state.lock();
+                *kind.flag(&mut state) = false;
+                state.wake_all();
+            }
             drop(counted);
         };
         let spawned = std::thread::Builder::new()
@@ -761,35 +779,31 @@ impl LockInner {
         session: Option<crate::backend::Session>,
         ttl: Duration,
     ) {
-        self.in_background(state, Background::Resolving, move |lock| {
-            let timeout = lock.core.settings.operation_timeout;
+        self.in_background(state, Background::Resolving, move |job| {
+            let timeout = job.timeout;
             let give_up = Instant::now() + ttl.max(timeout);
             loop {
                 let deadline = (Instant::now() + timeout).min(give_up);
-                match lock
-                    .core
-                    .store
-                    .resolve(&lock.lock_key, session.as_ref(), deadline)
-                {
+                match job.store.resolve(&job.lock_key, session.as_ref(), deadline) {
                     Ok(released) => {
                         if released {
                             log::info!(
                                 "an acquire of {:?} had been granted without an answer: \
                                  given back",
-                                lock.key
+                                job.key
                             );
                         }
                         return;
                     }
                     Err(e) if Instant::now() < give_up => {
-                        log::debug!("resolving an acquire of {:?}: {e}; trying again", lock.key);
+                        log::debug!("resolving an acquire of {:?}: {e}; trying again", job.key);
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     Err(e) => {
                         log::warn!(
                             "an acquire of {:?} got no answer and could not be resolved ({e}); \
                              a grant it made runs out at its time-to-live",
-                            lock.key
+                            job.key
                         );
                         return;
                     }
