@@ -144,3 +144,55 @@ fn a_late_lease_does_not_cut_short_the_renewal_of_the_lease_sent_with_it() {
     drop(bait);
     scenario.teardown();
 }
+
+/// A renewal sent in time whose answer is recorded only after the lease's deadline (the
+/// worker held between the two, as on a starved machine) leaves the lease lost: `is_held()`
+/// said so from the deadline on, and never says otherwise later. The worker reports the loss
+/// itself when it records the answer, as expired, even while the lease clock is held and
+/// cannot.
+#[test]
+fn an_answer_after_the_deadline_does_not_revive_the_lease_and_reports_its_loss() {
+    let scenario = fail::FailScenario::setup();
+    let f = Fixture::new(Db::Sqlite, "answer_after_deadline").expect("SQLite fixture");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let record = Gate::first_at("lease::renew_batch_before_record");
+    let guard = registry.obtain("slow").unwrap().lock().unwrap();
+    let losses = guard.loss_channel();
+    // The first renewal (2 s after the grant) was sent and renewed the row; its answer waits.
+    record.wait_entered();
+    let clock = Gate::first_at("lease::clock_before_expiry");
+    let bait_registry = f
+        .builder()
+        .renewal(false)
+        .time_to_live(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let bait = bait_registry.obtain("bait").unwrap().lock().unwrap();
+    clock.wait_entered();
+    wait_until("the lease's deadline has passed", || !guard.is_held());
+    record.open();
+    let mut lost = None;
+    wait_until("the answer is recorded", || {
+        lost = losses.try_recv().ok();
+        lost.is_some() || guard.is_held()
+    });
+    assert!(
+        !guard.is_held(),
+        "the lease is held again ({:?} left) after its deadline passed",
+        guard.remaining()
+    );
+    let lost = lost.expect("the loss");
+    assert!(
+        matches!(lost.reason, LossReason::Expired(_)),
+        "{:?}",
+        lost.reason
+    );
+    clock.open();
+    assert!(guard.unlock().is_err_and(|e| e.is_lease_lost()));
+    drop(bait);
+    scenario.teardown();
+}
