@@ -11,7 +11,7 @@
 //! `watch` also drops the gone ones at the end of the list (the last lease of a thread that
 //! locks in a loop), which frees their memory for the next.
 
-use super::{Lease, Renewer};
+use super::{ClockLook, Lease, Renewer};
 use crate::error::LossReason;
 use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, OnceLock, Weak};
@@ -24,7 +24,23 @@ struct Watched {
     leases: Vec<Weak<Lease>>,
     next_wake: Option<Instant>,
     running: bool,
+    /// The clock is looking at its leases (they are out of `leases` meanwhile).
+    scanning: bool,
+    /// The earliest moment asked for while the clock was looking ([`hurry`], [`watch`]).
+    asked: Option<Instant>,
     prune_at: usize,
+}
+
+impl Watched {
+    /// A lease needs the clock at `due`: remembered while it looks, or wakes it if that is
+    /// sooner than its wake-up.
+    fn ask(&mut self, due: Instant, wake: &Condvar) {
+        if self.scanning {
+            self.asked = Some(self.asked.map_or(due, |asked| asked.min(due)));
+        } else if self.next_wake.is_none_or(|next| due < next) {
+            wake.notify_one();
+        }
+    }
 }
 
 fn state() -> &'static (Mutex<Watched>, Condvar) {
@@ -34,6 +50,8 @@ fn state() -> &'static (Mutex<Watched>, Condvar) {
             leases: Vec::new(),
             next_wake: None,
             running: false,
+            scanning: false,
+            asked: None,
             prune_at: 64,
         };
         (Mutex::new(watched), Condvar::new())
@@ -70,66 +88,82 @@ pub(crate) fn watch(lease: &Arc<Lease>) {
             list.running = false;
             log::error!("could not start the lease clock thread: {e}");
         }
-    } else if list.next_wake.is_none_or(|next| due < next) {
-        wake.notify_one();
+    } else {
+        list.ask(due, wake);
     }
 }
 
 /// A watched lease needs the clock at `due`, maybe sooner than it planned.
 pub(crate) fn hurry(due: Instant) {
     let (watched, wake) = state();
-    let list = watched.lock();
-    if list.running && list.next_wake.is_none_or(|next| due < next) {
-        wake.notify_one();
+    let mut list = watched.lock();
+    if list.running {
+        list.ask(due, wake);
     }
 }
 
+/// The clock's loop. Each round looks at every lease once (one lock of each), without holding
+/// the list: `watch` and `hurry` never wait for a round, and a lease watched meanwhile joins
+/// the list when it ends. A round that took `t` is followed by at least `t` of sleep, so that
+/// with a list long enough to take a while the clock looks at most half the time; a deadline
+/// is still reported within two rounds of passing.
 fn run() {
     let (watched, wake) = state();
     let mut list = watched.lock();
     loop {
+        let mut leases = std::mem::take(&mut list.leases);
+        list.scanning = true;
+        list.asked = None;
+        drop(list);
         let now = Instant::now();
         let mut next_wake = now + IDLE_TICK;
         let mut expired = Vec::new();
         let mut due: Vec<(Arc<Renewer>, Vec<Arc<Lease>>)> = Vec::new();
-        list.leases.retain(|weak| {
+        leases.retain(|weak| {
             let Some(lease) = weak.upgrade() else {
                 return false;
             };
-            if lease.is_over() {
-                return false;
-            }
-            if lease.deadline() <= now {
-                expired.push(lease);
-                return false;
-            }
-            if lease.renewal_in_window(now) {
-                if let Some(renewer) = lease.take_for_renewal() {
+            match lease.clock_look(now) {
+                ClockLook::Over => false,
+                ClockLook::Expired => {
+                    expired.push(lease);
+                    false
+                }
+                ClockLook::Renew(renewer, deadline) => {
+                    next_wake = next_wake.min(deadline);
                     match due.iter_mut().find(|(r, _)| Arc::ptr_eq(r, &renewer)) {
-                        Some((_, leases)) => leases.push(Arc::clone(&lease)),
-                        None => due.push((renewer, vec![Arc::clone(&lease)])),
+                        Some((_, leases)) => leases.push(lease),
+                        None => due.push((renewer, vec![lease])),
                     }
+                    true
+                }
+                ClockLook::Later(at) => {
+                    next_wake = next_wake.min(at);
+                    true
                 }
             }
-            next_wake = next_wake.min(lease.clock_due());
-            true
         });
-        list.next_wake = Some(next_wake);
-        if !expired.is_empty() || !due.is_empty() {
-            drop(list);
-            if !expired.is_empty() {
-                fail_point!("lease::clock_before_expiry");
-            }
-            for lease in expired {
-                let reason = lease.loss().unwrap_or(LossReason::Expired(None));
-                lease.mark_lost(reason);
-            }
-            for (renewer, leases) in due {
-                renewer.submit(leases);
-            }
-            list = watched.lock();
-            continue;
+        let looked = now.elapsed();
+        if !expired.is_empty() {
+            fail_point!("lease::clock_before_expiry");
         }
+        for lease in expired {
+            let reason = lease.loss().unwrap_or(LossReason::Expired(None));
+            lease.mark_lost(reason);
+        }
+        for (renewer, leases) in due {
+            renewer.submit(leases);
+        }
+        list = watched.lock();
+        let added = std::mem::replace(&mut list.leases, leases);
+        list.leases.extend(added);
+        list.prune_at = (2 * list.leases.len()).max(64);
+        list.scanning = false;
+        if let Some(asked) = list.asked.take() {
+            next_wake = next_wake.min(asked);
+        }
+        let next_wake = next_wake.max(Instant::now() + looked);
+        list.next_wake = Some(next_wake);
         wake.wait_until(&mut list, next_wake);
     }
 }

@@ -4,6 +4,7 @@
 use super::{Lease, Turn};
 use crate::backend::{Batched, Store};
 use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -24,24 +25,32 @@ pub(crate) const MAX_BATCH: usize = 500;
 /// renewal connection (`renewal_pool_size`), so one slow statement delays only the leases it
 /// carries. A worker that takes work first *gathers*: the clock hands leases over up to a
 /// sixteenth of a renewal period before they are due, so the worker waits until the earliest
-/// queued lease is due and takes every queued lease of the same time-to-live along (up to
-/// [`MAX_BATCH`]); submissions meanwhile go to it rather than to a new worker. That keeps
-/// leases due close together in one statement (tens of statements per renewal period for
-/// thousands of leases), as a single busy thread did, without one ever waiting for another's
-/// statement. A worker idle for [`Renewer::IDLE_TICK`] ends; the next chunk starts one again. No
-/// user code runs on a worker (loss callbacks run on the registry's callback thread). Workers
-/// hold only a `Weak` to the renewer (which the registry owns) while idle.
+/// queued lease is due and takes the chunk it is in, with the other queued leases of the same
+/// time-to-live (up to [`MAX_BATCH`]); submissions meanwhile join the last queued chunk of
+/// their time-to-live and go to that worker rather than to a new one. That keeps leases due
+/// close together in one statement (tens of statements per renewal period for thousands of
+/// leases) without one ever waiting for another's statement. A queued chunk carries when its
+/// earliest renewal falls due and its shortest slack, so what a worker decides costs one look
+/// per chunk, never one per queued lease. A worker idle for [`Renewer::IDLE_TICK`] ends; the
+/// next chunk starts one again. No user code runs on a worker (loss callbacks run on the
+/// registry's callback thread). Workers hold only a `Weak` to the renewer (which the registry
+/// owns) while idle.
 ///
-/// **Bounds.** With every worker busy, a chunk waits until one is free, so an attempt bounds
-/// the wait of the leases queued behind it, whatever their time-to-live. An attempt therefore
-/// ends (given up as unanswered) by the earliest of: the deadlines of its own leases, half
-/// their renewal period, and half the *slack* of every lease the renewer serves — the time a
-/// lease has left before its deadline when its renewal falls due (its time-to-live less its
-/// renewal period) — the shortest among the leases queued and those handed over recently
-/// ([`SlackSeen`]). A lease handed over with its slack left then finds a worker with at least
-/// half of it still left, however long the statements of other leases take: a 60 s lease's
-/// hung batch holds back a 3 s lease for 1 s at most. (Statements never wait for a row
-/// another session holds locked, see `Backend::renew_batch`.)
+/// **Bounds.** Each lease counts a renewal only if its answer comes before its own deadline;
+/// a lease whose deadline has passed by the time its statement is sent is reported lost and
+/// left out of the statement. An attempt is given up as unanswered at the earliest of: half
+/// the renewal period of the leases it carries, the last of their deadlines, and half the
+/// *slack* of every lease the renewer serves — the time a lease has before its deadline when
+/// its renewal falls due on time (its time-to-live less its renewal period), the shortest among
+/// the leases queued and those handed over recently ([`SlackSeen`]). Every term depends only on
+/// the leases carried or on a nominal property of the others, never on how late another lease
+/// already is, so a lease is lost only when no renewal of its own was confirmed before its own
+/// deadline: a late lease costs nobody else their attempt. With every worker busy a chunk waits
+/// until one is free, so a lease handed over when its renewal falls due finds a worker with at
+/// least half its slack left, however long the statements of other leases take (a 60 s lease's
+/// hung batch holds back a 3 s lease for 1 s at most), and is then sent with up to half a
+/// renewal period for the answer. (Statements never wait for a row another session holds
+/// locked, see `Backend::renew_batch`.)
 pub(crate) struct Renewer {
     store: Weak<dyn Store>,
     due: Mutex<RenewerState>,
@@ -50,7 +59,7 @@ pub(crate) struct Renewer {
 }
 
 struct RenewerState {
-    chunks: std::collections::VecDeque<Vec<Arc<Lease>>>,
+    chunks: VecDeque<Chunk>,
     workers: usize,
     /// Workers waiting for work.
     idle: usize,
@@ -59,6 +68,24 @@ struct RenewerState {
     collecting: usize,
     /// The shortest slack among leases handed over recently.
     slack: Option<SlackSeen>,
+}
+
+/// Queued leases of one time-to-live (at most [`MAX_BATCH`]), with what the workers look at
+/// instead of each lease: when the earliest renewal among them falls due, and their shortest
+/// slack (both as handed over).
+struct Chunk {
+    ttl: Duration,
+    leases: Vec<Arc<Lease>>,
+    due: Instant,
+    slack: Duration,
+}
+
+/// What the clock hands over with a lease (see [`Lease::handover`]).
+pub(super) struct Handover {
+    pub ttl: Duration,
+    /// When its renewal falls due.
+    pub due: Instant,
+    pub slack: SlackSeen,
 }
 
 /// The slack of a lease: the time it has before its deadline when its renewal falls due (its
@@ -123,31 +150,63 @@ impl Renewer {
         Weak::clone(&self.store)
     }
 
-    /// Hands over leases whose renewal falls due.
+    /// Hands over leases whose renewal falls due. Each joins the last queued chunk of its
+    /// time-to-live while that has room.
     pub(super) fn submit(self: &Arc<Self>, leases: Vec<Arc<Lease>>) {
         let now = Instant::now();
-        let slack = leases
-            .iter()
-            .map(|lease| lease.slack(now))
-            .min_by_key(|slack| slack.slack);
-        let mut by_ttl: Vec<(Duration, Vec<Arc<Lease>>)> = Vec::new();
-        for lease in leases {
-            let ttl = lease.ttl();
-            match by_ttl
-                .iter_mut()
-                .find(|(t, group)| *t == ttl && group.len() < MAX_BATCH)
-            {
-                Some((_, group)) => group.push(lease),
-                None => by_ttl.push((ttl, vec![lease])),
-            }
-        }
+        let handed: Vec<(Arc<Lease>, Handover)> = leases
+            .into_iter()
+            .map(|lease| {
+                let handover = lease.handover(now);
+                (lease, handover)
+            })
+            .collect();
         let mut due = self.due.lock();
-        if let Some(slack) = slack {
-            due.slack = Some(SlackSeen::shortest(due.slack, slack));
+        // The chunk each time-to-live fills.
+        let mut filling: Vec<(Duration, usize)> = Vec::new();
+        for (lease, handover) in handed {
+            due.slack = Some(SlackSeen::shortest(due.slack, handover.slack));
+            let ttl = handover.ttl;
+            let at = filling.iter().position(|(t, _)| *t == ttl);
+            let open = at
+                .map(|at| filling[at].1)
+                .or_else(|| due.chunks.iter().rposition(|chunk| chunk.ttl == ttl))
+                .filter(|&index| due.chunks[index].leases.len() < MAX_BATCH);
+            let index = open.unwrap_or_else(|| {
+                due.chunks.push_back(Chunk {
+                    ttl,
+                    leases: Vec::new(),
+                    due: handover.due,
+                    slack: handover.slack.slack,
+                });
+                due.chunks.len() - 1
+            });
+            match at {
+                Some(at) => filling[at].1 = index,
+                None => filling.push((ttl, index)),
+            }
+            let chunk = &mut due.chunks[index];
+            chunk.due = chunk.due.min(handover.due);
+            chunk.slack = chunk.slack.min(handover.slack.slack);
+            chunk.leases.push(lease);
         }
-        due.chunks
-            .extend(by_ttl.into_iter().map(|(_, chunk)| chunk));
         self.make_sure_someone_gathers(&mut due);
+    }
+
+    /// A queued lease is to be renewed at once (a holder asked for another time-to-live): its
+    /// chunk is due now.
+    pub(super) fn expedite(&self, lease: &Lease) {
+        let mut due = self.due.lock();
+        let queued_in = due.chunks.iter_mut().find(|chunk| {
+            chunk
+                .leases
+                .iter()
+                .any(|queued| std::ptr::eq(Arc::as_ptr(queued), lease))
+        });
+        if let Some(chunk) = queued_in {
+            chunk.due = Instant::now();
+            self.wake.notify_all();
+        }
     }
 
     /// Wakes a worker that waits or gathers, or (every worker busy with a statement) starts
@@ -189,7 +248,7 @@ impl Renewer {
                 // The clock hands leases over a little before they are due: gather until the
                 // earliest is, so that leases falling due meanwhile share the statement.
                 due.collecting += 1;
-                while let Some(start) = earliest_due(&due.chunks) {
+                while let Some(start) = due.chunks.iter().map(|chunk| chunk.due).min() {
                     if start <= Instant::now() {
                         break;
                     }
@@ -205,21 +264,17 @@ impl Renewer {
                 return;
             };
             drop(this);
-            renew_chunk(&*store, chunk, limit);
+            renew_chunk(&*store, chunk.leases, limit);
         }
     }
 }
 
-/// How long an attempt may last at most (see "Bounds" on [`Renewer`]): half the shortest slack
-/// among the queued leases and those handed over recently.
+/// How long an attempt may last at most for the leases it may hold back (see "Bounds" on
+/// [`Renewer`]): half the shortest slack among the queued leases and those handed over
+/// recently.
 fn limit(due: &RenewerState) -> Option<Duration> {
     let now = Instant::now();
-    let queued = due
-        .chunks
-        .iter()
-        .flatten()
-        .map(|lease| lease.slack(now).slack)
-        .min();
+    let queued = due.chunks.iter().map(|chunk| chunk.slack).min();
     let recent = due
         .slack
         .filter(|slack| slack.current(now))
@@ -228,25 +283,17 @@ fn limit(due: &RenewerState) -> Option<Duration> {
     Some(shortest / 2)
 }
 
-/// When the earliest renewal among the queued leases is due.
-fn earliest_due(chunks: &std::collections::VecDeque<Vec<Arc<Lease>>>) -> Option<Instant> {
-    chunks
-        .iter()
-        .flatten()
-        .map(|lease| lease.renewal_due(&lease.state.lock()))
-        .min()
-}
-
-/// The next chunk, with every later chunk of the same time-to-live merged into it (up to
-/// [`MAX_BATCH`] leases): leases that fell due while the workers were busy go in one statement.
-fn take_chunk(chunks: &mut std::collections::VecDeque<Vec<Arc<Lease>>>) -> Option<Vec<Arc<Lease>>> {
-    let mut chunk = chunks.pop_front()?;
-    let ttl = chunk[0].ttl();
-    let mut index = 0;
-    while index < chunks.len() && chunk.len() < MAX_BATCH {
-        if chunks[index][0].ttl() == ttl && chunk.len() + chunks[index].len() <= MAX_BATCH {
+/// The chunk whose earliest renewal is due first, with later chunks of the same time-to-live
+/// merged into it while they fit in [`MAX_BATCH`].
+fn take_chunk(chunks: &mut VecDeque<Chunk>) -> Option<Chunk> {
+    let first = (0..chunks.len()).min_by_key(|&index| chunks[index].due)?;
+    let mut chunk = chunks.remove(first).expect("in range");
+    let mut index = first;
+    while index < chunks.len() && chunk.leases.len() < MAX_BATCH {
+        let other = &chunks[index];
+        if other.ttl == chunk.ttl && chunk.leases.len() + other.leases.len() <= MAX_BATCH {
             let more = chunks.remove(index).expect("in range");
-            chunk.extend(more);
+            chunk.leases.extend(more.leases);
         } else {
             index += 1;
         }
@@ -258,12 +305,13 @@ fn take_chunk(chunks: &mut std::collections::VecDeque<Vec<Arc<Lease>>>) -> Optio
 type Taken = (Arc<Lease>, Turn);
 
 /// Renews one chunk of leases (see [`Renewer`]): one statement per time-to-live their turns
-/// carry (one, unless a holder asked for another since the chunk was made).
+/// carry (one, unless a holder asked for another since the chunk was made). A lease whose
+/// deadline has passed is reported lost instead.
 /// `limit`: how long each attempt may last at most (see "Bounds" on [`Renewer`]).
 fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>, limit: Option<Duration>) {
     let mut by_ttl: Vec<(Duration, Vec<Taken>)> = Vec::new();
     for lease in chunk {
-        if lease.is_over() {
+        if lease.over_or_lost() {
             continue;
         }
         // A manual renewal in flight has the turn: this lease is due again after it.
@@ -283,28 +331,24 @@ fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>, limit: Option<Duration
 
 /// One renew statement for leases of one time-to-live, and what it found for each.
 fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Option<Duration>) {
-    // One attempt may take half a renewal period, never the leases' whole remaining life, nor
-    // past the earliest deadline among them, nor longer than `limit` (for the leases it may
-    // hold back): a statement that hangs (a hung server, a frozen connection) is given up and
-    // retried on another connection a quarter period later (see `end_turn`), several times
-    // before the deadline — what lets a lease outlive a primary that hangs.
-    let period = group
-        .iter()
-        .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
-        .min()
-        .expect("a group is never empty");
-    let deadline = group
-        .iter()
-        .map(|(lease, _)| lease.deadline())
-        .min()
-        .expect("a group is never empty")
-        .min(Instant::now() + period / 2);
-    let deadline = limit.map_or(deadline, |limit| deadline.min(Instant::now() + limit));
+    fail_point!("lease::renew_batch_before_statement");
+    // A lease whose deadline has passed is lost: it is not sent, and has no say in how long
+    // the attempt for the others may last.
+    let now = Instant::now();
+    let (group, gone): (Vec<Taken>, Vec<Taken>) = group
+        .into_iter()
+        .partition(|(lease, _)| lease.deadline() > now);
+    for (lease, _) in gone {
+        lease.end_turn_unsent();
+    }
+    if group.is_empty() {
+        return;
+    }
+    let deadline = attempt_deadline(&group, now, limit);
     let keys: Vec<(&str, i64)> = group
         .iter()
         .map(|(lease, _)| (&*lease.lock_key, lease.token))
         .collect();
-    fail_point!("lease::renew_batch_before_statement");
     let sent = Instant::now();
     let outcome = store.renew_batch(&keys, ttl, deadline);
     let (renewed, failed) = match &outcome {
@@ -337,4 +381,26 @@ fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Optio
         };
         lease.end_turn(turn, mine);
     }
+}
+
+/// When an attempt for `group` (leases whose deadlines are all ahead of `now`) is given up
+/// (see "Bounds" on [`Renewer`]): half their renewal period from `now`, `limit` from `now`
+/// (for the leases it may hold back), and never past the last deadline among them. A
+/// statement that hangs (a hung server, a frozen connection) is given up and retried on
+/// another connection a quarter period later (see `Lease::end_turn`), several times before the
+/// deadline — what lets a lease outlive a primary that hangs. The earlier deadlines of the
+/// group shorten nothing: each lease counts the answer only if it comes before its own.
+fn attempt_deadline(group: &[Taken], now: Instant, limit: Option<Duration>) -> Instant {
+    let period = group
+        .iter()
+        .map(|(lease, _)| lease.renew_every(&lease.state.lock()))
+        .min()
+        .expect("a group is never empty");
+    let last = group
+        .iter()
+        .map(|(lease, _)| lease.deadline())
+        .max()
+        .expect("a group is never empty");
+    let deadline = last.min(now + period / 2);
+    limit.map_or(deadline, |limit| deadline.min(now + limit))
 }

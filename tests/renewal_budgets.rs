@@ -1,0 +1,198 @@
+//! How long a renewal attempt may last depends only on the leases it carries and on the nominal
+//! slack of the others, never on how late another lease already is: a lease that ran late is
+//! lost on its own, and the leases renewed in the same statement are renewed.
+//!
+//! Fail points pin the interleaving; one scenario at a time (fail points are the process's).
+
+#![cfg(all(feature = "failpoints", feature = "sqlite"))]
+
+mod common;
+
+use common::{Db, Fixture};
+use crossbeam_channel::{Receiver, Sender};
+use leasehold::LossReason;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const GENEROUS: Duration = Duration::from_secs(20);
+
+/// Holds the first thread that reaches a fail point until [`Gate::open`]; later threads pass.
+struct Gate {
+    entered: Receiver<()>,
+    open: Sender<()>,
+}
+
+impl Gate {
+    fn first_at(name: &str) -> Gate {
+        let (entered_tx, entered) = crossbeam_channel::unbounded();
+        let (open, open_rx) = crossbeam_channel::unbounded::<()>();
+        let hits = AtomicUsize::new(0);
+        fail::cfg_callback(name, move || {
+            if hits.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = entered_tx.send(());
+                let _ = open_rx.recv_timeout(GENEROUS);
+            }
+        })
+        .unwrap();
+        Gate { entered, open }
+    }
+
+    fn wait_entered(&self) {
+        self.entered
+            .recv_timeout(GENEROUS)
+            .expect("a thread reached the gate");
+    }
+
+    fn open(&self) {
+        let _ = self.open.send(());
+    }
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + GENEROUS;
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Two leases of one time-to-live (6 s, renewed every 2 s) travel in one renew statement: `late`,
+/// whose renewal fell due seconds ago and which has well under half a renewal period left, and
+/// `on_time`, whose renewal just fell due. The lease clock is held (as on a starved machine)
+/// until `late` has less than 0.7 s left, so that it hands both over together; the worker is
+/// then held before the statement until `late`'s deadline has passed. `late` is lost — its
+/// renewal was not confirmed before its deadline — and `on_time` is renewed by that statement:
+/// the attempt's time does not end at the deadline of a lease that is already gone.
+#[test]
+fn a_late_lease_does_not_cut_short_the_renewal_of_the_lease_sent_with_it() {
+    let scenario = fail::FailScenario::setup();
+    let f = Fixture::new(Db::Sqlite, "late_lease_batch").expect("SQLite fixture");
+    let ttl = Duration::from_secs(6);
+    let registry = f
+        .builder()
+        .time_to_live(ttl)
+        .tuning(leasehold::Tuning {
+            renewal_pool_size: 1,
+            ..leasehold::Tuning::default()
+        })
+        .build()
+        .unwrap();
+    // Another registry's unrenewed lease runs out first: the lease clock stops at the gate
+    // before it reports it, and hands nothing over until the gate opens.
+    let clock = Gate::first_at("lease::clock_before_expiry");
+    let bait_registry = f
+        .builder()
+        .renewal(false)
+        .time_to_live(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let bait = bait_registry.obtain("bait").unwrap().lock().unwrap();
+    let late = registry.obtain("late").unwrap().lock().unwrap();
+    let late_losses = late.loss_channel();
+    clock.wait_entered();
+    // Due a second after `late` (which is due 2 s after its grant).
+    std::thread::sleep(Duration::from_secs(1));
+    let on_time = registry.obtain("on-time").unwrap().lock().unwrap();
+    let on_time_losses = on_time.loss_channel();
+    let statement = Gate::first_at("lease::renew_batch_before_statement");
+    wait_until("the late lease has less than 0.7 s left", || {
+        late.remaining() < Duration::from_millis(700)
+    });
+    assert!(
+        late.is_held(),
+        "the late lease ran out before the clock went on"
+    );
+    let before = registry.statistics();
+    clock.open();
+    statement.wait_entered();
+    wait_until("the late lease's deadline has passed", || !late.is_held());
+    let on_time_left = on_time.remaining();
+    statement.open();
+    wait_until("the statement carrying both leases is recorded", || {
+        let now = registry.statistics();
+        now.leases_renewed + now.renewals_failed > before.leases_renewed + before.renewals_failed
+            || on_time.remaining() > on_time_left + Duration::from_millis(500)
+    });
+    let after = registry.statistics();
+    assert!(
+        on_time.remaining() > on_time_left + Duration::from_millis(500),
+        "the lease renewed with a late one was not renewed ({:?} left, {:?} before; {} \
+         renewals failed)",
+        on_time.remaining(),
+        on_time_left,
+        after.renewals_failed - before.renewals_failed
+    );
+    assert_eq!(
+        after.renewals_failed, before.renewals_failed,
+        "renewals failed"
+    );
+    let lost = late_losses
+        .recv_timeout(GENEROUS)
+        .expect("the late lease's loss");
+    assert!(
+        matches!(lost.reason, LossReason::Expired(_)),
+        "{:?}",
+        lost.reason
+    );
+    assert!(
+        on_time_losses.try_recv().is_err(),
+        "the on-time lease was lost"
+    );
+    assert!(on_time.is_held());
+    on_time.unlock().unwrap();
+    assert!(late.unlock().is_err_and(|e| e.is_lease_lost()));
+    drop(bait);
+    scenario.teardown();
+}
+
+/// A renewal sent in time whose answer is recorded only after the lease's deadline (the
+/// worker held between the two, as on a starved machine) leaves the lease lost: `is_held()`
+/// said so from the deadline on, and never says otherwise later. The worker reports the loss
+/// itself when it records the answer, as expired, even while the lease clock is held and
+/// cannot.
+#[test]
+fn an_answer_after_the_deadline_does_not_revive_the_lease_and_reports_its_loss() {
+    let scenario = fail::FailScenario::setup();
+    let f = Fixture::new(Db::Sqlite, "answer_after_deadline").expect("SQLite fixture");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let record = Gate::first_at("lease::renew_batch_before_record");
+    let guard = registry.obtain("slow").unwrap().lock().unwrap();
+    let losses = guard.loss_channel();
+    // The first renewal (2 s after the grant) was sent and renewed the row; its answer waits.
+    record.wait_entered();
+    let clock = Gate::first_at("lease::clock_before_expiry");
+    let bait_registry = f
+        .builder()
+        .renewal(false)
+        .time_to_live(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let bait = bait_registry.obtain("bait").unwrap().lock().unwrap();
+    clock.wait_entered();
+    wait_until("the lease's deadline has passed", || !guard.is_held());
+    record.open();
+    let mut lost = None;
+    wait_until("the answer is recorded", || {
+        lost = losses.try_recv().ok();
+        lost.is_some() || guard.is_held()
+    });
+    assert!(
+        !guard.is_held(),
+        "the lease is held again ({:?} left) after its deadline passed",
+        guard.remaining()
+    );
+    let lost = lost.expect("the loss");
+    assert!(
+        matches!(lost.reason, LossReason::Expired(_)),
+        "{:?}",
+        lost.reason
+    );
+    clock.open();
+    assert!(guard.unlock().is_err_and(|e| e.is_lease_lost()));
+    drop(bait);
+    scenario.teardown();
+}
