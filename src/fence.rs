@@ -393,6 +393,8 @@ pub(crate) mod sealed {
 pub struct Fenced<'g, T: FenceableTransaction> {
     /// The transaction and its mark, until it ends.
     open: Option<(T, T::Mark)>,
+    /// The lease, told while the transaction is open (see [`Lease::fenced`]).
+    lease: Option<Arc<Lease>>,
     _guard: PhantomData<&'g ()>,
 }
 
@@ -441,6 +443,9 @@ impl<T: FenceableTransaction> Drop for Fenced<'_, T> {
             if let Err(e) = tx.rollback(mark) {
                 log::warn!("rolling back a dropped fenced transaction: {e}");
             }
+        }
+        if let Some(lease) = self.lease.take() {
+            lease.fenced(false);
         }
     }
 }
@@ -536,12 +541,13 @@ fn lost(lease: &Lease, reason: LossReason) -> Error {
 }
 
 /// Checks `lease` in `tx`: the transaction, fenced, or an error with `tx` rolled back.
-fn fence<'g, T: FenceableTransaction>(lease: &Lease, tx: T) -> Result<Fenced<'g, T>> {
+fn fence<'g, T: FenceableTransaction>(lease: &Arc<Lease>, tx: T) -> Result<Fenced<'g, T>> {
     // From here on, every way out rolls `tx` back (the wrapper's drop) unless it is returned.
     let mut tx = tx;
     tx.rollback_on_drop();
     let mut fenced = Fenced {
         open: Some((tx, T::Mark::default())),
+        lease: None,
         _guard: PhantomData,
     };
     let (check, backend) = fence_sql(lease)?;
@@ -560,6 +566,8 @@ fn fence<'g, T: FenceableTransaction>(lease: &Lease, tx: T) -> Result<Fenced<'g,
     if !tx.check(&check, mark)? {
         return Err(lost(lease, lease.found_not_owner()));
     }
+    lease.fenced(true);
+    fenced.lease = Some(Arc::clone(lease));
     Ok(fenced)
 }
 

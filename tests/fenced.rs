@@ -566,23 +566,49 @@ mod suite {
         );
     }
 
-    /// A renewal by hand while the lease's own fenced transaction holds its row fails by its
-    /// deadline naming the locked row, not the network, and the transaction still commits;
-    /// after it, the renewal works.
-    pub fn a_renewal_inside_its_own_fence_fails_naming_the_row_lock(f: &Fixture) {
+    /// A renewal by hand while the lease's own fenced transaction holds its row is refused at
+    /// once, saying so, and the transaction still commits; after it, the renewal works.
+    pub fn a_renewal_inside_its_own_fence_is_refused_at_once(f: &Fixture) {
         let mut ledger = Ledger::new(f);
-        let registry = f
-            .builder()
-            .renewal(false)
-            .operation_timeout(Duration::from_millis(500))
-            .build()
-            .unwrap();
+        let registry = f.builder().renewal(false).build().unwrap();
         let guard = registry.obtain("renew-inside").unwrap().lock().unwrap();
         let mut inside_renewal = None;
         ledger
             .fenced_add(&guard, 0, 1, |_| inside_renewal = Some(guard.renew()))
             .unwrap();
         match inside_renewal.expect("renewed inside") {
+            Err(e @ leasehold::Error::InvalidSetting { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("fenced transaction"), "{text}");
+            }
+            other => panic!("expected a refusal naming the fenced transaction, got {other:?}"),
+        }
+        assert!(guard.is_held());
+        guard.renew().unwrap();
+        assert_eq!(ledger.total(), 1);
+        guard.unlock().unwrap();
+    }
+
+    /// A renewal by hand that meets its row locked by another session tries again until its
+    /// deadline, then names the row lock, not the network.
+    pub fn a_renewal_that_meets_a_locked_row_names_the_row_lock(f: &Fixture) {
+        let registry = f
+            .builder()
+            .renewal(false)
+            .operation_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let guard = registry.obtain("renew-locked").unwrap().lock().unwrap();
+        let mut other = Conn::open(f);
+        let table = f.table();
+        other.run("BEGIN");
+        other.run(&format!(
+            "SELECT CLIENT_ID FROM {table} WHERE LOCK_KEY = '{}' FOR UPDATE",
+            leasehold::lock_key_for("renew-locked")
+        ));
+        let outcome = guard.renew();
+        other.run("ROLLBACK");
+        match outcome {
             Err(e @ leasehold::Error::Timeout { .. }) => {
                 let text = e.to_string();
                 assert!(
@@ -593,9 +619,7 @@ mod suite {
             }
             other => panic!("expected a timeout naming the row lock, got {other:?}"),
         }
-        assert!(guard.is_held());
         guard.renew().unwrap();
-        assert_eq!(ledger.total(), 1);
         guard.unlock().unwrap();
     }
 
@@ -1109,6 +1133,7 @@ macro_rules! fenced {
             a_takeover_waits_for_an_open_fenced_transaction,
             a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease,
             a_transaction_ended_inside_the_fence_is_refused_at_commit,
+            a_renewal_inside_its_own_fence_is_refused_at_once,
         );
         #[cfg(feature = "failpoints")]
         crate::suite_for!($db; a_resumed_stale_holder_is_refused_by_the_database);
@@ -1130,7 +1155,7 @@ mod postgres {
     crate::suite_for!(crate::common::Db::Postgres; a_transaction_on_another_database_type_is_refused);
     crate::suite_for!(crate::common::Db::Postgres; a_spring_takeover_waits_for_an_open_fenced_transaction);
     crate::suite_for!(crate::common::Db::Postgres;
-        a_renewal_inside_its_own_fence_fails_naming_the_row_lock,
+        a_renewal_that_meets_a_locked_row_names_the_row_lock,
         a_savepoint_is_refused_and_its_transaction_goes_on,
         an_idle_fenced_transaction_frees_its_key_about_one_ttl_later,
         the_idle_bound_is_the_time_to_live_or_a_tighter_one_and_is_restored,
@@ -1144,7 +1169,7 @@ mod mysql {
     crate::suite_for!(crate::common::Db::Mysql; a_transaction_on_another_database_type_is_refused);
     crate::suite_for!(crate::common::Db::Mysql; a_spring_takeover_waits_for_an_open_fenced_transaction);
     crate::suite_for!(crate::common::Db::Mysql;
-        a_renewal_inside_its_own_fence_fails_naming_the_row_lock,
+        a_renewal_that_meets_a_locked_row_names_the_row_lock,
         an_idle_fenced_transaction_frees_its_key_about_one_ttl_later,
         the_idle_bound_is_the_time_to_live_or_a_tighter_one_and_is_restored,
     );

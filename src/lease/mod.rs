@@ -296,6 +296,9 @@ pub(crate) struct Lease {
     store: Weak<dyn Store>,
     /// The registry's measures: losses, renewals, the held-leases gauge.
     pub(crate) meter: Arc<Meter>,
+    /// Fenced transactions open on this lease (see [`crate::fence`]): each keeps the lease's
+    /// row locked until it ends, so a renewal by hand meanwhile is refused at once.
+    fences: std::sync::atomic::AtomicU32,
 }
 
 /// What one renewal found, as recorded.
@@ -370,6 +373,7 @@ impl Lease {
                 listeners: Vec::new(),
             }),
             changed: Condvar::new(),
+            fences: Default::default(),
             renewer: settings.renew.then(|| Arc::downgrade(renewer)),
             settings,
             on_lost: Mutex::new(on_lost.cloned()),
@@ -666,9 +670,27 @@ impl Lease {
         passed
     }
 
+    /// A fenced transaction on this lease opened (`true`) or ended (`false`).
+    pub(crate) fn fenced(&self, open: bool) {
+        use std::sync::atomic::Ordering;
+        match open {
+            true => self.fences.fetch_add(1, Ordering::SeqCst),
+            false => self.fences.fetch_sub(1, Ordering::SeqCst),
+        };
+    }
+
     /// Renews now with `ttl` (a manual renewal on the main path), waiting for a background
-    /// renewal in flight until `deadline`, and records what may have happened.
+    /// renewal in flight until `deadline`, and records what may have happened. Refused at once
+    /// while a fenced transaction of this lease is open: it holds the row the renewal would
+    /// wait for.
     pub fn renew(&self, store: &dyn Store, ttl: Duration, deadline: Instant) -> Renewal {
+        if self.fences.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            return Renewal::Failed(Error::setting(
+                "renew",
+                "this lease's own fenced transaction holds its row until it ends: renew before \
+                 fencing, or after the fenced transaction commits or rolls back",
+            ));
+        }
         let started = Instant::now();
         let Some(turn) = self.take_turn(Some(ttl), Some(deadline)) else {
             return Renewal::Failed(Error::Timeout {
