@@ -591,6 +591,7 @@ mod suite {
 
     /// A renewal by hand that meets its row locked by another session tries again until its
     /// deadline, then names the row lock, not the network.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub fn a_renewal_that_meets_a_locked_row_names_the_row_lock(f: &Fixture) {
         let registry = f
             .builder()

@@ -16,6 +16,8 @@
 
 mod common;
 
+// The server test and the fail-point tests each need features of their own.
+#[allow(dead_code)]
 mod suite {
     use crate::common::raw::Raw;
     use crate::common::{Db, Fixture};

@@ -55,6 +55,7 @@ pub(crate) struct Params<'a> {
     pub name: &'a str,
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl Params<'static> {
     /// Every parameter empty or zero: the start of a statement that binds one or two of them.
     pub(crate) const EMPTY: Params<'static> = Params {
