@@ -104,9 +104,9 @@ pub(crate) fn hurry(due: Instant) {
 
 /// The clock's loop. Each round looks at every lease once (one lock of each), without holding
 /// the list: `watch` and `hurry` never wait for a round, and a lease watched meanwhile joins
-/// the list when it ends. A round that took `t` is followed by at least `t` of sleep, so that
-/// with a list long enough to take a while the clock looks at most half the time; a deadline
-/// is still reported within two rounds of passing.
+/// the list when it ends. A round that took `t` is followed by at least `t` of rest, even when
+/// a lease asks for the clock sooner, so that with a list long enough to take a while the clock
+/// looks at most half the time; a deadline is still reported within two rounds of passing.
 fn run() {
     let (watched, wake) = state();
     let mut list = watched.lock();
@@ -162,8 +162,14 @@ fn run() {
         if let Some(asked) = list.asked.take() {
             next_wake = next_wake.min(asked);
         }
-        let next_wake = next_wake.max(Instant::now() + looked);
+        let rest_until = Instant::now() + looked;
+        let next_wake = next_wake.max(rest_until);
         list.next_wake = Some(next_wake);
         wake.wait_until(&mut list, next_wake);
+        // Woken sooner (a lease needs the clock sooner): the rest still lasts as long as the
+        // round took; the next round looks at every lease anyway.
+        while Instant::now() < rest_until {
+            wake.wait_until(&mut list, rest_until);
+        }
     }
 }
