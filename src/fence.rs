@@ -571,7 +571,7 @@ fn fence<'g, T: FenceableTransaction>(lease: &Arc<Lease>, tx: T) -> Result<Fence
     Ok(fenced)
 }
 
-impl LockGuard {
+impl<H: crate::Holding> LockGuard<H> {
     /// Checks in `tx`, an open transaction on the registry's database, that this guard's lease
     /// still holds, and keeps its row locked against any takeover until `tx` ends (see the
     /// [`fence`](crate::fence) module docs). Returns the transaction wrapped so that only

@@ -397,7 +397,7 @@ pub use leader::{
     LeadershipLossReason, LeadershipLost, LeadershipLostCallback,
 };
 pub use lease::{LeaseLost, LostCallback};
-pub use lock::{Lock, LockGuard};
+pub use lock::{AnyThread, Holding, Lock, LockGuard, LockSet, LockSetGuard, ThisThread};
 pub use rwlock::{ReadGuard, RwLock, RwLockStatus, WriteGuard, MAX_READERS};
 pub use semaphore::{Permit, Semaphore, SemaphoreStatus, MAX_PERMITS};
 

@@ -124,10 +124,12 @@
 mod guard;
 mod linger;
 mod rows;
+mod set;
 
-pub use guard::{Lock, LockGuard};
+pub use guard::{AnyThread, Holding, Lock, LockGuard, ThisThread};
 pub(crate) use linger::Lingerer;
 pub(crate) use rows::{Patience, KEYED_WATCHES};
+pub use set::{LockSet, LockSetGuard};
 
 use crate::backend::{Acquired, ReleaseWait};
 use crate::core::Core;
@@ -136,8 +138,8 @@ use crate::lease::{Lease, Owner};
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -156,18 +158,39 @@ enum Wait {
     Forever,
 }
 
+/// Who holds a key in this registry, or waits for it, or runs a statement about it: a thread
+/// (whose guards of the key nest, see [`ThisThread`]) or one guard that any thread may hold
+/// (see [`AnyThread`]), named by a number no other guard has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    Thread(ThreadId),
+    Guard(u64),
+}
+
+impl Holder {
+    pub(crate) fn this_thread() -> Holder {
+        Holder::Thread(std::thread::current().id())
+    }
+
+    /// A holder nobody else is or will be.
+    pub(crate) fn new_guard() -> Holder {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Holder::Guard(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// The key's state in this registry (see the module docs).
 struct LocalState {
-    /// The thread holding the lock.
-    owner: Option<ThreadId>,
+    /// The holder of the lock.
+    owner: Option<Holder>,
     /// The owner's nested guards.
     depth: u32,
     /// The database grant: present while an owner holds it or while it lingers.
     lease: Option<Arc<Lease>>,
     /// Threads inside an acquire of this key, oldest first: a release hands over to the front.
     queue: VecDeque<Waiter>,
-    /// The thread running a statement for this key (polling or releasing), if any.
-    db_user: Option<ThreadId>,
+    /// Who runs a statement for this key (polling or releasing), if anyone.
+    db_user: Option<Holder>,
     /// The resolution of an acquire of this key whose outcome is unknown runs in the
     /// background (see "Unknown outcomes"): nobody polls the key meanwhile.
     resolving: bool,
@@ -195,7 +218,7 @@ struct LocalState {
 /// A thread inside an acquire of a key, and the condition variable it waits on: its own, so
 /// that a handoff wakes only the thread it hands to.
 struct Waiter {
-    thread: ThreadId,
+    holder: Holder,
     wake: Arc<Condvar>,
 }
 
@@ -409,10 +432,14 @@ impl LockInner {
             && !state.leaving
     }
 
-    fn acquire(self: &Arc<Self>, wait: Wait, ttl: Duration) -> Result<Option<LockGuard>> {
+    fn acquire<H: Holding>(
+        self: &Arc<Self>,
+        wait: Wait,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard<H>>> {
         self.core.settings.check_ttl("time_to_live", ttl)?;
         let called = Instant::now();
-        let me = std::thread::current().id();
+        let me = H::holder();
         let mut state = self.state.lock();
         if state.owner == Some(me) {
             let lease = state.lease.clone().expect("an owner always has a lease");
@@ -422,13 +449,25 @@ impl LockInner {
             state.depth += 1;
             return Ok(Some(self.guard(lease)));
         }
+        if state.owner == Some(Holder::this_thread()) {
+            // It would wait for a guard only this thread can drop.
+            return Err(Error::setting(
+                "any_thread",
+                format!(
+                    "this thread holds {:?} already, through a guard that stays on it; a guard \
+                     for any thread does not nest: drop that guard first, or take this one with \
+                     the lock's own methods (they nest on this thread)",
+                    self.key
+                ),
+            ));
+        }
         // A condition variable of its own also for a thread whose thread-locals are being
         // destroyed (a lock taken in a thread-local's destructor).
         let wake = WAKE
             .try_with(Arc::clone)
             .unwrap_or_else(|_| Arc::new(Condvar::new()));
         state.queue.push_back(Waiter {
-            thread: me,
+            holder: me,
             wake: Arc::clone(&wake),
         });
         let mut watch = Watch::default();
@@ -442,7 +481,7 @@ impl LockInner {
                 .wakeups
                 .unregister(&self.lock_key, &self.as_poller());
         }
-        if let Some(position) = state.queue.iter().position(|waiter| waiter.thread == me) {
+        if let Some(position) = state.queue.iter().position(|waiter| waiter.holder == me) {
             state.queue.remove(position);
         }
         if state.db_user == Some(me) {
@@ -462,7 +501,7 @@ impl LockInner {
             Err(panic) => {
                 let orphan = state.lease.clone().filter(|_| state.owner == Some(me));
                 drop(state);
-                drop(orphan.map(|lease| self.guard(lease)));
+                drop(orphan.map(|lease| self.guard::<H>(lease)));
                 panic::resume_unwind(panic);
             }
         };
@@ -494,7 +533,7 @@ impl LockInner {
     fn acquire_locked(
         self: &Arc<Self>,
         state: &mut MutexGuard<'_, LocalState>,
-        me: ThreadId,
+        me: Holder,
         wake: &Condvar,
         wait: Wait,
         ttl: Duration,
@@ -871,7 +910,7 @@ impl LockInner {
         let in_turn = !state.turn_over(now);
         if settings.local_handoff && in_turn && lease.is_held() && keep.is_none() {
             if let Some(next) = state.queue.pop_front() {
-                state.owner = Some(next.thread);
+                state.owner = Some(next.holder);
                 state.depth = 1;
                 state.shared = true;
                 lease.handed_over();
@@ -912,7 +951,7 @@ impl LockInner {
         };
         state.last_release = Some((now, !reserve.is_zero()));
         state.lease = None;
-        state.db_user = Some(std::thread::current().id());
+        state.db_user = Some(Holder::this_thread());
         let outcome = MutexGuard::unlocked(state, || {
             panic::catch_unwind(AssertUnwindSafe(|| {
                 self.release_to_database(lease, reserve, keep)
@@ -1002,13 +1041,13 @@ impl LockInner {
         }
     }
 
-    fn guard(self: &Arc<Self>, lease: Arc<Lease>) -> LockGuard {
+    fn guard<H: Holding>(self: &Arc<Self>, lease: Arc<Lease>) -> LockGuard<H> {
         LockGuard {
             lock: Arc::clone(self),
             lease,
             released: false,
             held_since: None,
-            _not_send: PhantomData,
+            _holder: std::marker::PhantomData,
         }
     }
 }

@@ -771,19 +771,26 @@ impl Lease {
     pub fn loss_channel(&self) -> Receiver<LeaseLost> {
         fail_point!("lease::loss_channel");
         let (tx, rx) = crossbeam_channel::bounded(1);
+        self.add_loss_listener(tx);
+        rx
+    }
+
+    /// Sends one [`LeaseLost`] through `tx` if the lease is lost (at once if it already is);
+    /// `tx` goes when the lease ends normally. A full channel takes no second message (a lock
+    /// set hands one sender to each of its leases).
+    pub(crate) fn add_loss_listener(&self, tx: Sender<LeaseLost>) {
         {
             let mut state = self.state.lock();
             match &state.lost {
                 Some(reason) => {
                     let _ = tx.try_send(self.event(reason.clone()));
-                    return rx;
+                    return;
                 }
-                None if state.phase == Phase::Released => return rx,
+                None if state.phase == Phase::Released => return,
                 None => state.listeners.push(tx),
             }
         }
         self.check();
-        rx
     }
 
     /// The lock passed to another local thread: the previous holder's loss channels disconnect.

@@ -1,6 +1,6 @@
 //! The typed API of one lock: the [`Lock`] handle and the [`LockGuard`] a holder keeps.
 
-use super::{LockInner, Wait};
+use super::{Holder, LockInner, Wait};
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, LeaseLost, Renewal};
 use crate::wakeups::Nudge;
@@ -40,10 +40,61 @@ use std::time::{Duration, Instant};
 /// assert_eq!(worker.join().unwrap()?, token);
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct Lock {
-    inner: Arc<LockInner>,
+pub struct Lock<H: Holding = ThisThread> {
+    pub(super) inner: Arc<LockInner>,
+    _holder: PhantomData<fn() -> H>,
 }
+
+impl<H: Holding> Clone for Lock<H> {
+    fn clone(&self) -> Self {
+        Lock {
+            inner: Arc::clone(&self.inner),
+            _holder: PhantomData,
+        }
+    }
+}
+
+/// Who a guard belongs to: [`ThisThread`] (the default) or [`AnyThread`]. The type parameter
+/// of [`Lock`], [`LockGuard`], [`LockSet`](crate::LockSet) and
+/// [`LockSetGuard`](crate::LockSetGuard); implemented by those two types only.
+pub trait Holding: sealed::Holding {}
+
+impl<H: sealed::Holding> Holding for H {}
+
+mod sealed {
+    pub trait Holding: 'static {
+        /// The holder an acquire of this kind acquires for.
+        fn holder() -> super::Holder;
+    }
+
+    impl Holding for super::ThisThread {
+        fn holder() -> super::Holder {
+            super::Holder::this_thread()
+        }
+    }
+
+    impl Holding for super::AnyThread {
+        fn holder() -> super::Holder {
+            super::Holder::new_guard()
+        }
+    }
+}
+
+/// Guards that belong to the thread that took them (the default): reentrant — a thread that
+/// holds a key and asks again gets a nested guard at once, and the key goes with the thread's
+/// outermost guard — and neither `Send` nor `Sync`. See [`LockGuard`].
+pub struct ThisThread(PhantomData<*const ()>);
+
+/// Guards that belong to themselves, not to a thread: `Send` and `Sync`, so any thread may
+/// hold, use, move and drop them, and not reentrant — every acquire is a holder of its own,
+/// which waits like any other thread while the key is held, also by a guard of the same
+/// thread. Taken through [`Lock::any_thread`] (or [`LockSet::any_thread`](crate::LockSet::any_thread)).
+///
+/// A thread that holds a key through a [`ThisThread`] guard and asks for an `AnyThread` one
+/// gets [`Error::InvalidSetting`] at once (it would wait for itself); a thread that holds an
+/// `AnyThread` guard and asks again waits until that guard is dropped, by whichever thread has
+/// it — as a thread that locks a `std::sync::Mutex` twice.
+pub struct AnyThread(());
 
 impl Nudge for LockInner {
     /// Called by the release listener (the lock was released elsewhere) and by the registry
@@ -69,7 +120,37 @@ impl Nudge for LockInner {
 
 impl Lock {
     pub(crate) fn new(inner: Arc<LockInner>) -> Self {
-        Lock { inner }
+        Lock {
+            inner,
+            _holder: PhantomData,
+        }
+    }
+}
+
+impl<H: Holding> Lock<H> {
+    /// The same lock, whose guards belong to no thread: `Send` and `Sync`, not reentrant (see
+    /// [`AnyThread`]). It shares the key's local queue with every other handle of the key.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let registry = leasehold::LockRegistry::sqlite(dir.path().join("l.db")).create_table(true).build()?;
+    /// let guard = registry.obtain("import")?.any_thread().lock()?;
+    /// let token = guard.fencing_token();
+    /// // The guard goes to a worker, which does the work and unlocks.
+    /// let worker = std::thread::spawn(move || -> leasehold::Result<u64> {
+    ///     let token = guard.fencing_token(); // ... writes carrying the token ...
+    ///     guard.unlock()?;
+    ///     Ok(token)
+    /// });
+    /// assert_eq!(worker.join().expect("the worker ran")?, token);
+    /// # Ok(()) }
+    /// ```
+    pub fn any_thread(&self) -> Lock<AnyThread> {
+        Lock {
+            inner: Arc::clone(&self.inner),
+            _holder: PhantomData,
+        }
     }
 
     /// The key this lock was obtained with.
@@ -107,7 +188,7 @@ impl Lock {
 
     /// `true` if the calling thread holds this lock through this registry.
     pub fn is_held_by_current_thread(&self) -> bool {
-        self.inner.state.lock().owner == Some(std::thread::current().id())
+        self.inner.state.lock().owner == Some(Holder::this_thread())
     }
 
     /// Blocks until the lock is granted, with the registry's default time-to-live.
@@ -115,12 +196,12 @@ impl Lock {
     /// Polls the database at least once per `idle_between_tries` while another instance holds the lock, and
     /// wakes at once when another thread of this registry releases it. Returns `Err` only when
     /// the database keeps failing for `operation_timeout` or refuses for good.
-    pub fn lock(&self) -> Result<LockGuard> {
+    pub fn lock(&self) -> Result<LockGuard<H>> {
         self.lock_with_ttl(self.inner.core.settings.time_to_live)
     }
 
     /// [`lock`](Self::lock) with a time-to-live for this lease only.
-    pub fn lock_with_ttl(&self, ttl: Duration) -> Result<LockGuard> {
+    pub fn lock_with_ttl(&self, ttl: Duration) -> Result<LockGuard<H>> {
         let guard = self.inner.acquire(Wait::Forever, ttl)?;
         Ok(guard.expect("an unbounded wait ends only with a grant or an error"))
     }
@@ -144,7 +225,7 @@ impl Lock {
     /// assert_eq!(rows, 42);
     /// # Ok(()) }
     /// ```
-    pub fn with_lock<T>(&self, work: impl FnOnce(&LockGuard) -> T) -> Result<T> {
+    pub fn with_lock<T>(&self, work: impl FnOnce(&LockGuard<H>) -> T) -> Result<T> {
         let guard = self.lock()?;
         let value = work(&guard);
         guard.unlock().map(|()| value)
@@ -157,12 +238,12 @@ impl Lock {
     /// `operation_timeout` (5 s by default), so against a server that went away it blocks that
     /// long before returning [`Error::Timeout`]. For a bounded wait use
     /// [`try_lock_for`](Self::try_lock_for): a caller deadline bounds database calls too.
-    pub fn try_lock(&self) -> Result<Option<LockGuard>> {
+    pub fn try_lock(&self) -> Result<Option<LockGuard<H>>> {
         self.try_lock_with_ttl(self.inner.core.settings.time_to_live)
     }
 
     /// [`try_lock`](Self::try_lock) with a time-to-live for this lease only.
-    pub fn try_lock_with_ttl(&self, ttl: Duration) -> Result<Option<LockGuard>> {
+    pub fn try_lock_with_ttl(&self, ttl: Duration) -> Result<Option<LockGuard<H>>> {
         self.inner.acquire(Wait::No, ttl)
     }
 
@@ -172,12 +253,12 @@ impl Lock {
         &self,
         deadline: Instant,
         ttl: Duration,
-    ) -> Result<Option<LockGuard>> {
+    ) -> Result<Option<LockGuard<H>>> {
         self.inner.acquire(Wait::Once(deadline), ttl)
     }
 
     /// Waits at most `timeout`; `Ok(None)` if the lock was not granted in that time.
-    pub fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+    pub fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard<H>>> {
         self.try_lock_for_with_ttl(timeout, self.inner.core.settings.time_to_live)
     }
 
@@ -186,7 +267,7 @@ impl Lock {
         &self,
         timeout: Duration,
         ttl: Duration,
-    ) -> Result<Option<LockGuard>> {
+    ) -> Result<Option<LockGuard<H>>> {
         match Instant::now().checked_add(timeout) {
             Some(deadline) => self.try_lock_until_with_ttl(deadline, ttl),
             None => self.lock_with_ttl(ttl).map(Some),
@@ -195,7 +276,7 @@ impl Lock {
 
     /// Waits until `deadline`; `Ok(None)` if the lock was not granted by then. A deadline in the
     /// past makes one attempt, like [`try_lock`](Self::try_lock).
-    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
+    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard<H>>> {
         self.try_lock_until_with_ttl(deadline, self.inner.core.settings.time_to_live)
     }
 
@@ -204,7 +285,7 @@ impl Lock {
         &self,
         deadline: Instant,
         ttl: Duration,
-    ) -> Result<Option<LockGuard>> {
+    ) -> Result<Option<LockGuard<H>>> {
         if deadline <= Instant::now() {
             return self.inner.acquire(Wait::No, ttl);
         }
@@ -212,7 +293,7 @@ impl Lock {
     }
 }
 
-impl std::fmt::Debug for Lock {
+impl<H: Holding> std::fmt::Debug for Lock<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
             .field("key", &self.inner.key)
@@ -309,16 +390,17 @@ impl std::fmt::Debug for Lock {
 /// # Ok(()) }
 /// ```
 #[must_use = "if unused the lock is released at once"]
-pub struct LockGuard {
+pub struct LockGuard<H: Holding = ThisThread> {
     pub(super) lock: Arc<LockInner>,
     pub(super) lease: Arc<Lease>,
     pub(super) released: bool,
     /// When this (outermost) guard was granted; `None` for a nested one.
     pub(super) held_since: Option<Instant>,
-    pub(super) _not_send: PhantomData<*const ()>,
+    /// `ThisThread` keeps the guard on its thread (see above).
+    pub(super) _holder: PhantomData<H>,
 }
 
-impl LockGuard {
+impl<H: Holding> LockGuard<H> {
     /// The lease behind this guard (for the leader election).
     pub(crate) fn lease(&self) -> &Arc<Lease> {
         &self.lease
@@ -476,7 +558,7 @@ impl LockGuard {
     }
 }
 
-impl Drop for LockGuard {
+impl<H: Holding> Drop for LockGuard<H> {
     fn drop(&mut self) {
         if !self.released {
             self.measure_release();
@@ -487,7 +569,7 @@ impl Drop for LockGuard {
     }
 }
 
-impl std::fmt::Debug for LockGuard {
+impl<H: Holding> std::fmt::Debug for LockGuard<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
             .field("key", &self.lock.key)

@@ -20,7 +20,7 @@ pub use crate::core::{
 };
 use crate::error::{Error, Result};
 use crate::lease::{callback_thread, KeeperSettings, LeaseLost, LostCallback, Renewer};
-use crate::lock::{Lingerer, Lock, LockInner};
+use crate::lock::{Lingerer, Lock, LockInner, LockSet};
 use crate::meter::Meter;
 use crate::wakeups::Wakeups;
 use parking_lot::Mutex;
@@ -143,6 +143,18 @@ impl LockRegistry {
             LockInner::new(key, Arc::clone(&self.core), &self.lingerer).tracked()
         });
         Ok(Lock::new(inner))
+    }
+
+    /// The keys `keys` held together, all or none (see [`LockSet`]): taken in their byte
+    /// order whatever order they come in (a key given twice counts once), so that threads and
+    /// instances that want overlapping sets never deadlock. `Err(InvalidSetting)` for no key
+    /// or an invalid one.
+    pub fn lock_set<K: AsRef<str>>(&self, keys: impl IntoIterator<Item = K>) -> Result<LockSet> {
+        let locks = keys
+            .into_iter()
+            .map(|key| self.obtain(key.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        LockSet::new(locks)
     }
 
     /// Closes the registry, from any thread: every call of this registry's threads that waits
