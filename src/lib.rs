@@ -254,7 +254,7 @@ macro_rules! fail_point {
 /// released); `$owner` is the field whose `name` the guard reports.
 macro_rules! lease_guard_methods {
     ($owner:ident) => {
-        fn lease_guard(&self) -> &crate::LockGuard {
+        fn lease_guard(&self) -> &crate::LockGuard<H> {
             self.guard
                 .as_ref()
                 .expect("a guard holds its lease until it goes")
@@ -313,39 +313,40 @@ macro_rules! lease_guard_methods {
 
 /// The acquire methods of a semaphore or a reader/writer lock side, on `self.inner`, whose
 /// `$inner_fn(Wait, ttl)` does the work (`Wait` being the module's own: `No`, `Until`,
-/// `Forever`): waiting, one attempt, bounded waits, each with a per-call time-to-live.
+/// `Forever`) and returns a guard for this thread, given to the handle's kind `H` (its
+/// `holding`): waiting, one attempt, bounded waits, each with a per-call time-to-live.
 macro_rules! acquire_methods {
     ($what:literal, $guard:ident, $inner_fn:ident,
      $wait:ident, $wait_ttl:ident, $try:ident, $try_ttl:ident,
      $try_for:ident, $try_for_ttl:ident, $try_until:ident, $try_until_ttl:ident) => {
         #[doc = concat!("Blocks until ", $what, " is granted, with the registry's default time-to-live.")]
-        pub fn $wait(&self) -> crate::Result<$guard> {
+        pub fn $wait(&self) -> crate::Result<$guard<H>> {
             self.$wait_ttl(self.inner.core.settings.time_to_live)
         }
 
         #[doc = concat!("[`", stringify!($wait), "`](Self::", stringify!($wait), ") with a time-to-live for this lease only.")]
-        pub fn $wait_ttl(&self, ttl: std::time::Duration) -> crate::Result<$guard> {
+        pub fn $wait_ttl(&self, ttl: std::time::Duration) -> crate::Result<$guard<H>> {
             let guard = self.inner.$inner_fn(Wait::Forever, ttl)?;
-            Ok(guard.expect("an unbounded wait ends only with a grant or an error"))
+            Ok(guard.expect("an unbounded wait ends only with a grant or an error").holding())
         }
 
         #[doc = concat!("One attempt at ", $what, ": `Ok(None)` when it is not free now (or another thread of this registry is taking it right now).")]
-        pub fn $try(&self) -> crate::Result<Option<$guard>> {
+        pub fn $try(&self) -> crate::Result<Option<$guard<H>>> {
             self.$try_ttl(self.inner.core.settings.time_to_live)
         }
 
         #[doc = concat!("[`", stringify!($try), "`](Self::", stringify!($try), ") with a time-to-live for this lease only.")]
-        pub fn $try_ttl(&self, ttl: std::time::Duration) -> crate::Result<Option<$guard>> {
-            self.inner.$inner_fn(Wait::No, ttl)
+        pub fn $try_ttl(&self, ttl: std::time::Duration) -> crate::Result<Option<$guard<H>>> {
+            Ok(self.inner.$inner_fn(Wait::No, ttl)?.map(|guard| guard.holding()))
         }
 
         #[doc = concat!("Waits at most `timeout` for ", $what, "; `Ok(None)` if it was not granted in that time.")]
-        pub fn $try_for(&self, timeout: std::time::Duration) -> crate::Result<Option<$guard>> {
+        pub fn $try_for(&self, timeout: std::time::Duration) -> crate::Result<Option<$guard<H>>> {
             self.$try_for_ttl(timeout, self.inner.core.settings.time_to_live)
         }
 
         #[doc = concat!("[`", stringify!($try_for), "`](Self::", stringify!($try_for), ") with a time-to-live for this lease only.")]
-        pub fn $try_for_ttl(&self, timeout: std::time::Duration, ttl: std::time::Duration) -> crate::Result<Option<$guard>> {
+        pub fn $try_for_ttl(&self, timeout: std::time::Duration, ttl: std::time::Duration) -> crate::Result<Option<$guard<H>>> {
             match std::time::Instant::now().checked_add(timeout) {
                 Some(deadline) => self.$try_until_ttl(deadline, ttl),
                 None => self.$wait_ttl(ttl).map(Some),
@@ -353,16 +354,17 @@ macro_rules! acquire_methods {
         }
 
         #[doc = concat!("Waits until `deadline` for ", $what, "; a deadline in the past makes one attempt.")]
-        pub fn $try_until(&self, deadline: std::time::Instant) -> crate::Result<Option<$guard>> {
+        pub fn $try_until(&self, deadline: std::time::Instant) -> crate::Result<Option<$guard<H>>> {
             self.$try_until_ttl(deadline, self.inner.core.settings.time_to_live)
         }
 
         #[doc = concat!("[`", stringify!($try_until), "`](Self::", stringify!($try_until), ") with a time-to-live for this lease only.")]
-        pub fn $try_until_ttl(&self, deadline: std::time::Instant, ttl: std::time::Duration) -> crate::Result<Option<$guard>> {
-            if deadline <= std::time::Instant::now() {
-                return self.inner.$inner_fn(Wait::No, ttl);
-            }
-            self.inner.$inner_fn(Wait::Until(deadline), ttl)
+        pub fn $try_until_ttl(&self, deadline: std::time::Instant, ttl: std::time::Duration) -> crate::Result<Option<$guard<H>>> {
+            let wait = match deadline <= std::time::Instant::now() {
+                true => Wait::No,
+                false => Wait::Until(deadline),
+            };
+            Ok(self.inner.$inner_fn(wait, ttl)?.map(|guard| guard.holding()))
         }
     };
 }

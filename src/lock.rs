@@ -882,6 +882,15 @@ impl LockInner {
         Arc::downgrade(self) as Weak<dyn Nudge>
     }
 
+    /// Gives the key held by `from` to `to` (a guard taken for this thread becomes one for any
+    /// thread, see [`AnyThread`]); the hold's depth stays.
+    fn reown(&self, from: Holder, to: Holder) {
+        let mut state = self.state.lock();
+        if state.owner == Some(from) {
+            state.owner = Some(to);
+        }
+    }
+
     /// Called by a guard whose depth reaches this thread's last hold.
     fn release(self: &Arc<Self>, lease: &Arc<Lease>) -> Result<()> {
         self.release_keeping(lease, None, true)

@@ -113,10 +113,11 @@ use crate::admin::{LockRow, LockState};
 use crate::backend::{ListedRow, STATE_HELD};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::lock::{Lock, LockGuard, LockInner, Patience};
+use crate::lock::{AnyThread, Holding, Lock, LockGuard, LockInner, Patience, ThisThread};
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -147,14 +148,20 @@ pub(crate) fn obtain(
     crate::key::validate_key(name)?;
     let mut live = rw_locks.lock();
     if let Some(inner) = live.get(name).and_then(Weak::upgrade) {
-        return Ok(RwLock { inner });
+        return Ok(RwLock {
+            inner,
+            _holder: PhantomData,
+        });
     }
     let inner = Arc::new(RwInner::new(name, core));
     let waitable: Weak<dyn Nudge> = Arc::downgrade(&inner) as Weak<dyn Nudge>;
     core.track(waitable);
     live.retain(|_, known| known.strong_count() > 0);
     live.insert(name.to_string(), Arc::downgrade(&inner));
-    Ok(RwLock { inner })
+    Ok(RwLock {
+        inner,
+        _holder: PhantomData,
+    })
 }
 
 /// What the table says about a reader/writer lock, for operators: see
@@ -771,12 +778,30 @@ impl Nudge for RwInner {
 
 /// A handle on one reader/writer lock of a registry (see [`LockRegistry::rw_lock`](crate::LockRegistry::rw_lock)). Cheap to
 /// clone.
-#[derive(Clone)]
-pub struct RwLock {
+pub struct RwLock<H: Holding = ThisThread> {
     inner: Arc<RwInner>,
+    _holder: PhantomData<fn() -> H>,
 }
 
-impl RwLock {
+impl<H: Holding> Clone for RwLock<H> {
+    fn clone(&self) -> Self {
+        RwLock {
+            inner: Arc::clone(&self.inner),
+            _holder: PhantomData,
+        }
+    }
+}
+
+impl<H: Holding> RwLock<H> {
+    /// The same lock, whose read and write guards belong to no thread: `Send` and `Sync` (see
+    /// [`AnyThread`](crate::AnyThread)).
+    pub fn any_thread(&self) -> RwLock<AnyThread> {
+        RwLock {
+            inner: Arc::clone(&self.inner),
+            _holder: PhantomData,
+        }
+    }
+
     /// The lock's name.
     pub fn name(&self) -> &str {
         &self.inner.name
@@ -811,7 +836,7 @@ impl RwLock {
     );
 }
 
-impl std::fmt::Debug for RwLock {
+impl<H: Holding> std::fmt::Debug for RwLock<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RwLock")
             .field("name", &self.inner.name)
@@ -822,13 +847,24 @@ impl std::fmt::Debug for RwLock {
 /// A read hold of a reader/writer lock by the current thread, a lease of its own; released
 /// when dropped ([`unlock`](Self::unlock) returns the errors). `!Send`, like a lock guard.
 #[must_use = "if unused the read hold is released at once"]
-pub struct ReadGuard {
+pub struct ReadGuard<H: Holding = ThisThread> {
     lock: Arc<RwInner>,
     slot: u32,
-    guard: Option<LockGuard>,
+    guard: Option<LockGuard<H>>,
 }
 
 impl ReadGuard {
+    /// This read hold, taken for this thread, as one of kind `H`.
+    fn holding<H: Holding>(mut self) -> ReadGuard<H> {
+        ReadGuard {
+            lock: Arc::clone(&self.lock),
+            slot: self.slot,
+            guard: self.guard.take().map(LockGuard::holding),
+        }
+    }
+}
+
+impl<H: Holding> ReadGuard<H> {
     lease_guard_methods!(lock);
 
     /// The read slot this hold took, 0 to [`MAX_READERS`] - 1.
@@ -851,7 +887,7 @@ impl ReadGuard {
     }
 }
 
-impl Drop for ReadGuard {
+impl<H: Holding> Drop for ReadGuard<H> {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
             drop(guard);
@@ -863,14 +899,25 @@ impl Drop for ReadGuard {
 /// The write side of a reader/writer lock, held by the current thread; released when dropped
 /// ([`unlock`](Self::unlock) returns the errors). `!Send`, like a lock guard.
 #[must_use = "if unused the write side is released at once"]
-pub struct WriteGuard {
+pub struct WriteGuard<H: Holding = ThisThread> {
     lock: Arc<RwInner>,
-    guard: Option<LockGuard>,
+    guard: Option<LockGuard<H>>,
     /// The write token (see "Fencing" in the module docs).
     token: u64,
 }
 
 impl WriteGuard {
+    /// This write hold, taken for this thread, as one of kind `H`.
+    fn holding<H: Holding>(mut self) -> WriteGuard<H> {
+        WriteGuard {
+            lock: Arc::clone(&self.lock),
+            guard: self.guard.take().map(LockGuard::holding),
+            token: self.token,
+        }
+    }
+}
+
+impl<H: Holding> WriteGuard<H> {
     lease_guard_methods!(lock);
 
     /// The fencing token of this write hold: larger than every earlier grant of the lock, read
@@ -890,7 +937,7 @@ impl WriteGuard {
     }
 }
 
-impl Drop for WriteGuard {
+impl<H: Holding> Drop for WriteGuard<H> {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
             drop(guard);
@@ -899,7 +946,7 @@ impl Drop for WriteGuard {
     }
 }
 
-impl std::fmt::Debug for ReadGuard {
+impl<H: Holding> std::fmt::Debug for ReadGuard<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadGuard")
             .field("name", &self.lock.name)
@@ -909,7 +956,7 @@ impl std::fmt::Debug for ReadGuard {
     }
 }
 
-impl std::fmt::Debug for WriteGuard {
+impl<H: Holding> std::fmt::Debug for WriteGuard<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteGuard")
             .field("name", &self.lock.name)

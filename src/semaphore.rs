@@ -91,10 +91,13 @@
 use crate::admin::{LockRow, LockState};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::lock::{Lock, LockGuard, LockInner, Patience, KEYED_WATCHES};
+use crate::lock::{
+    AnyThread, Holding, Lock, LockGuard, LockInner, Patience, ThisThread, KEYED_WATCHES,
+};
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
 use std::thread::ThreadId;
@@ -163,14 +166,20 @@ pub(crate) fn obtain(
     core.track(waitable);
     cache.live.retain(|_, known| known.strong_count() > 0);
     cache.live.insert(name.to_string(), Arc::downgrade(&inner));
-    Ok(Semaphore { inner })
+    Ok(Semaphore {
+        inner,
+        _holder: PhantomData,
+    })
 }
 
 fn same_permits(core: &Arc<Core>, inner: Arc<SemaphoreInner>, permits: u32) -> Result<Semaphore> {
     if inner.permits != permits {
         return Err(mismatch(core, &inner.name, permits, inner.permits.into()));
     }
-    Ok(Semaphore { inner })
+    Ok(Semaphore {
+        inner,
+        _holder: PhantomData,
+    })
 }
 
 fn mismatch(core: &Arc<Core>, name: &str, permits: u32, recorded: i64) -> Error {
@@ -525,7 +534,7 @@ impl SemaphoreInner {
     /// Hands `guard`'s slot to a parked thread of this registry if one claims it: returns
     /// `true` once the claimant queues on the slot's lock (the release that follows hands the
     /// lease over), `false` at once when there is nobody to hand it to (see "Handoff").
-    fn offer(&self, slot: u32, guard: &LockGuard) -> bool {
+    fn offer<H: Holding>(&self, slot: u32, guard: &LockGuard<H>) -> bool {
         if !self.core.settings.local_handoff || !guard.is_held() {
             return false;
         }
@@ -619,12 +628,30 @@ impl Nudge for SemaphoreInner {
 /// instance's release is notified; it returns `Err` only when the input is bad or the database keeps
 /// failing. A thread that already holds permits may take another; with every other permit
 /// held, by anyone, it waits (a permit is not reentrant).
-#[derive(Clone)]
-pub struct Semaphore {
+pub struct Semaphore<H: Holding = ThisThread> {
     inner: Arc<SemaphoreInner>,
+    _holder: PhantomData<fn() -> H>,
 }
 
-impl Semaphore {
+impl<H: Holding> Clone for Semaphore<H> {
+    fn clone(&self) -> Self {
+        Semaphore {
+            inner: Arc::clone(&self.inner),
+            _holder: PhantomData,
+        }
+    }
+}
+
+impl<H: Holding> Semaphore<H> {
+    /// The same semaphore, whose permits belong to no thread: `Send` and `Sync` (see
+    /// [`AnyThread`](crate::AnyThread)).
+    pub fn any_thread(&self) -> Semaphore<AnyThread> {
+        Semaphore {
+            inner: Arc::clone(&self.inner),
+            _holder: PhantomData,
+        }
+    }
+
     /// The semaphore's name.
     pub fn name(&self) -> &str {
         &self.inner.name
@@ -656,7 +683,7 @@ impl Semaphore {
     );
 }
 
-impl std::fmt::Debug for Semaphore {
+impl<H: Holding> std::fmt::Debug for Semaphore<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Semaphore")
             .field("name", &self.inner.name)
@@ -671,14 +698,25 @@ impl std::fmt::Debug for Semaphore {
 /// [`LockGuard`]'s, whose methods it has. Dropping releases on a best-effort basis and logs
 /// failures; [`unlock`](Self::unlock) returns them. `!Send`, like a lock guard.
 #[must_use = "if unused the permit is released at once"]
-pub struct Permit {
+pub struct Permit<H: Holding = ThisThread> {
     semaphore: Arc<SemaphoreInner>,
     slot: u32,
     /// `None` once released.
-    guard: Option<LockGuard>,
+    guard: Option<LockGuard<H>>,
 }
 
 impl Permit {
+    /// This permit, taken for this thread, as one of kind `H`.
+    fn holding<H: Holding>(mut self) -> Permit<H> {
+        Permit {
+            semaphore: Arc::clone(&self.semaphore),
+            slot: self.slot,
+            guard: self.guard.take().map(LockGuard::holding),
+        }
+    }
+}
+
+impl<H: Holding> Permit<H> {
     lease_guard_methods!(semaphore);
 
     /// Which of the semaphore's permits this is, from 0 to `permits - 1`: no two holders
@@ -712,7 +750,7 @@ impl Permit {
     }
 }
 
-impl Drop for Permit {
+impl<H: Holding> Drop for Permit<H> {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
             let handed = self.semaphore.offer(self.slot, &guard);
@@ -724,7 +762,7 @@ impl Drop for Permit {
     }
 }
 
-impl std::fmt::Debug for Permit {
+impl<H: Holding> std::fmt::Debug for Permit<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Permit")
             .field("name", &self.semaphore.name)

@@ -293,6 +293,52 @@ fn a_guard_for_any_thread_does_not_nest(db: Db) {
     assert!(lock.try_lock().unwrap().is_some());
 }
 
+/// Permits and reader/writer guards for any thread move to another thread and are released
+/// there: afterwards another instance gets every permit, the write side, and a read.
+fn permits_and_read_write_guards_move_between_threads(db: Db) {
+    let Some(f) = Fixture::new(db, "any_thread_kinds") else {
+        return;
+    };
+    let registry = f.registry();
+    let outsider = f.registry();
+    let semaphore = registry.semaphore("pool", 2).unwrap().any_thread();
+    let permits = vec![semaphore.acquire().unwrap(), semaphore.acquire().unwrap()];
+    assert!(
+        semaphore.try_acquire().unwrap().is_none(),
+        "both permits held"
+    );
+    let rw = registry.rw_lock("doc").unwrap().any_thread();
+    let write = rw.write().unwrap();
+    let write_token = write.fencing_token();
+    let moved = thread::spawn(move || {
+        assert!(permits.iter().all(|permit| permit.is_held()));
+        for permit in permits {
+            permit.unlock().unwrap();
+        }
+        assert_eq!(write.fencing_token(), write_token);
+        write.unlock().unwrap();
+    });
+    moved.join().expect("the worker ran");
+    let theirs = outsider.semaphore("pool", 2).unwrap();
+    let first = theirs.try_acquire_for(HANG).unwrap();
+    let second = theirs.try_acquire_for(HANG).unwrap();
+    assert!(
+        first.is_some() && second.is_some(),
+        "both permits were released"
+    );
+    drop((first, second));
+    let their_rw = outsider.rw_lock("doc").unwrap();
+    let theirs_write = their_rw.try_write_for(HANG).unwrap();
+    assert!(theirs_write.is_some(), "the write side was released");
+    drop(theirs_write);
+
+    let read = rw.read().unwrap();
+    thread::spawn(move || read.unlock().unwrap())
+        .join()
+        .expect("the reader ran");
+    assert!(their_rw.try_write_for(HANG).unwrap().is_some());
+}
+
 macro_rules! on_every_backend {
     ($($module:ident => $db:expr),* $(,)?) => {$(
         mod $module {
@@ -316,6 +362,11 @@ macro_rules! on_every_backend {
             #[test]
             fn a_guard_moves_to_another_thread_and_is_released_there() {
                 super::a_guard_moves_to_another_thread_and_is_released_there($db);
+            }
+
+            #[test]
+            fn permits_and_read_write_guards_move_between_threads() {
+                super::permits_and_read_write_guards_move_between_threads($db);
             }
 
             #[test]

@@ -558,6 +558,23 @@ impl<H: Holding> LockGuard<H> {
     }
 }
 
+impl LockGuard {
+    /// This guard, taken for this thread, as a guard of kind `H`: for [`AnyThread`], the key's
+    /// holder becomes the new guard (a semaphore's permit and a reader/writer lock's guards
+    /// are taken for the thread, then given to their kind).
+    pub(crate) fn holding<H: Holding>(mut self) -> LockGuard<H> {
+        self.lock.reown(Holder::this_thread(), H::holder());
+        self.released = true;
+        LockGuard {
+            lock: Arc::clone(&self.lock),
+            lease: Arc::clone(&self.lease),
+            released: false,
+            held_since: self.held_since.take(),
+            _holder: PhantomData,
+        }
+    }
+}
+
 impl<H: Holding> Drop for LockGuard<H> {
     fn drop(&mut self) {
         if !self.released {
