@@ -9,7 +9,7 @@
 //! | state | `owner` | `lease` | what a thread that wants the key does |
 //! |-------|---------|---------|---------------------------------------|
 //! | free | none | none | becomes the *poller* (`db_user`) and runs **acquire**, unless another thread already polls or the registry stays away after a turn |
-//! | held | thread T | some | T: nested guard (`depth` + 1); others queue and wait |
+//! | held | holder T | some | T, a thread: nested guard (`depth` + 1); others queue and wait |
 //! | lingering | none | some | takes the lease at once, without a statement (a *re-take*) |
 //!
 //! | transition | from → to | statement |
@@ -23,6 +23,13 @@
 //! Invariant: a lease is present exactly while an owner holds it or while it lingers. The
 //! poller and the releasing thread set `db_user` for the duration of their statement, so at
 //! most one statement per key and registry is in flight.
+//!
+//! A *holder* is a thread ([`ThisThread`] guards, the default: they nest, and stay on the
+//! thread) or one guard for any thread ([`AnyThread`]: `Send`, no nesting, named by a number
+//! of its own). Handoffs, lingers and releases treat both alike; only the nested acquire asks
+//! which thread calls. A semaphore's permit and a reader/writer lock's guards are taken for the
+//! calling thread and then given to their kind's holder, under the key's mutex, before the
+//! caller sees them. Lock sets (`set`) take their keys one by one through this machinery.
 //!
 //! # Mechanisms, each with the bound it gives
 //!

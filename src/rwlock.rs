@@ -845,7 +845,8 @@ impl<H: Holding> std::fmt::Debug for RwLock<H> {
 }
 
 /// A read hold of a reader/writer lock by the current thread, a lease of its own; released
-/// when dropped ([`unlock`](Self::unlock) returns the errors). `!Send`, like a lock guard.
+/// when dropped ([`unlock`](Self::unlock) returns the errors). It stays on its thread, like a
+/// lock guard, unless taken through [`RwLock::any_thread`].
 #[must_use = "if unused the read hold is released at once"]
 pub struct ReadGuard<H: Holding = ThisThread> {
     lock: Arc<RwInner>,
@@ -897,7 +898,8 @@ impl<H: Holding> Drop for ReadGuard<H> {
 }
 
 /// The write side of a reader/writer lock, held by the current thread; released when dropped
-/// ([`unlock`](Self::unlock) returns the errors). `!Send`, like a lock guard.
+/// ([`unlock`](Self::unlock) returns the errors). It stays on its thread, like a lock guard,
+/// unless taken through [`RwLock::any_thread`].
 #[must_use = "if unused the write side is released at once"]
 pub struct WriteGuard<H: Holding = ThisThread> {
     lock: Arc<RwInner>,

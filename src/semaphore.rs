@@ -696,7 +696,8 @@ impl<H: Holding> std::fmt::Debug for Semaphore<H> {
 ///
 /// Its lease is renewed in the background, lost alone and reported alone, like a
 /// [`LockGuard`]'s, whose methods it has. Dropping releases on a best-effort basis and logs
-/// failures; [`unlock`](Self::unlock) returns them. `!Send`, like a lock guard.
+/// failures; [`unlock`](Self::unlock) returns them. It stays on its thread, like a lock guard,
+/// unless taken through [`Semaphore::any_thread`].
 #[must_use = "if unused the permit is released at once"]
 pub struct Permit<H: Holding = ThisThread> {
     semaphore: Arc<SemaphoreInner>,

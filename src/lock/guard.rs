@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 /// guard at once (and the lock is released when the outermost guard goes). A nested acquire
 /// keeps the lease's current time-to-live. A `Lock` is `Send` and `Sync`, while its guards
 /// stay on the thread that took it (see [`LockGuard`]): to hold the lock on another thread,
-/// move a clone of the `Lock` there and lock it there.
+/// move a clone of the `Lock` there and lock it there, or take guards that may move through
+/// [`any_thread`](Self::any_thread).
 ///
 /// ```
 /// # fn main() -> leasehold::Result<()> {
@@ -314,8 +315,11 @@ impl<H: Holding> std::fmt::Debug for Lock<H> {
 /// marker that keeps it on its thread). The reason is reentrancy: as with Java's
 /// `ReentrantLock` and Spring Integration's locks, a thread that holds a lock and asks again
 /// gets a nested guard at once, and the lock goes only with the thread's outermost guard. So a
-/// lock is held by a thread, and its guards cannot leave it. Two ways to work with that:
+/// lock is held by a thread, and its guards cannot leave it. Three ways to work with that:
 ///
+/// - **Take a guard for any thread**: [`Lock::any_thread`] gives a `LockGuard<AnyThread>`,
+///   which is `Send` and `Sync` and does not nest (see [`AnyThread`]); any thread may use,
+///   unlock or drop it, with the same handoff, renewal and loss reports.
 /// - **Take the lock on the thread that does the work.** A [`Lock`] is `Clone` and `Send`:
 ///   move a clone into the thread and lock it there.
 /// - **Hold the lock on one thread and pass the work** to others — scoped threads
