@@ -2176,6 +2176,77 @@ mod suite {
         assert_eq!(free, 1, "{text}");
         assert!(sem_tables().is_empty(), "status made {:?}", sem_tables());
     }
+
+    /// `run` with several `--key` holds every key while the command runs, or none: one held
+    /// elsewhere exits busy and leaves the others free; the command sees each key's token.
+    pub fn a_run_with_several_keys_holds_them_all_or_none(f: &Fixture) {
+        let registry = f.registry();
+        let keys = ["--key", "c", "--key", "a", "--key", "b"];
+        let held = registry.obtain("b").unwrap().lock().unwrap();
+        let busy = output({
+            let mut command = leasehold(f, "run", &["-n"]);
+            command.args(keys).args(["--", "true"]);
+            command
+        });
+        assert_eq!(code(&busy), BUSY, "{busy:?}");
+        let said = String::from_utf8_lossy(&busy.stderr);
+        assert!(said.contains("one is held elsewhere"), "{said}");
+        for key in ["a", "c"] {
+            assert!(
+                registry.holder(key).unwrap().is_none(),
+                "{key} was given back"
+            );
+        }
+        held.unlock().unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let seen = dir.path().join("seen");
+        let go = dir.path().join("go");
+        let script = format!(
+            "printf '%s\\n%s\\n' \"$LEASEHOLD_KEY\" \"$LEASEHOLD_FENCING_TOKENS\" > '{0}.tmp' && \
+             mv '{0}.tmp' '{0}' && while [ ! -e '{1}' ]; do sleep 0.01; done",
+            seen.display(),
+            go.display()
+        );
+        let mut run = leasehold(f, "run", &["-w", "60"])
+            .args(keys)
+            .args(["--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_file(&seen);
+        let text = std::fs::read_to_string(&seen).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0], "a",
+            "LEASEHOLD_KEY is the first key in order: {text}"
+        );
+        assert_eq!(lines.len(), 4, "{text}");
+        for (line, key) in lines[1..].iter().zip(["a", "b", "c"]) {
+            let (token, named) = line.split_once(' ').expect("TOKEN KEY");
+            assert_eq!(named, key, "{text}");
+            let holder = registry
+                .holder(key)
+                .unwrap()
+                .expect("held while the command runs");
+            assert_eq!(holder.fencing_token.to_string(), token, "{text}");
+        }
+        std::fs::write(&go, "").unwrap();
+        assert_eq!(wait_with_deadline(&mut run).code(), Some(0));
+        for key in ["a", "b", "c"] {
+            assert!(
+                registry.holder(key).unwrap().is_none(),
+                "{key} released after the run"
+            );
+        }
+
+        let usage = output({
+            let mut command = leasehold(f, "run", &["--permits", "2"]);
+            command.args(keys).args(["--", "true"]);
+            command
+        });
+        assert_eq!(code(&usage), 64, "{usage:?}");
+    }
 }
 
 macro_rules! cli {
@@ -2224,6 +2295,7 @@ macro_rules! cli {
             status_shows_a_semaphores_permits_and_their_holders,
             status_shows_a_reader_writer_locks_readers_and_writer,
             status_without_a_semaphore_table_creates_none,
+            a_run_with_several_keys_holds_them_all_or_none,
         );
     };
 }

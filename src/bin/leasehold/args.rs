@@ -119,9 +119,11 @@ pub struct KeyArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub database: Database,
-    /// The lock's name.
-    #[arg(long)]
-    pub key: String,
+    /// The lock's name. Repeated, the locks are held together, all or none (a lock set: taken
+    /// in the keys' byte order, so runs that name shared keys in any order never deadlock);
+    /// only for plain locks.
+    #[arg(long = "key", value_name = "KEY", required = true)]
+    pub keys: Vec<String>,
     /// How long the lock outlives a crash of this process (it is renewed every third of it);
     /// 10ms to 7 days.
     #[arg(long, default_value = "30s", value_parser = time_to_live, allow_hyphen_values = true)]

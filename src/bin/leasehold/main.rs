@@ -18,7 +18,9 @@
 //! Exit codes of `run` and `lead`: the command's own when it ran to its end with the lease
 //! (leadership) held (128 + the signal's number when a signal ended it); otherwise one of the
 //! codes below (see [`exit`]). Under `run` the command also sees `LEASEHOLD_KEY` and
-//! `LEASEHOLD_FENCING_TOKEN` in its environment (and `LEASEHOLD_PERMIT` with `--permits`); under `lead`, `LEASEHOLD_GROUP`,
+//! `LEASEHOLD_FENCING_TOKEN` in its environment (and `LEASEHOLD_PERMIT` with `--permits`; with
+//! several `--key`, the first key's, and `LEASEHOLD_FENCING_TOKENS`: a line `TOKEN KEY` per
+//! key); under `lead`, `LEASEHOLD_GROUP`,
 //! `LEASEHOLD_TERM` and `LEASEHOLD_FENCING_TOKEN` (the term).
 //!
 //! # Where things live

@@ -1,6 +1,7 @@
-//! `leasehold run`: run a command while holding a lock (or one permit of a semaphore,
-//! `--permits`, or a side of a reader/writer lock, `--read`/`--write`), renewing it, and release it (or keep it held, `--keep-for`) when the command
-//! ends.
+//! `leasehold run`: run a command while holding a lock (or several, all or none: a lock set;
+//! or one permit of a semaphore, `--permits`; or a side of a reader/writer lock,
+//! `--read`/`--write`), renewing it, and release it (or keep it held, `--keep-for`) when the
+//! command ends.
 
 use crate::args::RunArgs;
 use crate::database::{builder_for, connect_timeout, creating};
@@ -8,17 +9,51 @@ use crate::exit::{self, for_cli, Failure};
 use crate::output::rounded;
 use crate::report::Reporter;
 use crate::supervisor::{code_of, forward_signals, spawn, supervise, Stops, Watchdog};
-use leasehold::{AnyGuard, Error};
+use leasehold::{AnyGuard, Error, LockSetGuard};
 use std::time::{Duration, Instant};
 
-/// What the command runs under: the lock, a permit of the semaphore, or a side of the
-/// reader/writer lock.
-type Held = AnyGuard;
+/// What the command runs under: the lock, a permit of the semaphore, a side of the
+/// reader/writer lock, or the locks of several keys.
+enum Held {
+    One(AnyGuard),
+    Set(LockSetGuard),
+}
 
-/// `--keep-for`, which the arguments allow only for a lock.
+impl Held {
+    /// The token of the (first) key's grant.
+    fn fencing_token(&self) -> u64 {
+        match self {
+            Held::One(guard) => guard.fencing_token(),
+            Held::Set(set) => set.guards()[0].fencing_token(),
+        }
+    }
+
+    fn remaining(&self) -> Duration {
+        match self {
+            Held::One(guard) => guard.remaining(),
+            Held::Set(set) => set.remaining(),
+        }
+    }
+
+    fn loss_channel(&self) -> leasehold::crossbeam_channel::Receiver<leasehold::LeaseLost> {
+        match self {
+            Held::One(guard) => guard.loss_channel(),
+            Held::Set(set) => set.loss_channel(),
+        }
+    }
+
+    fn unlock(self) -> leasehold::Result<()> {
+        match self {
+            Held::One(guard) => guard.unlock(),
+            Held::Set(set) => set.unlock(),
+        }
+    }
+}
+
+/// `--keep-for`, which the arguments allow only for one lock.
 fn unlock_keeping_for(held: Held, keep: Duration) -> leasehold::Result<()> {
     match held {
-        Held::Lock(guard) => guard.unlock_keeping_for(keep),
+        Held::One(AnyGuard::Lock(guard)) => guard.unlock_keeping_for(keep),
         other => other.unlock(),
     }
 }
@@ -43,6 +78,25 @@ fn take<T>(
 }
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
+    let several = args.keys.len() > 1;
+    if several && (args.permits.is_some() || args.read || args.write || args.keep_for.is_some()) {
+        return Err(Failure::new(
+            exit::USAGE,
+            "several --key hold plain locks together; --permits, --read, --write and \
+             --keep-for take one --key",
+        ));
+    }
+    // The key as messages name it: one key, or the set's keys in the order they are taken.
+    let shown = match several {
+        false => format!("{:?}", args.keys[0]),
+        true => {
+            let mut keys: Vec<&String> = args.keys.iter().collect();
+            keys.sort();
+            keys.dedup();
+            format!("the keys {keys:?}")
+        }
+    };
+    let key = &args.keys[0];
     // First of all: a SIGTSTP must never stop leasehold inside a statement.
     let stops = Stops::catch()?;
     let started = Instant::now();
@@ -54,9 +108,9 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
     let registry = builder.build()?;
     // Before the lock: without a watchdog the command would not be stopped if leasehold died.
     let mut watchdog = Watchdog::start(args.grace)?;
-    reporter.say(format_args!("waiting for {:?}", args.key));
+    reporter.say(format_args!("waiting for {shown}"));
     let rw_lock = (args.read || args.write)
-        .then(|| registry.rw_lock(&args.key))
+        .then(|| registry.rw_lock(key))
         .transpose()?;
     let guard = match args.permits {
         None if args.read => {
@@ -68,7 +122,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
                 |wait| lock.try_read_for(wait),
                 || lock.read(),
             )?
-            .map(Held::Read)
+            .map(|guard| Held::One(guard.into()))
         }
         None if args.write => {
             let lock = rw_lock.as_ref().expect("made for --write");
@@ -79,10 +133,21 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
                 |wait| lock.try_write_for(wait),
                 || lock.write(),
             )?
-            .map(Held::Write)
+            .map(|guard| Held::One(guard.into()))
+        }
+        None if several => {
+            let set = registry.lock_set(&args.keys)?;
+            take(
+                &args,
+                started,
+                || set.try_lock(),
+                |wait| set.try_lock_for(wait),
+                || set.lock(),
+            )?
+            .map(Held::Set)
         }
         None => {
-            let lock = registry.obtain(&args.key)?;
+            let lock = registry.obtain(key)?;
             take(
                 &args,
                 started,
@@ -90,10 +155,10 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
                 |wait| lock.try_lock_for(wait),
                 || lock.lock(),
             )?
-            .map(Held::Lock)
+            .map(|guard| Held::One(guard.into()))
         }
         Some(permits) => {
-            let semaphore = registry.semaphore(&args.key, permits)?;
+            let semaphore = registry.semaphore(key, permits)?;
             take(
                 &args,
                 started,
@@ -101,7 +166,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
                 |wait| semaphore.try_acquire_for(wait),
                 || semaphore.acquire(),
             )?
-            .map(Held::Permit)
+            .map(|guard| Held::One(guard.into()))
         }
     };
     let Some(guard) = guard else {
@@ -110,54 +175,63 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         }
         if args.read || args.write {
             let side = if args.read { "read" } else { "write" };
-            eprintln!(
-                "leasehold: the {side} side of {:?} is not free; not running the command",
-                args.key
-            );
+            eprintln!("leasehold: the {side} side of {shown} is not free; not running the command");
             return Ok(args.conflict_exit_code);
         }
         if let Some(permits) = args.permits {
             eprintln!(
-                "leasehold: all {permits} permits of {:?} are held; not running the command",
-                args.key
+                "leasehold: all {permits} permits of {shown} are held; not running the command"
             );
             return Ok(args.conflict_exit_code);
         }
-        let holder = registry.holder(&args.key).ok().flatten();
+        if several {
+            eprintln!("leasehold: of {shown}, one is held elsewhere; not running the command");
+            return Ok(args.conflict_exit_code);
+        }
+        let holder = registry.holder(key).ok().flatten();
         let by = holder.map_or_else(String::new, |h| format!(" by {}", h.client_id));
-        eprintln!(
-            "leasehold: {:?} is held{by}; not running the command",
-            args.key
-        );
+        eprintln!("leasehold: {shown} is held{by}; not running the command");
         return Ok(args.conflict_exit_code);
     };
     // From here on SIGINT, SIGTERM and SIGHUP go to the command (before, they end leasehold
     // as usual, and a grant in flight runs out after its time-to-live).
     let signals = forward_signals()?;
     let token = guard.fencing_token();
-    let mut env = vec![
-        ("LEASEHOLD_KEY", args.key.clone()),
-        ("LEASEHOLD_FENCING_TOKEN", token.to_string()),
-    ];
+    let mut env = vec![("LEASEHOLD_FENCING_TOKEN", token.to_string())];
     match &guard {
-        Held::Lock(_) => reporter.say(format_args!(
-            "acquired {:?} (fencing token {token})",
-            args.key
-        )),
-        Held::Read(_) | Held::Write(_) => reporter.say(format_args!(
-            "acquired the {} side of {:?} (fencing token {token})",
+        Held::One(AnyGuard::Lock(_)) => {
+            reporter.say(format_args!("acquired {shown} (fencing token {token})"))
+        }
+        Held::One(AnyGuard::Read(_) | AnyGuard::Write(_)) => reporter.say(format_args!(
+            "acquired the {} side of {shown} (fencing token {token})",
             if args.read { "read" } else { "write" },
-            args.key
         )),
-        Held::Permit(permit) => {
+        Held::One(AnyGuard::Permit(permit)) => {
             reporter.say(format_args!(
-                "acquired permit {} of {:?} (fencing token {token})",
+                "acquired permit {} of {shown} (fencing token {token})",
                 permit.slot(),
-                args.key
             ));
             env.push(("LEASEHOLD_PERMIT", permit.slot().to_string()));
         }
+        Held::Set(set) => {
+            let tokens = set.fencing_tokens();
+            let lines: Vec<String> = tokens
+                .iter()
+                .map(|(key, token)| format!("{token} {key}"))
+                .collect();
+            reporter.say(format_args!(
+                "acquired {shown} (fencing tokens {:?})",
+                tokens.iter().map(|(_, token)| token).collect::<Vec<_>>()
+            ));
+            env.push(("LEASEHOLD_FENCING_TOKENS", lines.join("\n")));
+        }
     }
+    // The key of LEASEHOLD_FENCING_TOKEN: a set's first in its order.
+    let first = match &guard {
+        Held::Set(set) => set.guards()[0].key().to_string(),
+        Held::One(_) => key.clone(),
+    };
+    env.push(("LEASEHOLD_KEY", first));
     if let Err(failure) = watchdog.check() {
         guard.unlock()?;
         return Err(failure);
@@ -178,14 +252,13 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         &signals,
         &stops,
         args.grace,
-        &format!("the lease of {:?}", args.key),
+        &format!("the lease of {shown}"),
         reporter,
         || {
             let now_remaining = guard.remaining();
             if now_remaining > remaining + Duration::from_millis(1) {
                 reporter.say(format_args!(
-                    "renewed {:?} ({} left)",
-                    args.key,
+                    "renewed {shown} ({} left)",
                     rounded(now_remaining)
                 ));
             }
@@ -211,29 +284,26 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8, Failure> {
         Ok(()) if !ended.lost => {
             match args.keep_for {
                 Some(keep) => reporter.say(format_args!(
-                    "released {:?}, kept held until {} after the grant",
-                    args.key,
+                    "released {shown}, kept held until {} after the grant",
                     humantime::format_duration(keep)
                 )),
-                None => reporter.say(format_args!("released {:?}", args.key)),
+                None => reporter.say(format_args!("released {shown}")),
             }
             Ok(code)
         }
         Ok(()) | Err(Error::LeaseLost { .. }) => {
             if !ended.lost {
                 eprintln!(
-                    "leasehold: the lease of {:?} was lost before the command ended (exit code \
-                     {code}); another instance may have run at the same time",
-                    args.key
+                    "leasehold: the lease of {shown} was lost before the command ended (exit \
+                     code {code}); another instance may have run at the same time"
                 );
             }
             Ok(exit::LOST)
         }
         Err(e) => {
             eprintln!(
-                "leasehold: the command ended (exit code {code}) but releasing {:?} failed: {}; \
-                 the lock runs out after its time-to-live",
-                args.key,
+                "leasehold: the command ended (exit code {code}) but releasing {shown} failed: \
+                 {}; the lock runs out after its time-to-live",
                 for_cli(&e.to_string())
             );
             Ok(exit::ERROR)
