@@ -32,7 +32,12 @@
 //! transaction-mode pooler), `--sabotage 1` (self-check of the detector: each process gets a
 //! table of its own, so the processes do not exclude each other and the run must FAIL with
 //! violations), `--probe N` (8; 0 = off), `--mix 1` (see below), `--permits N` (0 = locks)
-//! `--rw 1` and `--chaos 1`.
+//! `--rw 1`, `--sets 1` and `--chaos 1`.
+//!
+//! **Lock sets** (`--sets 1`): every acquire takes a lock set of two keys (a random key and
+//! another one, named in a random order) and runs the critical section above on the record of
+//! each, with that key's token. Sets of different threads and processes overlap in every
+//! combination; a set that deadlocked would show as a wait that times out.
 //!
 //! **Reader/writer locks** (`--rw 1`): every key is a reader/writer lock; one acquire in four
 //! takes the write side and runs the critical section above, the others take the read side
@@ -152,6 +157,8 @@ pub struct Config {
     pub rw: bool,
     /// The parent pauses and kills children while the run lasts (module docs, "Chaos").
     pub chaos: bool,
+    /// Every acquire takes a lock set of two keys (module docs, "Lock sets").
+    pub sets: bool,
 }
 
 impl Config {
@@ -178,6 +185,7 @@ impl Config {
             permits: 0,
             rw: false,
             chaos: false,
+            sets: false,
         }
     }
 
@@ -234,6 +242,7 @@ impl Config {
             ("PERMITS", self.permits.to_string()),
             ("RW", u8::from(self.rw).to_string()),
             ("CHAOS", u8::from(self.chaos).to_string()),
+            ("SETS", u8::from(self.sets).to_string()),
             (
                 "LISTENER_URL",
                 self.listener_url.clone().unwrap_or_default(),
@@ -303,8 +312,12 @@ impl Config {
         config.permits = number("PERMITS", 0)? as usize;
         config.rw = number("RW", 0)? != 0;
         config.chaos = number("CHAOS", 0)? != 0;
+        config.sets = number("SETS", 0)? != 0;
         if config.rw && config.permits > 0 {
             return Err("--rw and --permits exclude each other".into());
+        }
+        if config.sets && (config.rw || config.permits > 0 || config.keys < 2) {
+            return Err("--sets takes locks of at least two keys (no --rw, no --permits)".into());
         }
         if config.processes == 0 || config.threads == 0 || config.keys == 0 {
             return Err("processes, threads and keys must be at least 1".into());
@@ -648,6 +661,60 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                     true => ttls[(random.next() % 3) as usize],
                     false => config.ttl,
                 };
+                if config.sets {
+                    let other = (key + 1 + (random.next() % (config.keys as u64 - 1)) as usize)
+                        % config.keys;
+                    let mut names = [format!("stress-{key}"), format!("stress-{other}")];
+                    if random.next().is_multiple_of(2) {
+                        names.reverse();
+                    }
+                    let set = registry.lock_set(&names).expect("valid keys");
+                    let guard = match set.try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl) {
+                        Ok(Some(guard)) => guard,
+                        Ok(None) => {
+                            tally.problem(
+                                &tally.timeouts,
+                                format!("{me}: no grant of {names:?} within {ACQUIRE_TIMEOUT:?}"),
+                            );
+                            continue;
+                        }
+                        Err(e) => {
+                            tally.problem(&tally.errors, format!("{me}: lock {names:?}: {e}"));
+                            thread::sleep(Duration::from_millis(10));
+                            continue;
+                        }
+                    };
+                    for held in guard.guards() {
+                        let record = held.key()["stress-".len()..]
+                            .parse::<usize>()
+                            .expect("a stress key");
+                        critical_section(
+                            &config,
+                            &tally,
+                            record,
+                            &me,
+                            &process,
+                            held.fencing_token(),
+                        );
+                        per_key[record].fetch_add(1, Ordering::SeqCst);
+                        if let Some(counts) = &counts {
+                            use std::io::Write;
+                            let line = format!("{record}\n");
+                            if let Err(e) = counts.lock().unwrap().write_all(line.as_bytes()) {
+                                tally.problem(&tally.errors, format!("{me}: counts file: {e}"));
+                            }
+                        }
+                        tally.sections.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if let Err(e) = guard.unlock() {
+                        let counter = match e.is_lease_lost() {
+                            true => &tally.lost,
+                            false => &tally.errors,
+                        };
+                        tally.problem(counter, format!("{me}: unlock {names:?}: {e}"));
+                    }
+                    continue;
+                }
                 let acquired = match (semaphores.get(key), rw_locks.get(key)) {
                     (_, Some(rw)) if random.next().is_multiple_of(4) => rw
                         .try_write_for_with_ttl(ACQUIRE_TIMEOUT, ttl)
@@ -1110,7 +1177,8 @@ impl Summary {
             ),
         };
         format!(
-            "stress: {} backend={} processes={} threads={} keys={} permits={} rw={} duration={:.2}s \
+            "stress: {} backend={} processes={} threads={} keys={} permits={} rw={} sets={} \
+             duration={:.2}s \
              critical_sections={sections} rate={rate:.0}/s violations={} lost={} errors={} \
              timeouts={} failures={} grants={} new_tokens={} process_switches={} acquires={} \
              probes={}{chaos}",
@@ -1121,6 +1189,7 @@ impl Summary {
             config.keys,
             config.permits,
             u8::from(config.rw),
+            u8::from(config.sets),
             self.elapsed.as_secs_f64(),
             self.violations(),
             self.total(|c| c.lost),
@@ -1362,11 +1431,12 @@ pub fn run(config: &mut Config, spawn: &dyn Fn(usize) -> Command) -> Result<Summ
             Err(e) => summary.failures.push(format!("key {key}: record {e}")),
         }
     }
-    // And at most one per thread of each killed child over all records.
-    if summary.unreported > kills * config.threads as u64 {
+    // And at most one per thread of each killed child over all records (two with lock sets).
+    let per_thread = if config.sets { 2 } else { 1 };
+    if summary.unreported > kills * config.threads as u64 * per_thread {
         summary.failures.push(format!(
             "{} sections ended in the records but not reported, more than {kills} killed \
-             children × {} threads",
+             children × {} threads × {per_thread}",
             summary.unreported, config.threads
         ));
     }

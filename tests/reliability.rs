@@ -406,6 +406,31 @@ mod suite {
         assert_eq!(summary.kills, summary.replacements);
     }
 
+    /// Lock sets of two keys each (`--sets 1`), overlapping in every combination and named in
+    /// random orders, while children are stopped and killed: one holder per record at a time,
+    /// no update lost, and no wait that ran out (a deadlock would).
+    pub fn lock_sets_hold_while_children_are_killed_and_paused(f: &Fixture) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(f, &dir);
+        config.processes = 3;
+        config.threads = 2;
+        config.keys = 3;
+        config.sets = true;
+        config.chaos = true;
+        config.duration = Duration::from_secs(12);
+        let summary = stress::run(&mut config, &stress_child).unwrap();
+        println!("{}", summary.line(&config));
+        assert!(summary.failures.is_empty(), "{:?}", summary.failures);
+        assert_eq!(summary.violations(), 0, "{}", summary.line(&config));
+        assert!(summary.passed(), "{}", summary.line(&config));
+        assert!(summary.sections() > 0, "no set was granted");
+        assert!(
+            summary.pauses + summary.kills > 0,
+            "no child was stopped or killed: {}",
+            summary.line(&config)
+        );
+    }
+
     /// Every key a semaphore of 2 permits, a record per permit: never two holders of
     /// one permit (so never more than 2 of a key), across processes and threads.
     pub fn semaphore_permits_hold_under_load_across_processes(f: &Fixture) {
@@ -589,6 +614,7 @@ macro_rules! reliability {
             semaphore_permits_hold_under_load_across_processes,
             rw_locks_hold_under_load_across_processes,
             exclusion_holds_while_children_are_killed_and_paused,
+            lock_sets_hold_while_children_are_killed_and_paused,
         );
     };
 }
