@@ -130,8 +130,9 @@ impl<H: Holding> LockSet<H> {
         }
     }
 
-    /// Waits until `deadline` for every key; `Ok(None)` if they were not all granted by then.
-    /// A deadline in the past makes one attempt at each key, like [`try_lock`](Self::try_lock).
+    /// Waits until `deadline` for every key; `Ok(None)` if they were not all granted by then
+    /// (no key is tried once the deadline has passed on the keys before it). A deadline in the
+    /// past makes one attempt at each key, like [`try_lock`](Self::try_lock).
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockSetGuard<H>>> {
         self.try_lock_until_with_ttl(deadline, self.default_ttl())
     }
@@ -142,6 +143,9 @@ impl<H: Holding> LockSet<H> {
         deadline: Instant,
         ttl: Duration,
     ) -> Result<Option<LockSetGuard<H>>> {
+        if deadline <= Instant::now() {
+            return self.take(SetWait::No, ttl);
+        }
         self.take(SetWait::Until(deadline), ttl)
     }
 
@@ -154,6 +158,14 @@ impl<H: Holding> LockSet<H> {
     fn take(&self, wait: SetWait, ttl: Duration) -> Result<Option<LockSetGuard<H>>> {
         let mut guards: Vec<LockGuard<H>> = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
+            let over = matches!(wait, SetWait::Until(deadline) if deadline <= Instant::now());
+            if over && !guards.is_empty() {
+                // The set's time ran out on the keys before: no attempt at the rest.
+                while let Some(guard) = guards.pop() {
+                    drop(guard);
+                }
+                return Ok(None);
+            }
             let taken = match wait {
                 SetWait::No => lock.try_lock_with_ttl(ttl),
                 SetWait::Until(deadline) => lock.try_lock_until_with_ttl(deadline, ttl),
