@@ -216,11 +216,57 @@ impl Occupied {
     }
 }
 
-/// Many registries through a PgBouncer, each with a direct `listener_url`, start at once on a
-/// server that has only a few slots free beside the listeners' spare: they build, wait for a
-/// held key, and each listener decides whether to connect. No connection is refused for want
-/// of a slot (none of the listeners', nor anyone's they could see), and every waiter gets the
-/// key once it is released, through polling where it has no listener.
+/// Holds every listener that is about to connect (fail point
+/// `postgres::listener_before_connect`) until [`Gate::open`], so that they all start at once;
+/// later ones pass. Removed when dropped.
+struct Gate {
+    state: std::sync::Arc<(std::sync::Mutex<(usize, bool)>, std::sync::Condvar)>,
+    _clear: ClearOnDrop,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        let state =
+            std::sync::Arc::new((std::sync::Mutex::new((0, false)), std::sync::Condvar::new()));
+        let held = std::sync::Arc::clone(&state);
+        fail::cfg_callback("postgres::listener_before_connect", move || {
+            let (lock, changed) = &*held;
+            let mut state = lock.lock().unwrap();
+            state.0 += 1;
+            changed.notify_all();
+            let _ = changed
+                .wait_timeout_while(state, GENEROUS, |(_, open)| !*open)
+                .unwrap();
+        })
+        .unwrap();
+        Gate {
+            state,
+            _clear: ClearOnDrop("postgres::listener_before_connect"),
+        }
+    }
+
+    /// Waits until `listeners` are held (at most [`GENEROUS`]), then lets them all go; how many
+    /// were held.
+    fn open(&self, listeners: usize) -> usize {
+        let (lock, changed) = &*self.state;
+        let mut state = changed
+            .wait_timeout_while(lock.lock().unwrap(), GENEROUS, |(arrived, _)| {
+                *arrived < listeners
+            })
+            .unwrap()
+            .0;
+        state.1 = true;
+        changed.notify_all();
+        state.0
+    }
+}
+
+/// Many registries through a PgBouncer, each with a direct `listener_url`, on a server that
+/// has only a few slots free beside the listeners' spare: they build at once and wait for a
+/// held key, and their listeners, held just before they connect until all are there, start at
+/// once. No connection is refused for want of a slot (none of the listeners', nor anyone's
+/// they could see), and every waiter gets the key once it is released, through polling where
+/// it has no listener.
 #[cfg(unix)]
 #[test]
 fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
@@ -257,6 +303,7 @@ fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
     let full_before = logs::containing(listeners_full).len();
 
     // Every other slot is taken, for the few seconds of the test only.
+    let gate = Gate::new();
     let occupied = Occupied::leaving(spare() + ROOM + i64::from(BOUNCER));
     let start = Arc::new(Barrier::new(REGISTRIES + 1));
     let waiters: Vec<_> = (0..REGISTRIES)
@@ -273,6 +320,12 @@ fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
         })
         .collect();
     start.wait();
+    let free_at_start = free_slots();
+    let held_at_once = gate.open(REGISTRIES);
+    assert_eq!(
+        held_at_once, REGISTRIES,
+        "not every listener came to connect"
+    );
     // Every listener decides: it listens, or it found no room and said so once (or the
     // server refused a connection, which fails the test below: the slots are given back now).
     let give_up = Instant::now() + GENEROUS;
@@ -306,5 +359,9 @@ fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
         listeners + full as i64 >= REGISTRIES as i64,
         "only {listeners} listeners listened and {full} found no room, of {REGISTRIES}"
     );
-    println!("{listeners} of {REGISTRIES} registries listened; the others polled");
+    println!(
+        "{listeners} of {REGISTRIES} registries listened, {full} found no room ({free_at_start} \
+         slots free, {} spare, when they started); the others polled",
+        spare()
+    );
 }
