@@ -729,12 +729,15 @@ pub(crate) fn open(
         // Wake-ups only make waiters try sooner: a fleet with more processes than the server
         // has slots for listeners still works, polling, and each listener connects when a
         // slot is free. Every other fault of the URL fails the build.
-        listener::check_at_build(
-            &store.pool,
-            &address(config),
-            pool.connect_timeout,
-            |left| check_connect(config, tls, settings, left),
-        )?;
+        // On a thread of an asynchronous runtime a pooled connection cannot block on its own.
+        conn::outside_async(|| {
+            listener::check_at_build(
+                &store.pool,
+                &address(config),
+                pool.connect_timeout,
+                |left| check_connect(config, tls, settings, left),
+            )
+        })?;
     }
     Ok(Arc::new(store))
 }
