@@ -703,6 +703,7 @@ pub(super) fn channel(table: &str) -> String {
 }
 
 /// Opens a store on the PostgreSQL database at `url` (a URL or a `key=value` string).
+#[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
 pub(crate) fn open(
     url: &str,
     pool: &crate::backend::PoolSettings,
@@ -728,8 +729,8 @@ pub(crate) fn open(
     if let Some((config, tls, settings)) = &listener {
         // Wake-ups only make waiters try sooner: a fleet with more processes than the server
         // has slots for listeners still works, polling, and each listener connects when a
-        // slot is free. Every other fault of the URL fails the build.
-        // On a thread of an asynchronous runtime a pooled connection cannot block on its own.
+        // slot is free. Every other fault of the URL fails the build. (On a thread of an
+        // asynchronous runtime a pooled connection cannot block on its own.)
         conn::outside_async(|| {
             listener::check_at_build(
                 &store.pool,
