@@ -1,17 +1,19 @@
 //! PostgreSQL's release listener never takes one of a server's last free connection slots:
-//! it connects, reads `max_connections`, the reserved slots and the connections open, and
-//! keeps its connection only while a tenth of the slots (at least 5) stay free beside it;
-//! otherwise it closes it, says why once in a warning, and the registry's waiters poll.
+//! before it connects it reads, through the registry's pool and under an advisory lock that
+//! the listeners of the database take one at a time, `max_connections`, the reserved slots and
+//! the connections open, and connects only while a tenth of the slots (at least 5) stay free
+//! beside it; otherwise it says why once in a warning, and the registry's waiters poll.
 //!
-//! A test cannot fill a shared server's slots cheaply (nor should it: other tests use it), so
-//! the fail point `postgres::listener_slots_taken` adds phantom connections to the live count
-//! the listener reads: as many as the server has free slots now, which leaves it none.
+//! One test fills the shared server for a few seconds, leaving a few slots beside the spare,
+//! and starts many registries at once. The others leave its slots alone: the fail point
+//! `postgres::listener_slots_taken` adds phantom connections to the live count the listener
+//! reads: as many as the server has free slots now, which leaves it none.
 
 #![cfg(all(feature = "postgres", feature = "failpoints"))]
 
 mod common;
 
-use common::{postgres_url, warnings, Db, Fixture};
+use common::{postgres_url, Db, Fixture};
 use std::time::{Duration, Instant};
 
 /// Bound on every wait.
@@ -54,6 +56,60 @@ fn free_slots() -> i64 {
         )
         .unwrap()
         .get(0)
+}
+
+/// What this binary logs: every warning, and every record, at any level, that names a
+/// connection the server refused for want of a slot (the listener reports a refused
+/// connection at debug level).
+mod logs {
+    use std::sync::Mutex;
+
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    struct Keeper;
+
+    /// Whether `text` says that the server refused a connection for want of a slot.
+    pub fn refusal(text: &str) -> bool {
+        text.contains("too many clients") || text.contains("remaining connection slots")
+    }
+
+    impl log::Log for Keeper {
+        fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+            metadata.level() <= log::Level::Debug
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            if !self.enabled(record.metadata()) {
+                return;
+            }
+            let text = record.args().to_string();
+            if record.level() <= log::Level::Warn || refusal(&text) {
+                SEEN.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+            }
+        }
+        fn flush(&self) {}
+    }
+
+    /// Starts keeping them (once per binary).
+    pub fn keep() {
+        if log::set_logger(&Keeper).is_ok() {
+            log::set_max_level(log::LevelFilter::Debug);
+        }
+    }
+
+    /// Those kept so far that `matches`.
+    pub fn matching(matches: impl Fn(&str) -> bool) -> Vec<String> {
+        SEEN.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|text| matches(text))
+            .cloned()
+            .collect()
+    }
+
+    /// Those kept so far that contain `text`.
+    pub fn containing(text: &str) -> Vec<String> {
+        matching(|seen| seen.contains(text))
+    }
 }
 
 /// Removes a fail point when dropped, however the test ends.
@@ -111,10 +167,11 @@ fn with_free_slots_the_listener_listens() {
 #[test]
 fn the_listener_leaves_a_servers_last_free_slots_alone() {
     let _alone = one_at_a_time();
-    warnings::keep();
+    logs::keep();
     let Some(f) = Fixture::new(Db::Postgres, "pgslotsfull") else {
         return;
     };
+    let said_before = logs::containing("connection slots free for ordinary users").len();
     let _fail_point = ClearOnDrop("postgres::listener_slots_taken");
     // Every slot free now is taken, as far as the listener can tell (plus the listener's).
     fail::cfg(
@@ -124,7 +181,187 @@ fn the_listener_leaves_a_servers_last_free_slots_alone() {
     .unwrap();
     let (listeners, _) = wait_for_a_release(&f, Duration::from_millis(50));
     assert_eq!(listeners, 0, "a listener took one of the last free slots");
-    let said = warnings::containing("connection slots free beside the release listener");
+    let said = logs::containing("connection slots free for ordinary users");
+    let said = &said[said_before..];
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(said[0].contains("max_connections"), "{}", said[0]);
+}
+
+/// The slots a listener leaves free (what the listener computes).
+fn spare() -> i64 {
+    let row = admin()
+        .query_one(
+            "SELECT CAST(current_setting('max_connections') AS INTEGER) \
+             - CAST(current_setting('superuser_reserved_connections') AS INTEGER) \
+             - COALESCE(CAST(NULLIF(current_setting('reserved_connections', true), '') AS INTEGER), 0)",
+            &[],
+        )
+        .unwrap();
+    (row.get::<_, i32>(0) as i64 / 10).max(5)
+}
+
+/// Connections of this test that take a server's slots, closed when dropped, however the
+/// test ends.
+struct Occupied {
+    _held: Vec<postgres::Client>,
+}
+
+impl Occupied {
+    /// Takes free slots until `left` are free (none if fewer are).
+    fn leaving(left: i64) -> Occupied {
+        let take = free_slots() - left;
+        Occupied {
+            _held: (0..take.max(0)).map(|_| admin()).collect(),
+        }
+    }
+}
+
+/// Holds every listener that is about to connect (fail point
+/// `postgres::listener_before_connect`) until [`Gate::open`], so that they all start at once;
+/// later ones pass. Removed when dropped.
+struct Gate {
+    state: std::sync::Arc<(std::sync::Mutex<(usize, bool)>, std::sync::Condvar)>,
+    _clear: ClearOnDrop,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        let state =
+            std::sync::Arc::new((std::sync::Mutex::new((0, false)), std::sync::Condvar::new()));
+        let held = std::sync::Arc::clone(&state);
+        fail::cfg_callback("postgres::listener_before_connect", move || {
+            let (lock, changed) = &*held;
+            let mut state = lock.lock().unwrap();
+            state.0 += 1;
+            changed.notify_all();
+            let _ = changed
+                .wait_timeout_while(state, GENEROUS, |(_, open)| !*open)
+                .unwrap();
+        })
+        .unwrap();
+        Gate {
+            state,
+            _clear: ClearOnDrop("postgres::listener_before_connect"),
+        }
+    }
+
+    /// Waits until `listeners` are held (at most [`GENEROUS`]), then lets them all go; how many
+    /// were held.
+    fn open(&self, listeners: usize) -> usize {
+        let (lock, changed) = &*self.state;
+        let mut state = changed
+            .wait_timeout_while(lock.lock().unwrap(), GENEROUS, |(arrived, _)| {
+                *arrived < listeners
+            })
+            .unwrap()
+            .0;
+        state.1 = true;
+        changed.notify_all();
+        state.0
+    }
+}
+
+/// Many registries through a PgBouncer, each with a direct `listener_url`, on a server that
+/// has only a few slots free beside the listeners' spare: they build at once and wait for a
+/// held key, and their listeners, held just before they connect until all are there, start at
+/// once. No connection is refused for want of a slot (none of the listeners', nor anyone's
+/// they could see), and every waiter gets the key once it is released, through polling where
+/// it has no listener.
+#[cfg(unix)]
+#[test]
+fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
+    use common::pgbouncer::PgBouncer;
+    use leasehold::LockRegistry;
+    use std::sync::{Arc, Barrier};
+
+    /// Registries that start together.
+    const REGISTRIES: usize = 60;
+    /// The PgBouncer's server connections.
+    const BOUNCER: u32 = 2;
+    /// Free slots beside the spare and the PgBouncer's, for listeners.
+    const ROOM: i64 = 3;
+
+    let _alone = one_at_a_time();
+    logs::keep();
+    let Some(f) = Fixture::new(Db::Postgres, "pgslotsstart") else {
+        return;
+    };
+    let Some(bouncer) = PgBouncer::start(BOUNCER) else {
+        return;
+    };
+    let builder = || {
+        LockRegistry::postgres(bouncer.url())
+            .prefix(f.prefix.clone())
+            .listener_url(postgres_url())
+            .idle_between_tries(Duration::from_millis(100))
+            .connect_timeout(Duration::from_secs(15))
+    };
+    let holder = builder().notifications(false).build().unwrap();
+    let held = holder.obtain("start").unwrap().lock().unwrap();
+    let refusals_before = logs::matching(logs::refusal).len();
+    let listeners_full = "connection slots free for ordinary users";
+    let full_before = logs::containing(listeners_full).len();
+
+    // Every other slot is taken, for the few seconds of the test only.
+    let gate = Gate::new();
+    let occupied = Occupied::leaving(spare() + ROOM + i64::from(BOUNCER));
+    let start = Arc::new(Barrier::new(REGISTRIES + 1));
+    let waiters: Vec<_> = (0..REGISTRIES)
+        .map(|_| {
+            let start = Arc::clone(&start);
+            let builder = builder();
+            std::thread::spawn(move || {
+                start.wait();
+                let registry = builder.build().expect("built");
+                let lock = registry.obtain("start").unwrap();
+                let guard = lock.try_lock_for(GENEROUS * 2).unwrap();
+                guard.expect("granted").unlock().unwrap();
+            })
+        })
+        .collect();
+    start.wait();
+    let free_at_start = free_slots();
+    let held_at_once = gate.open(REGISTRIES);
+    assert_eq!(
+        held_at_once, REGISTRIES,
+        "not every listener came to connect"
+    );
+    // Every listener decides: it listens, or it found no room and said so once (or the
+    // server refused a connection, which fails the test below: the slots are given back now).
+    let give_up = Instant::now() + GENEROUS;
+    let (mut listeners, mut full) = (0, 0);
+    while Instant::now() < give_up {
+        full = logs::containing(listeners_full).len() - full_before;
+        listeners = listening(&f);
+        if listeners + full as i64 >= REGISTRIES as i64
+            || logs::matching(logs::refusal).len() > refusals_before
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(occupied);
+    held.unlock().unwrap();
+    for waiter in waiters {
+        waiter.join().expect("a waiter got the key");
+    }
+    let refused: Vec<_> = logs::matching(logs::refusal)
+        .into_iter()
+        .skip(refusals_before)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} connections were refused, the first: {}",
+        refused.len(),
+        refused[0]
+    );
+    assert!(
+        listeners + full as i64 >= REGISTRIES as i64,
+        "only {listeners} listeners listened and {full} found no room, of {REGISTRIES}"
+    );
+    println!(
+        "{listeners} of {REGISTRIES} registries listened, {full} found no room ({free_at_start} \
+         slots free, {} spare, when they started); the others polled",
+        spare()
+    );
 }

@@ -274,10 +274,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// subscribed, ticks about once a second, and does what `handler` replies (see
     /// [`crate::wakeups`]). It ends when `handler` says [`ListenerReply::Stop`] or `requests`
     /// disconnects. Unsubscribed for `idle_timeout`, it closes its connection (the next
-    /// subscription opens one). Returns whether a listener was started; the default is none
-    /// (waiters rely on polling).
+    /// subscription opens one). `pool` is the store's main pool, for the listener's own
+    /// statements (PostgreSQL's decides there whether to connect). Returns whether a listener
+    /// was started; the default is none (waiters rely on polling).
     fn listen_for_releases(
         _manager: &Self::Manager,
+        _pool: &pools::Pool<Self::Manager>,
         _table: &TableSettings,
         _idle_timeout: Duration,
         _handler: ListenerHandler,

@@ -603,6 +603,7 @@ impl<B: Backend> Store for SqlStore<B> {
     ) -> bool {
         B::listen_for_releases(
             &self.manager,
+            &self.pool,
             &self.table,
             self.idle_timeout,
             handler,

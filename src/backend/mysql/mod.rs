@@ -718,6 +718,7 @@ impl Backend for Mysql {
 
     fn listen_for_releases(
         manager: &MysqlManager,
+        _pool: &crate::backend::pools::Pool<Self::Manager>,
         table: &crate::backend::TableSettings,
         _idle_timeout: Duration,
         handler: crate::backend::ListenerHandler,

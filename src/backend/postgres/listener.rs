@@ -1,14 +1,19 @@
 //! PostgreSQL's release wake-ups: the listener thread, its own connection (`LISTEN` on the
-//! table's channel, read by the listener itself so that notifications are kept), the probe
-//! that finds a transaction pooler dropping notifications, and the payload of a release's
-//! `NOTIFY` (see [`crate::wakeups`] and the parent module).
+//! table's channel, read by the listener itself so that notifications are kept), the decision
+//! made before each connection that keeps the listeners of a database from filling the server
+//! ([`admit`]), the probe that finds a transaction pooler dropping notifications, and the
+//! payload of a release's `NOTIFY` (see [`crate::wakeups`] and the parent module, "Release
+//! notifications", which states the bound).
 
 use super::*;
 
-/// Starts the listener of a registry (see [`Backend::listen_for_releases`]).
+/// Starts the listener of a registry (see [`Backend::listen_for_releases`]); `pool` is the
+/// registry's main pool, through which it decides whether to connect ([`admit`]) and sends its
+/// probe.
 #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
 pub(super) fn start(
     manager: &PgManager,
+    pool: &Pool<PgManager>,
     table: &TableSettings,
     idle_timeout: Duration,
     handler: ListenerHandler,
@@ -23,7 +28,7 @@ pub(super) fn start(
         limit: connect_limit(&config),
         config,
         tls,
-        sender: (manager.config.clone(), manager.tls.clone()),
+        pool: pool.clone(),
         heard: Cell::new(false),
         channel: channel(&table.table),
         region: table.region.clone(),
@@ -50,15 +55,16 @@ pub(super) fn start(
 /// The thread that turns release notifications into wake-ups of this registry's pollers,
 /// subscribed only while the registry asks for it (see [`crate::wakeups`]).
 ///
-/// Every call it makes on the database — connect, `LISTEN`, `UNLISTEN`, the liveness check —
-/// gives up after `limit`, and a call that fails or gives up drops the connection (the next
+/// Every call it makes on the database — the decision to connect ([`admit`]), connect,
+/// `LISTEN`, `UNLISTEN`, the liveness check — gives up after `limit`, and a call that fails or gives up drops the connection (the next
 /// subscription opens a new one). After each such call the thread checks whether the registry
 /// is gone, so it outlives its registry by one bounded call at most.
 struct Listener {
     config: Config,
     tls: Tls,
-    /// Where the probe notification is sent from (see [`Listener::probe`]): the pools' server.
-    sender: (Config, Tls),
+    /// The registry's main pool: where the listener decides whether to connect ([`admit`]) and
+    /// sends its probe from (see [`Listener::probe`]).
+    pool: Pool<PgManager>,
     /// Whether a probe was heard: `LISTEN` here hears other sessions' notifications.
     heard: Cell<bool>,
     /// The bound of each call: the connect timeout.
@@ -73,7 +79,7 @@ struct Listener {
     /// A request [`Listener::gone`] took off the channel, still to be served.
     requested: Cell<bool>,
     /// Until when the listener does not connect: it found the server short of free slots
-    /// (see [`Slots`]).
+    /// (see [`Slots`] and [`admit`]).
     full_until: Cell<Option<Instant>>,
     /// Whether the warning about a server short of slots was logged.
     said_full: Cell<bool>,
@@ -137,13 +143,23 @@ impl Listener {
             if conn.as_ref().is_none_or(ListenerConn::is_closed) && !waiting_for_slots {
                 *conn = None;
                 fail_point!("postgres::listener_before_connect");
-                match ListenerConn::open(&self.config, &self.tls) {
-                    Ok(mut fresh) => {
-                        if self.room_for(&mut fresh) {
-                            *conn = Some(fresh);
-                        }
+                let decided = admit(&self.pool, self.limit, || {
+                    ListenerConn::open(&self.config, &self.tls)
+                });
+                match decided {
+                    Decision::Admitted(Ok(fresh)) => {
+                        self.full_until.set(None);
+                        *conn = Some(fresh);
                     }
-                    Err(e) => log::debug!("PostgreSQL release listener reconnecting: {e}"),
+                    Decision::Admitted(Err(e)) => {
+                        log::debug!("PostgreSQL release listener reconnecting: {e}")
+                    }
+                    Decision::Full(slots) => self.short_of_slots(&slots),
+                    // Another listener of the database is deciding: the next tick tries again.
+                    Decision::Busy => {}
+                    Decision::Failed(e) => {
+                        log::debug!("PostgreSQL release listener could not count slots: {e}")
+                    }
                 }
                 if self.gone() {
                     return false;
@@ -207,10 +223,9 @@ impl Listener {
         }
     }
 
-    /// Whether the server leaves enough connection slots free beside `conn` (see [`Slots`]);
-    /// one bounded call. Not: says so in a warning (once), and the listener connects again no
-    /// sooner than [`Listener::CHECK`] later, while waiters poll. A call that fails means a
-    /// lost connection (`false`).
+    /// Whether the server leaves enough connection slots free beside `conn`, the listener's
+    /// open connection (see [`Slots`]); one bounded call. Not: see
+    /// [`Listener::short_of_slots`]. A call that fails means a lost connection (`false`).
     fn room_for(&self, conn: &mut ListenerConn) -> bool {
         let slots = match conn.slots(self.limit) {
             Ok(slots) => slots,
@@ -220,14 +235,21 @@ impl Listener {
             }
         };
         if slots.enough() {
-            self.full_until.set(None);
             return true;
         }
+        self.short_of_slots(&slots);
+        false
+    }
+
+    /// The server is short of free slots for the listener: says so in a warning (once), and
+    /// the listener connects again no sooner than [`Listener::CHECK`] later, while waiters
+    /// poll.
+    fn short_of_slots(&self, slots: &Slots) {
         self.full_until.set(Some(Instant::now() + Self::CHECK));
         if !self.said_full.replace(true) {
             log::warn!(
-                "leasehold: the PostgreSQL server at {} has {} connection slots free beside the \
-                 release listener's ({} max_connections - {} reserved - {} connected); a \
+                "leasehold: the PostgreSQL server at {} has {} connection slots free for \
+                 ordinary users ({} max_connections - {} reserved - {} connected); a release \
                  listener leaves at least {} free (a tenth of the slots, at least {MIN_SPARE}) \
                  for the connections that renew leases, so this registry's waiters poll (every \
                  idle_between_tries) and the listener looks again every {:?}. Each waiting \
@@ -242,11 +264,10 @@ impl Listener {
                 Self::CHECK
             );
         }
-        false
     }
 
     /// Whether `LISTEN` on `conn` hears other sessions: it listens on a channel of its own,
-    /// sends a notification there from a new connection to the pools' server, and waits for it
+    /// sends a notification there from a connection of the registry's main pool, and waits for it
     /// for one call's bound. A session-mode pooler or a direct connection hears it within
     /// milliseconds. Through a transaction-mode pooler the `LISTEN` ran on a server connection
     /// that went back to the pool, so the notification never comes ([`Probe::Deaf`]).
@@ -260,12 +281,13 @@ impl Listener {
         if self.gone() {
             return Probe::Gone;
         }
-        let sender = ListenerConn::open(&self.sender.0, &self.sender.1);
-        if self.gone() {
-            return Probe::Gone;
-        }
-        let sent = sender.map_err(|e| e.to_string()).and_then(|mut sender| {
-            sender.execute(&format!("SELECT pg_notify('{channel}', '')"), self.limit)
+        let sent = on_pooled(&self.pool, self.limit, |pooled| {
+            simple_query(
+                pooled,
+                &format!("SELECT pg_notify('{channel}', '')"),
+                self.limit,
+            )
+            .map(drop)
         });
         if self.gone() {
             return Probe::Gone;
@@ -375,7 +397,7 @@ const MIN_SPARE: i64 = 5;
 /// [`MIN_SPARE`]) stay free beside it, since its wake-ups only make waiters try sooner,
 /// while pooled connections, which renew leases, need a slot when they open.
 #[derive(Debug)]
-struct Slots {
+pub(super) struct Slots {
     /// `max_connections`.
     max: i64,
     /// Slots kept for superusers and roles with `pg_use_reserved_connections`
@@ -401,9 +423,214 @@ impl Slots {
         ((self.max - self.reserved) / 10).max(MIN_SPARE)
     }
 
+    /// Whether they leave enough free, the listener's connection counted in `connected`.
     fn enough(&self) -> bool {
         self.free() >= self.spare()
     }
+
+    /// Whether one more connection, not open yet, would leave enough free.
+    fn room_for_one_more(&self) -> bool {
+        self.free() > self.spare()
+    }
+
+    /// Reads them from the row of [`Slots::SQL`]. Fail point `postgres::listener_slots_taken`
+    /// (tests): its value is added to the connections open.
+    fn from_row(row: &tokio_postgres::SimpleQueryRow) -> Result<Slots, String> {
+        let number = |i: usize| -> Result<i64, String> {
+            row.get(i)
+                .and_then(|text| text.parse().ok())
+                .ok_or_else(|| format!("column {i} is not a number"))
+        };
+        #[allow(unused_mut)]
+        let mut slots = Slots {
+            max: number(0)?,
+            reserved: number(1)?,
+            connected: number(2)?,
+        };
+        #[cfg(feature = "failpoints")]
+        if let Some(Some(taken)) = fail::eval("postgres::listener_slots_taken", |value| {
+            value.and_then(|value| value.parse::<i64>().ok())
+        }) {
+            slots.connected += taken;
+        }
+        Ok(slots)
+    }
+}
+
+/// The rows among the messages of a simple query, in order.
+fn rows(
+    messages: &[tokio_postgres::SimpleQueryMessage],
+) -> impl Iterator<Item = &tokio_postgres::SimpleQueryRow> {
+    messages.iter().filter_map(|message| match message {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    })
+}
+
+/// The transaction-scoped advisory lock (`pg_try_advisory_xact_lock` of this key, ASCII
+/// "lhlisten") under which the listeners of one database decide one at a time whether to
+/// connect (see [`admit`]).
+pub(super) const ADMISSION_LOCK: i64 = 0x6c68_6c69_7374_656e;
+
+/// What [`admit`] decided.
+pub(super) enum Decision<T> {
+    /// There was room for one more connection, and it was opened under the lock: the outcome.
+    Admitted(T),
+    /// Too few slots free for one more connection: nothing opened.
+    Full(Slots),
+    /// Another listener of the database was deciding: nothing decided, nothing opened.
+    Busy,
+    /// The pooled connection failed (why): nothing decided, nothing opened.
+    Failed(String),
+}
+
+/// Decides, before a listener's connection is opened, whether the server has room for it, and
+/// opens it (`open`) only then, so that listeners starting together never overfill the server.
+///
+/// On a connection of the registry's main pool (through a pooler, if the registry goes through
+/// one), in one round trip: `BEGIN`, `pg_try_advisory_xact_lock(`[`ADMISSION_LOCK`]`)`, and the
+/// server's slots ([`Slots::SQL`], read after the lock, so it counts every connection opened
+/// under the lock before). Without the lock ([`Decision::Busy`]) or without room for one more
+/// connection beside the spare ([`Decision::Full`]) it rolls back at once and opens nothing.
+/// With both, it runs `open` while the transaction, and so the lock, is held, and commits
+/// after: the connection is open, and counted by the next decision, before anyone else decides.
+/// The lock is tried, never waited for: a transaction-mode pooler would keep a server
+/// connection for each waiting decision, and the registries' statements need them. Each call
+/// on the pooled connection is bounded by `limit`, `open` by its own bound (the connect
+/// timeout); a pooled connection that fails is discarded, which ends its transaction.
+pub(super) fn admit<T>(
+    pool: &Pool<PgManager>,
+    limit: Duration,
+    open: impl FnOnce() -> T,
+) -> Decision<T> {
+    let decide = format!(
+        "BEGIN; SELECT pg_try_advisory_xact_lock({ADMISSION_LOCK}); {}",
+        Slots::SQL
+    );
+    let decided = on_pooled(pool, limit, |pooled| {
+        let messages = simple_query(pooled, &decide, limit)?;
+        let mut found = rows(&messages);
+        let locked = found.next().ok_or("no row")?.get(0) == Some("t");
+        let slots = Slots::from_row(found.next().ok_or("no row")?)?;
+        if !locked || !slots.room_for_one_more() {
+            simple_query(pooled, "ROLLBACK", limit)?;
+            return Ok(if locked {
+                Decision::Full(slots)
+            } else {
+                Decision::Busy
+            });
+        }
+        let opened = open();
+        if let Err(e) = simple_query(pooled, "COMMIT", limit) {
+            // Discarded: its session ends, and with it the transaction and the lock.
+            log::debug!("PostgreSQL release listener could not end its decision: {e}");
+            pooled.broken = true;
+        }
+        Ok(Decision::Admitted(opened))
+    });
+    decided.unwrap_or_else(Decision::Failed)
+}
+
+/// Checks the listener URL when the registry is built, as `build()` checks the registry's own
+/// URL (`check`: connection attempts until the time it is given), but only through [`admit`],
+/// like every other connection of the listener, on the pool the registry has just checked its
+/// table on: the check's connection is opened only where a listener's could be, and closed
+/// before the decision commits. Another listener deciding meanwhile is waited out for
+/// [`BUILD_WAIT`] at most (within `timeout`); past that, or when the server has no room for a
+/// listener, the URL is not connected to now (a warning says so when the server is short of
+/// slots) and the listener connects when it has room. A refusal for want of a slot (a role's
+/// `CONNECTION LIMIT`, or clients outside the decision) warns too; every other fault of the
+/// URL fails the build.
+pub(super) fn check_at_build(
+    pool: &Pool<PgManager>,
+    address: &str,
+    timeout: Duration,
+    check: impl FnOnce(Duration) -> crate::Result<()>,
+) -> crate::Result<()> {
+    let start = Instant::now();
+    let give_up = start + timeout.min(BUILD_WAIT);
+    let mut check = Some(check);
+    loop {
+        let left = timeout.saturating_sub(start.elapsed());
+        let decided = admit(pool, left, || match check.take() {
+            Some(check) => check(timeout.saturating_sub(start.elapsed())),
+            None => Ok(()),
+        });
+        match decided {
+            Decision::Admitted(Ok(())) => return Ok(()),
+            Decision::Admitted(Err(e)) if e.to_string().contains(TOO_MANY_CLIENTS) => {
+                log::warn!(
+                    "leasehold: the listener URL's server has no connection slot left now; \
+                     waiters poll until the listener gets one ({e})"
+                );
+                return Ok(());
+            }
+            Decision::Admitted(Err(e)) => return Err(e),
+            Decision::Full(slots) => {
+                log::warn!(
+                    "leasehold: the listener URL's server at {address} has {} connection slots \
+                     free, and a release listener leaves at least {} free: waiters poll until \
+                     it has room, and the URL is checked when the listener connects",
+                    slots.free(),
+                    slots.spare()
+                );
+                return Ok(());
+            }
+            Decision::Busy if Instant::now() < give_up => {
+                std::thread::sleep(crate::lock::jittered(Duration::from_millis(40)));
+            }
+            Decision::Busy => {
+                log::debug!(
+                    "leasehold: other listeners were deciding whether to connect to {address}; \
+                     the listener URL is checked when this registry's listener connects"
+                );
+                return Ok(());
+            }
+            Decision::Failed(e) => {
+                log::debug!(
+                    "leasehold: the listener URL is checked when the listener connects, since \
+                     the server's slots could not be counted now: {e}"
+                );
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// How long `build()` waits out other listeners' decisions before it leaves the listener URL
+/// unchecked (see [`check_at_build`]).
+pub(super) const BUILD_WAIT: Duration = Duration::from_secs(1);
+
+/// Runs `work` on a connection of `pool` (waiting at most `limit` for one); a connection whose
+/// work failed is discarded.
+fn on_pooled<R>(
+    pool: &Pool<PgManager>,
+    limit: Duration,
+    work: impl FnOnce(&mut PgConn) -> Result<R, String>,
+) -> Result<R, String> {
+    let mut pooled = pool.get_timeout(limit).map_err(|e| e.to_string())?;
+    let outcome = work(&mut pooled);
+    if outcome.is_err() {
+        pooled.broken = true;
+    }
+    if pooled.broken {
+        drop(pooled);
+        pool.discarded();
+    } else {
+        pool.give_back(pooled);
+    }
+    outcome
+}
+
+/// Runs `sql` (simple query protocol, statements unnamed) on a pooled connection, giving up
+/// after `limit`.
+fn simple_query(
+    conn: &mut PgConn,
+    sql: &str,
+    limit: Duration,
+) -> Result<Vec<tokio_postgres::SimpleQueryMessage>, String> {
+    conn.deadline = Instant::now() + limit;
+    call!(conn, |client| client.simple_query(sql)).map_err(|failure| failure.source.to_string())
 }
 
 /// What [`Listener::probe`] found.
@@ -467,8 +694,7 @@ impl ListenerConn {
         }
     }
 
-    /// The server's connection slots now (see [`Slots`]), giving up after `limit`. Fail point
-    /// `postgres::listener_slots_taken` (tests): its value is added to the connections open.
+    /// The server's connection slots now (see [`Slots`]), giving up after `limit`.
     fn slots(&mut self, limit: Duration) -> Result<Slots, String> {
         let mut call = pin!(self.client.simple_query(Slots::SQL));
         let outcome = read_messages(
@@ -483,31 +709,8 @@ impl ListenerConn {
             Some(Err(e)) => return Err(e.to_string()),
             None => return Err(format!("no answer within {limit:?}")),
         };
-        let row = messages
-            .iter()
-            .find_map(|message| match message {
-                tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
-                _ => None,
-            })
-            .ok_or("no row")?;
-        let number = |i: usize| -> Result<i64, String> {
-            row.get(i)
-                .and_then(|text| text.parse().ok())
-                .ok_or_else(|| format!("column {i} is not a number"))
-        };
-        #[allow(unused_mut)]
-        let mut slots = Slots {
-            max: number(0)?,
-            reserved: number(1)?,
-            connected: number(2)?,
-        };
-        #[cfg(feature = "failpoints")]
-        if let Some(Some(taken)) = fail::eval("postgres::listener_slots_taken", |value| {
-            value.and_then(|value| value.parse::<i64>().ok())
-        }) {
-            slots.connected += taken;
-        }
-        Ok(slots)
+        let row = rows(&messages).next().ok_or("no row")?;
+        Slots::from_row(row)
     }
 
     /// The next notification, waiting until `deadline` at most; `None` at the deadline or once

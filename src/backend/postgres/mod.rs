@@ -96,25 +96,43 @@
 //! Unsubscribed for `idle_connection_timeout`, the listener closes its connection; the next
 //! subscription opens a new one.
 //!
-//! The listener never takes one of a server's last free connection slots: each connection it
-//! opens first reads `max_connections`, the reserved slots (`superuser_reserved_connections`,
-//! `reserved_connections`) and the client connections open, and the listener keeps it only
-//! while a tenth of the slots ordinary users may take (at least 5) stay free beside it; it
-//! checks again with every liveness check (every 30 s). Short of that it closes the
-//! connection, logs one warning with the arithmetic, and connects again no sooner than 30 s
-//! later; the registry's waiters poll meanwhile. Wake-ups only make waiters try sooner, while
-//! pooled connections, which renew leases, need a slot whenever one opens.
+//! The listener never takes one of a server's last free connection slots, however many
+//! registries start at once: it decides *before* it connects ([`listener::admit`]). On a
+//! connection of the registry's main pool (through the pooler, when the registry goes through
+//! one), in one round trip, it begins a transaction, tries the transaction-scoped advisory
+//! lock `pg_try_advisory_xact_lock(`[`listener::ADMISSION_LOCK`]`)` and reads
+//! `max_connections`, the reserved slots (`superuser_reserved_connections`,
+//! `reserved_connections`) and the client connections open. With the lock, and room for one
+//! more connection while a tenth of the slots ordinary users may take (at least 5, the
+//! *spare*) stay free, it opens its connection while the transaction holds the lock and
+//! commits once the connection is open, so the next decision counts it. Without the lock
+//! (another listener is deciding) it tries again a tick later; without room it logs one
+//! warning with the arithmetic and decides again no sooner than 30 s later. The lock is
+//! tried, never waited for, so that no decision holds a pooler's server connection while it
+//! waits. Every connection the listener opens — the first, each reconnection, each one after
+//! a wait for room — goes through this decision; the probe's notification goes through the
+//! pool too, and `build()` checks `listener_url` only through the same decision. The bound:
+//! the listeners of the registries of one database, started together or not, never bring the
+//! server's free slots for ordinary users below the spare, so they never make the server
+//! refuse a connection for want of slots, theirs or anyone's, as long as clients outside the
+//! decision open no more than the spare meanwhile. Advisory locks are per database: listeners
+//! of registries on *k* databases of one server may decide at the same moment, and then take
+//! at most *k* − 1 slots of the spare. An open listener also reads the slots with every
+//! liveness check (every 30 s) and gives its connection back when fewer than the spare are
+//! free beside it. Wake-ups only make waiters try sooner, while pooled connections, which
+//! renew leases, need a slot whenever one opens.
 //!
 //! The listener connects to `listener_url` when the registry has one, else to the registry's
 //! URL. `LISTEN` needs a session that stays on one server connection: through a
 //! transaction-mode pooler it succeeds, but the server connection goes back to the pool and
 //! its notifications are dropped. So the first time it subscribes, the listener probes
 //! ([`Listener::probe`]): it listens on a channel of its own, sends a notification there from a
-//! short-lived connection to the registry's URL and waits one call's bound for it. Heard, the
+//! connection of the registry's main pool and waits one call's bound for it. Heard, the
 //! probe is not made again. Not heard on a connection that works, the listener logs one
 //! warning naming `listener_url`, closes its connection and ends: the registry's waiters poll
-//! from then on. A probe that fails (the sending connection was refused, say) decides
-//! nothing, and the next connection probes again.
+//! from then on. A probe that fails (no pooled connection could send it, say) decides
+//! nothing, and the next connection probes again. A heard probe also shows that the listener's
+//! server is the pool's, whose slots the decision counted.
 //!
 //! No listener call waits without a bound:
 //!
@@ -124,6 +142,8 @@
 //!   The listener connects when a thread of the registry first waits for a lock held
 //!   elsewhere, not in `build()`; a server that does not answer costs the waiters nothing
 //!   (they poll meanwhile), and the thread tries again every tick while they wait.
+//! - **the decision** to connect: waiting for a pooled connection, and each statement on it,
+//!   is bounded by the same connect timeout.
 //! - **`LISTEN`**, **`UNLISTEN`** and the liveness check (the free-slot query every 30 s
 //!   while subscribed) are each bounded by the same connect timeout.
 //! - **waiting for notifications** lasts one tick (a second) at a time.
@@ -133,8 +153,9 @@
 //! registry is gone (the registry's end of the request channel is dropped, or the handler says
 //! stop), so a listener stuck on a silent server or network outlives its registry by one
 //! bounded call at most. Fail points (feature `failpoints`, tests only):
-//! `postgres::listener_before_connect` (every listener connect),
-//! `postgres::listener_before_listen`, `postgres::listener_before_unlisten`.
+//! `postgres::listener_before_connect` (every decision to connect),
+//! `postgres::listener_before_listen`, `postgres::listener_before_unlisten`,
+//! `postgres::listener_slots_taken` (phantom connections added to every count of slots).
 //!
 //! # Connections and deadlines
 //!
@@ -168,6 +189,7 @@ mod hosts;
 mod listener;
 mod pooler;
 mod tls;
+use crate::backend::pools::Pool;
 use crate::backend::{
     AdminStatements, Backend, BatchRows, Conn, Failure, FailureKind, FloorFound, HolderRow,
     ListedRow, ListenerEvent, ListenerHandler, ListenerReply, Params, Session, Statements,
@@ -664,12 +686,13 @@ impl Backend for Postgres {
     #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
     fn listen_for_releases(
         manager: &PgManager,
+        pool: &Pool<PgManager>,
         table: &TableSettings,
         idle_timeout: Duration,
         handler: ListenerHandler,
         requests: crossbeam_channel::Receiver<()>,
     ) -> bool {
-        listener::start(manager, table, idle_timeout, handler, requests)
+        listener::start(manager, pool, table, idle_timeout, handler, requests)
     }
 }
 
@@ -680,6 +703,7 @@ pub(super) fn channel(table: &str) -> String {
 }
 
 /// Opens a store on the PostgreSQL database at `url` (a URL or a `key=value` string).
+#[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
 pub(crate) fn open(
     url: &str,
     pool: &crate::backend::PoolSettings,
@@ -689,20 +713,7 @@ pub(crate) fn open(
     check_connect(&config, &tls, &settings, pool.connect_timeout)?;
     // Without notifications there is no listener to connect.
     let listener = match pool.listener_url.as_ref().filter(|_| table.notifications) {
-        Some(url) => {
-            let (config, tls, settings) = parse_url(url, pool, "the listener URL")?;
-            match check_connect(&config, &tls, &settings, pool.connect_timeout) {
-                Ok(()) => {}
-                // Wake-ups only make waiters try sooner: a fleet with more processes than the
-                // server has slots for listeners still works, polling, and each listener
-                // connects when a slot is free. Every other fault of the URL fails the build.
-                Err(e) if e.to_string().contains(TOO_MANY_CLIENTS) => log::warn!(
-                    "leasehold: the listener URL's server has no connection slot left now;                      waiters poll until the listener gets one ({e})"
-                ),
-                Err(e) => return Err(e),
-            }
-            Some((config, tls))
-        }
+        Some(url) => Some(parse_url(url, pool, "the listener URL")?),
         None => None,
     };
     let manager = PgManager {
@@ -710,8 +721,24 @@ pub(crate) fn open(
         tls,
         prepared: pool.prepared_statements,
         pooler_found: Arc::new(AtomicBool::new(false)),
-        listener,
+        listener: listener
+            .as_ref()
+            .map(|(config, tls, _)| (config.clone(), tls.clone())),
     };
     let store = crate::backend::SqlStore::<Postgres>::open(manager, pool, table)?;
+    if let Some((config, tls, settings)) = &listener {
+        // Wake-ups only make waiters try sooner: a fleet with more processes than the server
+        // has slots for listeners still works, polling, and each listener connects when a
+        // slot is free. Every other fault of the URL fails the build. (On a thread of an
+        // asynchronous runtime a pooled connection cannot block on its own.)
+        conn::outside_async(|| {
+            listener::check_at_build(
+                &store.pool,
+                &address(config),
+                pool.connect_timeout,
+                |left| check_connect(config, tls, settings, left),
+            )
+        })?;
+    }
     Ok(Arc::new(store))
 }

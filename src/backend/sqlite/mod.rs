@@ -504,6 +504,7 @@ impl Backend for Sqlite {
     #[cfg(target_os = "linux")]
     fn listen_for_releases(
         manager: &SqliteManager,
+        _pool: &crate::backend::pools::Pool<Self::Manager>,
         table: &crate::backend::TableSettings,
         _idle_timeout: Duration,
         handler: crate::backend::ListenerHandler,
