@@ -8,14 +8,15 @@
 //! [`ReadGuard`](crate::ReadGuard), [`WriteGuard`](crate::WriteGuard), [`AnyGuard`] and
 //! [`Leadership`]) runs one statement in the caller's open transaction that
 //! finds the lock row still naming this holder — `LOCK_KEY`, `REGION`, `CLIENT_ID` and the
-//! grant's `FENCING_TOKEN` — and not expired on the database clock, and keeps that row locked
-//! until the transaction ends:
+//! grant's `FENCING_TOKEN` — and not expired on the database clock, moves its expiry to at
+//! least the database's now + the lease's time-to-live (see [The lease while
+//! fenced](#the-lease-while-fenced)), and keeps that row locked until the transaction ends:
 //!
 //! | database | the check | what keeps the row |
 //! |----------|-----------|--------------------|
-//! | PostgreSQL | `SELECT … FOR SHARE` | a share lock on the row |
-//! | MySQL/MariaDB | `SELECT … LOCK IN SHARE MODE` | a shared lock on the row |
-//! | SQLite | `UPDATE … SET FENCING_TOKEN = FENCING_TOKEN … RETURNING` | the database's write lock (one writer at a time) |
+//! | PostgreSQL | `UPDATE … SET EXPIRED_AFTER = GREATEST(…) … RETURNING` | the update's row lock |
+//! | MySQL/MariaDB | `UPDATE … SET EXPIRED_AFTER = GREATEST(…)`, then `SELECT … LOCK IN SHARE MODE` | the update's row lock |
+//! | SQLite | `UPDATE … SET EXPIRED_AFTER = max(…) … RETURNING` | the database's write lock (one writer at a time) |
 //!
 //! ```
 //! # fn main() -> leasehold::Result<()> {
@@ -95,8 +96,9 @@
 //! # Idle fenced transactions
 //!
 //! A holder that stops inside a fenced transaction (`SIGSTOP`, a VM pause, a thread that
-//! blocks) keeps the row locked: its lease runs out (its renewal skips the locked row), yet no
-//! other instance can take the key while the transaction is open. On the servers the fence
+//! blocks) keeps the row locked: its lease runs out (its renewal skips the locked row, and the
+//! fence's own extension lasts one time-to-live), yet no other instance can take the key while
+//! the transaction is open. On the servers the fence
 //! therefore bounds the transaction's idle time — between two of its statements — to the
 //! lease's time-to-live, rounded up to whole seconds, or to the session's own bound when that
 //! is tighter; the server ends a session idle longer, which rolls its transaction back and
@@ -121,36 +123,71 @@
 //!
 //! # What it costs
 //!
-//! One statement (a primary-key lookup) and a share lock on one row, held until the
-//! transaction ends; on SQLite the write lock that any write transaction takes anyway. Besides:
+//! One statement (an update of one row, found by its primary key) and that row's lock, held
+//! until the transaction ends; on SQLite the write lock that any write transaction takes
+//! anyway. Fenced transactions of one lease run one at a time: the fence's statement waits
+//! for an open fenced transaction of the same lease, as any writer of the row does (so a
+//! thread that fences a second transaction of its lease while its first is open waits for
+//! itself, until its connection's lock wait gives up). Besides:
 //!
 //! - PostgreSQL: the fence's statement also exports the transaction's snapshot (a small file
 //!   on the server until the transaction ends, which also keeps that snapshot's rows from
 //!   vacuum until then), and the commit reads the transaction's id first (one more round
 //!   trip).
-//! - MySQL: one more round trip at the fence (the session's settings and the savepoint); the
-//!   commit releases the savepoint, commits and restores the settings in one round trip, and
-//!   the driver's own commit, which then finds nothing to commit, is another.
+//! - MySQL: the fence is one round trip (the session's settings, the check and the
+//!   savepoint); the commit releases the savepoint, commits and restores the settings in one
+//!   round trip, and the driver's own commit, which then finds nothing to commit, is another.
 //! - SQLite: a savepoint at the fence and its release at the commit, in process.
 //!
-//! # Long fenced transactions
+//! # The lease while fenced
 //!
-//! - **Own renewal**: the background renewal skips a row another session holds locked and
-//!   retries it later, so a fenced transaction that outlasts the lease's time-to-live can have
-//!   its lease reported lost (`is_held()` false, the loss channel, `on_lease_lost`) while it
-//!   still runs, and `unlock` then returns `Err(LeaseLost)`. Its commit was still safe: nobody
-//!   could take the row before it ended. Keep fenced transactions well inside the
-//!   time-to-live, and never idle that long (see [Idle fenced
-//!   transactions](#idle-fenced-transactions)).
+//! The background renewal cannot renew a row that a transaction holds locked (it skips it, or
+//! on SQLite waits for the file), so the fence renews the lease itself: its statement moves
+//! the row's expiry to at least the database's now + the lease's time-to-live, inside the
+//! transaction (never earlier than it was). While the transaction is open, nobody else can be
+//! granted the row, and the holder's deadline is at least the instant the fence's statement
+//! was sent + that time-to-live − the drift allowance, and no later than the server ends the
+//! transaction if it sits idle (see [Idle fenced transactions](#idle-fenced-transactions); a
+//! session's bound tighter than the time-to-live bounds this too). A commit keeps both: the
+//! row's new expiry, and the deadline, from which the background renewal goes on. A rollback
+//! (`Fenced::rollback`, a drop, a refused or failed commit) leaves the row as it was, and the
+//! deadline as the database's last renewal put it: a lease whose deadline passed meanwhile is
+//! lost at once.
+//!
+//! The bound: **a fenced transaction that ends within one time-to-live (less the drift
+//! allowance) of its fence never costs its own lease, wherever in the lease it begins.** A
+//! longer one has its lease reported lost at that instant (`is_held()` false, the loss
+//! channel, `on_lease_lost`) while it still runs, and `unlock` then returns `Err(LeaseLost)`;
+//! its commit is still safe: nobody could take the row before it ended.
+//!
+//! The server may end the transaction without the holder's knowing: an operator's
+//! `pg_terminate_backend` or `KILL`, a deadlock that MySQL resolves by rolling the transaction
+//! back, a server restart. The row then has its expiry from before the fence again, and
+//! another instance may take it once that passes, while the holder still counts on the fence
+//! until it learns of the end — its next statement in the transaction fails, and ending the
+//! [`Fenced`] gives the deadline back — or until its background renewal, which keeps trying the
+//! row every quarter renewal period, renews it or finds it taken. Fenced writes stay safe
+//! throughout: the ended transaction commits nothing.
+//!
+//! # Other instances and other leases
+//!
 //! - **Other instances** wanting the key find it held while the lease runs, as always. Once
 //!   it has expired, their acquire waits for the transaction on the row, as does a Spring
 //!   Integration instance's takeover on the same table; an acquire statement that waits longer
-//!   than its registry's `operation_timeout` ends the call with [`Error::Timeout`].
+//!   than its registry's `operation_timeout` ends that attempt.
 //! - **SQLite** has one writer per file: while a fenced transaction runs, every statement that
 //!   writes the file waits — acquires, renewals and releases of every key and registry on it.
-//!   One that waits longer than its `operation_timeout` fails with [`Error::Timeout`] (a
-//!   blocking `lock()` returns it; a renewal is retried until the lease's deadline), so keep
-//!   fenced transactions on SQLite well below both.
+//!   SQLite queues no writers: each tries again (in its busy handler, then after pauses that
+//!   double from 1 ms to 100 ms) until its attempt ends. A renewal attempt ends after half the
+//!   renewal period, at most half the lease's slack (time-to-live less renewal period) — with
+//!   the defaults 1.67 s of a 10 s lease — and the next follows a quarter period later; a
+//!   lease is lost only when no attempt gets in before its deadline. **So a fenced transaction
+//!   costs the other leases on the file nothing while, within each lease's slack, the file is
+//!   free of writers for 100 ms at least once;** fenced transactions that follow each other
+//!   closer than that (of any process on the file) can keep renewals out until leases are
+//!   lost. A wait without a deadline (`lock()`) that meets a busy file for its whole
+//!   `operation_timeout` polls again, as for a held key; a single try (`try_lock`) and the
+//!   first attempt of a bounded wait return [`Error::Timeout`].
 //!
 //! # Only data in the same database
 //!
@@ -185,7 +222,10 @@
 //!
 //! [`LockGuard::fence_sql`] returns the check as SQL text and its parameters for drivers
 //! leasehold does not wrap (sqlx, diesel, …): run it inside the transaction, and roll back
-//! unless it returns a row (see [`FenceSql`]).
+//! unless it returns a row (see [`FenceSql`]). It checks and locks the row and does not
+//! extend it: leasehold does not see that transaction end, so its lease is not renewed while
+//! the transaction holds the row. Keep such a transaction inside the lease's
+//! [`remaining`](LockGuard::remaining) time.
 //!
 //! # Fail point (feature `failpoints`, tests only)
 //!
@@ -197,7 +237,7 @@ use crate::lease::Lease;
 use crate::{AnyGuard, Leadership, LockGuard};
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -310,6 +350,16 @@ pub(crate) mod sealed {
         pub table: String,
         /// The longest the fenced transaction may sit idle between two statements.
         pub idle: Duration,
+        /// The lease's time-to-live: the fence's statement keeps the row until at least the
+        /// database's now + this.
+        pub ttl: Duration,
+    }
+
+    /// What a fence's statement found: the row, held by this lease, and extended.
+    pub struct Held {
+        /// The shortest the server lets the transaction sit idle before it ends it (the bound
+        /// the fence set, or the session's tighter one); `None` where nothing ends it.
+        pub idle: Option<Duration>,
     }
 
     /// What the fence needs of a driver's transaction; not nameable outside the crate.
@@ -321,10 +371,11 @@ pub(crate) mod sealed {
         type Mark: Default;
         /// Makes dropping the transaction roll it back (rusqlite's can commit on drop).
         fn rollback_on_drop(&mut self) {}
-        /// Bounds the transaction's idle time, runs the check and marks the transaction (in
-        /// `mark`, also when it fails later); `true` when the check returned a row. A
+        /// Bounds the transaction's idle time, runs the check — which also moves the row's
+        /// expiry to at least the database's now + `check.ttl` — and marks the transaction (in
+        /// `mark`, also when it fails later); `Some` when the check found the row. A
         /// transaction the fence cannot cover is refused with `Error::InvalidSetting`.
-        fn check(&mut self, check: &Check, mark: &mut Self::Mark) -> crate::Result<bool>;
+        fn check(&mut self, check: &Check, mark: &mut Self::Mark) -> crate::Result<Option<Held>>;
         /// Commits, if this is still the transaction `mark` names; otherwise rolls back and
         /// refuses with `Error::InvalidSetting`. Restores the session either way.
         fn commit(self, mark: Self::Mark) -> crate::Result<()>;
@@ -393,8 +444,9 @@ pub(crate) mod sealed {
 pub struct Fenced<'g, T: FenceableTransaction> {
     /// The transaction and its mark, until it ends.
     open: Option<(T, T::Mark)>,
-    /// The lease, told while the transaction is open (see [`Lease::fenced`]).
-    lease: Option<Arc<Lease>>,
+    /// The lease and the number it gave this transaction, told when it ends (see
+    /// [`Lease::fence_opened`]).
+    lease: Option<(Arc<Lease>, u64)>,
     _guard: PhantomData<&'g ()>,
 }
 
@@ -411,13 +463,24 @@ impl<T: FenceableTransaction> Fenced<'_, T> {
     /// commit.
     pub fn commit(mut self) -> Result<()> {
         let (tx, mark) = self.open.take().expect("a fenced transaction ends once");
-        tx.commit(mark)
+        let committed = tx.commit(mark);
+        self.ended(committed.is_ok());
+        committed
     }
 
     /// Rolls the transaction back.
     pub fn rollback(mut self) -> Result<()> {
         let (tx, mark) = self.open.take().expect("a fenced transaction ends once");
-        tx.rollback(mark)
+        let rolled_back = tx.rollback(mark);
+        self.ended(false);
+        rolled_back
+    }
+
+    /// Tells the lease that the transaction ended, `committed` or not.
+    fn ended(&mut self, committed: bool) {
+        if let Some((lease, id)) = self.lease.take() {
+            lease.fence_ended(id, committed);
+        }
     }
 
     /// The open transaction, for the methods of each driver that take `&mut`.
@@ -444,9 +507,7 @@ impl<T: FenceableTransaction> Drop for Fenced<'_, T> {
                 log::warn!("rolling back a dropped fenced transaction: {e}");
             }
         }
-        if let Some(lease) = self.lease.take() {
-            lease.fenced(false);
-        }
+        self.ended(false);
     }
 }
 
@@ -525,10 +586,12 @@ fn fence_sql(lease: &Lease) -> Result<(sealed::Check, &'static str)> {
             fencing_token: lease.token,
         },
     };
+    let ttl = lease.ttl();
     let check = sealed::Check {
         fence,
         table: table.table.clone(),
-        idle: idle_bound(lease.ttl()),
+        idle: idle_bound(ttl),
+        ttl,
     };
     Ok((check, backend))
 }
@@ -563,11 +626,12 @@ fn fence<'g, T: FenceableTransaction>(lease: &Arc<Lease>, tx: T) -> Result<Fence
     }
     fail_point!("fence::before_check");
     let (tx, mark) = fenced.open.as_mut().expect("open");
-    if !tx.check(&check, mark)? {
+    let sent_at = Instant::now();
+    let Some(held) = tx.check(&check, mark)? else {
         return Err(lost(lease, lease.found_not_owner()));
-    }
-    lease.fenced(true);
-    fenced.lease = Some(Arc::clone(lease));
+    };
+    let id = lease.fence_opened(sent_at, check.ttl, held.idle);
+    fenced.lease = Some((Arc::clone(lease), id));
     Ok(fenced)
 }
 
