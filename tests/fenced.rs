@@ -625,8 +625,9 @@ mod suite {
     }
 
     /// A fenced transaction that outlasts the lease keeps the holder's own renewal out (the
-    /// renewal skips or waits for the locked row), so the lease is reported lost while the
-    /// transaction runs; its commit is still safe, and the lock goes to nobody before it.
+    /// renewal skips or waits for the locked row) longer than the fence's own extension lasts,
+    /// so the lease is reported lost while the transaction runs; its commit is still safe, and
+    /// the lock goes to nobody before it.
     pub fn a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease(f: &Fixture) {
         let mut ledger = Ledger::new(f);
         let mut next = ledger.other(f);

@@ -1,6 +1,11 @@
-//! The fence on MySQL and MariaDB: `SELECT … LOCK IN SHARE MODE` (both servers' spelling),
-//! a locking read of the latest row whose shared lock makes any `UPDATE` or `DELETE` of the
-//! row (a takeover) wait for the transaction.
+//! The fence on MySQL and MariaDB: an `UPDATE` of the row's expiry (to at least now + the
+//! lease's time-to-live), whose row lock makes any other `UPDATE` or `DELETE` of the row (a
+//! takeover) wait for the transaction, then `SELECT … LOCK IN SHARE MODE` (both servers'
+//! spelling), a locking read of the latest row, which tells whether it is this grant's (the
+//! update's count of rows depends on the client's flags). The statement given to other drivers
+//! is that read alone, whose shared lock keeps takeovers out without changing the row. Its
+//! parameters go into the fence's text as hexadecimal literals, so that the whole fence is one
+//! round trip.
 //!
 //! A `mysql::Transaction` is always a top-level transaction: it begins with `START
 //! TRANSACTION`, and MySQL has no nested transactions. Before its check the fence changes the
