@@ -179,11 +179,13 @@
 //!   writes the file waits — acquires, renewals and releases of every key and registry on it.
 //!   SQLite queues no writers: each tries again (in its busy handler, then after pauses that
 //!   double from 1 ms to 100 ms) until its attempt ends. A renewal attempt ends after half the
-//!   renewal period, at most half the lease's slack (time-to-live less renewal period) — with
-//!   the defaults 1.67 s of a 10 s lease — and the next follows a quarter period later; a
-//!   lease is lost only when no attempt gets in before its deadline. **So a fenced transaction
-//!   costs the other leases on the file nothing while, within each lease's slack, the file is
-//!   free of writers for 100 ms at least once;** fenced transactions that follow each other
+//!   renewal period, at most half the lease's slack (time-to-live less renewal period), and
+//!   the next begins a quarter period later; a lease is lost only when no attempt gets in
+//!   before its deadline. **So fenced transactions cost another lease on the file nothing
+//!   while, within that lease's slack, the file is free of writers at least once for a quarter
+//!   of its renewal period (and at least 100 ms):** one fenced transaction at a time costs
+//!   nothing while it is shorter than the slack less a quarter period (about 5.7 s of a 10 s
+//!   lease renewed every third of it, the default); fenced transactions that follow each other
 //!   closer than that (of any process on the file) can keep renewals out until leases are
 //!   lost. A wait without a deadline (`lock()`) that meets a busy file for its whole
 //!   `operation_timeout` polls again, as for a held key; a single try (`try_lock`) and the
