@@ -126,9 +126,9 @@
 //! One statement (an update of one row, found by its primary key) and that row's lock, held
 //! until the transaction ends; on SQLite the write lock that any write transaction takes
 //! anyway. Fenced transactions of one lease run one at a time: the fence's statement waits
-//! for an open fenced transaction of the same lease, as any writer of the row does (so a
-//! thread that fences a second transaction of its lease while its first is open waits for
-//! itself, until its connection's lock wait gives up). Besides:
+//! for an open fenced transaction of the same lease on another thread, as any writer of the
+//! row does; a thread that fences a second transaction of its lease while its first is open
+//! would wait for itself, and is refused with [`Error::InvalidSetting`]. Besides:
 //!
 //! - PostgreSQL: the fence's statement also exports the transaction's snapshot (a small file
 //!   on the server until the transaction ends, which also keeps that snapshot's rows from
@@ -626,6 +626,14 @@ fn fence<'g, T: FenceableTransaction>(lease: &Arc<Lease>, tx: T) -> Result<Fence
             ),
         ));
     }
+    if lease.fenced_here() {
+        return Err(Error::setting(
+            "fence",
+            "this thread has a fenced transaction of this lease open, which holds the lock row \
+             until it ends: a second one would wait for it, that is for this thread, forever. \
+             Do the work in the open fenced transaction, or fence after it ends",
+        ));
+    }
     fail_point!("fence::before_check");
     let (tx, mark) = fenced.open.as_mut().expect("open");
     let sent_at = Instant::now();
@@ -649,9 +657,10 @@ impl LockGuard {
     /// transactions](crate::fence#idle-fenced-transactions)).
     ///
     /// `Err(LeaseLost)` when the lease is lost, at once if this process knows it already;
-    /// `Err(InvalidSetting)` for a transaction on another type of database, a savepoint, or a
-    /// transaction that had ended; `Err(Database)` for a driver error. On every error `tx` is
-    /// rolled back.
+    /// `Err(InvalidSetting)` for a transaction on another type of database, a savepoint, a
+    /// transaction that had ended, or a second fenced transaction of this lease that the
+    /// calling thread opens while its first is open; `Err(Database)` for a driver error. On
+    /// every error `tx` is rolled back.
     pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
         fence(self.lease(), tx)
     }

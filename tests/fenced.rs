@@ -1220,6 +1220,52 @@ mod suite {
         assert_eq!(ledger.total(), 1);
     }
 
+    /// Fenced transactions of one lease run one at a time (each holds the row's write lock):
+    /// a thread that fences a second one while its first is open is refused at once instead
+    /// of waiting for itself, and another thread's fence waits for the first to end.
+    pub fn fenced_transactions_of_one_lease_run_one_at_a_time(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut second = ledger.other(f);
+        let mut third = ledger.other(f);
+        // A leadership can be shared between threads (a lock guard cannot).
+        let election = LeaderElection::builder(f.builder(), "one-at-a-time")
+            .build()
+            .unwrap();
+        let guard = election.acquire().unwrap();
+        let (entered_tx, entered) = crossbeam_channel::bounded(1);
+        std::thread::scope(|scope| {
+            ledger
+                .fenced_add(&guard, 0, 1, |tick| {
+                    match second.fenced_add(&guard, 0, 10, |_| panic!("a second fence passed")) {
+                        Err(Error::InvalidSetting { setting, reason }) => {
+                            assert_eq!(setting, "fence");
+                            assert!(reason.contains("this thread"), "{reason}");
+                        }
+                        other => panic!("expected a refusal, got {other:?}"),
+                    }
+                    let guard = &guard;
+                    let third = &mut third;
+                    let entered_tx = entered_tx.clone();
+                    scope.spawn(move || {
+                        third
+                            .fenced_add(guard, 0, 100, |_| entered_tx.send(()).unwrap())
+                            .unwrap();
+                    });
+                    busy_for(tick, Duration::from_millis(300));
+                    assert!(
+                        entered.is_empty(),
+                        "another thread's fence got past an open one of the same lease"
+                    );
+                })
+                .unwrap();
+            entered
+                .recv_timeout(GENEROUS)
+                .expect("the other thread's fence passed once the first ended");
+        });
+        assert_eq!(ledger.total(), 101);
+        guard.resign().unwrap();
+    }
+
     /// A fenced transaction that rolls back leaves the row's expiry as it was, and so the
     /// holder's deadline: kept only while the transaction held the row, the lease is lost
     /// once it ends if its deadline passed meanwhile.
@@ -1339,6 +1385,7 @@ macro_rules! fenced {
             a_renewal_inside_its_own_fence_is_refused_at_once,
             a_fenced_transaction_shorter_than_the_lease_keeps_it,
             a_rolled_back_fenced_transaction_gives_the_lease_nothing,
+            fenced_transactions_of_one_lease_run_one_at_a_time,
         );
         #[cfg(feature = "failpoints")]
         crate::suite_for!($db; a_resumed_stale_holder_is_refused_by_the_database);

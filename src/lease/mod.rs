@@ -299,12 +299,14 @@ struct State {
 /// What an open fenced transaction holds the row until: its check, sent at `sent_at`, set
 /// the row's expiry to at least the database's now + `ttl`; the server ends the transaction
 /// no sooner than `idle` after that statement.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct FenceHold {
     id: u64,
     sent_at: Instant,
     ttl: Duration,
     idle: Option<Duration>,
+    /// The thread that fenced it.
+    thread: std::thread::ThreadId,
 }
 
 impl State {
@@ -744,11 +746,22 @@ impl Lease {
             sent_at,
             ttl,
             idle,
+            thread: std::thread::current().id(),
         });
         let due = self.clock_due_in(&state, Instant::now());
         drop(state);
         clock::hurry(due);
         id
+    }
+
+    /// Whether the calling thread has a fenced transaction of this lease open.
+    pub(crate) fn fenced_here(&self) -> bool {
+        let me = std::thread::current().id();
+        self.state
+            .lock()
+            .fences
+            .iter()
+            .any(|hold| hold.thread == me)
     }
 
     /// The fenced transaction `id` ended: committed (`true`), its check's expiry stands in the
