@@ -155,7 +155,10 @@
 //! lost at once.
 //!
 //! The bound: **a fenced transaction that ends within one time-to-live (less the drift
-//! allowance) of its fence never costs its own lease, wherever in the lease it begins.** A
+//! allowance) of its fence never costs its own lease, wherever in the lease it begins** —
+//! for locks, permits and leadership. A read or write guard's fence leaves its lease as it is
+//! (see [Reader/writer locks and semaphores](#readerwriter-locks-and-semaphores)): keep those
+//! fenced transactions inside the guard's [`remaining`](crate::ReadGuard::remaining) time. A
 //! longer one has its lease reported lost at that instant (`is_held()` false, the loss
 //! channel, `on_lease_lost`) while it still runs, and `unlock` then returns `Err(LeaseLost)`;
 //! its commit is still safe: nobody could take the row before it ended.
@@ -218,7 +221,10 @@
 //! judge each other's rows on the database clock and do not wait for fenced transactions: a
 //! writer does not wait for a reader's fenced transaction once that reader's slot has expired,
 //! nor a reader for a writer's once the write row has (each sees the other's transaction
-//! whole, by the database's own isolation).
+//! whole, by the database's own isolation). So a read or write guard's fence does not renew
+//! its lease: the other side would not see the new expiry before the commit, and could enter
+//! on the old one while the guard still counted itself held. Its lease runs out on the
+//! deadline the last renewal gave it, as any lease whose row is locked does.
 //!
 //! # Other drivers
 //!
@@ -353,7 +359,7 @@ pub(crate) mod sealed {
         /// The longest the fenced transaction may sit idle between two statements.
         pub idle: Duration,
         /// The lease's time-to-live: the fence's statement keeps the row until at least the
-        /// database's now + this.
+        /// database's now + this (zero: as it is).
         pub ttl: Duration,
     }
 
@@ -567,6 +573,20 @@ fn statement(backend: &str, table: &str) -> String {
     }
 }
 
+/// Whether a fence of `lock_key`'s row renews its lease (see [The lease while
+/// fenced](crate::fence#the-lease-while-fenced)): every row but a reader/writer lock's. A
+/// takeover of any row must write it, and waits for the fenced transaction; but readers and
+/// writers also judge each other's rows by reading them, without waiting for their locks (a
+/// writer lists the read slots, a reader reads the write row — see [`crate::rwlock`]), so an
+/// expiry that a fenced transaction moves on would come too late for the other side: it
+/// would have entered on the expiry it read. Those rows' keys are the 32 hexadecimal digits
+/// of the lock's UUID followed by `@`.
+fn renews(lock_key: &str) -> bool {
+    !lock_key.split_at_checked(32).is_some_and(|(stem, part)| {
+        stem.bytes().all(|b| b.is_ascii_hexdigit()) && part.starts_with('@')
+    })
+}
+
 /// The check of `lease`, or why there is none: the lease is lost (known here, without a
 /// statement), or its registry is gone.
 fn fence_sql(lease: &Lease) -> Result<(sealed::Check, &'static str)> {
@@ -588,7 +608,13 @@ fn fence_sql(lease: &Lease) -> Result<(sealed::Check, &'static str)> {
             fencing_token: lease.token,
         },
     };
-    let ttl = lease.ttl();
+    // The rows of a reader/writer lock are judged by reading them (see `renews`): their
+    // fence leaves the row's expiry, and the lease, as they are.
+    let ttl = if renews(&lease.lock_key) {
+        lease.ttl()
+    } else {
+        Duration::ZERO
+    };
     let check = sealed::Check {
         fence,
         table: table.table.clone(),
@@ -729,8 +755,18 @@ impl Leadership {
 
 #[cfg(test)]
 mod tests {
-    use super::{idle_bound, statement};
+    use super::{idle_bound, renews, statement};
     use std::time::Duration;
+
+    #[test]
+    fn a_fence_renews_every_lease_but_a_reader_writer_locks() {
+        let stem = "0123456789abcdef0123456789ABCDEF";
+        assert!(renews(&crate::lock_key_for("ledger")));
+        assert!(renews(&format!("{stem}#03")));
+        assert!(!renews(&format!("{stem}@r07")));
+        assert!(!renews(&format!("{stem}@w00")));
+        assert!(renews("short"));
+    }
 
     #[test]
     fn the_idle_bound_is_the_time_to_live_rounded_up_to_whole_seconds() {

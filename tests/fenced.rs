@@ -1220,6 +1220,50 @@ mod suite {
         assert_eq!(ledger.total(), 1);
     }
 
+    /// A reader/writer lock's sides judge each other's rows by reading them, without waiting
+    /// for a fenced transaction: a read guard's fence does not renew its lease, so a writer of
+    /// another instance that enters once the read slot has expired on the database's clock
+    /// never holds beside a reader that still counts itself held.
+    pub fn a_read_guards_fence_never_outlasts_its_slot_for_a_writer(f: &Fixture) {
+        const TTL: Duration = Duration::from_secs(1);
+        let mut ledger = Ledger::new(f);
+        let readers = f.builder().renewal(false).build().unwrap();
+        let writers = f.registry();
+        let read = readers
+            .rw_lock("shared")
+            .unwrap()
+            .try_read_for_with_ttl(GENEROUS, TTL)
+            .unwrap()
+            .expect("free");
+        let granted_until = Instant::now() + read.remaining();
+        std::thread::sleep(Duration::from_millis(300));
+        let (wrote_tx, wrote) = crossbeam_channel::bounded(1);
+        let writer = std::thread::spawn(move || {
+            let write = writers
+                .rw_lock("shared")
+                .unwrap()
+                .try_write_for(GENEROUS)
+                .unwrap();
+            wrote_tx.send(()).unwrap();
+            drop(write.expect("the writer gets in"));
+        });
+        ledger
+            .fenced_add(&read, 0, 1, |tick| {
+                busy_until(tick, || {
+                    let writing = !wrote.is_empty();
+                    assert!(
+                        !(writing && read.is_held()),
+                        "a writer holds beside a reader that counts itself held"
+                    );
+                    Instant::now() > granted_until + TTL
+                });
+            })
+            .unwrap();
+        assert!(!read.is_held(), "the fence renewed a read guard's lease");
+        writer.join().unwrap();
+        drop(read);
+    }
+
     /// Fenced transactions of one lease run one at a time (each holds the row's write lock):
     /// a thread that fences a second one while its first is open is refused at once instead
     /// of waiting for itself, and another thread's fence waits for the first to end.
@@ -1386,6 +1430,7 @@ macro_rules! fenced {
             a_fenced_transaction_shorter_than_the_lease_keeps_it,
             a_rolled_back_fenced_transaction_gives_the_lease_nothing,
             fenced_transactions_of_one_lease_run_one_at_a_time,
+            a_read_guards_fence_never_outlasts_its_slot_for_a_writer,
         );
         #[cfg(feature = "failpoints")]
         crate::suite_for!($db; a_resumed_stale_holder_is_refused_by_the_database);

@@ -774,7 +774,7 @@ impl Lease {
         };
         let held = Self::loss_in(&state).is_none();
         let hold = state.fences.remove(at);
-        if committed && held {
+        if committed && held && !hold.ttl.is_zero() {
             let ttl = hold.ttl.min(state.shortest_ttl());
             state.bounds.fence_committed(hold.sent_at, ttl);
         }
