@@ -268,7 +268,10 @@ mod sqlite;
 /// commit only releases it), commit it only while it is still that transaction, and bound its
 /// idle time (on PostgreSQL `SET LOCAL idle_in_transaction_session_timeout` to the lease's
 /// time-to-live) so that a holder stopped inside it frees the key (see the [module
-/// docs](crate::fence#top-level-transactions)).
+/// docs](crate::fence#top-level-transactions)). This statement does not renew the lease, as
+/// the fence's own does (leasehold does not see the transaction end): while the transaction
+/// holds the row, the background renewal skips it, so keep the transaction inside the
+/// lease's [`remaining`](LockGuard::remaining) time.
 ///
 /// With sqlx on PostgreSQL, for instance:
 ///
