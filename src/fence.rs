@@ -8,14 +8,15 @@
 //! [`ReadGuard`](crate::ReadGuard), [`WriteGuard`](crate::WriteGuard), [`AnyGuard`] and
 //! [`Leadership`]) runs one statement in the caller's open transaction that
 //! finds the lock row still naming this holder — `LOCK_KEY`, `REGION`, `CLIENT_ID` and the
-//! grant's `FENCING_TOKEN` — and not expired on the database clock, and keeps that row locked
-//! until the transaction ends:
+//! grant's `FENCING_TOKEN` — and not expired on the database clock, moves its expiry to at
+//! least the database's now + the lease's time-to-live (see [The lease while
+//! fenced](#the-lease-while-fenced)), and keeps that row locked until the transaction ends:
 //!
 //! | database | the check | what keeps the row |
 //! |----------|-----------|--------------------|
-//! | PostgreSQL | `SELECT … FOR SHARE` | a share lock on the row |
-//! | MySQL/MariaDB | `SELECT … LOCK IN SHARE MODE` | a shared lock on the row |
-//! | SQLite | `UPDATE … SET FENCING_TOKEN = FENCING_TOKEN … RETURNING` | the database's write lock (one writer at a time) |
+//! | PostgreSQL | `UPDATE … SET EXPIRED_AFTER = GREATEST(…) … RETURNING` | the update's row lock |
+//! | MySQL/MariaDB | `UPDATE … SET EXPIRED_AFTER = GREATEST(…)`, then `SELECT … LOCK IN SHARE MODE` | the update's row lock |
+//! | SQLite | `UPDATE … SET EXPIRED_AFTER = max(…) … RETURNING` | the database's write lock (one writer at a time) |
 //!
 //! ```
 //! # fn main() -> leasehold::Result<()> {
@@ -95,8 +96,9 @@
 //! # Idle fenced transactions
 //!
 //! A holder that stops inside a fenced transaction (`SIGSTOP`, a VM pause, a thread that
-//! blocks) keeps the row locked: its lease runs out (its renewal skips the locked row), yet no
-//! other instance can take the key while the transaction is open. On the servers the fence
+//! blocks) keeps the row locked: its lease runs out (its renewal skips the locked row, and the
+//! fence's own extension lasts one time-to-live), yet no other instance can take the key while
+//! the transaction is open. On the servers the fence
 //! therefore bounds the transaction's idle time — between two of its statements — to the
 //! lease's time-to-live, rounded up to whole seconds, or to the session's own bound when that
 //! is tighter; the server ends a session idle longer, which rolls its transaction back and
@@ -121,36 +123,76 @@
 //!
 //! # What it costs
 //!
-//! One statement (a primary-key lookup) and a share lock on one row, held until the
-//! transaction ends; on SQLite the write lock that any write transaction takes anyway. Besides:
+//! One statement (an update of one row, found by its primary key) and that row's lock, held
+//! until the transaction ends; on SQLite the write lock that any write transaction takes
+//! anyway. Fenced transactions of one lease run one at a time: the fence's statement waits
+//! for an open fenced transaction of the same lease on another thread, as any writer of the
+//! row does; a thread that fences a second transaction of its lease while its first is open
+//! would wait for itself, and is refused with [`Error::InvalidSetting`]. Besides:
 //!
 //! - PostgreSQL: the fence's statement also exports the transaction's snapshot (a small file
 //!   on the server until the transaction ends, which also keeps that snapshot's rows from
 //!   vacuum until then), and the commit reads the transaction's id first (one more round
 //!   trip).
-//! - MySQL: one more round trip at the fence (the session's settings and the savepoint); the
-//!   commit releases the savepoint, commits and restores the settings in one round trip, and
-//!   the driver's own commit, which then finds nothing to commit, is another.
+//! - MySQL: the fence is one round trip (the session's settings, the check and the
+//!   savepoint); the commit releases the savepoint, commits and restores the settings in one
+//!   round trip, and the driver's own commit, which then finds nothing to commit, is another.
 //! - SQLite: a savepoint at the fence and its release at the commit, in process.
 //!
-//! # Long fenced transactions
+//! # The lease while fenced
 //!
-//! - **Own renewal**: the background renewal skips a row another session holds locked and
-//!   retries it later, so a fenced transaction that outlasts the lease's time-to-live can have
-//!   its lease reported lost (`is_held()` false, the loss channel, `on_lease_lost`) while it
-//!   still runs, and `unlock` then returns `Err(LeaseLost)`. Its commit was still safe: nobody
-//!   could take the row before it ended. Keep fenced transactions well inside the
-//!   time-to-live, and never idle that long (see [Idle fenced
-//!   transactions](#idle-fenced-transactions)).
+//! The background renewal cannot renew a row that a transaction holds locked (it skips it, or
+//! on SQLite waits for the file), so the fence renews the lease itself: its statement moves
+//! the row's expiry to at least the database's now + the lease's time-to-live, inside the
+//! transaction (never earlier than it was). While the transaction is open, nobody else can be
+//! granted the row, and the holder's deadline is at least the instant the fence's statement
+//! was sent + that time-to-live − the drift allowance, and no later than the server ends the
+//! transaction if it sits idle (see [Idle fenced transactions](#idle-fenced-transactions); a
+//! session's bound tighter than the time-to-live bounds this too). A commit keeps both: the
+//! row's new expiry, and the deadline, from which the background renewal goes on. A rollback
+//! (`Fenced::rollback`, a drop, a refused or failed commit) leaves the row as it was, and the
+//! deadline as the database's last renewal put it: a lease whose deadline passed meanwhile is
+//! lost at once.
+//!
+//! The bound: **a fenced transaction that ends within one time-to-live (less the drift
+//! allowance) of its fence never costs its own lease, wherever in the lease it begins** —
+//! for locks, permits and leadership. A read or write guard's fence leaves its lease as it is
+//! (see [Reader/writer locks and semaphores](#readerwriter-locks-and-semaphores)): keep those
+//! fenced transactions inside the guard's [`remaining`](crate::ReadGuard::remaining) time. A
+//! longer one has its lease reported lost at that instant (`is_held()` false, the loss
+//! channel, `on_lease_lost`) while it still runs, and `unlock` then returns `Err(LeaseLost)`;
+//! its commit is still safe: nobody could take the row before it ended.
+//!
+//! The server may end the transaction without the holder's knowing: an operator's
+//! `pg_terminate_backend` or `KILL`, a deadlock that MySQL resolves by rolling the transaction
+//! back, a server restart. The row then has its expiry from before the fence again, and
+//! another instance may take it once that passes, while the holder still counts on the fence
+//! until it learns of the end — its next statement in the transaction fails, and ending the
+//! [`Fenced`] gives the deadline back — or until its background renewal, which keeps trying the
+//! row every quarter renewal period, renews it or finds it taken. Fenced writes stay safe
+//! throughout: the ended transaction commits nothing.
+//!
+//! # Other instances and other leases
+//!
 //! - **Other instances** wanting the key find it held while the lease runs, as always. Once
 //!   it has expired, their acquire waits for the transaction on the row, as does a Spring
 //!   Integration instance's takeover on the same table; an acquire statement that waits longer
-//!   than its registry's `operation_timeout` ends the call with [`Error::Timeout`].
+//!   than its registry's `operation_timeout` ends that attempt.
 //! - **SQLite** has one writer per file: while a fenced transaction runs, every statement that
 //!   writes the file waits — acquires, renewals and releases of every key and registry on it.
-//!   One that waits longer than its `operation_timeout` fails with [`Error::Timeout`] (a
-//!   blocking `lock()` returns it; a renewal is retried until the lease's deadline), so keep
-//!   fenced transactions on SQLite well below both.
+//!   SQLite queues no writers: each tries again (in its busy handler, then after pauses that
+//!   double from 1 ms to 100 ms) until its attempt ends. A renewal attempt ends after half the
+//!   renewal period, at most half the lease's slack (time-to-live less renewal period), and
+//!   the next begins a quarter period later; a lease is lost only when no attempt gets in
+//!   before its deadline. **So fenced transactions cost another lease on the file nothing
+//!   while, within that lease's slack, the file is free of writers at least once for a quarter
+//!   of its renewal period (and at least 100 ms):** one fenced transaction at a time costs
+//!   nothing while it is shorter than the slack less a quarter period (about 5.7 s of a 10 s
+//!   lease renewed every third of it, the default); fenced transactions that follow each other
+//!   closer than that (of any process on the file) can keep renewals out until leases are
+//!   lost. A wait without a deadline (`lock()`) that meets a busy file for its whole
+//!   `operation_timeout` polls again, as for a held key; a single try (`try_lock`) and the
+//!   first attempt of a bounded wait return [`Error::Timeout`].
 //!
 //! # Only data in the same database
 //!
@@ -179,13 +221,19 @@
 //! judge each other's rows on the database clock and do not wait for fenced transactions: a
 //! writer does not wait for a reader's fenced transaction once that reader's slot has expired,
 //! nor a reader for a writer's once the write row has (each sees the other's transaction
-//! whole, by the database's own isolation).
+//! whole, by the database's own isolation). So a read or write guard's fence does not renew
+//! its lease: the other side would not see the new expiry before the commit, and could enter
+//! on the old one while the guard still counted itself held. Its lease runs out on the
+//! deadline the last renewal gave it, as any lease whose row is locked does.
 //!
 //! # Other drivers
 //!
 //! [`LockGuard::fence_sql`] returns the check as SQL text and its parameters for drivers
 //! leasehold does not wrap (sqlx, diesel, …): run it inside the transaction, and roll back
-//! unless it returns a row (see [`FenceSql`]).
+//! unless it returns a row (see [`FenceSql`]). It checks and locks the row and does not
+//! extend it: leasehold does not see that transaction end, so its lease is not renewed while
+//! the transaction holds the row. Keep such a transaction inside the lease's
+//! [`remaining`](LockGuard::remaining) time.
 //!
 //! # Fail point (feature `failpoints`, tests only)
 //!
@@ -197,7 +245,7 @@ use crate::lease::Lease;
 use crate::{AnyGuard, Leadership, LockGuard};
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -220,7 +268,10 @@ mod sqlite;
 /// commit only releases it), commit it only while it is still that transaction, and bound its
 /// idle time (on PostgreSQL `SET LOCAL idle_in_transaction_session_timeout` to the lease's
 /// time-to-live) so that a holder stopped inside it frees the key (see the [module
-/// docs](crate::fence#top-level-transactions)).
+/// docs](crate::fence#top-level-transactions)). This statement does not renew the lease, as
+/// the fence's own does (leasehold does not see the transaction end): while the transaction
+/// holds the row, the background renewal skips it, so keep the transaction inside the
+/// lease's [`remaining`](LockGuard::remaining) time.
 ///
 /// With sqlx on PostgreSQL, for instance:
 ///
@@ -310,6 +361,16 @@ pub(crate) mod sealed {
         pub table: String,
         /// The longest the fenced transaction may sit idle between two statements.
         pub idle: Duration,
+        /// The lease's time-to-live: the fence's statement keeps the row until at least the
+        /// database's now + this (zero: as it is).
+        pub ttl: Duration,
+    }
+
+    /// What a fence's statement found: the row, held by this lease, and extended.
+    pub struct Held {
+        /// The shortest the server lets the transaction sit idle before it ends it (the bound
+        /// the fence set, or the session's tighter one); `None` where nothing ends it.
+        pub idle: Option<Duration>,
     }
 
     /// What the fence needs of a driver's transaction; not nameable outside the crate.
@@ -321,10 +382,11 @@ pub(crate) mod sealed {
         type Mark: Default;
         /// Makes dropping the transaction roll it back (rusqlite's can commit on drop).
         fn rollback_on_drop(&mut self) {}
-        /// Bounds the transaction's idle time, runs the check and marks the transaction (in
-        /// `mark`, also when it fails later); `true` when the check returned a row. A
+        /// Bounds the transaction's idle time, runs the check — which also moves the row's
+        /// expiry to at least the database's now + `check.ttl` — and marks the transaction (in
+        /// `mark`, also when it fails later); `Some` when the check found the row. A
         /// transaction the fence cannot cover is refused with `Error::InvalidSetting`.
-        fn check(&mut self, check: &Check, mark: &mut Self::Mark) -> crate::Result<bool>;
+        fn check(&mut self, check: &Check, mark: &mut Self::Mark) -> crate::Result<Option<Held>>;
         /// Commits, if this is still the transaction `mark` names; otherwise rolls back and
         /// refuses with `Error::InvalidSetting`. Restores the session either way.
         fn commit(self, mark: Self::Mark) -> crate::Result<()>;
@@ -393,8 +455,9 @@ pub(crate) mod sealed {
 pub struct Fenced<'g, T: FenceableTransaction> {
     /// The transaction and its mark, until it ends.
     open: Option<(T, T::Mark)>,
-    /// The lease, told while the transaction is open (see [`Lease::fenced`]).
-    lease: Option<Arc<Lease>>,
+    /// The lease and the number it gave this transaction, told when it ends (see
+    /// [`Lease::fence_opened`]).
+    lease: Option<(Arc<Lease>, u64)>,
     _guard: PhantomData<&'g ()>,
 }
 
@@ -411,13 +474,24 @@ impl<T: FenceableTransaction> Fenced<'_, T> {
     /// commit.
     pub fn commit(mut self) -> Result<()> {
         let (tx, mark) = self.open.take().expect("a fenced transaction ends once");
-        tx.commit(mark)
+        let committed = tx.commit(mark);
+        self.ended(committed.is_ok());
+        committed
     }
 
     /// Rolls the transaction back.
     pub fn rollback(mut self) -> Result<()> {
         let (tx, mark) = self.open.take().expect("a fenced transaction ends once");
-        tx.rollback(mark)
+        let rolled_back = tx.rollback(mark);
+        self.ended(false);
+        rolled_back
+    }
+
+    /// Tells the lease that the transaction ended, `committed` or not.
+    fn ended(&mut self, committed: bool) {
+        if let Some((lease, id)) = self.lease.take() {
+            lease.fence_ended(id, committed);
+        }
     }
 
     /// The open transaction, for the methods of each driver that take `&mut`.
@@ -444,9 +518,7 @@ impl<T: FenceableTransaction> Drop for Fenced<'_, T> {
                 log::warn!("rolling back a dropped fenced transaction: {e}");
             }
         }
-        if let Some(lease) = self.lease.take() {
-            lease.fenced(false);
-        }
+        self.ended(false);
     }
 }
 
@@ -504,6 +576,20 @@ fn statement(backend: &str, table: &str) -> String {
     }
 }
 
+/// Whether a fence of `lock_key`'s row renews its lease (see [The lease while
+/// fenced](crate::fence#the-lease-while-fenced)): every row but a reader/writer lock's. A
+/// takeover of any row must write it, and waits for the fenced transaction; but readers and
+/// writers also judge each other's rows by reading them, without waiting for their locks (a
+/// writer lists the read slots, a reader reads the write row — see [`crate::rwlock`]), so an
+/// expiry that a fenced transaction moves on would come too late for the other side: it
+/// would have entered on the expiry it read. Those rows' keys are the 32 hexadecimal digits
+/// of the lock's UUID followed by `@`.
+fn renews(lock_key: &str) -> bool {
+    !lock_key.split_at_checked(32).is_some_and(|(stem, part)| {
+        stem.bytes().all(|b| b.is_ascii_hexdigit()) && part.starts_with('@')
+    })
+}
+
 /// The check of `lease`, or why there is none: the lease is lost (known here, without a
 /// statement), or its registry is gone.
 fn fence_sql(lease: &Lease) -> Result<(sealed::Check, &'static str)> {
@@ -525,10 +611,18 @@ fn fence_sql(lease: &Lease) -> Result<(sealed::Check, &'static str)> {
             fencing_token: lease.token,
         },
     };
+    // The rows of a reader/writer lock are judged by reading them (see `renews`): their
+    // fence leaves the row's expiry, and the lease, as they are.
+    let ttl = if renews(&lease.lock_key) {
+        lease.ttl()
+    } else {
+        Duration::ZERO
+    };
     let check = sealed::Check {
         fence,
         table: table.table.clone(),
-        idle: idle_bound(lease.ttl()),
+        idle: idle_bound(ttl),
+        ttl,
     };
     Ok((check, backend))
 }
@@ -561,13 +655,22 @@ fn fence<'g, T: FenceableTransaction>(lease: &Arc<Lease>, tx: T) -> Result<Fence
             ),
         ));
     }
+    if lease.fenced_here() {
+        return Err(Error::setting(
+            "fence",
+            "this thread has a fenced transaction of this lease open, which holds the lock row \
+             until it ends: a second one would wait for it, that is for this thread, forever. \
+             Do the work in the open fenced transaction, or fence after it ends",
+        ));
+    }
     fail_point!("fence::before_check");
     let (tx, mark) = fenced.open.as_mut().expect("open");
-    if !tx.check(&check, mark)? {
+    let sent_at = Instant::now();
+    let Some(held) = tx.check(&check, mark)? else {
         return Err(lost(lease, lease.found_not_owner()));
-    }
-    lease.fenced(true);
-    fenced.lease = Some(Arc::clone(lease));
+    };
+    let id = lease.fence_opened(sent_at, check.ttl, held.idle);
+    fenced.lease = Some((Arc::clone(lease), id));
     Ok(fenced)
 }
 
@@ -583,9 +686,10 @@ impl<H: crate::Holding> LockGuard<H> {
     /// transactions](crate::fence#idle-fenced-transactions)).
     ///
     /// `Err(LeaseLost)` when the lease is lost, at once if this process knows it already;
-    /// `Err(InvalidSetting)` for a transaction on another type of database, a savepoint, or a
-    /// transaction that had ended; `Err(Database)` for a driver error. On every error `tx` is
-    /// rolled back.
+    /// `Err(InvalidSetting)` for a transaction on another type of database, a savepoint, a
+    /// transaction that had ended, or a second fenced transaction of this lease that the
+    /// calling thread opens while its first is open; `Err(Database)` for a driver error. On
+    /// every error `tx` is rolled back.
     pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
         fence(self.lease(), tx)
     }
@@ -654,8 +758,18 @@ impl Leadership {
 
 #[cfg(test)]
 mod tests {
-    use super::{idle_bound, statement};
+    use super::{idle_bound, renews, statement};
     use std::time::Duration;
+
+    #[test]
+    fn a_fence_renews_every_lease_but_a_reader_writer_locks() {
+        let stem = "0123456789abcdef0123456789ABCDEF";
+        assert!(renews(&crate::lock_key_for("ledger")));
+        assert!(renews(&format!("{stem}#03")));
+        assert!(!renews(&format!("{stem}@r07")));
+        assert!(!renews(&format!("{stem}@w00")));
+        assert!(renews("short"));
+    }
 
     #[test]
     fn the_idle_bound_is_the_time_to_live_rounded_up_to_whole_seconds() {

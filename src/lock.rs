@@ -686,7 +686,15 @@ impl LockInner {
                         }
                         return Ok(Some((lease, false, false)));
                     }
-                    Acquired::Held => {
+                    // The database answered busy throughout (on SQLite another connection,
+                    // such as a fenced transaction, holds the file's write lock): a wait
+                    // without a deadline polls again, as after a refusal; a bounded one
+                    // reports the timeout (as `Ok(None)` once it has waited, as above).
+                    Acquired::Busy(_) if waited && matches!(wait, Wait::Until(_)) => {
+                        return Ok(None)
+                    }
+                    Acquired::Busy(error) if !matches!(wait, Wait::Forever) => return Err(error),
+                    Acquired::Held | Acquired::Busy(_) => {
                         waited = true;
                         self.core.meter.contended(&self.key);
                         let next_poll = Instant::now() + jittered(settings.idle_between_tries);

@@ -625,8 +625,9 @@ mod suite {
     }
 
     /// A fenced transaction that outlasts the lease keeps the holder's own renewal out (the
-    /// renewal skips or waits for the locked row), so the lease is reported lost while the
-    /// transaction runs; its commit is still safe, and the lock goes to nobody before it.
+    /// renewal skips or waits for the locked row) longer than the fence's own extension lasts,
+    /// so the lease is reported lost while the transaction runs; its commit is still safe, and
+    /// the lock goes to nobody before it.
     pub fn a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease(f: &Fixture) {
         let mut ledger = Ledger::new(f);
         let mut next = ledger.other(f);
@@ -964,6 +965,55 @@ mod suite {
         assert_eq!(ledger.total(), 1);
     }
 
+    /// On SQLite a fenced transaction holds the file's one write lock, so another registry's
+    /// acquire meets "busy" for as long as it lasts. A `lock()` without a deadline waits on
+    /// through back-to-back fenced transactions, each longer than its `operation_timeout`,
+    /// and gets the key once its holder lets it go.
+    #[cfg(feature = "sqlite")]
+    pub fn on_sqlite_a_lock_without_deadline_waits_through_fenced_transactions(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let holder = f.registry();
+        let waiter = f
+            .builder()
+            .operation_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let guard = holder.obtain("busy").unwrap().lock().unwrap();
+        let (started_tx, started) = crossbeam_channel::bounded(1);
+        let (done_tx, done) = crossbeam_channel::bounded(1);
+        let mut start = Some((waiter, started_tx, done_tx));
+        let mut thread = None;
+        for round in 0..3 {
+            ledger
+                .fenced_add(&guard, 0, 1, |tick| {
+                    if let Some((waiter, started_tx, done_tx)) = start.take() {
+                        thread = Some(std::thread::spawn(move || {
+                            started_tx.send(()).unwrap();
+                            let got = waiter.obtain("busy").unwrap().lock();
+                            let got = got.map(|guard| guard.unlock().unwrap());
+                            done_tx.send(got).unwrap();
+                        }));
+                        started.recv_timeout(GENEROUS).unwrap();
+                    }
+                    // Three of the waiter's operation timeouts, while it waits.
+                    busy_for(tick, Duration::from_millis(900));
+                    assert!(
+                        done.is_empty(),
+                        "round {round}: the waiter returned while the key was held: {:?}",
+                        done.try_recv()
+                    );
+                })
+                .unwrap();
+        }
+        guard.unlock().unwrap();
+        let got = done
+            .recv_timeout(GENEROUS)
+            .expect("the waiter got the key once it was let go");
+        got.expect("lock() without a deadline waits instead of failing");
+        thread.unwrap().join().unwrap();
+        assert_eq!(ledger.total(), 3);
+    }
+
     /// The server's bound on a fenced transaction's idle time is the lease's time-to-live,
     /// rounded up to whole seconds, or the session's own when that is tighter; the session's
     /// settings are as before once the transaction has ended.
@@ -1056,6 +1106,248 @@ mod suite {
         }
     }
 
+    /// How long `lock_key`'s row still has on the database's clock, read now through `conn`.
+    fn row_remaining(f: &Fixture, conn: &mut Conn, lock_key: &str) -> Duration {
+        let table = f.table();
+        let ms: f64 = match conn {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(c) => c
+                .query_row(
+                    &format!(
+                        "SELECT (julianday(EXPIRED_AFTER) - julianday('now')) * 86400000.0 \
+                         FROM {table} WHERE LOCK_KEY = ?1"
+                    ),
+                    [lock_key],
+                    |r| r.get(0),
+                )
+                .unwrap(),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c
+                .query_one(
+                    format!(
+                        "SELECT CAST(EXTRACT(EPOCH FROM EXPIRED_AFTER \
+                         - (clock_timestamp() AT TIME ZONE 'UTC')) * 1000 AS FLOAT8) \
+                         FROM {table} WHERE LOCK_KEY = $1"
+                    )
+                    .as_str(),
+                    &[&lock_key],
+                )
+                .unwrap()
+                .get(0),
+            #[cfg(feature = "mysql")]
+            Conn::Mysql(c) => {
+                use leasehold::mysql::prelude::Queryable;
+                let micros: i64 = c
+                    .exec_first(
+                        format!(
+                            "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), EXPIRED_AFTER) \
+                             FROM {table} WHERE LOCK_KEY = ?"
+                        ),
+                        (lock_key,),
+                    )
+                    .unwrap()
+                    .unwrap();
+                micros as f64 / 1000.0
+            }
+        };
+        Duration::from_secs_f64(ms.max(0.0) / 1000.0)
+    }
+
+    /// A fenced transaction of 70 % of the time-to-live, begun late in the lease and open
+    /// across the instant its renewal falls due (which skips or waits for the row the
+    /// transaction holds), keeps the lease: the fence's statement extends the row, and the
+    /// holder's deadline follows it — while the transaction holds the row, and on commit. The
+    /// deadline after the commit is no later than the row's expiry on the database's clock,
+    /// and the background renewal goes on from there.
+    pub fn a_fenced_transaction_shorter_than_the_lease_keeps_it(f: &Fixture) {
+        const TTL: Duration = Duration::from_secs(2);
+        let mut ledger = Ledger::new(f);
+        let mut reader = ledger.other(f);
+        // Renewed every second: the renewal falls due half-way through the lease.
+        let registry = f
+            .builder()
+            .renew_every(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let guard = registry
+            .obtain("seventy")
+            .unwrap()
+            .lock_with_ttl(TTL)
+            .unwrap();
+        let losses = guard.loss_channel();
+        // The deadline the grant gave, which no renewal moves while the row is locked.
+        let granted_until = Instant::now() + guard.remaining();
+        // The fence comes 600 ms into the lease (before its renewal is due at 1 s).
+        std::thread::sleep(Duration::from_millis(600));
+        let fenced_at = Instant::now();
+        ledger
+            .fenced_add(&guard, 0, 1, |tick| {
+                // Open across the renewal's due instant and past the grant's deadline.
+                busy_until(tick, || {
+                    Instant::now() > granted_until + Duration::from_millis(50)
+                });
+                assert!(
+                    guard.is_held(),
+                    "the lease ran out inside its fenced transaction"
+                );
+            })
+            .unwrap();
+        println!(
+            "{:?}: fenced transaction of {:?} kept the lease",
+            f.db,
+            fenced_at.elapsed()
+        );
+        assert!(guard.is_held(), "the commit lost the lease");
+        assert!(
+            losses.is_empty(),
+            "a loss was reported: {:?}",
+            losses.try_recv()
+        );
+        let lock_key = leasehold::lock_key_for("seventy");
+        let row = row_remaining(f, &mut reader.conn, &lock_key);
+        let holder = guard.remaining();
+        assert!(
+            holder <= row,
+            "the holder counts on {holder:?} more, the row on the database's clock {row:?}"
+        );
+        // The renewal takes over again: the lease outlives another two time-to-lives.
+        let until = Instant::now() + TTL * 2;
+        while Instant::now() < until {
+            assert!(guard.is_held(), "lost after the fenced transaction");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        guard.unlock().unwrap();
+        assert_eq!(ledger.total(), 1);
+    }
+
+    /// A reader/writer lock's sides judge each other's rows by reading them, without waiting
+    /// for a fenced transaction: a read guard's fence does not renew its lease, so a writer of
+    /// another instance that enters once the read slot has expired on the database's clock
+    /// never holds beside a reader that still counts itself held.
+    pub fn a_read_guards_fence_never_outlasts_its_slot_for_a_writer(f: &Fixture) {
+        const TTL: Duration = Duration::from_secs(1);
+        let mut ledger = Ledger::new(f);
+        let readers = f.builder().renewal(false).build().unwrap();
+        let writers = f.registry();
+        let read = readers
+            .rw_lock("shared")
+            .unwrap()
+            .try_read_for_with_ttl(GENEROUS, TTL)
+            .unwrap()
+            .expect("free");
+        let granted_until = Instant::now() + read.remaining();
+        std::thread::sleep(Duration::from_millis(300));
+        let (wrote_tx, wrote) = crossbeam_channel::bounded(1);
+        let writer = std::thread::spawn(move || {
+            let write = writers
+                .rw_lock("shared")
+                .unwrap()
+                .try_write_for(GENEROUS)
+                .unwrap();
+            wrote_tx.send(()).unwrap();
+            drop(write.expect("the writer gets in"));
+        });
+        ledger
+            .fenced_add(&read, 0, 1, |tick| {
+                busy_until(tick, || {
+                    let writing = !wrote.is_empty();
+                    assert!(
+                        !(writing && read.is_held()),
+                        "a writer holds beside a reader that counts itself held"
+                    );
+                    Instant::now() > granted_until + TTL
+                });
+            })
+            .unwrap();
+        assert!(!read.is_held(), "the fence renewed a read guard's lease");
+        writer.join().unwrap();
+        drop(read);
+    }
+
+    /// Fenced transactions of one lease run one at a time (each holds the row's write lock):
+    /// a thread that fences a second one while its first is open is refused at once instead
+    /// of waiting for itself, and another thread's fence waits for the first to end.
+    pub fn fenced_transactions_of_one_lease_run_one_at_a_time(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut second = ledger.other(f);
+        let mut third = ledger.other(f);
+        // A leadership can be shared between threads (a lock guard cannot).
+        let election = LeaderElection::builder(f.builder(), "one-at-a-time")
+            .build()
+            .unwrap();
+        let guard = election.acquire().unwrap();
+        let (entered_tx, entered) = crossbeam_channel::bounded(1);
+        std::thread::scope(|scope| {
+            ledger
+                .fenced_add(&guard, 0, 1, |tick| {
+                    match second.fenced_add(&guard, 0, 10, |_| panic!("a second fence passed")) {
+                        Err(Error::InvalidSetting { setting, reason }) => {
+                            assert_eq!(setting, "fence");
+                            assert!(reason.contains("this thread"), "{reason}");
+                        }
+                        other => panic!("expected a refusal, got {other:?}"),
+                    }
+                    let guard = &guard;
+                    let third = &mut third;
+                    let entered_tx = entered_tx.clone();
+                    scope.spawn(move || {
+                        third
+                            .fenced_add(guard, 0, 100, |_| entered_tx.send(()).unwrap())
+                            .unwrap();
+                    });
+                    busy_for(tick, Duration::from_millis(300));
+                    assert!(
+                        entered.is_empty(),
+                        "another thread's fence got past an open one of the same lease"
+                    );
+                })
+                .unwrap();
+            entered
+                .recv_timeout(GENEROUS)
+                .expect("the other thread's fence passed once the first ended");
+        });
+        assert_eq!(ledger.total(), 101);
+        guard.resign().unwrap();
+    }
+
+    /// A fenced transaction that rolls back leaves the row's expiry as it was, and so the
+    /// holder's deadline: kept only while the transaction held the row, the lease is lost
+    /// once it ends if its deadline passed meanwhile.
+    pub fn a_rolled_back_fenced_transaction_gives_the_lease_nothing(f: &Fixture) {
+        let mut ledger = Ledger::new(f);
+        let mut reader = ledger.other(f);
+        let registry = f.builder().renewal(false).build().unwrap();
+        let guard = registry
+            .obtain("rolled-back")
+            .unwrap()
+            .lock_with_ttl(Duration::from_secs(2))
+            .unwrap();
+        let granted_until = Instant::now() + guard.remaining();
+        std::thread::sleep(Duration::from_millis(600));
+        // The transaction ends by unwinding: the fenced handle's drop rolls it back.
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ledger.fenced_add(&guard, 0, 1, |tick| {
+                busy_until(tick, || {
+                    Instant::now() > granted_until + Duration::from_millis(50)
+                });
+                assert!(
+                    guard.is_held(),
+                    "the row is held while the transaction is open"
+                );
+                panic!("rolled back on purpose");
+            })
+        }));
+        assert!(unwound.is_err());
+        assert!(!guard.is_held(), "a rolled-back fence kept the lease");
+        let row = row_remaining(f, &mut reader.conn, &leasehold::lock_key_for("rolled-back"));
+        assert_eq!(
+            row,
+            Duration::ZERO,
+            "the rolled-back fence extended the row"
+        );
+        assert_eq!(reader.total(), 0);
+    }
+
     /// A holder paused between its own check of the lease and the fence statement, resumed
     /// after its lease ran out and another instance took the lock: the database refuses it,
     /// and nothing of its transaction commits.
@@ -1135,6 +1427,10 @@ macro_rules! fenced {
             a_fenced_transaction_longer_than_the_lease_commits_and_loses_the_lease,
             a_transaction_ended_inside_the_fence_is_refused_at_commit,
             a_renewal_inside_its_own_fence_is_refused_at_once,
+            a_fenced_transaction_shorter_than_the_lease_keeps_it,
+            a_rolled_back_fenced_transaction_gives_the_lease_nothing,
+            fenced_transactions_of_one_lease_run_one_at_a_time,
+            a_read_guards_fence_never_outlasts_its_slot_for_a_writer,
         );
         #[cfg(feature = "failpoints")]
         crate::suite_for!($db; a_resumed_stale_holder_is_refused_by_the_database);
@@ -1146,6 +1442,7 @@ mod sqlite {
     fenced!(crate::common::Db::Sqlite);
     crate::suite_for!(crate::common::Db::Sqlite;
         on_sqlite_an_idle_fenced_transaction_keeps_every_writer_out_until_it_ends,
+        on_sqlite_a_lock_without_deadline_waits_through_fenced_transactions,
     );
 }
 

@@ -13,7 +13,7 @@ use super::{
     PoolSettings, Statements, Statistics, TableSettings,
 };
 use crate::error::{Error, Result};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,10 @@ pub(crate) enum Acquired {
     Granted(Grant),
     /// Held elsewhere.
     Held,
+    /// The database answered every try of the attempt "busy" (on SQLite another connection
+    /// holds the file's write lock; on the servers a deadlock or a lock wait ended it) until
+    /// its deadline; `error` is the timeout the call reports if it ends now.
+    Busy(Error),
     /// An attempt was sent and got no answer (see [`Store::acquire`]): the row may be this
     /// registry's, and stays unresolved until [`Store::resolve`] has run for it. `error` is
     /// what the call reports if it ends now.
@@ -336,11 +340,17 @@ impl<B: Backend> Store for SqlStore<B> {
             params.name = Arc::clone(name);
         }
         let (queries, counters) = (Arc::clone(&self.queries), Arc::clone(&self.counters));
+        // Whether the database's last answer was "busy".
+        let busy = Arc::new(AtomicBool::new(false));
+        let answered_busy = Arc::clone(&busy);
         let attempt = move |conn: &mut super::Conn<B>| {
             let sent_at = Instant::now();
             fail_point!("backend::acquire_sent");
             counters.acquires.fetch_add(1, Ordering::Relaxed);
-            let granted = B::acquire(conn, &queries.acquire, &params.borrowed())?;
+            let granted = B::acquire(conn, &queries.acquire, &params.borrowed());
+            let is_busy = matches!(&granted, Err(f) if f.kind == super::FailureKind::Transient);
+            answered_busy.store(is_busy, Ordering::Relaxed);
+            let granted = granted?;
             if granted.is_some() {
                 counters.grants.fetch_add(1, Ordering::Relaxed);
             }
@@ -370,6 +380,9 @@ impl<B: Backend> Store for SqlStore<B> {
             );
             let (session, error) = match (unanswered, outcome) {
                 (Some(Unanswered { session }), Err(error)) => (session, error),
+                (None, Err(error @ Error::Timeout { .. })) if busy.load(Ordering::Relaxed) => {
+                    return Ok(Acquired::Busy(error))
+                }
                 (_, outcome) => {
                     let grant = outcome?;
                     if let Some(grant) = &grant {

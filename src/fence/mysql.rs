@@ -1,6 +1,11 @@
-//! The fence on MySQL and MariaDB: `SELECT … LOCK IN SHARE MODE` (both servers' spelling),
-//! a locking read of the latest row whose shared lock makes any `UPDATE` or `DELETE` of the
-//! row (a takeover) wait for the transaction.
+//! The fence on MySQL and MariaDB: an `UPDATE` of the row's expiry (to at least now + the
+//! lease's time-to-live), whose row lock makes any other `UPDATE` or `DELETE` of the row (a
+//! takeover) wait for the transaction, then `SELECT … LOCK IN SHARE MODE` (both servers'
+//! spelling), a locking read of the latest row, which tells whether it is this grant's (the
+//! update's count of rows depends on the client's flags). The statement given to other drivers
+//! is that read alone, whose shared lock keeps takeovers out without changing the row. Its
+//! parameters go into the fence's text as hexadecimal literals, so that the whole fence is one
+//! round trip.
 //!
 //! A `mysql::Transaction` is always a top-level transaction: it begins with `START
 //! TRANSACTION`, and MySQL has no nested transactions. Before its check the fence changes the
@@ -19,7 +24,7 @@
 //! `Fenced` implements `Queryable`; it never hands out the `&mut mysql::Transaction` that could
 //! replace the fenced one.
 
-use super::sealed::{Check, Driver};
+use super::sealed::{Check, Driver, Held};
 use super::{driver_error, ended, Fenced};
 use crate::backend::mysql::NOW;
 use mysql::prelude::{AsStatement, Queryable};
@@ -57,6 +62,16 @@ pub struct Session {
 }
 
 impl Session {
+    /// The shortest idle time the server allows a transaction once the fence lowered every
+    /// bound to `bound`: that, or a tighter one of the session's (0 is off).
+    fn idle_bound(&self, bound: std::time::Duration) -> std::time::Duration {
+        let session = std::iter::once(self.wait_timeout)
+            .chain(self.mariadb_idle.iter().flatten().copied())
+            .filter(|seconds| *seconds > 0)
+            .map(|seconds| std::time::Duration::from_secs(seconds as u64));
+        session.fold(bound, std::time::Duration::min)
+    }
+
     /// `SET SESSION` of these values.
     fn restore(&self) -> String {
         let mut sql = format!(
@@ -70,9 +85,9 @@ impl Session {
     }
 }
 
-/// Reads the session's settings, bounds its idle time to `seconds`, turns autocommit off and
-/// sets the mark: one round trip. MariaDB runs the text in `/*M!100300 … */` (version 10.3 and
-/// later), MySQL skips it as a comment.
+/// Reads the session's settings, bounds its idle time to `seconds` and turns autocommit off.
+/// MariaDB runs the text in `/*M!100300 … */` (version 10.3 and later), MySQL skips it as a
+/// comment.
 ///
 /// `wait_timeout` and the write and read-only bounds are lowered to `seconds` (those at 0 stay
 /// off, so that MariaDB falls back to the next); `idle_transaction_timeout` is set to `seconds`
@@ -85,18 +100,51 @@ fn bound_statement(seconds: u64) -> String {
          /*M!100300 , @@SESSION.{any}, @@SESSION.{write}, @@SESSION.{read_only} */; \
          SET SESSION autocommit = 0, {wait} /*M!100300 , \
          {any} = IF(@@SESSION.{any} BETWEEN 1 AND {seconds}, @@SESSION.{any}, {seconds}), \
-         {write_bound}, {read_only_bound} */; \
-         SAVEPOINT {MARK}",
+         {write_bound}, {read_only_bound} */",
         wait = lowered("wait_timeout"),
         write_bound = lowered(write),
         read_only_bound = lowered(read_only),
     )
 }
 
+/// `text` as a string literal that needs no escaping whatever the session's SQL mode: its
+/// bytes in hexadecimal, read as UTF-8 (and compared in the column's collation, which a
+/// literal always yields to, so the primary key's index serves the statement).
+fn literal(text: &str) -> String {
+    let hex: String = text.bytes().map(|byte| format!("{byte:02X}")).collect();
+    format!("_utf8mb4 X'{hex}'")
+}
+
+/// The whole fence in one round trip: [`bound_statement`]; the check, as an `UPDATE` that
+/// keeps the row until at least now + the lease's time-to-live (it never shortens it) and
+/// locks it against every other writer, then a locking read that returns the token when the
+/// row is this grant's; and the mark, set after the `UPDATE` so that rolling back to it keeps
+/// the row's new expiry.
+fn fence_statement(check: &Check) -> String {
+    let p = &check.fence.params;
+    let conditions = format!(
+        "LOCK_KEY = {} AND REGION = {} AND CLIENT_ID = {} AND FENCING_TOKEN = {} \
+         AND EXPIRED_AFTER >= {NOW}",
+        literal(&p.lock_key),
+        literal(&p.region),
+        literal(&p.client_id),
+        p.fencing_token
+    );
+    format!(
+        "{bound}; UPDATE {table} SET EXPIRED_AFTER = GREATEST(EXPIRED_AFTER, \
+         {NOW} + INTERVAL {ttl} MICROSECOND) WHERE {conditions}; \
+         SELECT FENCING_TOKEN FROM {table} WHERE {conditions} LOCK IN SHARE MODE; \
+         SAVEPOINT {MARK}",
+        bound = bound_statement(check.idle.as_secs()),
+        table = check.table,
+        ttl = check.ttl.as_micros(),
+    )
+}
+
 /// What [`batch`] ran.
 struct Batch {
-    /// The first row of the first result.
-    first: Option<Row>,
+    /// The first row of each result, in order, up to the statement that failed.
+    first: Vec<Option<Row>>,
     /// How many statements completed before the one that failed, and its error.
     failed: Option<(usize, mysql::Error)>,
 }
@@ -104,7 +152,7 @@ struct Batch {
 /// Runs the statements of `sql` in one round trip (the server stops at the first that fails).
 fn batch(tx: &mut mysql::Transaction<'_>, sql: &str) -> Batch {
     let mut ran = Batch {
-        first: None,
+        first: Vec::new(),
         failed: None,
     };
     let mut result = match tx.query_iter(sql) {
@@ -116,17 +164,20 @@ fn batch(tx: &mut mysql::Transaction<'_>, sql: &str) -> Batch {
     };
     let mut index = 0;
     while let Some(set) = result.iter() {
+        let mut first = None;
         for row in set {
             match row {
                 Ok(row) => {
-                    ran.first.get_or_insert(row);
+                    first.get_or_insert(row);
                 }
                 Err(e) => {
+                    ran.first.push(first);
                     ran.failed = Some((index, e));
                     return ran;
                 }
             }
         }
+        ran.first.push(first);
         index += 1;
     }
     ran
@@ -172,32 +223,24 @@ impl Driver for mysql::Transaction<'_> {
     /// The session as it was, once the fence changed it.
     type Mark = Option<Session>;
 
-    fn check(&mut self, check: &Check, mark: &mut Option<Session>) -> crate::Result<bool> {
-        let bound = batch(self, &bound_statement(check.idle.as_secs()));
+    fn check(&mut self, check: &Check, mark: &mut Option<Session>) -> crate::Result<Option<Held>> {
+        let mut ran = batch(self, &fence_statement(check));
         // Once read, the settings are restored at the end, whatever failed after.
-        *mark = session(bound.first);
-        if let Some((_, e)) = bound.failed {
+        *mark = session(ran.first.first_mut().and_then(Option::take));
+        if let Some((_, e)) = ran.failed {
             return Err(driver_error("fence", e));
         }
-        if mark.is_none() {
+        let Some(session) = mark.as_ref() else {
             return Err(driver_error(
                 "fence",
                 "the server did not return its session settings",
             ));
-        }
-        let p = &check.fence.params;
-        let row: Option<i64> = self
-            .exec_first(
-                check.fence.sql.as_str(),
-                (
-                    p.lock_key.as_str(),
-                    p.region.as_str(),
-                    p.client_id.as_str(),
-                    p.fencing_token,
-                ),
-            )
-            .map_err(|e| driver_error("fence", e))?;
-        Ok(row.is_some())
+        };
+        // The results: the settings, `SET`, `UPDATE`, the locking read, `SAVEPOINT`.
+        let found = ran.first.get(3).is_some_and(Option::is_some);
+        Ok(found.then(|| Held {
+            idle: Some(session.idle_bound(check.idle)),
+        }))
     }
 
     /// Releases the mark, commits and restores the session in one round trip; a missing mark

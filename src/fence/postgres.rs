@@ -1,5 +1,7 @@
-//! The fence on PostgreSQL: `SELECT … FOR SHARE`, whose share lock makes any `UPDATE` or
-//! `DELETE` of the row (a takeover) wait for the transaction.
+//! The fence on PostgreSQL: an `UPDATE` of the row's expiry (to at least now + the lease's
+//! time-to-live), whose row lock makes any other `UPDATE` or `DELETE` of the row (a takeover)
+//! wait for the transaction. The statement given to other drivers is `SELECT … FOR SHARE`,
+//! whose share lock does the same without changing the row.
 //!
 //! The postgres crate gives a savepoint the type of a transaction (`Transaction::transaction`,
 //! `Transaction::savepoint`), and does not say which is which. The server does: it exports no
@@ -12,7 +14,7 @@
 //! `Fenced` has the driver's statement methods, which take `&mut`; it never hands out the
 //! `&mut postgres::Transaction` that could replace the fenced one.
 
-use super::sealed::{Check, Driver};
+use super::sealed::{Check, Driver, Held};
 use super::{driver_error, ended, Fenced};
 use postgres::error::SqlState;
 use postgres::types::{BorrowToSql, ToSql, Type};
@@ -40,15 +42,22 @@ pub(super) fn statement(table: &str) -> String {
     format!("SELECT FENCING_TOKEN FROM {table} WHERE {CONDITIONS} FOR SHARE")
 }
 
-/// The fence's own statement: the check, the transaction's id, a snapshot export (which fails
-/// in a savepoint), and the idle bound `$5` in milliseconds, unless the session's is tighter.
+/// The fence's own statement: the check, which also keeps the row until at least now + `$6`
+/// µs (it never shortens it) and locks it against every other writer; the transaction's id, a
+/// snapshot export (which fails in a savepoint); and the idle bound `$5` in milliseconds,
+/// unless the session's is tighter, and that bound as it is then (the same whether
+/// `set_config` ran before it or not).
 fn fence_statement(table: &str) -> String {
+    let tighter = format!("{IDLE}::interval BETWEEN INTERVAL '1 ms' AND $5 * INTERVAL '1 ms'");
     format!(
-        "SELECT FENCING_TOKEN, txid_current(), pg_export_snapshot(), \
+        "UPDATE {table} SET EXPIRED_AFTER = GREATEST(EXPIRED_AFTER, \
+         (statement_timestamp() AT TIME ZONE 'UTC') + $6 * INTERVAL '1 microsecond') \
+         WHERE {CONDITIONS} \
+         RETURNING FENCING_TOKEN, txid_current(), pg_export_snapshot(), \
          set_config('idle_in_transaction_session_timeout', \
-         CASE WHEN {IDLE}::interval BETWEEN INTERVAL '1 ms' AND $5 * INTERVAL '1 ms' \
-         THEN {IDLE} ELSE CAST($5 AS TEXT) END, true) \
-         FROM {table} WHERE {CONDITIONS} FOR SHARE"
+         CASE WHEN {tighter} THEN {IDLE} ELSE CAST($5 AS TEXT) END, true), \
+         CAST(CASE WHEN {tighter} THEN EXTRACT(EPOCH FROM {IDLE}::interval) * 1000 \
+         ELSE $5 END AS BIGINT)"
     )
 }
 
@@ -79,9 +88,10 @@ impl Driver for postgres::Transaction<'_> {
 
     /// One round trip: an unnamed statement with the columns' types (so the primary key's
     /// index serves it), which also works behind a transaction pooler.
-    fn check(&mut self, check: &Check, mark: &mut Option<i64>) -> crate::Result<bool> {
+    fn check(&mut self, check: &Check, mark: &mut Option<i64>) -> crate::Result<Option<Held>> {
         let p = &check.fence.params;
         let idle_ms = i64::try_from(check.idle.as_millis()).unwrap_or(i64::MAX);
+        let ttl_micros = i64::try_from(check.ttl.as_micros()).unwrap_or(i64::MAX);
         let row = self
             .query_typed_opt(
                 &fence_statement(&check.table),
@@ -91,6 +101,7 @@ impl Driver for postgres::Transaction<'_> {
                     (&p.client_id, Type::BPCHAR),
                     (&p.fencing_token, Type::INT8),
                     (&idle_ms, Type::INT8),
+                    (&ttl_micros, Type::INT8),
                 ],
             )
             .map_err(|e| {
@@ -101,10 +112,13 @@ impl Driver for postgres::Transaction<'_> {
                 }
             })?;
         let Some(row) = row else {
-            return Ok(false);
+            return Ok(None);
         };
         *mark = Some(row.try_get(1).map_err(|e| driver_error("fence", e))?);
-        Ok(true)
+        let idle: i64 = row.try_get(4).map_err(|e| driver_error("fence", e))?;
+        Ok(Some(Held {
+            idle: Some(std::time::Duration::from_millis(idle.max(0) as u64)),
+        }))
     }
 
     /// Commits after one look at the open transaction's id: another id, or none, means that

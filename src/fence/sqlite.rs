@@ -1,27 +1,42 @@
-//! The fence on SQLite: a write of the lock row that changes nothing, so the check also takes
-//! the database's write lock (whatever `BEGIN` the transaction started with), which keeps
-//! every other writer — any takeover of the row — out until the transaction ends.
+//! The fence on SQLite: a write of the lock row, so the check also takes the database's write
+//! lock (whatever `BEGIN` the transaction started with), which keeps every other writer — any
+//! takeover of the row — out until the transaction ends. The fence's own statement also moves
+//! the row's expiry to at least now + the lease's time-to-live (parameter `?5`, µs); the
+//! statement given to other drivers changes nothing.
 //!
 //! A `rusqlite::Transaction` is always a top-level transaction (its `BEGIN` fails inside
 //! another); a savepoint is a `rusqlite::Savepoint`, which the fence does not take. The fence
 //! marks the transaction with a savepoint of its own ([`MARK`]), which any end of the
 //! transaction removes: the commit releases it first and refuses when it is gone.
 //!
-//! SQLite has no server to end an idle transaction: the idle bound does not apply here.
+//! SQLite has no server to end an idle transaction: the idle bound does not apply here, and
+//! the transaction holds the row until its process ends it (or exits).
 
-use super::sealed::{Check, Driver};
+use super::sealed::{Check, Driver, Held};
 use super::{driver_error, ended, Fenced};
 use crate::backend::sqlite::NOW;
 
 /// The savepoint that marks a fenced transaction.
 const MARK: &str = "leasehold_fence";
 
+/// The conditions on the row (parameters `?1`–`?4`): this grant, not expired.
+const CONDITIONS: &str = "LOCK_KEY = ?1 AND REGION = ?2 AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?4";
+
 /// The check on `table` (parameters `?1`–`?4`): returns the token while the lease holds.
 pub(super) fn statement(table: &str) -> String {
     format!(
-        "UPDATE {table} SET FENCING_TOKEN = FENCING_TOKEN WHERE LOCK_KEY = ?1 AND REGION = ?2 \
-         AND CLIENT_ID = ?3 AND FENCING_TOKEN = ?4 AND EXPIRED_AFTER >= {NOW} \
-         RETURNING FENCING_TOKEN"
+        "UPDATE {table} SET FENCING_TOKEN = FENCING_TOKEN WHERE {CONDITIONS} \
+         AND EXPIRED_AFTER >= {NOW} RETURNING FENCING_TOKEN"
+    )
+}
+
+/// The fence's own statement: the check, which also keeps the row until at least now + `?5`
+/// µs (it never shortens it).
+fn fence_statement(table: &str) -> String {
+    format!(
+        "UPDATE {table} SET EXPIRED_AFTER = max(EXPIRED_AFTER, \
+         strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ?5 / 86400000000.0)) \
+         WHERE {CONDITIONS} AND EXPIRED_AFTER >= {NOW} RETURNING FENCING_TOKEN"
     )
 }
 
@@ -34,15 +49,17 @@ impl Driver for rusqlite::Transaction<'_> {
         self.set_drop_behavior(rusqlite::DropBehavior::Rollback);
     }
 
-    fn check(&mut self, check: &Check, mark: &mut bool) -> crate::Result<bool> {
+    fn check(&mut self, check: &Check, mark: &mut bool) -> crate::Result<Option<Held>> {
         let p = &check.fence.params;
+        let ttl_micros = i64::try_from(check.ttl.as_micros()).unwrap_or(i64::MAX);
         let found = (|| {
-            let mut statement = self.prepare(&check.fence.sql)?;
+            let mut statement = self.prepare(&fence_statement(&check.table))?;
             let mut rows = statement.query(rusqlite::params![
                 p.lock_key,
                 p.region,
                 p.client_id,
-                p.fencing_token
+                p.fencing_token,
+                ttl_micros
             ])?;
             let found = rows.next()?.is_some();
             // Run the statement to its end (SQLite's RETURNING has written by the first row).
@@ -51,7 +68,7 @@ impl Driver for rusqlite::Transaction<'_> {
         })()
         .map_err(|e| driver_error("fence", e))?;
         if !found {
-            return Ok(false);
+            return Ok(None);
         }
         // A transaction that a statement ended before the fence: the check ran on its own.
         if self.is_autocommit() {
@@ -60,7 +77,8 @@ impl Driver for rusqlite::Transaction<'_> {
         self.execute_batch(&format!("SAVEPOINT {MARK}"))
             .map_err(|e| driver_error("fence", e))?;
         *mark = true;
-        Ok(true)
+        // No server ends the transaction: it holds the row until it ends.
+        Ok(Some(Held { idle: None }))
     }
 
     fn commit(self, mark: bool) -> crate::Result<()> {

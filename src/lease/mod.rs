@@ -21,6 +21,17 @@
 //!   fast against the holder's monotonic clock (NTP slews up to 500 ppm; SQLite stores
 //!   milliseconds). Every bound is shortened by [`drift_allowance`] (1 % of the time-to-live
 //!   plus 2 ms), so the holder gives up first unless the clocks drift apart by more than that.
+//! - **Fenced transactions** (see [`crate::fence`]): a fence's statement, sent at `f`, moves
+//!   the row's expiry to at least database-now + `t` inside the user's transaction and locks
+//!   the row until the transaction ends, which a background renewal cannot do (it skips the
+//!   locked row, or waits for the SQLite file). While that transaction is open, no other
+//!   holder can be granted the row, and the deadline is at least `f + t` (less the drift
+//!   allowance, and no later than the server's idle bound ends the transaction); on its commit
+//!   the row keeps the new expiry, so `f + t` bounds it like a confirmed renewal's — with the
+//!   shortest time-to-live of a renewal in flight or unknown, which may run after the commit;
+//!   on any other end the row is as before, and so is the deadline. The one gap: the server
+//!   ends the transaction without the holder's knowing (see "The lease while fenced" in
+//!   [`crate::fence`]).
 //!
 //! # Lease state machine
 //!
@@ -225,6 +236,15 @@ impl Bounds {
         self.deadline = sent_at + holder_span(shortest);
     }
 
+    /// A fenced transaction whose check was sent at `sent_at` and set the row's expiry to at
+    /// least the database's now + `ttl` committed: the row holds until then at least, and
+    /// only statements that were in flight or unknown may set it shorter, which `ttl` (the
+    /// shortest of them) accounts for.
+    fn fence_committed(&mut self, sent_at: Instant, ttl: Duration) {
+        self.confirmed_sent = self.confirmed_sent.max(sent_at);
+        self.deadline = self.deadline.max(sent_at + holder_span(ttl));
+    }
+
     /// A renewal with `ttl` is about to be sent, no earlier than `now`: from the moment it may
     /// run, the row may expire at its send instant + `ttl`, which a shorter time-to-live than
     /// the last one makes earlier than the deadline.
@@ -269,6 +289,50 @@ struct State {
     lost: Option<LossReason>,
     /// Loss channels of the current holder.
     listeners: Vec<Sender<LeaseLost>>,
+    /// Fenced transactions of this lease that passed their check and are still open (see
+    /// "Fenced transactions" in the module docs).
+    fences: Vec<FenceHold>,
+    /// Numbers the fenced transactions of this lease.
+    fence_count: u64,
+}
+
+/// What an open fenced transaction holds the row until: its check, sent at `sent_at`, set
+/// the row's expiry to at least the database's now + `ttl`; the server ends the transaction
+/// no sooner than `idle` after that statement.
+#[derive(Debug, Clone)]
+struct FenceHold {
+    id: u64,
+    sent_at: Instant,
+    ttl: Duration,
+    idle: Option<Duration>,
+    /// The thread that fenced it.
+    thread: std::thread::ThreadId,
+}
+
+impl State {
+    /// The holder's deadline: the database's bound ([`Bounds`]), or later while a fenced
+    /// transaction of this lease holds its row locked (see "Fenced transactions").
+    fn deadline(&self) -> Instant {
+        let shortest = self.shortest_ttl();
+        self.fences
+            .iter()
+            .map(|hold| {
+                let span = hold
+                    .ttl
+                    .min(shortest)
+                    .min(hold.idle.unwrap_or(Duration::MAX));
+                hold.sent_at + holder_span(span)
+            })
+            .fold(self.bounds.deadline, Instant::max)
+    }
+
+    /// The shortest time-to-live a statement of this lease may still set: the current one, or
+    /// that of a renewal whose outcome is unknown.
+    fn shortest_ttl(&self) -> Duration {
+        self.bounds
+            .unknown_min_ttl
+            .map_or(self.ttl, |unknown| unknown.min(self.ttl))
+    }
 }
 
 /// What a renewal found.
@@ -297,9 +361,6 @@ pub(crate) struct Lease {
     store: Weak<dyn Store>,
     /// The registry's measures: losses, renewals, the held-leases gauge.
     pub(crate) meter: Arc<Meter>,
-    /// Fenced transactions open on this lease (see [`crate::fence`]): each keeps the lease's
-    /// row locked until it ends, so a renewal by hand meanwhile is refused at once.
-    fences: std::sync::atomic::AtomicU32,
 }
 
 /// What one renewal found, as recorded.
@@ -372,9 +433,10 @@ impl Lease {
                 last_error: None,
                 lost: None,
                 listeners: Vec::new(),
+                fences: Vec::new(),
+                fence_count: 0,
             }),
             changed: Condvar::new(),
-            fences: Default::default(),
             renewer: settings.renew.then(|| Arc::downgrade(renewer)),
             settings,
             on_lost: Mutex::new(on_lost.cloned()),
@@ -419,8 +481,7 @@ impl Lease {
         if let Some(reason) = &state.lost {
             return Some(reason.clone());
         }
-        (Instant::now() >= state.bounds.deadline)
-            .then(|| LossReason::Expired(state.last_error.clone()))
+        (Instant::now() >= state.deadline()).then(|| LossReason::Expired(state.last_error.clone()))
     }
 
     /// [`loss`](Self::loss), reporting a passed deadline that nobody reported yet.
@@ -478,8 +539,7 @@ impl Lease {
         if state.renew_now {
             return now;
         }
-        let due =
-            (state.bounds.confirmed_sent + self.renew_every(state)).min(state.bounds.deadline);
+        let due = (state.bounds.confirmed_sent + self.renew_every(state)).min(state.deadline());
         state.retry_at.map_or(due, |retry| due.max(retry))
     }
 
@@ -491,7 +551,7 @@ impl Lease {
     }
 
     fn clock_due_in(&self, state: &State, now: Instant) -> Instant {
-        let deadline = state.bounds.deadline;
+        let deadline = state.deadline();
         if self.renewer.is_none() || state.queued || state.renewing {
             return deadline;
         }
@@ -509,7 +569,7 @@ impl Lease {
         if state.phase != Phase::Held || state.lost.is_some() {
             return ClockLook::Over;
         }
-        if state.bounds.deadline <= now {
+        if state.deadline() <= now {
             return ClockLook::Expired;
         }
         let idle = !state.queued && !state.renewing;
@@ -518,7 +578,7 @@ impl Lease {
             if self.renewal_due(&state, now) <= now + window {
                 if let Some(renewer) = renewer.upgrade() {
                     state.queued = true;
-                    return ClockLook::Renew(renewer, state.bounds.deadline);
+                    return ClockLook::Renew(renewer, state.deadline());
                 }
             }
         }
@@ -576,9 +636,9 @@ impl Lease {
             version: state.ttl_version,
             sent_no_earlier_than: Instant::now(),
         };
-        let before = state.bounds.deadline;
+        let before = state.deadline();
         state.bounds.sending(turn.sent_no_earlier_than, turn.ttl);
-        let deadline = state.bounds.deadline;
+        let deadline = state.deadline();
         drop(state);
         if deadline < before {
             clock::hurry(deadline);
@@ -596,7 +656,7 @@ impl Lease {
         state.renewing = false;
         state.queued = false;
         let releasing = state.phase != Phase::Held;
-        let earlier_deadline = state.bounds.deadline;
+        let earlier_deadline = state.deadline();
         let passed = now >= earlier_deadline;
         if state.ttl_version == turn.version {
             state.renew_now = false;
@@ -621,8 +681,8 @@ impl Lease {
                 Renewed::Unknown
             }
         };
-        let next = if state.bounds.deadline < earlier_deadline {
-            state.bounds.deadline
+        let next = if state.deadline() < earlier_deadline {
+            state.deadline()
         } else {
             self.clock_due_in(&state, now)
         };
@@ -660,7 +720,7 @@ impl Lease {
             if state.phase != Phase::Held || state.lost.is_some() {
                 return true;
             }
-            Instant::now() >= state.bounds.deadline
+            Instant::now() >= state.deadline()
         };
         if passed {
             self.check();
@@ -668,13 +728,60 @@ impl Lease {
         passed
     }
 
-    /// A fenced transaction on this lease opened (`true`) or ended (`false`).
-    pub(crate) fn fenced(&self, open: bool) {
-        use std::sync::atomic::Ordering;
-        match open {
-            true => self.fences.fetch_add(1, Ordering::SeqCst),
-            false => self.fences.fetch_sub(1, Ordering::SeqCst),
+    /// A fenced transaction of this lease passed its check, sent at `sent_at` with `ttl`, and
+    /// the server ends it no sooner than `idle` after (`None`: never by itself): until it
+    /// ends, the lease holds at least until then (see "Fenced transactions"). Returns its
+    /// number for [`fence_ended`](Self::fence_ended).
+    pub(crate) fn fence_opened(
+        &self,
+        sent_at: Instant,
+        ttl: Duration,
+        idle: Option<Duration>,
+    ) -> u64 {
+        let mut state = self.state.lock();
+        state.fence_count += 1;
+        let id = state.fence_count;
+        state.fences.push(FenceHold {
+            id,
+            sent_at,
+            ttl,
+            idle,
+            thread: std::thread::current().id(),
+        });
+        let due = self.clock_due_in(&state, Instant::now());
+        drop(state);
+        clock::hurry(due);
+        id
+    }
+
+    /// Whether the calling thread has a fenced transaction of this lease open.
+    pub(crate) fn fenced_here(&self) -> bool {
+        let me = std::thread::current().id();
+        self.state
+            .lock()
+            .fences
+            .iter()
+            .any(|hold| hold.thread == me)
+    }
+
+    /// The fenced transaction `id` ended: committed (`true`), its check's expiry stands in the
+    /// row and the deadline keeps it; otherwise the row is as before it, and so is the
+    /// deadline. Nothing changes for a lease already lost.
+    pub(crate) fn fence_ended(&self, id: u64, committed: bool) {
+        let mut state = self.state.lock();
+        let Some(at) = state.fences.iter().position(|hold| hold.id == id) else {
+            return;
         };
+        let held = Self::loss_in(&state).is_none();
+        let hold = state.fences.remove(at);
+        if committed && held && !hold.ttl.is_zero() {
+            let ttl = hold.ttl.min(state.shortest_ttl());
+            state.bounds.fence_committed(hold.sent_at, ttl);
+        }
+        let due = self.clock_due_in(&state, Instant::now());
+        drop(state);
+        self.changed.notify_all();
+        clock::hurry(due);
     }
 
     /// Renews now with `ttl` (a manual renewal on the main path), waiting for a background
@@ -682,7 +789,7 @@ impl Lease {
     /// while a fenced transaction of this lease is open: it holds the row the renewal would
     /// wait for.
     pub fn renew(&self, store: &dyn Store, ttl: Duration, deadline: Instant) -> Renewal {
-        if self.fences.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        if !self.state.lock().fences.is_empty() {
             return Renewal::Failed(Error::setting(
                 "renew",
                 "this lease's own fenced transaction holds its row until it ends: renew before \

@@ -196,7 +196,9 @@ impl<H: Holding> Lock<H> {
     ///
     /// Polls the database at least once per `idle_between_tries` while another instance holds the lock, and
     /// wakes at once when another thread of this registry releases it. Returns `Err` only when
-    /// the database keeps failing for `operation_timeout` or refuses for good.
+    /// the database keeps failing for `operation_timeout` or refuses for good; an attempt it
+    /// answers "busy" throughout (on SQLite, another connection holds the file's write lock)
+    /// counts as a refusal, and the wait goes on.
     pub fn lock(&self) -> Result<LockGuard<H>> {
         self.lock_with_ttl(self.inner.core.settings.time_to_live)
     }
