@@ -355,8 +355,10 @@ pub(crate) mod sealed {
     /// What a fence checks, for a driver: the statement, the lock table, and how long the
     /// transaction may sit idle.
     pub struct Check {
-        /// The check as given to other drivers.
+        /// The check as given to other drivers (of the first row).
         pub fence: super::FenceSql,
+        /// Every row the fence checks, in one statement: one, or a lock set's.
+        pub rows: Vec<super::FenceParams>,
         /// The lock table.
         pub table: String,
         /// The longest the fenced transaction may sit idle between two statements.
@@ -366,8 +368,10 @@ pub(crate) mod sealed {
         pub ttl: Duration,
     }
 
-    /// What a fence's statement found: the row, held by this lease, and extended.
+    /// What a fence's statement found: the rows held by their leases, and extended.
     pub struct Held {
+        /// The `LOCK_KEY`s of the rows found (all of [`Check::rows`] when every lease holds).
+        pub found: Vec<String>,
         /// The shortest the server lets the transaction sit idle before it ends it (the bound
         /// the fence set, or the session's tighter one); `None` where nothing ends it.
         pub idle: Option<Duration>,
@@ -382,10 +386,11 @@ pub(crate) mod sealed {
         type Mark: Default;
         /// Makes dropping the transaction roll it back (rusqlite's can commit on drop).
         fn rollback_on_drop(&mut self) {}
-        /// Bounds the transaction's idle time, runs the check — which also moves the row's
-        /// expiry to at least the database's now + `check.ttl` — and marks the transaction (in
-        /// `mark`, also when it fails later); `Some` when the check found the row. A
-        /// transaction the fence cannot cover is refused with `Error::InvalidSetting`.
+        /// Bounds the transaction's idle time, runs the check of every row in one statement —
+        /// which also moves each row's expiry to at least the database's now + `check.ttl` —
+        /// and marks the transaction (in `mark`, also when it fails later); `Some` with the rows
+        /// found when the statement ran. A transaction the fence cannot cover is refused with
+        /// `Error::InvalidSetting`.
         fn check(&mut self, check: &Check, mark: &mut Self::Mark) -> crate::Result<Option<Held>>;
         /// Commits, if this is still the transaction `mark` names; otherwise rolls back and
         /// refuses with `Error::InvalidSetting`. Restores the session either way.
@@ -455,9 +460,9 @@ pub(crate) mod sealed {
 pub struct Fenced<'g, T: FenceableTransaction> {
     /// The transaction and its mark, until it ends.
     open: Option<(T, T::Mark)>,
-    /// The lease and the number it gave this transaction, told when it ends (see
+    /// The leases and the number each gave this transaction, told when it ends (see
     /// [`Lease::fence_opened`]).
-    lease: Option<(Arc<Lease>, u64)>,
+    leases: Vec<(Arc<Lease>, u64)>,
     _guard: PhantomData<&'g ()>,
 }
 
@@ -489,7 +494,7 @@ impl<T: FenceableTransaction> Fenced<'_, T> {
 
     /// Tells the lease that the transaction ended, `committed` or not.
     fn ended(&mut self, committed: bool) {
-        if let Some((lease, id)) = self.lease.take() {
+        for (lease, id) in self.leases.drain(..) {
             lease.fence_ended(id, committed);
         }
     }
@@ -619,6 +624,7 @@ fn fence_sql(lease: &Lease) -> Result<(sealed::Check, &'static str)> {
         Duration::ZERO
     };
     let check = sealed::Check {
+        rows: vec![fence.params.clone()],
         fence,
         table: table.table.clone(),
         idle: idle_bound(ttl),
@@ -636,15 +642,31 @@ fn lost(lease: &Lease, reason: LossReason) -> Error {
 
 /// Checks `lease` in `tx`: the transaction, fenced, or an error with `tx` rolled back.
 fn fence<'g, T: FenceableTransaction>(lease: &Arc<Lease>, tx: T) -> Result<Fenced<'g, T>> {
+    fence_all(std::slice::from_ref(lease), tx)
+}
+
+/// Checks every one of `leases` (one registry's) in `tx`, in one statement: the transaction,
+/// fenced, or an error with `tx` rolled back. Each row is extended by the shortest of their
+/// time-to-lives, which each lease then counts on.
+fn fence_all<'g, T: FenceableTransaction>(leases: &[Arc<Lease>], tx: T) -> Result<Fenced<'g, T>> {
     // From here on, every way out rolls `tx` back (the wrapper's drop) unless it is returned.
     let mut tx = tx;
     tx.rollback_on_drop();
     let mut fenced = Fenced {
         open: Some((tx, T::Mark::default())),
-        lease: None,
+        leases: Vec::new(),
         _guard: PhantomData,
     };
-    let (check, backend) = fence_sql(lease)?;
+    let mut checks = leases
+        .iter()
+        .map(|lease| fence_sql(lease))
+        .collect::<Result<Vec<_>>>()?;
+    let (mut check, backend) = checks.remove(0);
+    for (other, _) in checks {
+        check.ttl = check.ttl.min(other.ttl);
+        check.idle = check.idle.min(other.idle);
+        check.rows.extend(other.rows);
+    }
     if backend != T::BACKEND {
         return Err(Error::setting(
             "fence",
@@ -655,7 +677,7 @@ fn fence<'g, T: FenceableTransaction>(lease: &Arc<Lease>, tx: T) -> Result<Fence
             ),
         ));
     }
-    if lease.fenced_here() {
+    if leases.iter().any(|lease| lease.fenced_here()) {
         return Err(Error::setting(
             "fence",
             "this thread has a fenced transaction of this lease open, which holds the lock row \
@@ -666,11 +688,22 @@ fn fence<'g, T: FenceableTransaction>(lease: &Arc<Lease>, tx: T) -> Result<Fence
     fail_point!("fence::before_check");
     let (tx, mark) = fenced.open.as_mut().expect("open");
     let sent_at = Instant::now();
-    let Some(held) = tx.check(&check, mark)? else {
+    let held = tx.check(&check, mark)?;
+    let missing = leases.iter().find(|lease| {
+        !held.as_ref().is_some_and(|held| {
+            held.found
+                .iter()
+                .any(|key| key.trim_end() == &*lease.lock_key)
+        })
+    });
+    if let Some(lease) = missing {
         return Err(lost(lease, lease.found_not_owner()));
-    };
-    let id = lease.fence_opened(sent_at, check.ttl, held.idle);
-    fenced.lease = Some((Arc::clone(lease), id));
+    }
+    let idle = held.and_then(|held| held.idle);
+    for lease in leases {
+        let id = lease.fence_opened(sent_at, check.ttl, idle);
+        fenced.leases.push((Arc::clone(lease), id));
+    }
     Ok(fenced)
 }
 
@@ -698,6 +731,37 @@ impl<H: crate::Holding> LockGuard<H> {
     /// (see [`FenceSql`]). `Err(LeaseLost)` when the lease is known to be lost.
     pub fn fence_sql(&self) -> Result<FenceSql> {
         fence_sql(self.lease()).map(|(check, _)| check.fence)
+    }
+}
+
+impl<H: crate::Holding> crate::LockSetGuard<H> {
+    /// [`LockGuard::fence`] for every key of the set at once: one statement in `tx` checks
+    /// that each key's lease still holds, renews each (by the shortest of their time-to-lives)
+    /// and keeps every row locked against any takeover until `tx` ends. `Err(LeaseLost)` names
+    /// a key whose lease is lost; other errors as for [`LockGuard::fence`]. On every error `tx`
+    /// is rolled back.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("app.db");
+    /// # let registry = leasehold::LockRegistry::sqlite(&path).create_table(true).build()?;
+    /// # let mut conn = leasehold::rusqlite::Connection::open(&path).unwrap();
+    /// # conn.execute_batch("CREATE TABLE cursors (bank TEXT PRIMARY KEY, at INTEGER)").unwrap();
+    /// let banks = registry.lock_set(["bank-a", "bank-b"])?.lock()?;
+    /// let tx = banks.fence(conn.transaction().unwrap())?; // both rows, one statement
+    /// tx.execute("INSERT INTO cursors VALUES ('bank-a', 1), ('bank-b', 1)", []).unwrap();
+    /// tx.commit()?;
+    /// banks.unlock()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fence<T: FenceableTransaction>(&self, tx: T) -> Result<Fenced<'_, T>> {
+        let leases: Vec<Arc<Lease>> = self
+            .guards()
+            .iter()
+            .map(|guard| Arc::clone(guard.lease()))
+            .collect();
+        fence_all(&leases, tx)
     }
 }
 

@@ -339,6 +339,76 @@ fn permits_and_read_write_guards_move_between_threads(db: Db) {
     assert!(their_rw.try_write_for(HANG).unwrap().is_some());
 }
 
+/// Runs `INSERT INTO table VALUES (value)` in a transaction fenced by the whole set.
+fn fenced_insert<H: leasehold::Holding>(
+    guard: &leasehold::LockSetGuard<H>,
+    raw: &mut Raw,
+    table: &str,
+    value: i64,
+) -> leasehold::Result<()> {
+    let sql = format!("INSERT INTO {table} VALUES ({value})");
+    match raw {
+        #[cfg(feature = "sqlite")]
+        Raw::Sqlite(conn) => {
+            let tx = guard.fence(conn.transaction().unwrap())?;
+            tx.execute(&sql, []).unwrap();
+            tx.commit()
+        }
+        #[cfg(feature = "postgres")]
+        Raw::Postgres(client) => {
+            let mut tx = guard.fence(client.transaction().unwrap())?;
+            tx.execute(sql.as_str(), &[]).unwrap();
+            tx.commit()
+        }
+        #[cfg(feature = "mysql")]
+        Raw::Mysql(conn) => {
+            use leasehold::mysql::prelude::Queryable;
+            let mut tx = guard.fence(conn.start_transaction(Default::default()).unwrap())?;
+            tx.query_drop(&sql).unwrap();
+            tx.commit()
+        }
+    }
+}
+
+/// A set's fence checks every key's row in one statement: a fenced write commits while every
+/// lease holds, and keeps every row from another instance until it ends; once one key's row
+/// has another holder, the fence names that key and nothing of the transaction commits.
+fn a_sets_fence_checks_every_row(db: Db) {
+    let Some(f) = Fixture::new(db, "set_fence") else {
+        return;
+    };
+    let registry = f.registry();
+    let outsider = f.registry();
+    let mut raw = Raw::open(&f);
+    let ledger = format!("{}SETLEDGER", f.prefix);
+    raw.execute_batch(&format!("CREATE TABLE {ledger} (v BIGINT)"));
+    let guard = registry.lock_set(["p", "q", "r"]).unwrap().lock().unwrap();
+    fenced_insert(&guard, &mut raw, &ledger, 1).unwrap();
+    assert!(guard.is_held());
+    let mut watcher = Raw::open(&f);
+    assert_eq!(watcher.number(&format!("SELECT COUNT(*) FROM {ledger}")), 1);
+
+    let taken = raw.execute(&format!(
+        "UPDATE {} SET CLIENT_ID = 'thief' WHERE LOCK_KEY = '{}'",
+        f.table(),
+        lock_key_for("q")
+    ));
+    assert_eq!(taken, 1);
+    match fenced_insert(&guard, &mut raw, &ledger, 2) {
+        Err(Error::LeaseLost { key, .. }) => assert_eq!(key, "q"),
+        other => panic!("the fence must name q's loss, got {other:?}"),
+    }
+    assert_eq!(
+        watcher.number(&format!("SELECT COUNT(*) FROM {ledger}")),
+        1,
+        "nothing of the refused transaction committed"
+    );
+    assert!(!guard.is_held());
+    drop(guard);
+    drop(outsider);
+    raw.execute_batch(&format!("DROP TABLE {ledger}"));
+}
+
 macro_rules! on_every_backend {
     ($($module:ident => $db:expr),* $(,)?) => {$(
         mod $module {
@@ -367,6 +437,11 @@ macro_rules! on_every_backend {
             #[test]
             fn permits_and_read_write_guards_move_between_threads() {
                 super::permits_and_read_write_guards_move_between_threads($db);
+            }
+
+            #[test]
+            fn a_sets_fence_checks_every_row() {
+                super::a_sets_fence_checks_every_row($db);
             }
 
             #[test]

@@ -121,19 +121,24 @@ fn literal(text: &str) -> String {
 /// row is this grant's; and the mark, set after the `UPDATE` so that rolling back to it keeps
 /// the row's new expiry.
 fn fence_statement(check: &Check) -> String {
-    let p = &check.fence.params;
-    let conditions = format!(
-        "LOCK_KEY = {} AND REGION = {} AND CLIENT_ID = {} AND FENCING_TOKEN = {} \
-         AND EXPIRED_AFTER >= {NOW}",
-        literal(&p.lock_key),
-        literal(&p.region),
-        literal(&p.client_id),
-        p.fencing_token
-    );
+    let rows: Vec<String> = check
+        .rows
+        .iter()
+        .map(|p| {
+            format!(
+                "(LOCK_KEY = {} AND REGION = {} AND CLIENT_ID = {} AND FENCING_TOKEN = {})",
+                literal(&p.lock_key),
+                literal(&p.region),
+                literal(&p.client_id),
+                p.fencing_token
+            )
+        })
+        .collect();
+    let conditions = format!("({}) AND EXPIRED_AFTER >= {NOW}", rows.join(" OR "));
     format!(
         "{bound}; UPDATE {table} SET EXPIRED_AFTER = GREATEST(EXPIRED_AFTER, \
          {NOW} + INTERVAL {ttl} MICROSECOND) WHERE {conditions}; \
-         SELECT FENCING_TOKEN FROM {table} WHERE {conditions} LOCK IN SHARE MODE; \
+         SELECT LOCK_KEY FROM {table} WHERE {conditions} LOCK IN SHARE MODE; \
          SAVEPOINT {MARK}",
         bound = bound_statement(check.idle.as_secs()),
         table = check.table,
@@ -143,8 +148,8 @@ fn fence_statement(check: &Check) -> String {
 
 /// What [`batch`] ran.
 struct Batch {
-    /// The first row of each result, in order, up to the statement that failed.
-    first: Vec<Option<Row>>,
+    /// The rows of each result, in order, up to the statement that failed.
+    rows: Vec<Vec<Row>>,
     /// How many statements completed before the one that failed, and its error.
     failed: Option<(usize, mysql::Error)>,
 }
@@ -152,7 +157,7 @@ struct Batch {
 /// Runs the statements of `sql` in one round trip (the server stops at the first that fails).
 fn batch(tx: &mut mysql::Transaction<'_>, sql: &str) -> Batch {
     let mut ran = Batch {
-        first: Vec::new(),
+        rows: Vec::new(),
         failed: None,
     };
     let mut result = match tx.query_iter(sql) {
@@ -164,20 +169,18 @@ fn batch(tx: &mut mysql::Transaction<'_>, sql: &str) -> Batch {
     };
     let mut index = 0;
     while let Some(set) = result.iter() {
-        let mut first = None;
+        let mut rows = Vec::new();
         for row in set {
             match row {
-                Ok(row) => {
-                    first.get_or_insert(row);
-                }
+                Ok(row) => rows.push(row),
                 Err(e) => {
-                    ran.first.push(first);
+                    ran.rows.push(rows);
                     ran.failed = Some((index, e));
                     return ran;
                 }
             }
         }
-        ran.first.push(first);
+        ran.rows.push(rows);
         index += 1;
     }
     ran
@@ -226,7 +229,7 @@ impl Driver for mysql::Transaction<'_> {
     fn check(&mut self, check: &Check, mark: &mut Option<Session>) -> crate::Result<Option<Held>> {
         let mut ran = batch(self, &fence_statement(check));
         // Once read, the settings are restored at the end, whatever failed after.
-        *mark = session(ran.first.first_mut().and_then(Option::take));
+        *mark = session(ran.rows.first_mut().and_then(|rows| rows.drain(..).next()));
         if let Some((_, e)) = ran.failed {
             return Err(driver_error("fence", e));
         }
@@ -237,8 +240,15 @@ impl Driver for mysql::Transaction<'_> {
             ));
         };
         // The results: the settings, `SET`, `UPDATE`, the locking read, `SAVEPOINT`.
-        let found = ran.first.get(3).is_some_and(Option::is_some);
-        Ok(found.then(|| Held {
+        let found = ran
+            .rows
+            .get(3)
+            .into_iter()
+            .flatten()
+            .filter_map(|row| row.get_opt::<String, _>(0).and_then(Result::ok))
+            .collect();
+        Ok(Some(Held {
+            found,
             idle: Some(session.idle_bound(check.idle)),
         }))
     }

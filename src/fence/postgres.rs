@@ -42,22 +42,37 @@ pub(super) fn statement(table: &str) -> String {
     format!("SELECT FENCING_TOKEN FROM {table} WHERE {CONDITIONS} FOR SHARE")
 }
 
-/// The fence's own statement: the check, which also keeps the row until at least now + `$6`
-/// µs (it never shortens it) and locks it against every other writer; the transaction's id, a
-/// snapshot export (which fails in a savepoint); and the idle bound `$5` in milliseconds,
-/// unless the session's is tighter, and that bound as it is then (the same whether
-/// `set_config` ran before it or not).
-fn fence_statement(table: &str) -> String {
-    let tighter = format!("{IDLE}::interval BETWEEN INTERVAL '1 ms' AND $5 * INTERVAL '1 ms'");
+/// The fence's own statement for `rows` rows: the check of each (parameters `$3`–`$6` for the
+/// first, `$7`–`$10` for the second, …), which also keeps each row until at least now + `$2`
+/// µs (it never shortens it) and locks it against every other writer; per row found, its
+/// `LOCK_KEY`, the transaction's id, a snapshot export (which fails in a savepoint); and the
+/// idle bound `$1` in milliseconds, unless the session's is tighter, and that bound as it is
+/// then (the same whether `set_config` ran before it or not).
+fn fence_statement(table: &str, rows: usize) -> String {
+    let tighter = format!("{IDLE}::interval BETWEEN INTERVAL '1 ms' AND $1 * INTERVAL '1 ms'");
+    let conditions: Vec<String> = (0..rows)
+        .map(|row| {
+            let at = |n: usize| 4 * row + n + 2;
+            format!(
+                "(LOCK_KEY = CAST(${} AS BPCHAR) AND REGION = CAST(${} AS VARCHAR) \
+                 AND CLIENT_ID = CAST(${} AS BPCHAR) AND FENCING_TOKEN = CAST(${} AS BIGINT))",
+                at(1),
+                at(2),
+                at(3),
+                at(4)
+            )
+        })
+        .collect();
     format!(
         "UPDATE {table} SET EXPIRED_AFTER = GREATEST(EXPIRED_AFTER, \
-         (statement_timestamp() AT TIME ZONE 'UTC') + $6 * INTERVAL '1 microsecond') \
-         WHERE {CONDITIONS} \
-         RETURNING FENCING_TOKEN, txid_current(), pg_export_snapshot(), \
+         (statement_timestamp() AT TIME ZONE 'UTC') + $2 * INTERVAL '1 microsecond') \
+         WHERE ({}) AND EXPIRED_AFTER >= (statement_timestamp() AT TIME ZONE 'UTC') \
+         RETURNING LOCK_KEY, txid_current(), pg_export_snapshot(), \
          set_config('idle_in_transaction_session_timeout', \
-         CASE WHEN {tighter} THEN {IDLE} ELSE CAST($5 AS TEXT) END, true), \
+         CASE WHEN {tighter} THEN {IDLE} ELSE CAST($1 AS TEXT) END, true), \
          CAST(CASE WHEN {tighter} THEN EXTRACT(EPOCH FROM {IDLE}::interval) * 1000 \
-         ELSE $5 END AS BIGINT)"
+         ELSE $1 END AS BIGINT)",
+        conditions.join(" OR ")
     )
 }
 
@@ -89,21 +104,20 @@ impl Driver for postgres::Transaction<'_> {
     /// One round trip: an unnamed statement with the columns' types (so the primary key's
     /// index serves it), which also works behind a transaction pooler.
     fn check(&mut self, check: &Check, mark: &mut Option<i64>) -> crate::Result<Option<Held>> {
-        let p = &check.fence.params;
         let idle_ms = i64::try_from(check.idle.as_millis()).unwrap_or(i64::MAX);
         let ttl_micros = i64::try_from(check.ttl.as_micros()).unwrap_or(i64::MAX);
-        let row = self
-            .query_typed_opt(
-                &fence_statement(&check.table),
-                &[
-                    (&p.lock_key, Type::BPCHAR),
-                    (&p.region, Type::VARCHAR),
-                    (&p.client_id, Type::BPCHAR),
-                    (&p.fencing_token, Type::INT8),
-                    (&idle_ms, Type::INT8),
-                    (&ttl_micros, Type::INT8),
-                ],
-            )
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
+            vec![(&idle_ms, Type::INT8), (&ttl_micros, Type::INT8)];
+        for p in &check.rows {
+            params.extend([
+                (&p.lock_key as &(dyn ToSql + Sync), Type::BPCHAR),
+                (&p.region, Type::VARCHAR),
+                (&p.client_id, Type::BPCHAR),
+                (&p.fencing_token, Type::INT8),
+            ]);
+        }
+        let rows = self
+            .query_typed(&fence_statement(&check.table, check.rows.len()), &params)
             .map_err(|e| {
                 if in_savepoint(&e) {
                     nested()
@@ -111,12 +125,21 @@ impl Driver for postgres::Transaction<'_> {
                     driver_error("fence", e)
                 }
             })?;
-        let Some(row) = row else {
-            return Ok(None);
+        let Some(first) = rows.first() else {
+            return Ok(Some(Held {
+                found: Vec::new(),
+                idle: None,
+            }));
         };
-        *mark = Some(row.try_get(1).map_err(|e| driver_error("fence", e))?);
-        let idle: i64 = row.try_get(4).map_err(|e| driver_error("fence", e))?;
+        *mark = Some(first.try_get(1).map_err(|e| driver_error("fence", e))?);
+        let idle: i64 = first.try_get(4).map_err(|e| driver_error("fence", e))?;
+        let found = rows
+            .iter()
+            .map(|row| row.try_get::<_, String>(0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| driver_error("fence", e))?;
         Ok(Some(Held {
+            found,
             idle: Some(std::time::Duration::from_millis(idle.max(0) as u64)),
         }))
     }

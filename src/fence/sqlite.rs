@@ -30,13 +30,27 @@ pub(super) fn statement(table: &str) -> String {
     )
 }
 
-/// The fence's own statement: the check, which also keeps the row until at least now + `?5`
-/// µs (it never shortens it).
-fn fence_statement(table: &str) -> String {
+/// The fence's own statement for `rows` rows: the check of each (parameters `?2`–`?5` for
+/// the first, `?6`–`?9` for the second, …), which also keeps each row until at least now +
+/// `?1` µs (it never shortens it), and returns the `LOCK_KEY` of each row found.
+fn fence_statement(table: &str, rows: usize) -> String {
+    let conditions: Vec<String> = (0..rows)
+        .map(|row| {
+            let at = |n: usize| 4 * row + n + 1;
+            format!(
+                "(LOCK_KEY = ?{} AND REGION = ?{} AND CLIENT_ID = ?{} AND FENCING_TOKEN = ?{})",
+                at(1),
+                at(2),
+                at(3),
+                at(4)
+            )
+        })
+        .collect();
     format!(
         "UPDATE {table} SET EXPIRED_AFTER = max(EXPIRED_AFTER, \
-         strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ?5 / 86400000000.0)) \
-         WHERE {CONDITIONS} AND EXPIRED_AFTER >= {NOW} RETURNING FENCING_TOKEN"
+         strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ?1 / 86400000000.0)) \
+         WHERE ({}) AND EXPIRED_AFTER >= {NOW} RETURNING LOCK_KEY",
+        conditions.join(" OR ")
     )
 }
 
@@ -50,25 +64,29 @@ impl Driver for rusqlite::Transaction<'_> {
     }
 
     fn check(&mut self, check: &Check, mark: &mut bool) -> crate::Result<Option<Held>> {
-        let p = &check.fence.params;
         let ttl_micros = i64::try_from(check.ttl.as_micros()).unwrap_or(i64::MAX);
         let found = (|| {
-            let mut statement = self.prepare(&fence_statement(&check.table))?;
-            let mut rows = statement.query(rusqlite::params![
-                p.lock_key,
-                p.region,
-                p.client_id,
-                p.fencing_token,
-                ttl_micros
-            ])?;
-            let found = rows.next()?.is_some();
-            // Run the statement to its end (SQLite's RETURNING has written by the first row).
-            while rows.next()?.is_some() {}
+            let mut statement = self.prepare(&fence_statement(&check.table, check.rows.len()))?;
+            let mut params: Vec<&dyn rusqlite::ToSql> = vec![&ttl_micros];
+            for p in &check.rows {
+                params.extend([
+                    &p.lock_key as &dyn rusqlite::ToSql,
+                    &p.region,
+                    &p.client_id,
+                    &p.fencing_token,
+                ]);
+            }
+            let mut rows = statement.query(params.as_slice())?;
+            let mut found = Vec::new();
+            // Every row (SQLite's RETURNING has written them all by the first).
+            while let Some(row) = rows.next()? {
+                found.push(row.get(0)?);
+            }
             Ok::<_, rusqlite::Error>(found)
         })()
         .map_err(|e| driver_error("fence", e))?;
-        if !found {
-            return Ok(None);
+        if found.len() < check.rows.len() {
+            return Ok(Some(Held { found, idle: None }));
         }
         // A transaction that a statement ended before the fence: the check ran on its own.
         if self.is_autocommit() {
@@ -78,7 +96,7 @@ impl Driver for rusqlite::Transaction<'_> {
             .map_err(|e| driver_error("fence", e))?;
         *mark = true;
         // No server ends the transaction: it holds the row until it ends.
-        Ok(Some(Held { idle: None }))
+        Ok(Some(Held { found, idle: None }))
     }
 
     fn commit(self, mark: bool) -> crate::Result<()> {
