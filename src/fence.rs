@@ -226,6 +226,14 @@
 //! on the old one while the guard still counted itself held. Its lease runs out on the
 //! deadline the last renewal gave it, as any lease whose row is locked does.
 //!
+//! # Lock sets
+//!
+//! [`LockSetGuard::fence`](crate::LockSetGuard::fence) checks every key of the set in one
+//! statement, whose condition names each row (its `LOCK_KEY`, `REGION`, `CLIENT_ID` and
+//! token), renews each by the shortest of the keys' time-to-lives and locks them all; the
+//! fence holds only when the statement finds every row, and otherwise names a key it did not
+//! find. Each key's lease then counts on the fence as a single guard's does.
+//!
 //! # Other drivers
 //!
 //! [`LockGuard::fence_sql`] returns the check as SQL text and its parameters for drivers
