@@ -256,8 +256,20 @@ fn a_guard_moves_to_another_thread_and_is_released_there(db: Db) {
         .any_thread()
         .lock()
         .unwrap();
-    let released = thread::spawn(move || set_guard.unlock()).join().unwrap();
+    let mut raw = Raw::open(&f);
+    let ledger = format!("{}MOVEDLEDGER", f.prefix);
+    raw.execute_batch(&format!("CREATE TABLE {ledger} (v BIGINT)"));
+    let (released, raw) = thread::spawn(move || {
+        // Fenced and released on a thread that did not take it.
+        fenced_insert(&set_guard, &mut raw, &ledger, 1).unwrap();
+        assert_eq!(raw.number(&format!("SELECT COUNT(*) FROM {ledger}")), 1);
+        raw.execute_batch(&format!("DROP TABLE {ledger}"));
+        (set_guard.unlock(), raw)
+    })
+    .join()
+    .unwrap();
     released.unwrap();
+    drop(raw);
     assert!(is_free(&outsider, "m1") && is_free(&outsider, "m2"));
 }
 
