@@ -78,6 +78,121 @@ pub fn builder_for(database: &Database, tables: Tables) -> Result<RegistryBuilde
     })
 }
 
+/// How `status` and `list` read an SQLite file that this user may not write ([`inspecting`]).
+pub struct Snapshot {
+    /// Says that the output is a snapshot, and why (for stderr).
+    pub note: String,
+}
+
+/// A registry for `status` and `list` ([`Tables::Read`]), with the [`Snapshot`] it reads when
+/// it cannot read the SQLite file live.
+///
+/// SQLite reads a database in WAL mode through the `-wal` and `-shm` files beside it: a user
+/// who may read the three reads them while they are there (while some process has the
+/// database open), and otherwise SQLite creates them, which needs write permission on the
+/// directory. Without that permission and without a `-wal` file (or with an empty one), no
+/// commit waits in a log — the last process to close the database copied the log into the
+/// file and removed it — so the file alone holds every commit: it is read as it is
+/// (SQLite's `immutable` URI), without locks, and said to be a snapshot, since a process that
+/// opens and writes the database meanwhile is not seen. A `-wal` file with commits in it is
+/// never left out: that read fails and says what permission it needs.
+pub fn inspecting(database: &Database) -> Result<(LockRegistry, Option<Snapshot>), Failure> {
+    let checked = builder_for(database, Tables::Read)?;
+    let path = sqlite_path(&database.database).unwrap_or_default();
+    let Some((uri, why)) = sqlite_path(&database.database).and_then(snapshot_of) else {
+        return Ok((checked.build()?, None));
+    };
+    let immutable = Database {
+        database: format!("sqlite:{uri}"),
+        ..database.clone()
+    };
+    let registry = builder(&immutable)?
+        .create_table(false)
+        .read_only(true)
+        .notifications(false)
+        .build()?;
+    let note = format!("{path} read as {why}");
+    Ok((registry, Some(Snapshot { note })))
+}
+
+/// The registry of `status` or `list` ([`inspecting`]); a snapshot is said on stderr, and
+/// refused when `watching`: an immutable read never sees a change.
+pub fn inspect(database: &Database, watching: bool) -> Result<LockRegistry, Failure> {
+    let (registry, snapshot) = inspecting(database)?;
+    if let Some(snapshot) = snapshot {
+        if watching {
+            return Err(Failure::new(
+                exit::ERROR,
+                format!(
+                    "--watch needs a live read, and {}: let this user create files in the \
+                     database's directory, or watch while a process has the database open",
+                    snapshot.note
+                ),
+            ));
+        }
+        eprintln!("leasehold: {}", snapshot.note);
+    }
+    Ok(registry)
+}
+
+/// For an SQLite file that can be read only as a snapshot (see [`inspecting`]): its
+/// `immutable` URI and why.
+fn snapshot_of(path: &str) -> Option<(String, String)> {
+    let file = std::path::Path::new(path);
+    let wal = beside(file, "-wal");
+    let logged = std::fs::metadata(&wal).map_or(false, |m| m.len() > 0);
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    if logged || !file.is_file() || may_write(dir) {
+        return None;
+    }
+    let absolute = std::fs::canonicalize(file).ok()?;
+    let note = format!(
+        "a snapshot: nobody has the SQLite database open and this user may not create its -wal \
+         and -shm files in {}, so the file is read as it is, without locks; a process that opens \
+         it meanwhile is not seen",
+        dir.display()
+    );
+    Some((immutable_uri(&absolute), note))
+}
+
+/// `path` with `suffix` appended: the files SQLite keeps beside a database.
+fn beside(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+/// The `file:` URI that opens the database at the absolute `path` immutable: bytes other
+/// than letters, digits, `/` and `-._~` percent-encoded.
+fn immutable_uri(path: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file://");
+    for byte in path.as_os_str().as_bytes() {
+        match byte {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'/' | b'-' | b'.' | b'_' | b'~' => {
+                uri.push(char::from(*byte))
+            }
+            other => uri.push_str(&format!("%{other:02X}")),
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
+}
+
+/// Whether this process may create files in `dir` (access(2), by the real user).
+#[allow(unsafe_code)]
+fn may_write(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(name) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return true;
+    };
+    // SAFETY: access(2) only reads the NUL-terminated path.
+    unsafe { libc::access(name.as_ptr(), libc::W_OK) == 0 }
+}
+
 /// What `run` and `lead` may do: create with `--create`, else only use what exists.
 pub fn creating(create: bool) -> Tables {
     if create {

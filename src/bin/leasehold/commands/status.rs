@@ -12,7 +12,7 @@
 //! held.
 
 use crate::args::StatusArgs;
-use crate::database::{registry, Tables};
+use crate::database::inspect;
 use crate::exit::{self, Failure};
 use crate::output::{held_line, rounded, status_json};
 use crate::watch::{watch, Frame};
@@ -61,7 +61,7 @@ pub fn lock_row(registry: &LockRegistry, key: &str) -> leasehold::Result<Option<
 
 pub fn status(args: StatusArgs) -> Result<u8, Failure> {
     let key = &args.key.key;
-    let registry = registry(&args.key.database, None, Tables::Read)?;
+    let registry = inspect(&args.key.database, args.watch.watch.is_some())?;
     let mut held = false;
     let mut refresh = || -> Result<Frame, Failure> {
         let status = Status {
