@@ -78,10 +78,12 @@ pub fn builder_for(database: &Database, tables: Tables) -> Result<RegistryBuilde
     })
 }
 
-/// How `status` and `list` read an SQLite file that this user may not write ([`inspecting`]).
+/// An SQLite file that `status` and `list` read as a snapshot ([`inspecting`]).
 pub struct Snapshot {
-    /// Says that the output is a snapshot, and why (for stderr).
-    pub note: String,
+    /// The database file, as given.
+    pub path: String,
+    /// Its directory, in which this user may not create files.
+    pub dir: String,
 }
 
 /// A registry for `status` and `list` ([`Tables::Read`]), with the [`Snapshot`] it reads when
@@ -90,18 +92,21 @@ pub struct Snapshot {
 /// SQLite reads a database in WAL mode through the `-wal` and `-shm` files beside it: a user
 /// who may read the three reads them while they are there (while some process has the
 /// database open), and otherwise SQLite creates them, which needs write permission on the
-/// directory. Without that permission and without a `-wal` file (or with an empty one), no
-/// commit waits in a log — the last process to close the database copied the log into the
-/// file and removed it — so the file alone holds every commit: it is read as it is
-/// (SQLite's `immutable` URI), without locks, and said to be a snapshot, since a process that
-/// opens and writes the database meanwhile is not seen. A `-wal` file with commits in it is
-/// never left out: that read fails and says what permission it needs.
+/// directory. When they are not both there, the directory may not be written, and no `-wal`
+/// file with commits in it is there either — the last process to close the database copied
+/// its log into the file and removed it — the file alone holds every commit: it is read as it
+/// is (SQLite's `immutable` URI), without locks, and said to be a snapshot, since a process
+/// that opens and writes the database meanwhile is not seen. A `-wal` file with commits in it
+/// is never left out: that read fails and says what permission it needs.
 pub fn inspecting(database: &Database) -> Result<(LockRegistry, Option<Snapshot>), Failure> {
     let checked = builder_for(database, Tables::Read)?;
-    let path = sqlite_path(&database.database).unwrap_or_default();
-    let Some((uri, why)) = sqlite_path(&database.database).and_then(snapshot_of) else {
+    let Some(snapshot) = sqlite_path(&database.database).and_then(snapshot_of) else {
         return Ok((checked.build()?, None));
     };
+    let uri =
+        immutable_uri(&std::fs::canonicalize(&snapshot.path).map_err(|e| {
+            Failure::new(exit::ERROR, format!("cannot read {}: {e}", snapshot.path))
+        })?);
     let immutable = Database {
         database: format!("sqlite:{uri}"),
         ..database.clone()
@@ -111,51 +116,52 @@ pub fn inspecting(database: &Database) -> Result<(LockRegistry, Option<Snapshot>
         .read_only(true)
         .notifications(false)
         .build()?;
-    let note = format!("{path} read as {why}");
-    Ok((registry, Some(Snapshot { note })))
+    Ok((registry, Some(snapshot)))
 }
 
 /// The registry of `status` or `list` ([`inspecting`]); a snapshot is said on stderr, and
 /// refused when `watching`: an immutable read never sees a change.
 pub fn inspect(database: &Database, watching: bool) -> Result<LockRegistry, Failure> {
     let (registry, snapshot) = inspecting(database)?;
-    if let Some(snapshot) = snapshot {
+    if let Some(Snapshot { path, dir }) = snapshot {
+        let why = format!(
+            "this user may not create {path}-wal and {path}-shm in {dir}, through which SQLite \
+             reads a database in WAL mode, and no process has the database open"
+        );
         if watching {
             return Err(Failure::new(
                 exit::ERROR,
                 format!(
-                    "--watch needs a live read, and {}: let this user create files in the \
-                     database's directory, or watch while a process has the database open",
-                    snapshot.note
+                    "--watch needs a live read of {path}: {why}; let this user create files in \
+                     {dir}, or watch while a process has the database open"
                 ),
             ));
         }
-        eprintln!("leasehold: {}", snapshot.note);
+        eprintln!(
+            "leasehold: {path} is read as a snapshot: {why}, so the file alone is read, without \
+             locks; a process that opens it meanwhile is not seen"
+        );
     }
     Ok(registry)
 }
 
-/// For an SQLite file that can be read only as a snapshot (see [`inspecting`]): its
-/// `immutable` URI and why.
-fn snapshot_of(path: &str) -> Option<(String, String)> {
+/// The SQLite file at `path` when it can be read only as a snapshot (see [`inspecting`]).
+fn snapshot_of(path: &str) -> Option<Snapshot> {
     let file = std::path::Path::new(path);
-    let wal = beside(file, "-wal");
-    let logged = std::fs::metadata(&wal).map_or(false, |m| m.len() > 0);
+    let (wal, shm) = (beside(file, "-wal"), beside(file, "-shm"));
+    let logged = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
     let dir = match file.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => std::path::Path::new("."),
     };
-    if logged || !file.is_file() || may_write(dir) {
+    let live = wal.exists() && shm.exists();
+    if live || logged || !file.is_file() || may_write(dir) {
         return None;
     }
-    let absolute = std::fs::canonicalize(file).ok()?;
-    let note = format!(
-        "a snapshot: nobody has the SQLite database open and this user may not create its -wal \
-         and -shm files in {}, so the file is read as it is, without locks; a process that opens \
-         it meanwhile is not seen",
-        dir.display()
-    );
-    Some((immutable_uri(&absolute), note))
+    Some(Snapshot {
+        path: path.to_string(),
+        dir: dir.display().to_string(),
+    })
 }
 
 /// `path` with `suffix` appended: the files SQLite keeps beside a database.

@@ -4,12 +4,12 @@
 //! A name can be a lock, a counting semaphore and a reader/writer lock at once (they are
 //! unrelated rows), so each refresh reads all three: the lock's row, the semaphore's recorded
 //! number of permits and its permits' rows, and the reader/writer lock's rows — five read-only
-//! statements on a registry that may only read (SQLite opens the file read-only), none of
-//! which creates a table. The lock's line is shown when the table has a row for it — held,
-//! expired or released, in the words and with the fencing token `list` shows for that row — or
-//! when the name has nothing at all (`KEY: free`); a semaphore's and a reader/writer lock's
-//! lines when the table has any row of them. The exit code is 0 when anything of the name is
-//! held.
+//! statements on a registry that may only read (SQLite opens the file read-only, or reads a
+//! snapshot of it, see [`crate::database::inspecting`]), none of which creates a table. The
+//! lock's line is shown when the table has a row for it — held, expired or released, in the
+//! words and with the fencing token `list` shows for that row — or when the name has nothing at
+//! all (`KEY: free`); a semaphore's and a reader/writer lock's lines when the table has any row
+//! of them. The exit code is 0 when anything of the name is held.
 
 use crate::args::StatusArgs;
 use crate::database::inspect;
