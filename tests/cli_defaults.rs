@@ -506,8 +506,9 @@ mod suite {
     }
 
     /// `status` and `list` of a user who may only read the database file failed ("attempt to
-    /// write a readonly database"); one whose directory is not writable got a message about
-    /// permissions in general, not about the files SQLite needs beside the database.
+    /// write a readonly database"); one whose directory is not writable, or who may not read
+    /// the `-shm` file, got a message about permissions in general, not about the files SQLite
+    /// needs beside the database.
     pub fn read_only_users_read_and_unwritable_directories_are_named(f: &Fixture) {
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(f.db, Db::Sqlite);
@@ -547,6 +548,17 @@ mod suite {
         assert!(stderr(&status).is_empty(), "{status:?}");
         let list = output(as_other_user(&args(&["list", "--json"])));
         assert_eq!(code(&list), 0, "{list:?}");
+        // Reading needs the files beside it readable too; the message names the one that is
+        // not (it said only "unable to open database file").
+        let shm = locks.join("jobs.db-shm");
+        std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let unreadable = output(as_other_user(&args(&["status", "--key", "job"])));
+        assert_eq!(code(&unreadable), 70, "{unreadable:?}");
+        assert!(
+            stderr(&unreadable).contains(&format!("may not read {}", shm.display())),
+            "{unreadable:?}"
+        );
+        std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o444)).unwrap();
         // Taking a lock writes: the message says what may not be written.
         let run = output(as_other_user(&args(&[
             "run", "--key", "other", "-n", "--", "true",

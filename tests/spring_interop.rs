@@ -215,6 +215,9 @@ impl Side<'_> {
 /// One contender: its name, side and tally.
 type Contender<'a> = (&'a str, Side<'a>, &'a turns::Tally);
 
+/// A leasehold thread of the workload: its tally and its `turns_ended` at each grant.
+type LeaseholdThread = std::thread::JoinHandle<(turns::Tally, Vec<(Instant, u64)>)>;
+
 /// One leasehold thread of the workload on `key`: its tally, and with each of its sections
 /// (when granted) the registry's [`Statistics::turns_ended`](leasehold::Statistics) then.
 fn leasehold_thread(
@@ -223,7 +226,7 @@ fn leasehold_thread(
     witness: &Arc<turns::Witness>,
     registry: &Arc<LockRegistry>,
     key: &str,
-) -> std::thread::JoinHandle<(turns::Tally, Vec<(Instant, u64)>)> {
+) -> LeaseholdThread {
     let (witness, registry) = (Arc::clone(witness), Arc::clone(registry));
     let lock = registry.obtain(key).unwrap();
     std::thread::spawn(move || {
@@ -246,7 +249,7 @@ fn leasehold_thread(
 /// The threads of one leasehold instance, joined: its tally, and its `turns_ended` at each
 /// grant and (last) now.
 fn joined(
-    threads: Vec<std::thread::JoinHandle<(turns::Tally, Vec<(Instant, u64)>)>>,
+    threads: Vec<LeaseholdThread>,
     registry: &LockRegistry,
 ) -> (turns::Tally, Vec<(Instant, u64)>) {
     let (tallies, ends): (Vec<_>, Vec<_>) = threads.into_iter().map(|t| t.join().unwrap()).unzip();
