@@ -751,6 +751,24 @@ fn writable(_path: &std::path::Path) -> bool {
     true
 }
 
+/// Whether this process may read `path` (access(2), which judges by the real user).
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn readable(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) only reads the NUL-terminated path.
+    unsafe { libc::access(c_path.as_ptr(), libc::R_OK) == 0 }
+}
+
+/// Elsewhere the permissions are not looked at.
+#[cfg(not(unix))]
+fn readable(_path: &std::path::Path) -> bool {
+    true
+}
+
 /// Why the file at `path` cannot be opened, when the file system tells: a missing file (for a
 /// read-only open, which never creates it), a directory in which SQLite cannot create the
 /// files of WAL mode, or a file this user may not write. `None` when none of these holds.
@@ -768,22 +786,39 @@ fn unopenable(path: &std::path::Path, read_only: bool) -> Option<String> {
     let (wal, shm) = (beside(path, "-wal"), beside(path, "-shm"));
     let beside_exist = wal.exists() && shm.exists();
     if !writable(&dir) && !beside_exist {
-        let board = if read_only {
-            String::new()
+        let (board, who) = if read_only {
+            (
+                ", for readers too".to_string(),
+                "let this user write that directory, or read while they are there (while a \
+                 process has the database open)",
+            )
         } else {
-            format!(
-                ", and leasehold its release board {} for wake-ups",
-                beside(path, "-leasehold").display()
+            (
+                format!(
+                    ", and leasehold its release board {} for wake-ups",
+                    beside(path, "-leasehold").display()
+                ),
+                "let the users of the locks write that directory (a directory of its own for \
+                 the database is simplest)",
             )
         };
         return Some(format!(
             "this user may not create files in the directory {dir}, and the database is in WAL \
-             mode, for which SQLite creates {wal} and {shm} beside it{board}: let the users of \
-             the locks write that directory (a directory of its own for the database is \
-             simplest)",
+             mode, for which SQLite creates {wal} and {shm} beside it{board}: {who}",
             dir = dir.display(),
             wal = wal.display(),
             shm = shm.display(),
+        ));
+    }
+    // A reader opens the three files, for reading only when it may not write them.
+    if let Some(unreadable) = [path, wal.as_path(), shm.as_path()]
+        .into_iter()
+        .find(|file| read_only && file.exists() && !readable(file))
+    {
+        return Some(format!(
+            "this user may not read {}: reading a database in WAL mode needs read permission \
+             on the file and on the -wal and -shm files beside it",
+            unreadable.display()
         ));
     }
     if !read_only && !writable(path) {

@@ -68,7 +68,7 @@ pub enum Commands {
     Watchdog(WatchdogArgs),
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct Database {
     /// The lock table's database: sqlite:PATH, postgres://USER@HOST:PORT/DB or
     /// mysql://USER@HOST:PORT/DB.

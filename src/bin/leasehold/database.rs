@@ -78,6 +78,127 @@ pub fn builder_for(database: &Database, tables: Tables) -> Result<RegistryBuilde
     })
 }
 
+/// An SQLite file that `status` and `list` read as a snapshot ([`inspecting`]).
+pub struct Snapshot {
+    /// The database file, as given.
+    pub path: String,
+    /// Its directory, in which this user may not create files.
+    pub dir: String,
+}
+
+/// A registry for `status` and `list` ([`Tables::Read`]), with the [`Snapshot`] it reads when
+/// it cannot read the SQLite file live.
+///
+/// SQLite reads a database in WAL mode through the `-wal` and `-shm` files beside it: a user
+/// who may read the three reads them while they are there (while some process has the
+/// database open), and otherwise SQLite creates them, which needs write permission on the
+/// directory. When they are not both there, the directory may not be written, and no `-wal`
+/// file with commits in it is there either — the last process to close the database copied
+/// its log into the file and removed it — the file alone holds every commit: it is read as it
+/// is (SQLite's `immutable` URI), without locks, and said to be a snapshot, since a process
+/// that opens and writes the database meanwhile is not seen. A `-wal` file with commits in it
+/// is never left out: that read fails and says what permission it needs.
+pub fn inspecting(database: &Database) -> Result<(LockRegistry, Option<Snapshot>), Failure> {
+    let checked = builder_for(database, Tables::Read)?;
+    let Some(snapshot) = sqlite_path(&database.database).and_then(snapshot_of) else {
+        return Ok((checked.build()?, None));
+    };
+    let uri =
+        immutable_uri(&std::fs::canonicalize(&snapshot.path).map_err(|e| {
+            Failure::new(exit::ERROR, format!("cannot read {}: {e}", snapshot.path))
+        })?);
+    let immutable = Database {
+        database: format!("sqlite:{uri}"),
+        ..database.clone()
+    };
+    let registry = builder(&immutable)?
+        .create_table(false)
+        .read_only(true)
+        .notifications(false)
+        .build()?;
+    Ok((registry, Some(snapshot)))
+}
+
+/// The registry of `status` or `list` ([`inspecting`]); a snapshot is said on stderr, and
+/// refused when `watching`: an immutable read never sees a change.
+pub fn inspect(database: &Database, watching: bool) -> Result<LockRegistry, Failure> {
+    let (registry, snapshot) = inspecting(database)?;
+    if let Some(Snapshot { path, dir }) = snapshot {
+        let why = format!(
+            "this user may not create {path}-wal and {path}-shm in {dir}, through which SQLite \
+             reads a database in WAL mode, and no process has the database open"
+        );
+        if watching {
+            return Err(Failure::new(
+                exit::ERROR,
+                format!(
+                    "--watch needs a live read of {path}: {why}; let this user create files in \
+                     {dir}, or watch while a process has the database open"
+                ),
+            ));
+        }
+        eprintln!(
+            "leasehold: {path} is read as a snapshot: {why}, so the file alone is read, without \
+             locks; a process that opens it meanwhile is not seen"
+        );
+    }
+    Ok(registry)
+}
+
+/// The SQLite file at `path` when it can be read only as a snapshot (see [`inspecting`]).
+fn snapshot_of(path: &str) -> Option<Snapshot> {
+    let file = std::path::Path::new(path);
+    let (wal, shm) = (beside(file, "-wal"), beside(file, "-shm"));
+    let logged = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    let live = wal.exists() && shm.exists();
+    if live || logged || !file.is_file() || may_write(dir) {
+        return None;
+    }
+    Some(Snapshot {
+        path: path.to_string(),
+        dir: dir.display().to_string(),
+    })
+}
+
+/// `path` with `suffix` appended: the files SQLite keeps beside a database.
+fn beside(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+/// The `file:` URI that opens the database at the absolute `path` immutable: bytes other
+/// than letters, digits, `/` and `-._~` percent-encoded.
+fn immutable_uri(path: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file://");
+    for byte in path.as_os_str().as_bytes() {
+        match byte {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'/' | b'-' | b'.' | b'_' | b'~' => {
+                uri.push(char::from(*byte))
+            }
+            other => uri.push_str(&format!("%{other:02X}")),
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
+}
+
+/// Whether this process may create files in `dir` (access(2), by the real user).
+#[allow(unsafe_code)]
+fn may_write(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(name) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return true;
+    };
+    // SAFETY: access(2) only reads the NUL-terminated path.
+    unsafe { libc::access(name.as_ptr(), libc::W_OK) == 0 }
+}
+
 /// What `run` and `lead` may do: create with `--create`, else only use what exists.
 pub fn creating(create: bool) -> Tables {
     if create {

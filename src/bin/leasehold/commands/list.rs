@@ -4,7 +4,7 @@
 
 use crate::args::ListArgs;
 use crate::commands::status::lock_row;
-use crate::database::{registry, Tables};
+use crate::database::inspect;
 use crate::exit::{self, Failure};
 use crate::output::{rows_json, rows_table};
 use crate::watch::{watch, Frame};
@@ -18,7 +18,7 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
              holder on a host or in a process",
         ));
     }
-    let registry = registry(&args.database, None, Tables::Read)?;
+    let registry = inspect(&args.database, args.watch.watch.is_some())?;
     // A name no lock can have is refused before anything is read.
     registry.listing().resolving(&args.keys)?;
     let refresh = || -> Result<Frame, Failure> {

@@ -4,15 +4,15 @@
 //! A name can be a lock, a counting semaphore and a reader/writer lock at once (they are
 //! unrelated rows), so each refresh reads all three: the lock's row, the semaphore's recorded
 //! number of permits and its permits' rows, and the reader/writer lock's rows — five read-only
-//! statements on a registry that may only read (SQLite opens the file read-only), none of
-//! which creates a table. The lock's line is shown when the table has a row for it — held,
-//! expired or released, in the words and with the fencing token `list` shows for that row — or
-//! when the name has nothing at all (`KEY: free`); a semaphore's and a reader/writer lock's
-//! lines when the table has any row of them. The exit code is 0 when anything of the name is
-//! held.
+//! statements on a registry that may only read (SQLite opens the file read-only, or reads a
+//! snapshot of it, see [`crate::database::inspecting`]), none of which creates a table. The
+//! lock's line is shown when the table has a row for it — held, expired or released, in the
+//! words and with the fencing token `list` shows for that row — or when the name has nothing at
+//! all (`KEY: free`); a semaphore's and a reader/writer lock's lines when the table has any row
+//! of them. The exit code is 0 when anything of the name is held.
 
 use crate::args::StatusArgs;
-use crate::database::{registry, Tables};
+use crate::database::inspect;
 use crate::exit::{self, Failure};
 use crate::output::{held_line, rounded, status_json};
 use crate::watch::{watch, Frame};
@@ -61,7 +61,7 @@ pub fn lock_row(registry: &LockRegistry, key: &str) -> leasehold::Result<Option<
 
 pub fn status(args: StatusArgs) -> Result<u8, Failure> {
     let key = &args.key.key;
-    let registry = registry(&args.key.database, None, Tables::Read)?;
+    let registry = inspect(&args.key.database, args.watch.watch.is_some())?;
     let mut held = false;
     let mut refresh = || -> Result<Frame, Failure> {
         let status = Status {
