@@ -8,53 +8,10 @@
 
 mod common;
 
+use common::gates::{wait_until, Gate, GENEROUS};
 use common::{Db, Fixture};
-use crossbeam_channel::{Receiver, Sender};
 use leasehold::LossReason;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-const GENEROUS: Duration = Duration::from_secs(20);
-
-/// Holds the first thread that reaches a fail point until [`Gate::open`]; later threads pass.
-struct Gate {
-    entered: Receiver<()>,
-    open: Sender<()>,
-}
-
-impl Gate {
-    fn first_at(name: &str) -> Gate {
-        let (entered_tx, entered) = crossbeam_channel::unbounded();
-        let (open, open_rx) = crossbeam_channel::unbounded::<()>();
-        let hits = AtomicUsize::new(0);
-        fail::cfg_callback(name, move || {
-            if hits.fetch_add(1, Ordering::SeqCst) == 0 {
-                let _ = entered_tx.send(());
-                let _ = open_rx.recv_timeout(GENEROUS);
-            }
-        })
-        .unwrap();
-        Gate { entered, open }
-    }
-
-    fn wait_entered(&self) {
-        self.entered
-            .recv_timeout(GENEROUS)
-            .expect("a thread reached the gate");
-    }
-
-    fn open(&self) {
-        let _ = self.open.send(());
-    }
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + GENEROUS;
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 /// Two leases of one time-to-live (6 s, renewed every 2 s) travel in one renew statement: `late`,
 /// whose renewal fell due seconds ago and which has well under half a renewal period left, and
