@@ -15,7 +15,7 @@ mod common;
 
 use common::gates::{on_reaching, wait_until, Gate, GENEROUS};
 use common::{Db, Fixture};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use leasehold::{LeaderElection, LeaseLost, LockGuard, LockRegistry, LossReason};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
