@@ -1,7 +1,7 @@
 //! Background renewals: a registry's [`Renewer`] and its workers (see the `lease` module docs,
 //! "Threads" and "Isolation").
 
-use super::{Lease, Phase, Turn};
+use super::{Lease, Turn};
 use crate::backend::{Batched, Store};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -44,8 +44,6 @@ pub(crate) const MAX_BATCH: usize = 500;
 /// gets a small share of the machine, renewals beside a stream of other statements), a lease
 /// whose renewal waited, or whose attempt failed or found its row busy and is due again, goes
 /// ahead of every lease with more time left instead of queuing behind them for another round.
-/// Leases being released are left out of the statement: their release would only wait for
-/// its row locks.
 ///
 /// **Bounds.** Each lease counts a renewal only if its answer comes before its own deadline;
 /// a lease whose deadline has passed by the time its statement is sent is reported lost and
@@ -365,13 +363,11 @@ fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>, limit: Option<Duration
 fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Option<Duration>) {
     fail_point!("lease::renew_batch_before_statement");
     // A lease whose deadline has passed is lost: it is not sent, and has no say in how long
-    // the attempt for the others may last. Nor is one being released: its release statement
-    // would only wait for this one's row lock.
+    // the attempt for the others may last.
     let now = Instant::now();
-    let (group, gone): (Vec<Taken>, Vec<Taken>) = group.into_iter().partition(|(lease, _)| {
-        let state = lease.state.lock();
-        state.phase == Phase::Held && state.bounds.deadline > now
-    });
+    let (group, gone): (Vec<Taken>, Vec<Taken>) = group
+        .into_iter()
+        .partition(|(lease, _)| lease.deadline() > now);
     for (lease, _) in gone {
         lease.end_turn_unsent();
     }
