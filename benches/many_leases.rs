@@ -39,7 +39,8 @@
 //! `LEASEHOLD_BENCH_POSTGRES_EXTRA` (counts run on PostgreSQL only, default `50000`),
 //! `LEASEHOLD_BENCH_LOADED` (counts held under load on every backend, default `100000`; empty
 //! for none), `LEASEHOLD_BENCH_HOGS` (busy processes under load, default 3),
-//! `LEASEHOLD_BENCH_BACKENDS` (default `sqlite,postgres,mariadb`). Without `--bench`
+//! `LEASEHOLD_BENCH_BACKENDS` (default `sqlite,postgres,mariadb`), `LEASEHOLD_BENCH_TRACE` (set:
+//! a line a second from the end of the acquisitions to the last release). Without `--bench`
 //! (`cargo test --benches`) it runs a smoke test: SQLite, 10 leases of 300 ms, and 10 under
 //! one busy process.
 //!
@@ -197,43 +198,67 @@ fn clock_ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
-/// Processes that keep the machine's cores busy until dropped: shell busy loops, each in a
-/// session of its own where `setsid` exists, so that the scheduler weighs them as it weighs
-/// other programs on the host (Linux groups a session's processes, and splits the processor
-/// between such groups before it splits a group's share among its threads).
-struct CpuHogs(Vec<std::process::Child>);
+#[path = "../tests/common/cpu_hogs.rs"]
+mod cpu_hogs;
+use cpu_hogs::CpuHogs;
 
-impl CpuHogs {
-    fn start(count: usize) -> CpuHogs {
-        // Each ends by itself once the bench process is gone, killed or not.
-        let busy_loop = ["sh", "-c", "while kill -0 $PPID 2>/dev/null; do :; done"];
-        let setsid = std::path::Path::new("/usr/bin/setsid").exists();
-        let hogs = (0..count)
-            .map(|_| {
-                let mut command = if setsid {
-                    let mut command = std::process::Command::new("/usr/bin/setsid");
-                    command.args(busy_loop);
-                    command
-                } else {
-                    let mut command = std::process::Command::new(busy_loop[0]);
-                    command.args(&busy_loop[1..]);
-                    command
-                };
-                command
-                    .stdin(std::process::Stdio::null())
-                    .spawn()
-                    .expect("a CPU hog (sh)")
-            })
-            .collect();
-        CpuHogs(hogs)
+/// With `LEASEHOLD_BENCH_TRACE` set: a line a second from the end of the acquisitions to the
+/// last release (statements and leases renewed, releases, the mean and longest renewal
+/// statement, failed renewals, losses), so that a run that loses leases shows when and beside
+/// what.
+struct Trace {
+    stop: Option<crossbeam_channel::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Trace {
+    fn start(registry: &LockRegistry, lost: &Arc<AtomicU64>) -> Trace {
+        if std::env::var_os("LEASEHOLD_BENCH_TRACE").is_none() {
+            return Trace {
+                stop: None,
+                thread: None,
+            };
+        }
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        let (registry, lost) = (registry.clone(), Arc::clone(lost));
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut last = registry.statistics();
+            while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(Duration::from_secs(1))
+            {
+                let now = registry.statistics();
+                let statements = now.renewals - last.renewals;
+                let mean = (now.renewal_time - last.renewal_time)
+                    .checked_div(statements.max(1) as u32)
+                    .unwrap_or_default();
+                println!(
+                    "  {:>5.0} s: {} renewal statements ({} leases renewed, {} failed, mean \
+                     {mean:.0?}, longest so far {:.0?}), {} releases, {} held, {} lost",
+                    started.elapsed().as_secs_f64(),
+                    statements,
+                    now.leases_renewed - last.leases_renewed,
+                    now.renewals_failed - last.renewals_failed,
+                    now.longest_renewal,
+                    now.releases - last.releases,
+                    now.held_leases,
+                    lost.load(Ordering::Relaxed),
+                );
+                last = now;
+            }
+        });
+        Trace {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
     }
 }
 
-impl Drop for CpuHogs {
+impl Drop for Trace {
     fn drop(&mut self) {
-        for hog in &mut self.0 {
-            let _ = hog.kill();
-            let _ = hog.wait();
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -279,6 +304,7 @@ fn hold(
         .collect();
     let acquire = started.elapsed();
     let busy = CpuHogs::start(hogs);
+    let trace = Trace::start(&registry, &lost);
     let (before, cpu_before, held_since) = (registry.statistics(), cpu_time(ticks), Instant::now());
     let (mut threads_peak, mut rss_peak, mut connections_peak) = (0, 0, None::<usize>);
     loop {
@@ -308,6 +334,7 @@ fn hold(
         let _ = guard.unlock();
     }
     let release = released.elapsed();
+    drop(trace);
     drop(busy);
     drop(registry);
     let reasons = std::mem::take(&mut *reasons.lock().unwrap());

@@ -13,68 +13,14 @@
 
 mod common;
 
+use common::gates::{on_reaching, wait_until, Gate, GENEROUS};
 use common::{Db, Fixture};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use leasehold::{LeaderElection, LeaseLost, LockGuard, LockRegistry, LossReason};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
-
-const GENEROUS: Duration = Duration::from_secs(20);
-
-/// Holds the first thread that reaches a fail point until [`Gate::open`]; later threads pass.
-struct Gate {
-    entered: Receiver<()>,
-    open: Sender<()>,
-}
-
-impl Gate {
-    fn first_at(name: &str) -> Gate {
-        Gate::first_at_matching(name, || true)
-    }
-
-    /// Holds the first thread that reaches `name` while `matching()` is true for it.
-    fn first_at_matching(name: &str, matching: impl Fn() -> bool + Send + Sync + 'static) -> Gate {
-        let (entered_tx, entered) = crossbeam_channel::unbounded();
-        let (open, open_rx) = crossbeam_channel::unbounded::<()>();
-        let hits = AtomicUsize::new(0);
-        fail::cfg_callback(name, move || {
-            if matching() && hits.fetch_add(1, Ordering::SeqCst) == 0 {
-                let _ = entered_tx.send(());
-                let _ = open_rx.recv_timeout(GENEROUS);
-            }
-        })
-        .unwrap();
-        Gate { entered, open }
-    }
-
-    fn wait_entered(&self) {
-        self.entered
-            .recv_timeout(GENEROUS)
-            .expect("a thread reached the gate");
-    }
-
-    fn open(&self) {
-        let _ = self.open.send(());
-    }
-}
-
-/// Calls `signal` once when a thread reaches the fail point `name`.
-fn on_reaching(name: &str, signal: Sender<()>) {
-    fail::cfg_callback(name, move || {
-        let _ = signal.try_send(());
-    })
-    .unwrap();
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + GENEROUS;
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting until {what}");
-        thread::sleep(Duration::from_millis(2));
-    }
-}
 
 /// Waits until `registry` has renewed twice more (a lease renewed on its own schedule) or a
 /// loss arrives on `losses`, and returns the loss.

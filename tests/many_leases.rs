@@ -10,6 +10,7 @@
 mod common;
 
 mod suite {
+    use crate::common::cpu_hogs::CpuHogs;
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     use crate::common::Db;
     use crate::common::Fixture;
@@ -263,47 +264,6 @@ mod suite {
         assert!(guard.is_held());
         assert_eq!(lost.load(Ordering::SeqCst), 0, "the lease was lost");
         guard.unlock().unwrap();
-    }
-
-    /// Processes that keep the machine's cores busy until dropped: shell busy loops, each in a
-    /// session of its own where `setsid` exists, so that the scheduler weighs them as it weighs
-    /// other programs on the host (Linux groups a session's threads and children, and splits
-    /// the processor between such groups before it splits a group's share among its threads).
-    struct CpuHogs(Vec<std::process::Child>);
-
-    impl CpuHogs {
-        fn start(count: usize) -> CpuHogs {
-            // Each ends by itself once the test process is gone, killed or not.
-            let busy_loop = ["sh", "-c", "while kill -0 $PPID 2>/dev/null; do :; done"];
-            let setsid = std::path::Path::new("/usr/bin/setsid").exists();
-            let hogs = (0..count)
-                .map(|_| {
-                    let mut command = if setsid {
-                        let mut command = std::process::Command::new("/usr/bin/setsid");
-                        command.args(busy_loop);
-                        command
-                    } else {
-                        let mut command = std::process::Command::new(busy_loop[0]);
-                        command.args(&busy_loop[1..]);
-                        command
-                    };
-                    command
-                        .stdin(std::process::Stdio::null())
-                        .spawn()
-                        .expect("a CPU hog (sh)")
-                })
-                .collect();
-            CpuHogs(hogs)
-        }
-    }
-
-    impl Drop for CpuHogs {
-        fn drop(&mut self) {
-            for hog in &mut self.0 {
-                let _ = hog.kill();
-                let _ = hog.wait();
-            }
-        }
     }
 
     /// Leases held under load: 100 full batches per renewal period on SQLite, 50 on a server,

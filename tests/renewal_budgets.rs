@@ -8,53 +8,10 @@
 
 mod common;
 
+use common::gates::{wait_until, Gate, GENEROUS};
 use common::{Db, Fixture};
-use crossbeam_channel::{Receiver, Sender};
 use leasehold::LossReason;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
-
-const GENEROUS: Duration = Duration::from_secs(20);
-
-/// Holds the first thread that reaches a fail point until [`Gate::open`]; later threads pass.
-struct Gate {
-    entered: Receiver<()>,
-    open: Sender<()>,
-}
-
-impl Gate {
-    fn first_at(name: &str) -> Gate {
-        let (entered_tx, entered) = crossbeam_channel::unbounded();
-        let (open, open_rx) = crossbeam_channel::unbounded::<()>();
-        let hits = AtomicUsize::new(0);
-        fail::cfg_callback(name, move || {
-            if hits.fetch_add(1, Ordering::SeqCst) == 0 {
-                let _ = entered_tx.send(());
-                let _ = open_rx.recv_timeout(GENEROUS);
-            }
-        })
-        .unwrap();
-        Gate { entered, open }
-    }
-
-    fn wait_entered(&self) {
-        self.entered
-            .recv_timeout(GENEROUS)
-            .expect("a thread reached the gate");
-    }
-
-    fn open(&self) {
-        let _ = self.open.send(());
-    }
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + GENEROUS;
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
+use std::time::Duration;
 
 /// Two leases of one time-to-live (6 s, renewed every 2 s) travel in one renew statement: `late`,
 /// whose renewal fell due seconds ago and which has well under half a renewal period left, and
@@ -194,5 +151,95 @@ fn an_answer_after_the_deadline_does_not_revive_the_lease_and_reports_its_loss()
     clock.open();
     assert!(guard.unlock().is_err_and(|e| e.is_lease_lost()));
     drop(bait);
+    scenario.teardown();
+}
+
+/// With every worker busy, the next statement carries the queued leases whose deadline comes
+/// first, not those whose renewal fell due first. One renewal worker (`renewal_pool_size` 1) is
+/// held in the statement of a lease `x` while two more are queued: `roomy` (time-to-live 6 s),
+/// whose renewal falls due first, and `urgent` (3 s, granted 2.5 s later), due 1.5 s after it
+/// but with the earlier deadline. Once both are due and the worker goes on, its next statement
+/// renews `urgent`: taken by due time it would renew `roomy` first, and under a backlog a lease
+/// whose renewal waited — or whose attempt failed and is retried — would wait behind leases
+/// with more time left until it ran out.
+#[test]
+fn a_busy_renewer_sends_the_queued_lease_with_the_earliest_deadline_first() {
+    let scenario = fail::FailScenario::setup();
+    let f = Fixture::new(Db::Sqlite, "earliest_deadline").expect("SQLite fixture");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(6))
+        .tuning(leasehold::Tuning {
+            renewal_pool_size: 1,
+            ..leasehold::Tuning::default()
+        })
+        .build()
+        .unwrap();
+    let queued = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let queued = std::sync::Arc::clone(&queued);
+        fail::cfg_callback("lease::renewer_queued", move || {
+            queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .unwrap();
+    }
+    // The statement of `x` (due 2 s after its grant) holds the only worker.
+    let x_statement = Gate::first_at("lease::renew_batch_before_statement");
+    let x = registry.obtain("x").unwrap().lock().unwrap();
+    wait_until("x is queued", || {
+        queued.load(std::sync::atomic::Ordering::SeqCst) >= 1
+    });
+    x_statement.wait_entered();
+    let roomy = registry.obtain("roomy").unwrap().lock().unwrap();
+    std::thread::sleep(Duration::from_millis(2_500));
+    let urgent = registry
+        .obtain("urgent")
+        .unwrap()
+        .lock_with_ttl(Duration::from_secs(3))
+        .unwrap();
+    assert!(
+        urgent.remaining() < roomy.remaining(),
+        "urgent's deadline comes first"
+    );
+    // Held at the statement after next: by then exactly one statement has run since `x`'s.
+    let third = {
+        let hits = std::sync::atomic::AtomicUsize::new(0);
+        Gate::first_at_matching("lease::renew_batch_before_statement", move || {
+            hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1
+        })
+    };
+    // `roomy` is due 2 s after its grant, `urgent` 1 s after its own (2.5 s later): both are
+    // queued (two hand-overs after `x`'s) and due before the worker goes on.
+    wait_until("both leases are queued and due", || {
+        queued.load(std::sync::atomic::Ordering::SeqCst) >= 3
+            && urgent.remaining() < Duration::from_millis(1_900)
+    });
+    let (roomy_left, urgent_left) = (roomy.remaining(), urgent.remaining());
+    assert!(roomy.is_held() && urgent.is_held());
+    x_statement.open();
+    third.wait_entered();
+    let (roomy_renewed, urgent_renewed) = (
+        roomy.remaining() > roomy_left,
+        urgent.remaining() > urgent_left,
+    );
+    third.open();
+    assert!(
+        urgent_renewed && !roomy_renewed,
+        "the statement after x's renewed {} (urgent {:?} left before, {:?} now; roomy {:?} \
+         before, {:?} now)",
+        match (urgent_renewed, roomy_renewed) {
+            (true, true) => "both",
+            (true, false) => "urgent",
+            (false, true) => "roomy, the lease with more time left",
+            (false, false) => "neither",
+        },
+        urgent_left,
+        urgent.remaining(),
+        roomy_left,
+        roomy.remaining()
+    );
+    for guard in [x, roomy, urgent] {
+        guard.unlock().unwrap();
+    }
     scenario.teardown();
 }

@@ -124,6 +124,7 @@
 //! |------|-------|
 //! | `lease::renew_waits_for_turn` | a renewal finds another of the same lease in flight |
 //! | `lease::renew_before_statement`, `lease::renew_before_record` | around a renew statement |
+//! | `lease::renewer_queued` | the lease clock has queued leases whose renewal falls due with their registry's renewer |
 //! | `lease::renew_batch_before_statement`, `lease::renew_batch_before_record` | a renewal worker about to send a batch, and about to record its outcome |
 //! | `lease::loss_channel` | a holder asks for a loss channel |
 //! | `lease::clock_before_expiry` | the clock about to report leases whose deadline passed |

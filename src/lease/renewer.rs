@@ -25,16 +25,25 @@ pub(crate) const MAX_BATCH: usize = 500;
 /// renewal connection (`renewal_pool_size`), so one slow statement delays only the leases it
 /// carries. A worker that takes work first *gathers*: the clock hands leases over up to a
 /// sixteenth of a renewal period before they are due, so the worker waits until the earliest
-/// queued lease is due and takes the chunk it is in, with the other queued leases of the same
-/// time-to-live (up to [`MAX_BATCH`]); submissions meanwhile join the last queued chunk of
+/// queued lease is due and takes a chunk (see "Order"), with the other queued leases of the
+/// same time-to-live (up to [`MAX_BATCH`]); submissions meanwhile join the last queued chunk of
 /// their time-to-live and go to that worker rather than to a new one. That keeps leases due
 /// close together in one statement (tens of statements per renewal period for thousands of
 /// leases) without one ever waiting for another's statement. A queued chunk carries when its
-/// earliest renewal falls due and its shortest slack, so what a worker decides costs one look
+/// earliest renewal falls due, its earliest deadline and its shortest slack, so what a worker decides costs one look
 /// per chunk, never one per queued lease. A worker idle for [`Renewer::IDLE_TICK`] ends; the
 /// next chunk starts one again. No user code runs on a worker (loss callbacks run on the
 /// registry's callback thread). Workers hold only a `Weak` to the renewer (which the registry
 /// owns) while idle.
+///
+/// **Order.** A worker takes, of the queued chunks that are due, the one whose earliest
+/// deadline comes first, and merges into it the other queued chunks of its time-to-live,
+/// earliest deadline first, while they fit. So a lease that is due waits only for the
+/// statements in flight (each ends by its attempt's bound, below) and for statements led by
+/// leases whose deadlines come before its own: once the statements fall behind (a server that
+/// gets a small share of the machine, renewals beside a stream of other statements), a lease
+/// whose renewal waited, or whose attempt failed or found its row busy and is due again, goes
+/// ahead of every lease with more time left instead of queuing behind them for another round.
 ///
 /// **Bounds.** Each lease counts a renewal only if its answer comes before its own deadline;
 /// a lease whose deadline has passed by the time its statement is sent is reported lost and
@@ -71,12 +80,13 @@ struct RenewerState {
 }
 
 /// Queued leases of one time-to-live (at most [`MAX_BATCH`]), with what the workers look at
-/// instead of each lease: when the earliest renewal among them falls due, and their shortest
-/// slack (both as handed over).
+/// instead of each lease: when the earliest renewal among them falls due, their earliest
+/// deadline, and their shortest slack (all as handed over).
 struct Chunk {
     ttl: Duration,
     leases: Vec<Arc<Lease>>,
     due: Instant,
+    deadline: Instant,
     slack: Duration,
 }
 
@@ -154,17 +164,18 @@ impl Renewer {
     /// time-to-live while that has room.
     pub(super) fn submit(self: &Arc<Self>, leases: Vec<Arc<Lease>>) {
         let now = Instant::now();
-        let handed: Vec<(Arc<Lease>, Handover)> = leases
+        let handed: Vec<(Arc<Lease>, Handover, Instant)> = leases
             .into_iter()
             .map(|lease| {
                 let handover = lease.handover(now);
-                (lease, handover)
+                let deadline = lease.deadline();
+                (lease, handover, deadline)
             })
             .collect();
         let mut due = self.due.lock();
         // The chunk each time-to-live fills.
         let mut filling: Vec<(Duration, usize)> = Vec::new();
-        for (lease, handover) in handed {
+        for (lease, handover, deadline) in handed {
             due.slack = Some(SlackSeen::shortest(due.slack, handover.slack));
             let ttl = handover.ttl;
             let at = filling.iter().position(|(t, _)| *t == ttl);
@@ -177,6 +188,7 @@ impl Renewer {
                     ttl,
                     leases: Vec::new(),
                     due: handover.due,
+                    deadline,
                     slack: handover.slack.slack,
                 });
                 due.chunks.len() - 1
@@ -187,10 +199,13 @@ impl Renewer {
             }
             let chunk = &mut due.chunks[index];
             chunk.due = chunk.due.min(handover.due);
+            chunk.deadline = chunk.deadline.min(deadline);
             chunk.slack = chunk.slack.min(handover.slack.slack);
             chunk.leases.push(lease);
         }
         self.make_sure_someone_gathers(&mut due);
+        drop(due);
+        fail_point!("lease::renewer_queued");
     }
 
     /// A queued lease is to be renewed at once (a holder asked for another time-to-live): its
@@ -255,7 +270,7 @@ impl Renewer {
                     this.wake.wait_until(&mut due, start);
                 }
                 due.collecting -= 1;
-                let chunk = take_chunk(&mut due.chunks);
+                let chunk = take_chunk(&mut due.chunks, Instant::now());
                 // What is left (another time-to-live) must not wait for this statement.
                 this.make_sure_someone_gathers(&mut due);
                 (chunk, limit(&due))
@@ -283,20 +298,35 @@ fn limit(due: &RenewerState) -> Option<Duration> {
     Some(shortest / 2)
 }
 
-/// The chunk whose earliest renewal is due first, with later chunks of the same time-to-live
-/// merged into it while they fit in [`MAX_BATCH`].
-fn take_chunk(chunks: &mut VecDeque<Chunk>) -> Option<Chunk> {
-    let first = (0..chunks.len()).min_by_key(|&index| chunks[index].due)?;
+/// The next statement's leases (see "Order" on [`Renewer`]): of the chunks due by `now` (or,
+/// with none due, of all), the one whose earliest deadline comes first, with the other chunks
+/// of its time-to-live merged into it, earliest deadline first, while they fit in
+/// [`MAX_BATCH`].
+fn take_chunk(chunks: &mut VecDeque<Chunk>, now: Instant) -> Option<Chunk> {
+    let any_due = chunks.iter().any(|chunk| chunk.due <= now);
+    let first = (0..chunks.len())
+        .filter(|&index| !any_due || chunks[index].due <= now)
+        .min_by_key(|&index| chunks[index].deadline)?;
     let mut chunk = chunks.remove(first).expect("in range");
-    let mut index = first;
-    while index < chunks.len() && chunk.leases.len() < MAX_BATCH {
-        let other = &chunks[index];
-        if other.ttl == chunk.ttl && chunk.leases.len() + other.leases.len() <= MAX_BATCH {
-            let more = chunks.remove(index).expect("in range");
-            chunk.leases.extend(more.leases);
-        } else {
-            index += 1;
+    let mut others: Vec<usize> = (0..chunks.len())
+        .filter(|&index| chunks[index].ttl == chunk.ttl)
+        .collect();
+    others.sort_by_key(|&index| chunks[index].deadline);
+    let mut merged = Vec::new();
+    for index in others {
+        if chunk.leases.len() + chunks[index].leases.len() <= MAX_BATCH {
+            merged.push(index);
+            let more = std::mem::take(&mut chunks[index].leases);
+            chunk.leases.extend(more);
         }
+        if chunk.leases.len() >= MAX_BATCH {
+            break;
+        }
+    }
+    // Highest index first, so that the others keep theirs.
+    merged.sort_unstable_by(|a, b| b.cmp(a));
+    for index in merged {
+        chunks.remove(index);
     }
     Some(chunk)
 }

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod cpu_hogs;
+pub mod gates;
 pub mod mariadb;
 pub mod raw;
 pub mod row_lock;
