@@ -138,7 +138,7 @@ pub(crate) use linger::Lingerer;
 pub(crate) use rows::{Patience, KEYED_WATCHES};
 pub use set::{LockSet, LockSetGuard};
 
-use crate::backend::{Acquired, ReleaseWait};
+use crate::backend::{jittered, Acquired, ReleaseWait};
 use crate::core::Core;
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, Owner};
@@ -288,30 +288,6 @@ impl LocalState {
             waiter.wake.notify_one();
         }
     }
-}
-
-/// A random time between half of `idle` and `idle`: the sleep of a poller between attempts,
-/// and the length of a turn (with `turn_limit`).
-pub(crate) fn jittered(idle: Duration) -> Duration {
-    use std::cell::Cell;
-    use std::hash::BuildHasher;
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new(
-            std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id())
-                | 1,
-        );
-    }
-    // xorshift64: a fraction in [0, 1) from its top 53 bits.
-    let bits = STATE.with(|state| {
-        let mut x = state.get();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        state.set(x);
-        x
-    });
-    let fraction = (bits >> 11) as f64 / (1u64 << 53) as f64;
-    idle.mul_f64(0.5 + 0.5 * fraction)
 }
 
 /// How one waiting call hears of its key's releases elsewhere: where the backend lets a

@@ -106,6 +106,7 @@ pub(crate) use listener::{ListenerEvent, ListenerHandler, ListenerReply};
 pub(crate) use pools::first_connection;
 pub(crate) use pools::PoolSettings;
 pub(crate) use queue::{queue_ddl_for, queue_table, QueueStatements};
+pub(crate) use retry::jittered;
 pub(crate) use schema::{
     ddl_for, floor_ddl_for, floor_table, floor_trigger, FloorFound, TableSettings,
 };

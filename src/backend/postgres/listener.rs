@@ -577,7 +577,7 @@ pub(super) fn check_at_build(
                 return Ok(());
             }
             Decision::Busy if Instant::now() < give_up => {
-                std::thread::sleep(crate::lock::jittered(Duration::from_millis(40)));
+                std::thread::sleep(crate::backend::jittered(Duration::from_millis(40)));
             }
             Decision::Busy => {
                 log::debug!(
