@@ -1,7 +1,7 @@
 //! The fence on SQLite: a write of the lock row, so the check also takes the database's write
 //! lock (whatever `BEGIN` the transaction started with), which keeps every other writer — any
 //! takeover of the row — out until the transaction ends. The fence's own statement also moves
-//! the row's expiry to at least now + the lease's time-to-live (parameter `?5`, µs); the
+//! the row's expiry to at least now + the lease's time-to-live (parameter `?1`, µs); the
 //! statement given to other drivers changes nothing.
 //!
 //! A `rusqlite::Transaction` is always a top-level transaction (its `BEGIN` fails inside
