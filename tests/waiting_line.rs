@@ -158,6 +158,33 @@ mod suite {
     }
 }
 
+/// A place in the line that another session holds locked (a place being taken, refreshed or
+/// left that instant, or an operator's `SELECT … FOR UPDATE`) never turns the acquire of a
+/// free key into a refusal.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn a_locked_place_never_refuses_a_free_key(f: &common::Fixture) {
+    use common::raw::Raw;
+    let key = "line-locked";
+    let queue = format!("{}_QUEUE", f.table());
+    // An expired place, written and not yet committed: its row stays locked.
+    let mut holder = Raw::open(f);
+    holder.execute_batch("BEGIN");
+    holder.execute(&format!(
+        "INSERT INTO {queue} (LOCK_KEY, REGION, CLIENT_ID, SINCE, EXPIRED_AFTER) VALUES \
+         ('{}', 'DEFAULT', 'gone', '2000-01-01 00:00:00', '2000-01-01 00:00:00')",
+        leasehold::lock_key_for(key)
+    ));
+    let registry = f.registry();
+    let lock = registry.obtain(key).unwrap();
+    let guard = lock.try_lock().unwrap();
+    assert!(
+        guard.is_some(),
+        "the key is free: a locked place must not refuse it"
+    );
+    drop(guard);
+    holder.execute_batch("ROLLBACK");
+}
+
 macro_rules! line {
     ($db:expr) => {
         crate::suite_for!($db; waiting_instances_are_served_in_order);
@@ -172,9 +199,23 @@ mod sqlite {
 #[cfg(feature = "postgres")]
 mod postgres {
     line!(crate::common::Db::Postgres);
+
+    #[test]
+    fn a_locked_place_never_refuses_a_free_key() {
+        if let Some(f) = crate::common::Fixture::new(crate::common::Db::Postgres, "line_locked") {
+            super::a_locked_place_never_refuses_a_free_key(&f);
+        }
+    }
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
     line!(crate::common::Db::Mysql);
+
+    #[test]
+    fn a_locked_place_never_refuses_a_free_key() {
+        if let Some(f) = crate::common::Fixture::new(crate::common::Db::Mysql, "line_locked") {
+            super::a_locked_place_never_refuses_a_free_key(&f);
+        }
+    }
 }

@@ -331,7 +331,12 @@ impl Backend for Mysql {
 
     fn default_queries(table: &str, floor: bool, named: bool, queue: bool) -> Statements {
         // With the line: the row is written only when no other client holds an earlier live
-        // place (a client without one comes after every live place).
+        // place (a client without one comes after every live place). An `INSERT … SELECT`
+        // reads its source with locks, so a place row that a statement holds locked that
+        // instant (a place taken, refreshed or left) would turn the acquire of a free key into
+        // a refusal: the look at the line skips such rows (`SKIP LOCKED`). A place skipped so
+        // counts as absent for that one statement, which can put this client ahead of it
+        // once; the lock row itself decides who holds the key.
         let in_turn = match queue {
             true => format!(
                 " WHERE NOT EXISTS (SELECT 1 FROM {queue} AS w WHERE w.LOCK_KEY = :lock_key \
@@ -339,7 +344,8 @@ impl Backend for Mysql {
                  AND w.EXPIRED_AFTER >= {NOW} AND (w.SINCE, w.CLIENT_ID) < \
                  (COALESCE((SELECT m.SINCE FROM {queue} AS m WHERE m.LOCK_KEY = :lock_key \
                  AND m.REGION = :region AND m.CLIENT_ID = :client_id \
-                 AND m.EXPIRED_AFTER >= {NOW}), {NOW}), :client_id))",
+                 AND m.EXPIRED_AFTER >= {NOW} FOR UPDATE SKIP LOCKED), {NOW}), :client_id) \
+                 FOR UPDATE SKIP LOCKED)",
                 queue = crate::backend::queue_table(table)
             ),
             false => String::new(),
