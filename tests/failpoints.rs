@@ -119,6 +119,40 @@ impl RowHeld {
     }
 }
 
+/// A manual renewal that finds its row locked by another session tries again until its
+/// deadline; when the deadline comes while a later try is still out (here held at a fail
+/// point), the timeout still names the row lock that the wait was for.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_renewal_whose_deadline_comes_during_a_retry_names_the_row_lock() {
+    let scenario = fail::FailScenario::setup();
+    let Some(f) = Fixture::new(Db::Mysql, "renew_retry_timeout") else {
+        return;
+    };
+    let registry = f
+        .builder()
+        .renewal(false)
+        .operation_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let guard = registry.obtain("retried").unwrap().lock().unwrap();
+    let row = RowHeld::on(&f, "retried");
+    // The first try finds the row locked; the next is held past the deadline.
+    fail::cfg("backend::renew_sent", "1*off->sleep(1000)").unwrap();
+    let outcome = guard.renew();
+    fail::remove("backend::renew_sent");
+    row.end();
+    match outcome {
+        Err(e @ leasehold::Error::Timeout { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("stayed locked by another session"), "{text}");
+        }
+        other => panic!("expected a timeout naming the row lock, got {other:?}"),
+    }
+    drop(guard);
+    scenario.teardown();
+}
+
 /// A manual renewal with a shorter time-to-live times out for its caller but
 /// runs on the server later. Another session holds its row locked past the caller's deadline
 /// (the caller's socket gives up at the deadline; the server's statement waits on), then lets

@@ -464,17 +464,27 @@ impl<B: Backend> Store for SqlStore<B> {
         if let Some(batch) = batch {
             let started = Instant::now();
             let mut pause = Duration::from_millis(1);
+            let mut busy = false;
             loop {
                 match self.run_batch(path, "renew", batch, &[(lock_key, token)], ttl, deadline) {
                     Ok((sent_at, found)) => match found[0] {
                         Batched::Renewed => return Ok(Some(sent_at)),
                         Batched::NotHolder => return Ok(None),
-                        Batched::RowBusy => {}
+                        Batched::RowBusy => busy = true,
                     },
                     // Refused, so it did not run: the plain statement from now on.
                     Err(Error::Database { .. }) => {
                         self.batch_refused.store(true, Ordering::Relaxed);
                         break;
+                    }
+                    // The deadline came during a try after the row was found locked: the
+                    // wait was for the row.
+                    Err(Error::Timeout { .. }) if busy => {
+                        return Err(Error::Timeout {
+                            operation: "renew",
+                            waited: started.elapsed(),
+                            source: Some(ROW_LOCKED.into()),
+                        })
                     }
                     Err(e) => return Err(e),
                 }
