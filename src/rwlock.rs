@@ -778,6 +778,10 @@ impl Nudge for RwInner {
 
 /// A handle on one reader/writer lock of a registry (see [`LockRegistry::rw_lock`](crate::LockRegistry::rw_lock)). Cheap to
 /// clone.
+///
+/// Neither side is reentrant, whatever the guards' kind: each read is a hold of its own (a
+/// read slot), and a thread that holds one side and asks for the write side, or holds the
+/// write side and asks to read, waits for itself (until its deadline, or for ever).
 pub struct RwLock<H: Holding = ThisThread> {
     inner: Arc<RwInner>,
     _holder: PhantomData<fn() -> H>,
