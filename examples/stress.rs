@@ -557,6 +557,56 @@ impl Tally {
             details.push(detail);
         }
     }
+
+    /// The guard an acquire of `what` returned, or `None` after counting why not (a wait that
+    /// ran out, or an error, after which the worker pauses briefly).
+    fn granted<T>(
+        &self,
+        me: &str,
+        what: &str,
+        acquired: leasehold::Result<Option<T>>,
+    ) -> Option<T> {
+        match acquired {
+            Ok(Some(guard)) => Some(guard),
+            Ok(None) => {
+                self.problem(
+                    &self.timeouts,
+                    format!("{me}: no grant of {what} within {ACQUIRE_TIMEOUT:?}"),
+                );
+                None
+            }
+            Err(e) => {
+                self.problem(&self.errors, format!("{me}: lock {what}: {e}"));
+                thread::sleep(Duration::from_millis(10));
+                None
+            }
+        }
+    }
+
+    /// Counts a failed renewal or release of `what`: a lost lease, or an error.
+    fn failed(&self, me: &str, doing: &str, what: &str, e: leasehold::Error) {
+        let counter = match e.is_lease_lost() {
+            true => &self.lost,
+            false => &self.errors,
+        };
+        self.problem(counter, format!("{me}: {doing} {what}: {e}"));
+    }
+
+    /// Chaos: appends `record` to this child's counts file while the section's lock is still
+    /// held, so a killed child leaves at most this one section per record counted in the
+    /// record but not in its file.
+    fn count(&self, counts: Option<&Mutex<std::fs::File>>, me: &str, record: usize) {
+        if let Some(counts) = counts {
+            use std::io::Write;
+            let started = Instant::now();
+            let line = format!("{record}\n");
+            if let Err(e) = counts.lock().unwrap().write_all(line.as_bytes()) {
+                self.problem(&self.errors, format!("{me}: counts file: {e}"));
+            }
+            let spent = started.elapsed().as_nanos() as u64;
+            self.count_ns.fetch_add(spent, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A small deterministic generator, so the key order differs per thread without a dependency.
@@ -669,20 +719,10 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         names.reverse();
                     }
                     let set = registry.lock_set(&names).expect("valid keys");
-                    let guard = match set.try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl) {
-                        Ok(Some(guard)) => guard,
-                        Ok(None) => {
-                            tally.problem(
-                                &tally.timeouts,
-                                format!("{me}: no grant of {names:?} within {ACQUIRE_TIMEOUT:?}"),
-                            );
-                            continue;
-                        }
-                        Err(e) => {
-                            tally.problem(&tally.errors, format!("{me}: lock {names:?}: {e}"));
-                            thread::sleep(Duration::from_millis(10));
-                            continue;
-                        }
+                    let what = format!("{names:?}");
+                    let acquired = set.try_lock_for_with_ttl(ACQUIRE_TIMEOUT, ttl);
+                    let Some(guard) = tally.granted(&me, &what, acquired) else {
+                        continue;
                     };
                     for held in guard.guards() {
                         let record = held.key()["stress-".len()..]
@@ -697,21 +737,11 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                             held.fencing_token(),
                         );
                         per_key[record].fetch_add(1, Ordering::SeqCst);
-                        if let Some(counts) = &counts {
-                            use std::io::Write;
-                            let line = format!("{record}\n");
-                            if let Err(e) = counts.lock().unwrap().write_all(line.as_bytes()) {
-                                tally.problem(&tally.errors, format!("{me}: counts file: {e}"));
-                            }
-                        }
+                        tally.count(counts.as_deref(), &me, record);
                         tally.sections.fetch_add(1, Ordering::SeqCst);
                     }
                     if let Err(e) = guard.unlock() {
-                        let counter = match e.is_lease_lost() {
-                            true => &tally.lost,
-                            false => &tally.errors,
-                        };
-                        tally.problem(counter, format!("{me}: unlock {names:?}: {e}"));
+                        tally.failed(&me, "unlock", &what, e);
                     }
                     continue;
                 }
@@ -730,29 +760,14 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         .map(|guard| guard.map(Held::Lock)),
                 };
                 let granted_ms = now_ms();
-                let guard = match acquired {
-                    Ok(Some(guard)) => guard,
-                    Ok(None) => {
-                        tally.problem(
-                            &tally.timeouts,
-                            format!("{me}: no grant of key {key} within {ACQUIRE_TIMEOUT:?}"),
-                        );
-                        continue;
-                    }
-                    Err(e) => {
-                        tally.problem(&tally.errors, format!("{me}: lock key {key}: {e}"));
-                        thread::sleep(Duration::from_millis(10));
-                        continue;
-                    }
+                let what = format!("key {key}");
+                let Some(guard) = tally.granted(&me, &what, acquired) else {
+                    continue;
                 };
                 if config.mix && random.next().trailing_zeros() >= 3 {
                     let ttl = ttls[(random.next() % 3) as usize];
                     if let Err(e) = guard.renew_with_ttl(ttl) {
-                        let counter = match e.is_lease_lost() {
-                            true => &tally.lost,
-                            false => &tally.errors,
-                        };
-                        tally.problem(counter, format!("{me}: renew key {key}: {e}"));
+                        tally.failed(&me, "renew", &what, e);
                     }
                 }
                 let record = match &guard {
@@ -799,27 +814,11 @@ pub fn child_main(index: usize, config: &Config) -> Result<ChildReport, String> 
                         guard.fencing_token(),
                     );
                     per_key[record].fetch_add(1, Ordering::SeqCst);
-                    // Chaos: reported while still held, so a killed child leaves at most this
-                    // one section per record counted in the record but not in its file.
-                    if let Some(counts) = &counts {
-                        use std::io::Write;
-                        let started = Instant::now();
-                        let line = format!("{record}\n");
-                        if let Err(e) = counts.lock().unwrap().write_all(line.as_bytes()) {
-                            tally.problem(&tally.errors, format!("{me}: counts file: {e}"));
-                        }
-                        let spent = started.elapsed().as_nanos() as u64;
-                        tally.count_ns.fetch_add(spent, Ordering::Relaxed);
-                    }
+                    tally.count(counts.as_deref(), &me, record);
                 }
                 tally.sections.fetch_add(1, Ordering::SeqCst);
                 if let Err(e) = guard.unlock() {
-                    let counter = if e.is_lease_lost() {
-                        &tally.lost
-                    } else {
-                        &tally.errors
-                    };
-                    tally.problem(counter, format!("{me}: unlock key {key}: {e}"));
+                    tally.failed(&me, "unlock", &what, e);
                 }
             }
         }));

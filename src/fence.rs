@@ -576,6 +576,24 @@ fn idle_bound(ttl: Duration) -> Duration {
     Duration::from_secs(seconds.max(1))
 }
 
+/// The condition of a fence's statement on `rows` rows: for each, its four columns
+/// (`LOCK_KEY`, `REGION`, `CLIENT_ID`, `FENCING_TOKEN`) equal to `value(row, column)`, and the
+/// rows joined by `OR`.
+fn any_row(rows: usize, value: impl Fn(usize, usize) -> String) -> String {
+    const COLUMNS: [&str; 4] = ["LOCK_KEY", "REGION", "CLIENT_ID", "FENCING_TOKEN"];
+    let rows: Vec<String> = (0..rows)
+        .map(|row| {
+            let columns: Vec<String> = COLUMNS
+                .iter()
+                .enumerate()
+                .map(|(column, name)| format!("{name} = {}", value(row, column)))
+                .collect();
+            format!("({})", columns.join(" AND "))
+        })
+        .collect();
+    rows.join(" OR ")
+}
+
 /// The check's statement for `backend`'s `table`.
 fn statement(backend: &str, table: &str) -> String {
     match backend {

@@ -101,8 +101,11 @@
 //! in line takes to try (at once when a release wakes it, else within its own
 //! `idle_between_tries`), and after the holds of instances that do not know the line (Spring
 //! Integration's), which take the free row whenever they try. A newcomer's try (`try_lock`)
-//! finds a free key that others wait for in line taken. Without the table (not created, or a replacement acquire statement)
-//! there is no line: each turn end goes to whichever waiting instance tries first.
+//! finds a free key that others wait for in line taken. On MySQL/MariaDB the acquire reads the
+//! line with row locks; a place another statement holds locked that instant (being taken,
+//! refreshed or left) is skipped, and counts as absent for that one statement. Without the
+//! table (not created, or a replacement acquire statement) there is no line: each turn end
+//! goes to whichever waiting instance tries first.
 //!
 //! **Unknown outcomes.** An acquire statement that was sent and got no answer — none before the
 //! call's deadline, or a connection that broke — may still have granted the row on the server,

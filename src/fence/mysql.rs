@@ -121,20 +121,16 @@ fn literal(text: &str) -> String {
 /// row is this grant's; and the mark, set after the `UPDATE` so that rolling back to it keeps
 /// the row's new expiry.
 fn fence_statement(check: &Check) -> String {
-    let rows: Vec<String> = check
-        .rows
-        .iter()
-        .map(|p| {
-            format!(
-                "(LOCK_KEY = {} AND REGION = {} AND CLIENT_ID = {} AND FENCING_TOKEN = {})",
-                literal(&p.lock_key),
-                literal(&p.region),
-                literal(&p.client_id),
-                p.fencing_token
-            )
-        })
-        .collect();
-    let conditions = format!("({}) AND EXPIRED_AFTER >= {NOW}", rows.join(" OR "));
+    let rows = super::any_row(check.rows.len(), |row, column| {
+        let p = &check.rows[row];
+        match column {
+            0 => literal(&p.lock_key),
+            1 => literal(&p.region),
+            2 => literal(&p.client_id),
+            _ => p.fencing_token.to_string(),
+        }
+    });
+    let conditions = format!("({rows}) AND EXPIRED_AFTER >= {NOW}");
     format!(
         "{bound}; UPDATE {table} SET EXPIRED_AFTER = GREATEST(EXPIRED_AFTER, \
          {NOW} + INTERVAL {ttl} MICROSECOND) WHERE {conditions}; \

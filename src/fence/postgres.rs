@@ -50,29 +50,20 @@ pub(super) fn statement(table: &str) -> String {
 /// then (the same whether `set_config` ran before it or not).
 fn fence_statement(table: &str, rows: usize) -> String {
     let tighter = format!("{IDLE}::interval BETWEEN INTERVAL '1 ms' AND $1 * INTERVAL '1 ms'");
-    let conditions: Vec<String> = (0..rows)
-        .map(|row| {
-            let at = |n: usize| 4 * row + n + 2;
-            format!(
-                "(LOCK_KEY = CAST(${} AS BPCHAR) AND REGION = CAST(${} AS VARCHAR) \
-                 AND CLIENT_ID = CAST(${} AS BPCHAR) AND FENCING_TOKEN = CAST(${} AS BIGINT))",
-                at(1),
-                at(2),
-                at(3),
-                at(4)
-            )
-        })
-        .collect();
+    // The columns' own types, so that the primary key's index finds the rows.
+    let types = ["BPCHAR", "VARCHAR", "BPCHAR", "BIGINT"];
+    let rows = super::any_row(rows, |row, column| {
+        format!("CAST(${} AS {})", 3 + 4 * row + column, types[column])
+    });
     format!(
         "UPDATE {table} SET EXPIRED_AFTER = GREATEST(EXPIRED_AFTER, \
          (statement_timestamp() AT TIME ZONE 'UTC') + $2 * INTERVAL '1 microsecond') \
-         WHERE ({}) AND EXPIRED_AFTER >= (statement_timestamp() AT TIME ZONE 'UTC') \
+         WHERE ({rows}) AND EXPIRED_AFTER >= (statement_timestamp() AT TIME ZONE 'UTC') \
          RETURNING LOCK_KEY, txid_current(), pg_export_snapshot(), \
          set_config('idle_in_transaction_session_timeout', \
          CASE WHEN {tighter} THEN {IDLE} ELSE CAST($1 AS TEXT) END, true), \
          CAST(CASE WHEN {tighter} THEN EXTRACT(EPOCH FROM {IDLE}::interval) * 1000 \
-         ELSE $1 END AS BIGINT)",
-        conditions.join(" OR ")
+         ELSE $1 END AS BIGINT)"
     )
 }
 

@@ -34,23 +34,11 @@ pub(super) fn statement(table: &str) -> String {
 /// the first, `?6`–`?9` for the second, …), which also keeps each row until at least now +
 /// `?1` µs (it never shortens it), and returns the `LOCK_KEY` of each row found.
 fn fence_statement(table: &str, rows: usize) -> String {
-    let conditions: Vec<String> = (0..rows)
-        .map(|row| {
-            let at = |n: usize| 4 * row + n + 1;
-            format!(
-                "(LOCK_KEY = ?{} AND REGION = ?{} AND CLIENT_ID = ?{} AND FENCING_TOKEN = ?{})",
-                at(1),
-                at(2),
-                at(3),
-                at(4)
-            )
-        })
-        .collect();
+    let rows = super::any_row(rows, |row, column| format!("?{}", 2 + 4 * row + column));
     format!(
         "UPDATE {table} SET EXPIRED_AFTER = max(EXPIRED_AFTER, \
          strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ?1 / 86400000000.0)) \
-         WHERE ({}) AND EXPIRED_AFTER >= {NOW} RETURNING LOCK_KEY",
-        conditions.join(" OR ")
+         WHERE ({rows}) AND EXPIRED_AFTER >= {NOW} RETURNING LOCK_KEY"
     )
 }
 

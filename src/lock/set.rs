@@ -3,8 +3,9 @@
 //! A set takes its keys one by one in one canonical order (their keys' byte order), with the
 //! waits of a single lock. Every holder of overlapping sets, in this registry or another
 //! instance, asks for the keys they share in the same order, so no two sets wait for each
-//! other: a set that holds some of its keys waits only for a key whose holder does not wait
-//! for any key this set holds — a holder of a single lock, or a set further along the order.
+//! other in a circle: the set that holds the furthest key along the order is never waiting
+//! for another set. A thread that holds a lock and then asks for another lock or a set outside
+//! that order orders its keys itself, as with any two locks.
 //! A set that cannot have every key (a refusal, a deadline, an error) gives back the keys it
 //! took before it returns, each as its own guard's drop does (a grant whose answer is unknown
 //! is resolved as for a single lock), so nothing of a failed try outlives it.
