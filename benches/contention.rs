@@ -16,7 +16,8 @@
 //!   key AND expires < now` to take it (one row affected: held), the same `UPDATE` setting
 //!   `expires` back to the past to let go, one connection per thread, a refused thread
 //!   sleeping 10 ms before it tries again; the same durability as the registry's statements
-//!   (on PostgreSQL the release commits without a disk sync, as leasehold's does);
+//!   (on PostgreSQL the release commits without a disk sync, as leasehold's does;
+//!   `common/raw_row.rs`, shared with `benches/throughput.rs`);
 //! - `native` (PostgreSQL, MySQL): the server's own lock, no table — `pg_advisory_lock` /
 //!   `pg_advisory_unlock`, `GET_LOCK(name, 3600)` / `RELEASE_LOCK`, one session per thread.
 //!
@@ -28,8 +29,12 @@
 //! `LEASEHOLD_POSTGRES_URL` / `LEASEHOLD_MYSQL_URL` (defaults as in the tests) are skipped if
 //! they do not answer.
 
+#[path = "common/raw_row.rs"]
+mod raw_row;
+
 use criterion::Criterion;
 use leasehold::LockRegistry;
+use raw_row::RawRow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -37,8 +42,6 @@ use std::time::{Duration, Instant};
 const INSTANCES: usize = 2;
 const THREADS: usize = 4;
 const KEYS: usize = 4;
-/// How long a refused raw-row thread sleeps before it tries again.
-const RAW_POLL: Duration = Duration::from_millis(10);
 
 /// One thread's way of running a critical section on key `k`.
 type Section = Box<dyn FnMut(usize, &Witness) + Send>;
@@ -160,94 +163,34 @@ fn without_turns(builder: leasehold::RegistryBuilder) -> leasehold::RegistryBuil
     })
 }
 
-fn sqlite_raw(path: &std::path::Path) -> Threads {
-    let setup = rusqlite::Connection::open(path).unwrap();
-    setup
-        .execute_batch(
-            "PRAGMA journal_mode = WAL; \
-             CREATE TABLE IF NOT EXISTS raw_lease (k INTEGER PRIMARY KEY, holder TEXT, \
-             expires TEXT NOT NULL); \
-             DELETE FROM raw_lease;",
-        )
-        .unwrap();
-    for k in 0..KEYS {
-        setup
-            .execute(
-                "INSERT INTO raw_lease VALUES (?1, NULL, '1970-01-01 00:00:00.000')",
-                [k as i64],
-            )
-            .unwrap();
-    }
-    (0..INSTANCES * THREADS)
+/// The bare lease rows of `spec` (see `common/raw_row.rs`), one connection per thread, or why
+/// the server cannot be used.
+fn raw_threads(spec: &str) -> Result<Threads, String> {
+    RawRow::setup(spec, KEYS)?;
+    Ok((0..INSTANCES * THREADS)
         .map(|n| {
-            let conn = rusqlite::Connection::open(path).unwrap();
-            conn.busy_timeout(Duration::from_secs(5)).unwrap();
-            conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+            let mut row = RawRow::connect(spec);
             let me = format!("thread-{n}");
             let section: Section = Box::new(move |k, witness| {
-                let take = "UPDATE raw_lease SET holder = ?1, expires = \
-                            strftime('%Y-%m-%d %H:%M:%f', julianday('now') + 30 / 86400.0) \
-                            WHERE k = ?2 AND expires < strftime('%Y-%m-%d %H:%M:%f', 'now')";
-                let give = "UPDATE raw_lease SET expires = '1970-01-01 00:00:00.000' \
-                            WHERE k = ?2 AND holder = ?1";
-                let params = rusqlite::params![me, k as i64];
-                while conn.prepare_cached(take).unwrap().execute(params).unwrap() == 0 {
-                    std::thread::sleep(RAW_POLL);
-                }
+                row.lock(&me, k);
                 witness.inside(k);
-                conn.prepare_cached(give).unwrap().execute(params).unwrap();
+                row.unlock(&me, k);
             });
             Mutex::new(section)
         })
-        .collect()
+        .collect())
 }
 
 #[cfg(feature = "postgres")]
 fn postgres_threads(url: &str) -> Option<(Threads, Threads)> {
     let connect = || postgres::Client::connect(url, postgres::NoTls);
-    let mut setup = match connect() {
-        Ok(client) => client,
+    let raw = match raw_threads(&format!("postgres|{url}")) {
+        Ok(raw) => raw,
         Err(e) => {
             eprintln!("skipping PostgreSQL: {e}");
             return None;
         }
     };
-    setup
-        .batch_execute(
-            "CREATE TABLE IF NOT EXISTS raw_lease (k int PRIMARY KEY, holder text, \
-             expires timestamp NOT NULL); \
-             TRUNCATE raw_lease; \
-             INSERT INTO raw_lease SELECT k, NULL, '1970-01-01' FROM generate_series(0, 3) k",
-        )
-        .unwrap();
-    let raw = (0..INSTANCES * THREADS)
-        .map(|n| {
-            let mut client = connect().unwrap();
-            let take = client
-                .prepare(
-                    "UPDATE raw_lease SET holder = $1, expires = now() + interval '30 seconds' \
-                     WHERE k = $2 AND expires < now()",
-                )
-                .unwrap();
-            let give = client
-                .prepare(
-                    "WITH unsynced AS (SELECT set_config('synchronous_commit', 'off', true)) \
-                     UPDATE raw_lease SET expires = '1970-01-01' FROM unsynced \
-                     WHERE k = $2 AND holder = $1",
-                )
-                .unwrap();
-            let me = format!("thread-{n}");
-            let section: Section = Box::new(move |k, witness| {
-                let k = k as i32;
-                while client.execute(&take, &[&me, &k]).unwrap() == 0 {
-                    std::thread::sleep(RAW_POLL);
-                }
-                witness.inside(k as usize);
-                client.execute(&give, &[&me, &k]).unwrap();
-            });
-            Mutex::new(section)
-        })
-        .collect();
     let native = (0..INSTANCES * THREADS)
         .map(|_| {
             let mut client = connect().unwrap();
@@ -273,56 +216,13 @@ fn mysql_threads(url: &str) -> Option<(Threads, Threads)> {
             .map_err(mysql::Error::from)
             .and_then(mysql::Conn::new)
     };
-    let mut setup = match connect() {
-        Ok(conn) => conn,
+    let raw = match raw_threads(&format!("mysql|{url}")) {
+        Ok(raw) => raw,
         Err(e) => {
             eprintln!("skipping MariaDB: {e}");
             return None;
         }
     };
-    setup
-        .query_drop(
-            "CREATE TABLE IF NOT EXISTS raw_lease (k int PRIMARY KEY, holder varchar(64), \
-             expires datetime(6) NOT NULL)",
-        )
-        .unwrap();
-    setup.query_drop("DELETE FROM raw_lease").unwrap();
-    for k in 0..KEYS {
-        setup
-            .exec_drop(
-                "INSERT INTO raw_lease VALUES (?, NULL, '1970-01-01 00:00:00')",
-                (k as i64,),
-            )
-            .unwrap();
-    }
-    let raw = (0..INSTANCES * THREADS)
-        .map(|n| {
-            let mut conn = connect().unwrap();
-            let me = format!("thread-{n}");
-            let section: Section = Box::new(move |k, witness| {
-                loop {
-                    conn.exec_drop(
-                        "UPDATE raw_lease SET holder = ?, expires = UTC_TIMESTAMP(6) + \
-                         INTERVAL 30 SECOND WHERE k = ? AND expires < UTC_TIMESTAMP(6)",
-                        (&me, k as i64),
-                    )
-                    .unwrap();
-                    if conn.affected_rows() > 0 {
-                        break;
-                    }
-                    std::thread::sleep(RAW_POLL);
-                }
-                witness.inside(k);
-                conn.exec_drop(
-                    "UPDATE raw_lease SET expires = '1970-01-01 00:00:00' \
-                     WHERE k = ? AND holder = ?",
-                    (k as i64, &me),
-                )
-                .unwrap();
-            });
-            Mutex::new(section)
-        })
-        .collect();
     let native = (0..INSTANCES * THREADS)
         .map(|_| {
             let mut conn = connect().unwrap();
@@ -371,7 +271,11 @@ fn main() {
     bench_leasehold(&mut c, "sqlite/leasehold_without_turns", || {
         without_turns(LockRegistry::sqlite(&path))
     });
-    bench(&mut c, "sqlite/raw_row", &sqlite_raw(&path));
+    bench(
+        &mut c,
+        "sqlite/raw_row",
+        &raw_threads(&format!("sqlite|{}", path.display())).unwrap(),
+    );
 
     #[cfg(feature = "postgres")]
     {

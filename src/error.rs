@@ -344,6 +344,17 @@ fn timeout_cause(
                 end that transaction"
             .to_string();
     }
+    // A statement was sent and its answer had not come when the time ran out: with a short
+    // wait that is the wait, not the database.
+    if text.contains("no answer from") {
+        return format!(
+            "a statement was sent but not answered in that time; a wait shorter than the \
+             database takes to answer (a disk sync, a busy server) ends this way, so allow more \
+             time, else the database is unreachable or overloaded (check the server and \
+             RegistryBuilder::{})",
+            pool_setting(operation)
+        );
+    }
     format!(
         "the database is unreachable, overloaded or every connection is busy (check the server \
          and RegistryBuilder::{})",
@@ -409,6 +420,20 @@ mod tests {
         );
         let plain = format!("{:?}", Error::Closed);
         assert_eq!(plain, Error::Closed.to_string());
+    }
+
+    #[test]
+    fn a_statement_unanswered_at_the_deadline_says_the_wait_may_be_too_short() {
+        let e = Error::Timeout {
+            operation: "acquire",
+            waited: Duration::from_millis(3),
+            source: Some("no answer from PostgreSQL before the deadline".into()),
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("allow more time") && !text.contains("every connection is busy"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -67,6 +67,13 @@ mod suite {
             matches!(outcome, Err(Error::Timeout { .. })),
             "an acquire without an answer reports a timeout: {outcome:?}"
         );
+        // The server took the statement and did not answer in the call's time: the message
+        // says the wait may be too short, not that every connection is busy.
+        let text = outcome.unwrap_err().to_string();
+        assert!(
+            text.contains("not answered in that time") && text.contains("allow more time"),
+            "{text}"
+        );
         match f.db {
             Db::Postgres => blocker.execute_batch("COMMIT"),
             _ => blocker.execute_batch("UNLOCK TABLES"),

@@ -119,7 +119,17 @@ impl<B: Backend> SqlStore<B> {
                                 FailureKind::Broken => discard_idle::<B>(pool),
                                 FailureKind::Transient => {}
                             }
-                            last = Some(failure.source);
+                            // A connection ended at the deadline (MySQL's watchdog shuts
+                            // its socket down then) is a statement without an answer.
+                            last = Some(match failure.kind {
+                                FailureKind::Broken if Instant::now() >= deadline => format!(
+                                    "no answer from {} before the deadline ({})",
+                                    B::NAME,
+                                    failure.source
+                                )
+                                .into(),
+                                _ => failure.source,
+                            });
                         }
                     }
                     if let Some(slot) = unanswered.as_deref_mut().filter(|_| no_answer) {
