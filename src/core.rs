@@ -221,7 +221,7 @@ impl Settings {
 pub(crate) struct Core {
     pub store: Arc<dyn Store>,
     pub settings: Settings,
-    /// The registry's loss callback, on its own thread (see [`callback_thread`]).
+    /// The registry's loss callback, on its own thread (see [`callback_thread`](crate::lease::callback_thread)).
     pub on_lost: Option<LossSink>,
     pub client_id: String,
     pub region: String,

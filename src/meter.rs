@@ -1,4 +1,4 @@
-//! What a registry measures about its locks: the figures of [`Statistics`](crate::Statistics)
+//! What a registry measures about its locks: the figures of [`Statistics`]
 //! beyond statement counts, and — with the `metrics` feature — the same events sent to the
 //! [`metrics`](https://docs.rs/metrics) facade, for whatever exporter the application installed
 //! (Prometheus, StatsD, …).
@@ -8,7 +8,7 @@
 //! none is installed) with a metric key built when the registry was (only per-key metrics
 //! under `metrics_key_labels` build theirs per event). Nothing here blocks or runs user code.
 //!
-//! The metric names are listed in the docs of [`Statistics`](crate::Statistics).
+//! The metric names are listed in the docs of [`Statistics`].
 
 use crate::error::LossReason;
 use crate::Statistics;

@@ -798,7 +798,7 @@ impl<H: Holding> Clone for RwLock<H> {
 
 impl<H: Holding> RwLock<H> {
     /// The same lock, whose read and write guards belong to no thread: `Send` and `Sync` (see
-    /// [`AnyThread`](crate::AnyThread)).
+    /// [`AnyThread`]).
     pub fn any_thread(&self) -> RwLock<AnyThread> {
         RwLock {
             inner: Arc::clone(&self.inner),

@@ -644,7 +644,7 @@ impl<H: Holding> Clone for Semaphore<H> {
 
 impl<H: Holding> Semaphore<H> {
     /// The same semaphore, whose permits belong to no thread: `Send` and `Sync` (see
-    /// [`AnyThread`](crate::AnyThread)).
+    /// [`AnyThread`]).
     pub fn any_thread(&self) -> Semaphore<AnyThread> {
         Semaphore {
             inner: Arc::clone(&self.inner),

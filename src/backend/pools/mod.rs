@@ -31,7 +31,7 @@
 //! much as the rest of the registry's own work together (r2d2 reads the clock five times per
 //! checkout and return, takes its lock twice, clones its pool handle and signals its condition
 //! variable), against a statement of a few microseconds. So SQLite's main pool
-//! ([`Backend::PARKS_CONNECTION`](super::Backend::PARKS_CONNECTION)) keeps the connection
+//! ([`Backend::PARKS_CONNECTION`]) keeps the connection
 //! given back last *parked*: still checked out of r2d2, in a slot of the pool ([`Pool`]: a
 //! `parking_lot` mutex around an `Option` of it) that the next caller takes before asking r2d2.
 //!

@@ -126,7 +126,7 @@
 //! URL. `LISTEN` needs a session that stays on one server connection: through a
 //! transaction-mode pooler it succeeds, but the server connection goes back to the pool and
 //! its notifications are dropped. So the first time it subscribes, the listener probes
-//! ([`Listener::probe`]): it listens on a channel of its own, sends a notification there from a
+//! (`listener`'s `Listener::probe`): it listens on a channel of its own, sends a notification there from a
 //! connection of the registry's main pool and waits one call's bound for it. Heard, the
 //! probe is not made again. Not heard on a connection that works, the listener logs one
 //! warning naming `listener_url`, closes its connection and ends: the registry's waiters poll
