@@ -28,6 +28,9 @@
 //!   costs with nothing of the registry around it — the baseline of the handoff's target;
 //! - *commit*: a one-integer `UPDATE` on each side instead, what the machine costs for any
 //!   durable handoff;
+//! - *commit, read*: the `UPDATE` on this side, a read of that row on the child's: the floor of
+//!   a handoff in one commit, whose release grants the next holder, which then only has to
+//!   read its grant;
 //! - SQLite: the pipe wake-up alone; MySQL and MariaDB: two such commits with the server's own
 //!   wake-up between them (the child blocks in `GET_LOCK` on a name this process lets go right
 //!   after its commit), the primitive the registry's wake-ups stand on.
@@ -161,6 +164,30 @@ impl RawConn {
         }
     }
 
+    /// Reads the row the commits change, without writing: what a holder that was granted the
+    /// key by its predecessor's commit needs to learn it (its token and time left).
+    fn read(&mut self) {
+        const SELECT: &str = "SELECT n FROM bench_tails_commit WHERE id = 1";
+        match self {
+            RawConn::Sqlite(conn) => {
+                let _: i64 = conn
+                    .prepare_cached(SELECT)
+                    .unwrap()
+                    .query_row([], |row| row.get(0))
+                    .unwrap();
+            }
+            #[cfg(feature = "postgres")]
+            RawConn::Postgres(client) => {
+                client.query_one(SELECT, &[]).unwrap();
+            }
+            #[cfg(feature = "mysql")]
+            RawConn::Mysql(conn) => {
+                use mysql::prelude::Queryable;
+                let _: Option<i64> = conn.exec_first(SELECT, ()).unwrap();
+            }
+        }
+    }
+
     fn commit(&mut self) {
         const UPDATE: &str = "UPDATE bench_tails_commit SET n = n + 1 WHERE id = 1";
         match self {
@@ -190,6 +217,10 @@ enum FloorWake {
     Pipe,
     /// A line through a pipe, and nothing else: a bare wake-up of an idle process.
     PipeAlone,
+    /// A line through a pipe after a one-integer `UPDATE`; the child then reads that row
+    /// instead of committing: the floor of a handoff in one commit, where the release grants
+    /// the next holder and the wake-up tells it so.
+    PipeThenRead,
     /// The server's own wake-up (MySQL, MariaDB): the child blocks in `GET_LOCK` on a name
     /// that this process lets go right after its commit, then commits.
     NamedLock,
@@ -201,6 +232,7 @@ impl FloorWake {
             FloorWake::OwnStatements => "own",
             FloorWake::Pipe => "floor",
             FloorWake::PipeAlone => "wake",
+            FloorWake::PipeThenRead => "read",
             FloorWake::NamedLock => "named",
         }
     }
@@ -210,6 +242,7 @@ impl FloorWake {
             FloorWake::OwnStatements => "own release, pipe wake-up, own acquire",
             FloorWake::Pipe => "commit, pipe wake-up, commit",
             FloorWake::PipeAlone => "pipe wake-up alone",
+            FloorWake::PipeThenRead => "commit, pipe wake-up, read",
             FloorWake::NamedLock => "commit, RELEASE_LOCK wakes a GET_LOCK, commit",
         }
     }
@@ -228,8 +261,8 @@ fn floor_lease(spec: &str) -> RawLease {
     RawLease::open(spec, registry.statements())
 }
 
-/// Floor child mode: for each `go`, wait as `wake` says, commit (unless `PipeAlone`) and
-/// print when that was done. With `OwnStatements` the commit is a grant of the floor's key,
+/// Floor child mode: for each `go`, wait as `wake` says, commit (read with `PipeThenRead`,
+/// nothing with `PipeAlone`) and print when that was done. With `OwnStatements` the commit is a grant of the floor's key,
 /// which it then releases (untimed) and says `ok`.
 fn floor_child(spec: &str, wake: FloorWake) {
     let own = wake == FloorWake::OwnStatements;
@@ -253,7 +286,10 @@ fn floor_child(spec: &str, wake: FloorWake) {
             assert_eq!(got, Some(1));
         }
         if let Some(conn) = conn.as_mut() {
-            conn.commit();
+            match wake {
+                FloorWake::PipeThenRead => conn.read(),
+                _ => conn.commit(),
+            }
         }
         let granted = lease
             .as_mut()
@@ -586,6 +622,7 @@ fn main() {
             Some(("own", spec)) => floor_child(spec, FloorWake::OwnStatements),
             Some(("floor", spec)) => floor_child(spec, FloorWake::Pipe),
             Some(("wake", spec)) => floor_child(spec, FloorWake::PipeAlone),
+            Some(("read", spec)) => floor_child(spec, FloorWake::PipeThenRead),
             Some(("named", spec)) => floor_child(spec, FloorWake::NamedLock),
             _ => child(&spec),
         }
@@ -628,7 +665,11 @@ fn main() {
             eprintln!("skipping {name}: {e}");
             continue;
         }
-        let mut wakes = vec![FloorWake::OwnStatements, FloorWake::Pipe];
+        let mut wakes = vec![
+            FloorWake::OwnStatements,
+            FloorWake::Pipe,
+            FloorWake::PipeThenRead,
+        ];
         match name {
             "sqlite" => wakes.push(FloorWake::PipeAlone),
             "mysql" => wakes.push(FloorWake::NamedLock),
