@@ -147,7 +147,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::lease::{Lease, Owner};
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -186,6 +186,40 @@ impl Holder {
     pub(crate) fn new_guard() -> Holder {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Holder::Guard(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// The states of one registry's semaphore slots or reader/writer rows, by `LOCK_KEY`: one
+/// `LockInner` per row as long as anything refers to it (a handle, a guard, a job in the
+/// background), however often the semaphore or reader/writer lock is dropped and obtained
+/// again. A row whose acquire is being resolved is therefore polled by nobody of the registry
+/// until that ends (see "Unknown outcomes"), as a plain lock's key is, which the handle cache
+/// keeps while it is not idle.
+#[derive(Default)]
+pub(crate) struct RowStates {
+    live: HashMap<Arc<str>, Weak<LockInner>>,
+    /// The size at which entries whose state is gone are swept out next.
+    sweep_at: usize,
+}
+
+impl RowStates {
+    /// The state of row `lock_key`, made with `make` if none is alive.
+    pub fn get_or_make(
+        &mut self,
+        lock_key: &str,
+        make: impl FnOnce() -> Arc<LockInner>,
+    ) -> Arc<LockInner> {
+        if let Some(inner) = self.live.get(lock_key).and_then(Weak::upgrade) {
+            return inner;
+        }
+        if self.live.len() >= self.sweep_at {
+            self.live.retain(|_, inner| inner.strong_count() > 0);
+            self.sweep_at = (2 * self.live.len()).max(64);
+        }
+        let inner = make();
+        self.live
+            .insert(Arc::clone(&inner.lock_key), Arc::downgrade(&inner));
+        inner
     }
 }
 
@@ -778,15 +812,17 @@ impl LockInner {
             key: Arc::clone(&self.key),
             timeout: self.core.settings.operation_timeout,
         };
-        let lock = Arc::downgrade(self);
+        // The job keeps the key's state alive until it is done: a handle made meanwhile (see
+        // `RowStates`) finds the flag, so nobody polls the key before the job ends.
+        let lock = Arc::clone(self);
         let counted = self.core.resolutions.begin();
         let run = move || {
+            fail_point!("lock::background_job_starts");
             job(&context);
-            if let Some(lock) = lock.upgrade() {
-                let mut state = lock.state.lock();
-                *kind.flag(&mut state) = false;
-                state.wake_all();
-            }
+            let mut state = lock.state.lock();
+            *kind.flag(&mut state) = false;
+            state.wake_all();
+            drop(state);
             drop(counted);
         };
         let spawned = std::thread::Builder::new()

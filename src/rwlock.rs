@@ -113,7 +113,9 @@ use crate::admin::{LockRow, LockState};
 use crate::backend::{ListedRow, STATE_HELD};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::lock::{AnyThread, Holding, Lock, LockGuard, LockInner, Patience, ThisThread};
+use crate::lock::{
+    AnyThread, Holding, Lock, LockGuard, LockInner, Patience, RowStates, ThisThread,
+};
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -136,8 +138,12 @@ fn stem(name: &str) -> String {
         .collect()
 }
 
-/// The live reader/writer locks of one registry, by name.
-pub(crate) type RwLockCache = HashMap<String, Weak<RwInner>>;
+/// The live reader/writer locks of one registry, by name, and the states of their rows.
+#[derive(Default)]
+pub(crate) struct RwLockCache {
+    live: HashMap<String, Weak<RwInner>>,
+    rows: RowStates,
+}
 
 /// The reader/writer lock `name` of the registry with this core and cache (`LockRegistry::rw_lock`).
 pub(crate) fn obtain(
@@ -146,18 +152,18 @@ pub(crate) fn obtain(
     name: &str,
 ) -> Result<RwLock> {
     crate::key::validate_key(name)?;
-    let mut live = rw_locks.lock();
-    if let Some(inner) = live.get(name).and_then(Weak::upgrade) {
+    let mut cache = rw_locks.lock();
+    if let Some(inner) = cache.live.get(name).and_then(Weak::upgrade) {
         return Ok(RwLock {
             inner,
             _holder: PhantomData,
         });
     }
-    let inner = Arc::new(RwInner::new(name, core));
+    let inner = Arc::new(RwInner::new(name, core, &mut cache.rows));
     let waitable: Weak<dyn Nudge> = Arc::downgrade(&inner) as Weak<dyn Nudge>;
     core.track(waitable);
-    live.retain(|_, known| known.strong_count() > 0);
-    live.insert(name.to_string(), Arc::downgrade(&inner));
+    cache.live.retain(|_, known| known.strong_count() > 0);
+    cache.live.insert(name.to_string(), Arc::downgrade(&inner));
     Ok(RwLock {
         inner,
         _holder: PhantomData,
@@ -282,21 +288,16 @@ pub(crate) struct RwInner {
 }
 
 impl RwInner {
-    fn new(name: &str, core: &Arc<Core>) -> Self {
+    fn new(name: &str, core: &Arc<Core>, rows: &mut RowStates) -> Self {
         let stem = stem(name);
-        let row = |lock_key: &str| {
-            Lock::new(
-                LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core)).tracked(),
-            )
-        };
-        // Claims, and the write row until the write side is granted, are not the user's
-        // grant: a loss of theirs is not reported (see `write_loop`).
-        let unreported = |lock_key: &str| {
-            Lock::new(
-                LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core))
-                    .unreported()
-                    .tracked(),
-            )
+        let mut row = |lock_key: &str, reported: bool| {
+            Lock::new(rows.get_or_make(lock_key, || {
+                let inner = LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core));
+                match reported {
+                    true => inner.tracked(),
+                    false => inner.unreported().tracked(),
+                }
+            }))
         };
         let writer_key: Arc<str> = format!("{stem}@w00").into();
         let reader_keys: Vec<Arc<str>> = (0..MAX_READERS)
@@ -305,13 +306,15 @@ impl RwInner {
         RwInner {
             name: name.into(),
             core: Arc::clone(core),
-            writer: unreported(&writer_key),
-            readers: reader_keys.iter().map(|key| row(key)).collect(),
+            // Claims, and the write row until the write side is granted, are not the user's
+            // grant: a loss of theirs is not reported (see `write_loop`).
+            writer: row(&writer_key, false),
+            readers: reader_keys.iter().map(|key| row(key, true)).collect(),
             writer_key,
             reader_keys,
             reader_prefix: format!("{stem}@r"),
             claims: (0..WRITE_CLAIMS)
-                .map(|claim| unreported(&format!("{stem}@v{claim:02}")))
+                .map(|claim| row(&format!("{stem}@v{claim:02}"), false))
                 .collect(),
             claim_prefix: format!("{stem}@v"),
             token_patience: Mutex::new(Patience::new(&core.settings)),

@@ -92,7 +92,7 @@ use crate::admin::{LockRow, LockState};
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::lock::{
-    AnyThread, Holding, Lock, LockGuard, LockInner, Patience, ThisThread, KEYED_WATCHES,
+    AnyThread, Holding, Lock, LockGuard, LockInner, Patience, RowStates, ThisThread, KEYED_WATCHES,
 };
 use crate::wakeups::Nudge;
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -121,6 +121,8 @@ pub(crate) fn slot_lock_key(name: &str, slot: u32) -> String {
 pub(crate) struct SemaphoreCache {
     table_checked: bool,
     live: HashMap<String, Weak<SemaphoreInner>>,
+    /// The states of their slots' rows.
+    rows: RowStates,
 }
 
 /// The semaphore `name` of the registry with this core and cache (`LockRegistry::semaphore`).
@@ -161,7 +163,7 @@ pub(crate) fn obtain(
     if recorded != i64::from(permits) {
         return Err(mismatch(core, name, permits, recorded));
     }
-    let inner = Arc::new(SemaphoreInner::new(name, permits, core));
+    let inner = Arc::new(SemaphoreInner::new(name, permits, core, &mut cache.rows));
     let waitable: Weak<dyn Nudge> = Arc::downgrade(&inner) as Weak<dyn Nudge>;
     core.track(waitable);
     cache.live.retain(|_, known| known.strong_count() > 0);
@@ -308,17 +310,16 @@ pub(crate) struct SemaphoreInner {
 }
 
 impl SemaphoreInner {
-    fn new(name: &str, permits: u32, core: &Arc<Core>) -> Self {
+    fn new(name: &str, permits: u32, core: &Arc<Core>, rows: &mut RowStates) -> Self {
         let slot_keys: Vec<Arc<str>> = (0..permits)
             .map(|slot| slot_lock_key(name, slot).into())
             .collect();
         let slots = slot_keys
             .iter()
             .map(|lock_key| {
-                Lock::new(
-                    LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core))
-                        .tracked(),
-                )
+                Lock::new(rows.get_or_make(lock_key, || {
+                    LockInner::with_lock_key(name, lock_key.to_string(), Arc::clone(core)).tracked()
+                }))
             })
             .collect();
         SemaphoreInner {

@@ -168,6 +168,79 @@ mod suite {
             fail::remove("backend::acquire_answered");
             free_for_another(f, &client, "found-held");
         }
+
+        /// Which primitive `made_again` drops and obtains again.
+        #[derive(Clone, Copy)]
+        enum Primitive {
+            WriteSide,
+            Permit,
+        }
+
+        /// A semaphore or reader/writer lock whose row's acquire lost its answer is dropped
+        /// while the resolution of that acquire has not looked at the row yet, and obtained
+        /// again after the lost grant ran out. The new handle must share the row's state and
+        /// wait for the resolution: a new acquire of the row meanwhile would be granted, and the
+        /// resolution, finding a grant that names this registry, would give the new holder's
+        /// row back under it.
+        fn made_again(f: &Fixture, primitive: Primitive) {
+            let _scenario = fail::FailScenario::setup();
+            let ttl = Duration::from_secs(1);
+            let registry = f.builder().time_to_live(ttl).build().unwrap();
+            let name = "made-again";
+            let try_for = |wait: Duration| -> leasehold::Result<Option<Box<dyn FnOnce()>>> {
+                Ok(match primitive {
+                    Primitive::WriteSide => registry
+                        .rw_lock(name)?
+                        .try_write_for(wait)?
+                        .map(|g| Box::new(move || g.unlock().unwrap()) as Box<dyn FnOnce()>),
+                    Primitive::Permit => registry
+                        .semaphore(name, 1)?
+                        .try_acquire_for(wait)?
+                        .map(|g| Box::new(move || g.unlock().unwrap()) as Box<dyn FnOnce()>),
+                })
+            };
+            let held_in_table = || match primitive {
+                Primitive::WriteSide => registry
+                    .rw_lock_status(name)
+                    .unwrap()
+                    .held_writer()
+                    .is_some(),
+                Primitive::Permit => !registry.semaphore_status(name).unwrap().held().is_empty(),
+            };
+            fail::cfg("lock::background_job_starts", "pause").unwrap();
+            // Granted in the table, answer lost after the call's wait: resolved in the
+            // background, which waits.
+            fail::cfg("backend::acquire_answered", "1*return(100)").unwrap();
+            let first = try_for(Duration::from_millis(50));
+            assert!(!matches!(first, Ok(Some(_))), "the answer was lost");
+            while held_in_table() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Every handle of the first call is gone; the lost grant has run out.
+            let during = try_for(Duration::from_millis(300)).unwrap();
+            let polled_during = during.is_some();
+            fail::remove("lock::background_job_starts");
+            let unlock = match during {
+                Some(unlock) => unlock,
+                None => try_for(Duration::from_secs(30))
+                    .unwrap()
+                    .expect("granted once the resolution is over"),
+            };
+            assert!(
+                !polled_during,
+                "a handle made again was granted the row while its resolution was still running"
+            );
+            unlock();
+            registry.close();
+        }
+
+        pub fn a_write_side_made_again_waits_for_its_rows_resolution(f: &Fixture) {
+            made_again(f, Primitive::WriteSide);
+        }
+
+        pub fn a_semaphore_made_again_waits_for_its_rows_resolution(f: &Fixture) {
+            made_again(f, Primitive::Permit);
+        }
     }
 }
 
@@ -187,7 +260,9 @@ macro_rules! lost {
         lost!($db;
             a_lost_answer_is_resolved_and_the_wait_goes_on,
             a_grant_without_an_answer_at_the_deadline_is_given_back,
-            a_wait_that_found_the_key_held_ends_with_none
+            a_wait_that_found_the_key_held_ends_with_none,
+            a_write_side_made_again_waits_for_its_rows_resolution,
+            a_semaphore_made_again_waits_for_its_rows_resolution
         );
     };
 }
