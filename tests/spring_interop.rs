@@ -259,22 +259,11 @@ fn joined(
     (turns::Tally::merge(tallies), ends)
 }
 
-/// The key's holders run by run, in order: a run is the consecutive sections of one
-/// contender (an index into the contenders), and the key changed hands between two runs.
+/// The key's holders run by run, in order ([`turns::runs`]): a run is the consecutive sections
+/// of one contender (an index into the contenders), and the key changed hands between two runs.
 fn runs_of(contenders: &[Contender<'_>]) -> Vec<(usize, Instant)> {
-    let mut sections: Vec<_> = contenders
-        .iter()
-        .enumerate()
-        .flat_map(|(who, (_, _, tally))| tally.holds.iter().map(move |(_, began)| (*began, who)))
-        .collect();
-    sections.sort();
-    let mut runs: Vec<(usize, Instant)> = Vec::new();
-    for (began, who) in sections {
-        if runs.last().map(|(last, _)| *last) != Some(who) {
-            runs.push((who, began));
-        }
-    }
-    runs
+    let tallies: Vec<&turns::Tally> = contenders.iter().map(|(_, _, tally)| *tally).collect();
+    turns::runs(&tallies)
 }
 
 /// Whether run `k` of `runs`, a leasehold instance's, ended its turn at `turn_limit` (and so

@@ -101,6 +101,32 @@ pub fn contend<G>(
     tally
 }
 
+/// The key's holders run by run, in order: a run is the consecutive sections of one
+/// contender (an index into `tallies`, with when its first section began), and the key changed
+/// hands between two runs.
+pub fn runs(tallies: &[&Tally]) -> Vec<(usize, Instant)> {
+    let mut sections: Vec<(Instant, usize)> = tallies
+        .iter()
+        .enumerate()
+        .flat_map(|(who, tally)| tally.holds.iter().map(move |(_, began)| (*began, who)))
+        .collect();
+    sections.sort();
+    let mut runs: Vec<(usize, Instant)> = Vec::new();
+    for (began, who) in sections {
+        if runs.last().map(|(last, _)| *last) != Some(who) {
+            runs.push((who, began));
+        }
+    }
+    runs
+}
+
+/// The runs of contender `other` (see [`runs`]) that began while a wait (asked, began) went on.
+pub fn runs_during(runs: &[(usize, Instant)], other: usize, wait: (Instant, Instant)) -> usize {
+    runs.iter()
+        .filter(|(who, began)| *who == other && *began > wait.0 && *began < wait.1)
+        .count()
+}
+
 /// Who held the key when, from `lead` before `wait` (a section's asking and beginning) until
 /// that wait ended: one entry per run of consecutive sections of one contender (`name`, how
 /// many sections, when the run began, in seconds from `start`, the run's start), and after
