@@ -94,7 +94,7 @@ mod suite {
                 let mut worst = (0, me, None);
                 for &wait in &tally.holds {
                     for other in (0..INSTANCES).filter(|other| *other != me) {
-                        let count = runs_during(&runs, other, wait);
+                        let count = runs_during(&runs, me, other, wait);
                         if count > worst.0 || worst.2.is_none() {
                             worst = (count, other, Some(wait));
                         }

@@ -120,10 +120,35 @@ pub fn runs(tallies: &[&Tally]) -> Vec<(usize, Instant)> {
     runs
 }
 
-/// The runs of contender `other` (see [`runs`]) that began while a wait (asked, began) went on.
-pub fn runs_during(runs: &[(usize, Instant)], other: usize, wait: (Instant, Instant)) -> usize {
+/// When one wait (asked, began) of contender `me`'s began as the line sees it: when it was
+/// asked for, or, for a wait that spans a run of `me`'s own (another of its threads held the
+/// key, and its turn ended before this thread had it), when the key left `me` after that run.
+/// The line orders instances, and an instance's wait ends with its turn.
+pub fn wait_start(
+    runs: &[(usize, Instant)],
+    me: usize,
+    (asked, began): (Instant, Instant),
+) -> Instant {
+    runs.windows(2)
+        .filter(|pair| pair[0].0 == me && pair[1].1 <= began)
+        .map(|pair| pair[1].1)
+        .max()
+        .map_or(asked, |left| left.max(asked))
+}
+
+/// The runs of contender `other` (see [`runs`]) that began during one wait (asked, began) of
+/// contender `me`'s, from its [`wait_start`].
+pub fn runs_during(
+    runs: &[(usize, Instant)],
+    me: usize,
+    other: usize,
+    wait: (Instant, Instant),
+) -> usize {
+    let from = wait_start(runs, me, wait);
     runs.iter()
-        .filter(|(who, began)| *who == other && *began > wait.0 && *began < wait.1)
+        .filter(|(who, start)| {
+            *who == other && *start >= from && *start > wait.0 && *start < wait.1
+        })
         .count()
 }
 
