@@ -735,7 +735,7 @@ mod mysql_resources {
         // The watcher's first `GET_LOCK` finds the name free and reports it: one more try,
         // which a busy machine may delay past `until_listening` (or none, when the report
         // came before the subscription's own try was sent). From then on the watcher finds
-        // the name free at every probe (one every 100 ms at most) and the row held, and must
+        // the name free at every probe (100 ms apart or less) and the row held, and must
         // not make the waiter try again.
         let tries = waiter.statistics().acquires;
         thread::sleep(Duration::from_secs(4));
