@@ -34,6 +34,10 @@ mod suite {
     /// `tests/waiting_line.rs`).
     const TURNS_PER_WAIT: usize = 2;
 
+    /// An instance's wait that saw the most turns of one other instance begin: how many, that
+    /// other instance, and the wait (asked, began).
+    type Worst = (usize, usize, Option<(Instant, Instant)>);
+
     /// One run at a time: they measure waiting, which the others' threads would distort.
     static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
@@ -87,7 +91,7 @@ mod suite {
         let runs = runs(&all);
         // Per instance: the most turns one other instance began during one of its waits, with
         // that other instance and the wait.
-        let worst: Vec<(usize, usize, Option<(Instant, Instant)>)> = tallies
+        let worst: Vec<Worst> = tallies
             .iter()
             .enumerate()
             .map(|(me, tally)| {

@@ -101,7 +101,7 @@ fn release_reaches_waiter(
     within: Duration,
 ) -> bool {
     let guard = holder.obtain("job").unwrap().lock().unwrap();
-    let before = refused(&waiter);
+    let before = refused(waiter);
     let (granted, handle) = wait_for(waiter.clone(), "job");
     if listens {
         until_listening(waiter, before);
