@@ -20,6 +20,11 @@ mod suite {
     const BUSY: i32 = 75;
     const LOST: i32 = 74;
     const GENEROUS: Duration = Duration::from_secs(30);
+    /// Seconds of a `--wait` for a key held throughout: longer than the command's own bounds
+    /// on everything before its first answer (5 s to connect, 5 s for the statement), so that
+    /// the first answer ("held") comes within the wait unless the command gives up on its own.
+    /// (A wait that runs out before any answer is a timeout, exit 70, not a conflict.)
+    const WAIT: &str = "11";
 
     fn url(f: &Fixture) -> String {
         match f.db {
@@ -133,7 +138,8 @@ mod suite {
         let stderr = String::from_utf8_lossy(&no_wait.stderr);
         assert!(stderr.contains(registry.client_id()), "{stderr}");
         let waited = output({
-            let mut c = leasehold(f, "run", &["--key", "busy", "--wait", "900ms", "--"]);
+            let wait = format!("{WAIT}s");
+            let mut c = leasehold(f, "run", &["--key", "busy", "--wait", &wait, "--"]);
             c.args(["sh", "-c", &touch]);
             c
         });
@@ -149,7 +155,9 @@ mod suite {
         assert!(marker.exists());
     }
 
-    /// flock(1)'s habits: `-n`, `-w SECS` with plain and fractional seconds, `-E N`.
+    /// flock(1)'s habits: `-n`, `-w SECS` with plain and fractional seconds, `-E N`. The waits
+    /// run side by side, each [`WAIT`] long or more (the leading-dot form, which is shorter,
+    /// is in `cli_defaults.rs`, against a server that never answers).
     pub fn flock_style_no_wait_wait_seconds_and_conflict_exit_code(f: &Fixture) {
         let registry = f.registry();
         let held = registry.obtain("flock").unwrap().lock().unwrap();
@@ -157,32 +165,47 @@ mod suite {
         let marker = dir.path().join("ran");
         let touch = format!("touch '{}'", marker.display());
         let try_run = |options: &[&str]| {
-            output({
-                let mut c = leasehold(f, "run", &[&["--key", "flock"], options, &["--"]].concat());
-                c.args(["sh", "-c", &touch]);
-                c
-            })
+            let mut c = leasehold(f, "run", &[&["--key", "flock"], options, &["--"]].concat());
+            c.args(["sh", "-c", &touch])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c.spawn().expect("leasehold runs")
         };
-        // Waits of most of a second at least: a fresh process's first statement (its connection
-        // opened first) took over 200 ms on a loaded CI machine, and a wait that ends before
-        // any answer is a timeout (exit 70), not a conflict.
-        for (options, expected) in [
-            (&["-n"][..], BUSY),
-            (&["-w", "2.5"][..], BUSY),
-            (&["-w", "1"][..], BUSY),
-            (&["--wait", ".9"][..], BUSY),
-            (&["-w", "900ms"][..], BUSY),
-            (&["-n", "-E", "3"][..], 3),
-            (&["-w", "0.9", "--conflict-exit-code", "0"][..], 0),
-            (&["-n", "-E", "256"][..], 64),
-            (&["-w", "1.5s.2"][..], 64),
-        ] {
-            let busy = try_run(options);
+        let fraction = format!("{WAIT}.5");
+        let millis = format!("{WAIT}500ms");
+        let runs: Vec<_> = [
+            (vec!["-n"], BUSY),
+            (vec!["-w", &fraction], BUSY),
+            (vec!["-w", WAIT], BUSY),
+            (vec!["--wait", WAIT], BUSY),
+            (vec!["-w", &millis], BUSY),
+            (vec!["-n", "-E", "3"], 3),
+            (vec!["-w", WAIT, "--conflict-exit-code", "0"], 0),
+            (vec!["-n", "-E", "256"], 64),
+            (vec!["-w", "1.5s.2"], 64),
+        ]
+        .into_iter()
+        .map(|(options, expected)| {
+            let run = try_run(&options);
+            (options, expected, run)
+        })
+        .collect();
+        for (options, expected, run) in runs {
+            let busy = run.wait_with_output().unwrap();
             assert_eq!(code(&busy), expected, "{options:?}: {busy:?}");
-            assert!(!marker.exists(), "{options:?}: the command ran");
         }
+        assert!(!marker.exists(), "a command ran");
         held.unlock().unwrap();
-        let free = try_run(&["-w", "1.5", "-E", "3"]);
+        let free = output({
+            let mut c = leasehold(
+                f,
+                "run",
+                &["--key", "flock", "-w", &fraction, "-E", "3", "--"],
+            );
+            c.args(["sh", "-c", &touch]);
+            c
+        });
         assert_eq!(code(&free), 0, "{free:?}");
         assert!(marker.exists());
     }

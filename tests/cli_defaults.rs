@@ -1143,9 +1143,9 @@ mod suite {
         command
     }
 
-    /// Connecting always had 5 s: a PostgreSQL URL's `connect_timeout` (a MySQL URL's
-    /// `tcp_connect_timeout_ms`) was ignored, `-w 1` against a server that does not answer
-    /// waited 5 s, and no option changed it.
+    /// A PostgreSQL URL's `connect_timeout` (a MySQL URL's `tcp_connect_timeout_ms`), `--wait`
+    /// (in seconds, a leading-dot fraction included, as flock(1) takes it) and `--db-timeout`
+    /// bound connecting to a server that never answers: the command exits 70 naming the bound.
     pub fn the_url_the_wait_and_db_timeout_bound_connecting(f: &Fixture) {
         // Connections complete (the listen backlog), and nothing ever answers them.
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1168,6 +1168,21 @@ mod suite {
                 "run",
                 &["-w", "1", "--db-timeout", "1h", "--key", "k", "--", "true"][..],
                 "within 1s",
+            ),
+            (
+                &url,
+                "run",
+                &[
+                    "--wait",
+                    ".9",
+                    "--db-timeout",
+                    "1h",
+                    "--key",
+                    "k",
+                    "--",
+                    "true",
+                ][..],
+                "within 900ms",
             ),
         ] {
             let refused = output_within(leasehold_at(f, url, subcommand, args));

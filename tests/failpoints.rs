@@ -1265,3 +1265,78 @@ fn a_writer_whose_claim_runs_out_while_it_waits_reports_no_loss() {
     });
     scenario.teardown();
 }
+
+/// A registry granted a key from its place in the waiting line gives the place up in the
+/// background (SQLite, MySQL), and sends no acquire of the key until it has: its old place,
+/// still in the line, must not put it ahead of an instance that waits there. A waits in line,
+/// then B; A is granted and lets go while its leaving is held at `backend::leave_line`; A's
+/// next wait must not get the key past B, whose place is the earliest live one but A's.
+#[test]
+fn a_registry_leaving_the_line_does_not_take_the_key_ahead_of_one_in_line() {
+    let scenario = fail::FailScenario::setup();
+    let f = sqlite("leaving_line");
+    let place_of = |registry: &LockRegistry| {
+        let conn = rusqlite::Connection::open(f.sqlite_path()).unwrap();
+        conn.busy_timeout(GENEROUS).unwrap();
+        let sql = format!(
+            "SELECT count(*) FROM {}_QUEUE WHERE CLIENT_ID = ?1",
+            f.table()
+        );
+        let count: i64 = conn
+            .query_row(&sql, [registry.client_id()], |row| row.get(0))
+            .unwrap();
+        count > 0
+    };
+    let holder = f.registry();
+    // A polls often; B's polls come 30 s or more apart, so it sends nothing in the window.
+    let a = f
+        .builder()
+        .notifications(false)
+        .idle_between_tries(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let b = f
+        .builder()
+        .notifications(false)
+        .idle_between_tries(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = holder.obtain("line").unwrap().lock().unwrap();
+    let leaving = Gate::first_at("backend::leave_line");
+    let a_waits = {
+        let lock = a.obtain("line").unwrap();
+        thread::spawn(move || {
+            let guard = lock
+                .try_lock_for(GENEROUS)
+                .unwrap()
+                .expect("A is first in line");
+            guard.unlock().unwrap();
+            // A's place is being left (held at the gate): B waits in line.
+            let again = lock.try_lock_for(Duration::from_secs(2)).unwrap();
+            again.map(|guard| guard.unlock().unwrap()).is_some()
+        })
+    };
+    wait_until("A has a place in line", || place_of(&a));
+    // B's place comes after A's on the database clock.
+    thread::sleep(Duration::from_millis(5));
+    let b_waits = {
+        let lock = b.obtain("line").unwrap();
+        // Longer than its next poll: a waiter takes a place only when it will poll again.
+        thread::spawn(move || {
+            lock.try_lock_for(Duration::from_secs(600))
+                .map(|guard| guard.is_some())
+        })
+    };
+    wait_until("B has a place in line", || place_of(&b));
+    held.unlock().unwrap();
+    leaving.wait_entered();
+    let a_again = a_waits.join().unwrap();
+    leaving.open();
+    b.close();
+    let _ = b_waits.join().unwrap();
+    assert!(
+        !a_again,
+        "A, leaving the line, took the key again ahead of B, which waited in line"
+    );
+    scenario.teardown();
+}

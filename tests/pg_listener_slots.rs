@@ -28,14 +28,17 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A connection of the test's own. Each test opens the one it reads the server's state on
+/// (the admin connection) before it fills any slot, and keeps it: a connection opened while the
+/// server is full would be refused.
 fn admin() -> postgres::Client {
     postgres::Client::connect(&postgres_url(), postgres::NoTls).expect("PostgreSQL")
 }
 
 /// How many sessions `LISTEN` on `f`'s table now.
-fn listening(f: &Fixture) -> i64 {
+fn listening(admin: &mut postgres::Client, f: &Fixture) -> i64 {
     let query = format!("LISTEN \"{}\"", f.table().to_ascii_lowercase());
-    admin()
+    admin
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE query = $1",
             &[&query],
@@ -45,8 +48,8 @@ fn listening(f: &Fixture) -> i64 {
 }
 
 /// The server's free connection slots now, for ordinary users.
-fn free_slots() -> i64 {
-    admin()
+fn free_slots(admin: &mut postgres::Client) -> i64 {
+    admin
         .query_one(
             "SELECT CAST(current_setting('max_connections') AS INTEGER) \
              - CAST(current_setting('superuser_reserved_connections') AS INTEGER) \
@@ -124,7 +127,11 @@ impl Drop for ClearOnDrop {
 /// One waiter for a held key, with polls a minute apart unless `poll` says otherwise: the
 /// sessions listening on the table while it waits (the most seen), and how long it waited
 /// after the release.
-fn wait_for_a_release(f: &Fixture, poll: Duration) -> (i64, Duration) {
+fn wait_for_a_release(
+    admin: &mut postgres::Client,
+    f: &Fixture,
+    poll: Duration,
+) -> (i64, Duration) {
     let holder = f.registry();
     let waiter = f.builder().idle_between_tries(poll).build().unwrap();
     let held = holder.obtain("slots").unwrap().lock().unwrap();
@@ -134,7 +141,7 @@ fn wait_for_a_release(f: &Fixture, poll: Duration) -> (i64, Duration) {
     let mut most = 0;
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
-        most = most.max(listening(f));
+        most = most.max(listening(admin, f));
         if most > 0 {
             break;
         }
@@ -154,7 +161,8 @@ fn with_free_slots_the_listener_listens() {
     let Some(f) = Fixture::new(Db::Postgres, "pgslotsfree") else {
         return;
     };
-    let (listeners, woken_after) = wait_for_a_release(&f, Duration::from_secs(60));
+    let mut admin = admin();
+    let (listeners, woken_after) = wait_for_a_release(&mut admin, &f, Duration::from_secs(60));
     assert_eq!(listeners, 1, "no listener while waiting");
     assert!(
         woken_after < Duration::from_secs(30),
@@ -171,15 +179,16 @@ fn the_listener_leaves_a_servers_last_free_slots_alone() {
     let Some(f) = Fixture::new(Db::Postgres, "pgslotsfull") else {
         return;
     };
+    let mut admin = admin();
     let said_before = logs::containing("connection slots free for ordinary users").len();
     let _fail_point = ClearOnDrop("postgres::listener_slots_taken");
     // Every slot free now is taken, as far as the listener can tell (plus the listener's).
     fail::cfg(
         "postgres::listener_slots_taken",
-        &format!("return({})", free_slots()),
+        &format!("return({})", free_slots(&mut admin)),
     )
     .unwrap();
-    let (listeners, _) = wait_for_a_release(&f, Duration::from_millis(50));
+    let (listeners, _) = wait_for_a_release(&mut admin, &f, Duration::from_millis(50));
     assert_eq!(listeners, 0, "a listener took one of the last free slots");
     let said = logs::containing("connection slots free for ordinary users");
     let said = &said[said_before..];
@@ -188,8 +197,8 @@ fn the_listener_leaves_a_servers_last_free_slots_alone() {
 }
 
 /// The slots a listener leaves free (what the listener computes).
-fn spare() -> i64 {
-    let row = admin()
+fn spare(admin: &mut postgres::Client) -> i64 {
+    let row = admin
         .query_one(
             "SELECT CAST(current_setting('max_connections') AS INTEGER) \
              - CAST(current_setting('superuser_reserved_connections') AS INTEGER) \
@@ -207,11 +216,14 @@ struct Occupied {
 }
 
 impl Occupied {
-    /// Takes free slots until `left` are free (none if fewer are).
-    fn leaving(left: i64) -> Occupied {
-        let take = free_slots() - left;
+    /// Takes free slots until `left` are free (none if fewer are), as far as `admin` counts
+    /// them; fewer when the server refuses one meanwhile (other clients took the rest).
+    fn leaving(admin: &mut postgres::Client, left: i64) -> Occupied {
+        let take = free_slots(admin) - left;
         Occupied {
-            _held: (0..take.max(0)).map(|_| admin()).collect(),
+            _held: (0..take.max(0))
+                .map_while(|_| postgres::Client::connect(&postgres_url(), postgres::NoTls).ok())
+                .collect(),
         }
     }
 }
@@ -289,6 +301,7 @@ fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
     let Some(bouncer) = PgBouncer::start(BOUNCER) else {
         return;
     };
+    let mut admin = admin();
     let builder = || {
         LockRegistry::postgres(bouncer.url())
             .prefix(f.prefix.clone())
@@ -304,7 +317,8 @@ fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
 
     // Every other slot is taken, for the few seconds of the test only.
     let gate = Gate::new();
-    let occupied = Occupied::leaving(spare() + ROOM + i64::from(BOUNCER));
+    let spare = spare(&mut admin);
+    let occupied = Occupied::leaving(&mut admin, spare + ROOM + i64::from(BOUNCER));
     let start = Arc::new(Barrier::new(REGISTRIES + 1));
     let waiters: Vec<_> = (0..REGISTRIES)
         .map(|_| {
@@ -320,7 +334,7 @@ fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
         })
         .collect();
     start.wait();
-    let free_at_start = free_slots();
+    let free_at_start = free_slots(&mut admin);
     let held_at_once = gate.open(REGISTRIES);
     assert_eq!(
         held_at_once, REGISTRIES,
@@ -332,7 +346,7 @@ fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
     let (mut listeners, mut full) = (0, 0);
     while Instant::now() < give_up {
         full = logs::containing(listeners_full).len() - full_before;
-        listeners = listening(&f);
+        listeners = listening(&mut admin, &f);
         if listeners + full as i64 >= REGISTRIES as i64
             || logs::matching(logs::refusal).len() > refusals_before
         {
@@ -361,7 +375,6 @@ fn listeners_starting_together_never_make_the_server_refuse_a_connection() {
     );
     println!(
         "{listeners} of {REGISTRIES} registries listened, {full} found no room ({free_at_start} \
-         slots free, {} spare, when they started); the others polled",
-        spare()
+         slots free, {spare} spare, when they started); the others polled"
     );
 }

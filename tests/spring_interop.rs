@@ -259,22 +259,11 @@ fn joined(
     (turns::Tally::merge(tallies), ends)
 }
 
-/// The key's holders run by run, in order: a run is the consecutive sections of one
-/// contender (an index into the contenders), and the key changed hands between two runs.
+/// The key's holders run by run, in order ([`turns::runs`]): a run is the consecutive sections
+/// of one contender (an index into the contenders), and the key changed hands between two runs.
 fn runs_of(contenders: &[Contender<'_>]) -> Vec<(usize, Instant)> {
-    let mut sections: Vec<_> = contenders
-        .iter()
-        .enumerate()
-        .flat_map(|(who, (_, _, tally))| tally.holds.iter().map(move |(_, began)| (*began, who)))
-        .collect();
-    sections.sort();
-    let mut runs: Vec<(usize, Instant)> = Vec::new();
-    for (began, who) in sections {
-        if runs.last().map(|(last, _)| *last) != Some(who) {
-            runs.push((who, began));
-        }
-    }
-    runs
+    let tallies: Vec<&turns::Tally> = contenders.iter().map(|(_, _, tally)| *tally).collect();
+    turns::runs(&tallies)
 }
 
 /// Whether run `k` of `runs`, a leasehold instance's, ended its turn at `turn_limit` (and so
@@ -318,7 +307,8 @@ const RESERVATIONS_MISSED_PER_SPRING_WAIT: usize = 2;
 
 /// Asserts the README's bounds in turns (how many times the key changed hands while an
 /// instance waited), never in time: for every wait of every contender, the runs of the others
-/// that began during it. A leasehold instance sees each other leasehold instance start at
+/// that began during it ([`turns::wait_start`]: a wait through a run of the contender's own,
+/// another of its threads holding the key, counts from that run's end). A leasehold instance sees each other leasehold instance start at
 /// most [`LEASEHOLD_TURNS_PER_WAIT`] turns, whatever Spring does; a Spring instance sees at
 /// most [`RESERVATIONS_MISSED_PER_SPRING_WAIT`] reserved turn ends go to leasehold. A busy
 /// machine makes turns longer, not more numerous. Prints the worst wait of each contender
@@ -330,7 +320,10 @@ fn assert_turns(contenders: &[Contender<'_>], start: Instant) {
         // (what counted, the wait)
         let mut worst: (usize, Option<(Instant, Instant)>) = (0, None);
         for &(asked, began) in &tally.holds {
-            let during = |k: usize| runs[k].0 != me && runs[k].1 > asked && runs[k].1 < began;
+            let from = turns::wait_start(&runs, me, (asked, began));
+            let during = |k: usize| {
+                runs[k].0 != me && runs[k].1 >= from && runs[k].1 > asked && runs[k].1 < began
+            };
             let count = match side {
                 Side::Leasehold(_) => (0..contenders.len())
                     .filter(|other| *other != me && !contenders[*other].1.is_spring())
@@ -1054,32 +1047,35 @@ mod postgres_interop {
         };
         with_table(&mut spring, |spring| {
             let holder = builder().build().unwrap();
-            // Polls are ten seconds apart: only the notification can wake the waiter quickly.
+            // Polls are a minute apart (30–60 s after a refusal): only the notification can get
+            // the waiter the key within the 25 s it waits.
             let waiter = builder()
-                .idle_between_tries(Duration::from_secs(10))
+                .idle_between_tries(Duration::from_secs(60))
                 .build()
                 .unwrap();
             let guard = holder.obtain("wake").unwrap().lock().unwrap();
-            let started = std::sync::Barrier::new(2);
-            let waited = std::thread::scope(|scope| {
+            let got = std::thread::scope(|scope| {
                 let waiting = scope.spawn(|| {
                     let lock = waiter.obtain("wake").unwrap();
-                    started.wait();
-                    let began = std::time::Instant::now();
-                    let got = lock.try_lock_for(Duration::from_secs(8)).unwrap();
-                    (got.is_some(), began.elapsed())
+                    let got = lock.try_lock_for(Duration::from_secs(25)).unwrap();
+                    got.is_some()
                 });
-                started.wait();
-                std::thread::sleep(Duration::from_millis(300));
+                // The release comes once the waiter was refused twice (its first try, and the
+                // one when its subscription took effect): both answers are in, whatever the
+                // machine's speed.
+                let asked = std::time::Instant::now();
+                while waiter.statistics().contended_tries < 2 {
+                    assert!(
+                        asked.elapsed() < Duration::from_secs(25),
+                        "the waiter was not refused twice: {:?}",
+                        waiter.statistics()
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 guard.unlock().unwrap();
                 waiting.join().unwrap()
             });
-            assert!(waited.0, "the waiter got the lock");
-            assert!(
-                waited.1 < Duration::from_secs(3),
-                "woken after {:?}",
-                waited.1
-            );
+            assert!(got, "the waiter slept until its next poll");
             assert_eq!(
                 waiter.statistics().acquires,
                 3,

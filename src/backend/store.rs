@@ -584,6 +584,7 @@ impl<B: Backend> Store for SqlStore<B> {
     }
 
     fn leave_line(&self, lock_key: &str, deadline: Instant) -> Result<()> {
+        fail_point!("backend::leave_line");
         self.leave_of(lock_key, deadline)
     }
 

@@ -101,6 +101,57 @@ pub fn contend<G>(
     tally
 }
 
+/// The key's holders run by run, in order: a run is the consecutive sections of one
+/// contender (an index into `tallies`, with when its first section began), and the key changed
+/// hands between two runs.
+pub fn runs(tallies: &[&Tally]) -> Vec<(usize, Instant)> {
+    let mut sections: Vec<(Instant, usize)> = tallies
+        .iter()
+        .enumerate()
+        .flat_map(|(who, tally)| tally.holds.iter().map(move |(_, began)| (*began, who)))
+        .collect();
+    sections.sort();
+    let mut runs: Vec<(usize, Instant)> = Vec::new();
+    for (began, who) in sections {
+        if runs.last().map(|(last, _)| *last) != Some(who) {
+            runs.push((who, began));
+        }
+    }
+    runs
+}
+
+/// When one wait (asked, began) of contender `me`'s began as the line sees it: when it was
+/// asked for, or, for a wait that spans a run of `me`'s own (another of its threads held the
+/// key, and its turn ended before this thread had it), when the key left `me` after that run.
+/// The line orders instances, and an instance's wait ends with its turn.
+pub fn wait_start(
+    runs: &[(usize, Instant)],
+    me: usize,
+    (asked, began): (Instant, Instant),
+) -> Instant {
+    runs.windows(2)
+        .filter(|pair| pair[0].0 == me && pair[1].1 <= began)
+        .map(|pair| pair[1].1)
+        .max()
+        .map_or(asked, |left| left.max(asked))
+}
+
+/// The runs of contender `other` (see [`runs`]) that began during one wait (asked, began) of
+/// contender `me`'s, from its [`wait_start`].
+pub fn runs_during(
+    runs: &[(usize, Instant)],
+    me: usize,
+    other: usize,
+    wait: (Instant, Instant),
+) -> usize {
+    let from = wait_start(runs, me, wait);
+    runs.iter()
+        .filter(|(who, start)| {
+            *who == other && *start >= from && *start > wait.0 && *start < wait.1
+        })
+        .count()
+}
+
 /// Who held the key when, from `lead` before `wait` (a section's asking and beginning) until
 /// that wait ended: one entry per run of consecutive sections of one contender (`name`, how
 /// many sections, when the run began, in seconds from `start`, the run's start), and after
