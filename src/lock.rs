@@ -599,6 +599,7 @@ impl LockInner {
             if state.owner.is_none()
                 && state.db_user.is_none()
                 && !state.resolving
+                && !state.leaving
                 && away.is_none()
             {
                 let attempt_deadline = match wait {
@@ -736,8 +737,11 @@ impl LockInner {
                 }
             }
             // A single attempt waits for a resolution in progress (the key may be this
-            // registry's), as long as its statement could have taken.
-            let resolution_waits = state.resolving && state.owner.is_none() && !waited;
+            // registry's) or for its place to leave the line (else the acquire would go by
+            // that stale place, ahead of instances that waited longer), as long as its
+            // statement could have taken.
+            let resolution_waits =
+                (state.resolving || state.leaving) && state.owner.is_none() && !waited;
             let until = match wait {
                 Wait::No if resolution_waits && now < started + settings.operation_timeout => {
                     Some(started + settings.operation_timeout)
