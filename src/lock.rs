@@ -34,8 +34,9 @@
 //! # Mechanisms, each with the bound it gives
 //!
 //! **One poller per key.** Every thread inside an acquire of the key sits in a FIFO `queue`,
-//! and only one of them talks to the database: N threads of a registry waiting for a key held
-//! elsewhere cost one acquire statement per poll, not N. Between attempts the poller sleeps a
+//! and only one of them talks to the database, the oldest when it starts polling (a thread that
+//! let the key go and asks again comes after those already waiting): N threads of a registry
+//! waiting for a key held elsewhere cost one acquire statement per poll, not N. Between attempts the poller sleeps a
 //! random time between ½ and 1 × `idle_between_tries` ([`jittered`]), so that pollers of
 //! several instances with one interval do not keep a phase in which one of them always comes
 //! first; a release wake-up cuts the sleep short. A waiting instance therefore tries the key at
@@ -490,6 +491,7 @@ impl LockInner {
             holder: me,
             wake: Arc::clone(&wake),
         });
+        fail_point!("lock::queued");
         let mut watch = Watch::default();
         // Unwind-safe: whatever panics inside (a bug, a fail point), this thread leaves the
         // queue, stops being the poller, and a grant it got is handed on or released.
@@ -601,6 +603,7 @@ impl LockInner {
                 && !state.resolving
                 && !state.leaving
                 && away.is_none()
+                && state.queue.front().is_some_and(|first| first.holder == me)
             {
                 let attempt_deadline = match wait {
                     Wait::Until(deadline) | Wait::Once(deadline) => {
@@ -759,6 +762,11 @@ impl LockInner {
                 }
                 None => wake.wait(state),
             }
+            // A woken waiter that is slow to run again (test-only).
+            #[cfg(feature = "failpoints")]
+            MutexGuard::unlocked(state, || {
+                fail_point!("lock::waiter_woken");
+            });
         }
     }
 

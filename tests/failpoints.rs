@@ -1340,3 +1340,66 @@ fn a_registry_leaving_the_line_does_not_take_the_key_ahead_of_one_in_line() {
     );
     scenario.teardown();
 }
+
+/// A thread that ends its registry's turn on a key and asks for it again at once comes after
+/// the registry's threads already waiting for it: only the oldest waiter polls the database,
+/// so threads of one registry are granted the key in the order they asked, across the turn's
+/// end as within it.
+#[test]
+fn a_thread_that_ends_a_turn_and_asks_again_comes_after_those_waiting() {
+    let _scenario = fail::FailScenario::setup();
+    let f = sqlite("fifo_across_a_turn_end");
+    let registry = Arc::new(
+        f.builder()
+            .tuning(leasehold::Tuning {
+                turn_limit: Some(Duration::from_millis(1)),
+                ..Default::default()
+            })
+            .build()
+            .unwrap(),
+    );
+    let lock = registry.obtain("fifo").unwrap();
+    let guard = lock.lock().unwrap();
+    let queued = Arc::new(AtomicUsize::new(0));
+    {
+        let queued = Arc::clone(&queued);
+        fail::cfg_callback("lock::queued", move || {
+            queued.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    }
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let waiter = {
+        let (registry, order) = (Arc::clone(&registry), Arc::clone(&order));
+        thread::Builder::new()
+            .name("waiter".into())
+            .spawn(move || {
+                let guard = registry.obtain("fifo").unwrap().lock().unwrap();
+                order.lock().unwrap().push("waiter");
+                guard.unlock().unwrap();
+            })
+            .unwrap()
+    };
+    wait_until("the waiter queues", || queued.load(Ordering::SeqCst) == 1);
+    // Once woken, the waiter runs again only after a while, as on a busy machine: the
+    // releaser, asking again at once, is the first to look at the free key.
+    fail::cfg_callback("lock::waiter_woken", || {
+        if thread::current().name() == Some("waiter") {
+            thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .unwrap();
+    // Past the turn's length, with a thread waiting: the release ends the turn (the row goes
+    // back to the database, reserved for pollers) and wakes the waiter.
+    thread::sleep(Duration::from_millis(5));
+    guard.unlock().unwrap();
+    let again = lock.lock().unwrap();
+    order.lock().unwrap().push("releaser");
+    again.unlock().unwrap();
+    waiter.join().unwrap();
+    assert!(
+        registry.statistics().turns_ended >= 1,
+        "the release ended the turn"
+    );
+    assert_eq!(*order.lock().unwrap(), ["waiter", "releaser"]);
+}
