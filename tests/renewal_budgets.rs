@@ -243,3 +243,71 @@ fn a_busy_renewer_sends_the_queued_lease_with_the_earliest_deadline_first() {
     }
     scenario.teardown();
 }
+
+/// A lease whose deadline comes before a renew statement could answer is not sent: the time a
+/// statement for it would spend on the server goes to leases that can still be saved. Every
+/// renew statement takes 700 ms to answer (a fail point inside it). The lease's first renewal,
+/// 2 s after its grant, is answered that late; then the lease clock is held (as on a starved
+/// machine) until the lease has less than 600 ms left, and it is handed over with that. It is
+/// not sent — no statement runs — and it is lost at its deadline as expired, with the reason.
+/// Sent, it was renewed only after its deadline (lost all the same) by a statement that took
+/// its share of the server, and under a backlog every statement of such leases made the next
+/// ones late in turn.
+#[test]
+fn a_lease_whose_deadline_comes_before_a_statement_could_answer_is_not_sent() {
+    let scenario = fail::FailScenario::setup();
+    let f = Fixture::new(Db::Sqlite, "hopeless_lease").expect("SQLite fixture");
+    let registry = f
+        .builder()
+        .time_to_live(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let sent = std::sync::Arc::clone(&sent);
+        fail::cfg_callback("backend::renew_sent", move || {
+            sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(700));
+        })
+        .unwrap();
+    }
+    let guard = registry.obtain("hopeless").unwrap().lock().unwrap();
+    let losses = guard.loss_channel();
+    wait_until("the first renewal is answered", || {
+        registry.statistics().leases_renewed >= 1
+    });
+    let clock = Gate::first_at("lease::clock_before_expiry");
+    let bait_registry = f
+        .builder()
+        .renewal(false)
+        .time_to_live(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let bait = bait_registry.obtain("bait").unwrap().lock().unwrap();
+    clock.wait_entered();
+    wait_until("the lease has less than 600 ms left", || {
+        guard.remaining() < Duration::from_millis(600)
+    });
+    assert!(
+        guard.is_held(),
+        "the lease ran out before the clock went on"
+    );
+    let before = sent.load(std::sync::atomic::Ordering::SeqCst);
+    clock.open();
+    let lost = losses.recv_timeout(GENEROUS).expect("the lease's loss");
+    assert_eq!(
+        sent.load(std::sync::atomic::Ordering::SeqCst) - before,
+        0,
+        "renew statements sent for a lease with less time left than a statement takes \
+         ({:?})",
+        lost.reason
+    );
+    match &lost.reason {
+        LossReason::Expired(Some(why)) => assert!(why.contains("not sent"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    fail::remove("backend::renew_sent");
+    assert!(guard.unlock().is_err_and(|e| e.is_lease_lost()));
+    drop(bait);
+    scenario.teardown();
+}
