@@ -56,14 +56,16 @@ pub(crate) const MAX_BATCH: usize = 500;
 /// make the statements of the leases still within reach late in turn: what a dip in the
 /// server's share of the machine costs is the leases whose deadlines come within it, not a
 /// cascade. Only answered statements count: an attempt given up unanswered (a hung server)
-/// says nothing of how soon the next one, on another connection, answers. An attempt is given up as unanswered at the earliest of: half
-/// the renewal period of the leases it carries, the last of their deadlines, and half the
-/// *slack* of every lease the renewer serves — the time a lease has before its deadline when
-/// its renewal falls due on time (its time-to-live less its renewal period), the shortest among
-/// the leases queued and those handed over recently ([`SlackSeen`]). Every term depends only on
-/// the leases carried or on a nominal property of the others, never on how late another lease
-/// already is, so a lease is lost only when no renewal of its own was confirmed before its own
-/// deadline: a late lease costs nobody else their attempt. With every worker busy a chunk waits
+/// says nothing of how soon the next one, on another connection, answers.
+///
+/// An attempt is given up as unanswered at the earliest of: half the renewal period of the
+/// leases it carries, the last of their deadlines, and half the *slack* of every lease the
+/// renewer serves — the time a lease has before its deadline when its renewal falls due on
+/// time (its time-to-live less its renewal period), the shortest among the leases queued and
+/// those handed over recently ([`SlackSeen`]). Every term depends only on the leases carried
+/// or on a nominal property of the others, never on how late another lease already is, so a
+/// lease is lost only when no renewal of its own was confirmed before its own deadline (or
+/// could be, within the answer time): a late lease costs nobody else their attempt. With every worker busy a chunk waits
 /// until one is free, so a lease handed over when its renewal falls due finds a worker with at
 /// least half its slack left, however long the statements of other leases take (a 60 s lease's
 /// hung batch holds back a 3 s lease for 1 s at most), and is then sent with up to half a
