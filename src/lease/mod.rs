@@ -76,10 +76,9 @@
 //! among its leases, nor past half the slack of any lease it may hold back (see "Bounds" on
 //! [`Renewer`]), so that a statement stuck on a hung server or a frozen connection is retried
 //! on a new connection — to the new primary after a failover — before the deadline. A lease
-//! counts an answer only if it comes before its own deadline, and one whose deadline comes
-//! before the time renew statements took to answer lately is left out of its statement (and
-//! lost at its deadline): how late one lease is never shortens the attempt of another, nor
-//! spends the server's time on a renewal that cannot come in time.
+//! counts an answer only if it comes before its own deadline, and one whose deadline passed
+//! before its statement was sent is left out of it: how late one lease is never shortens the
+//! attempt of another.
 //! With renewal turned off no renewal runs; the clock reports the loss at the deadline.
 //!
 //! # Isolation
@@ -284,10 +283,6 @@ struct State {
     renewing: bool,
     /// Handed to the renewer and not yet renewed.
     queued: bool,
-    /// The renewer gave up on this lease: its deadline came before a renew statement could
-    /// answer (see "Bounds" on [`Renewer`]). It is not handed over again unless a manual
-    /// renewal or a fenced commit moves its deadline.
-    given_up: bool,
     /// After a failed background renewal: not before this instant again.
     retry_at: Option<Instant>,
     /// The last background renewal error, reported with a loss at the deadline.
@@ -435,7 +430,6 @@ impl Lease {
                 renew_now: false,
                 renewing: false,
                 queued: false,
-                given_up: false,
                 retry_at: None,
                 last_error: None,
                 lost: None,
@@ -559,7 +553,7 @@ impl Lease {
 
     fn clock_due_in(&self, state: &State, now: Instant) -> Instant {
         let deadline = state.deadline();
-        if self.renewer.is_none() || state.queued || state.renewing || state.given_up {
+        if self.renewer.is_none() || state.queued || state.renewing {
             return deadline;
         }
         let early = self.renew_every(state) / 16;
@@ -579,7 +573,7 @@ impl Lease {
         if state.deadline() <= now {
             return ClockLook::Expired;
         }
-        let idle = !state.queued && !state.renewing && !state.given_up;
+        let idle = !state.queued && !state.renewing;
         if let Some(renewer) = self.renewer.as_ref().filter(|_| idle) {
             let window = self.renew_every(&state) / 8;
             if self.renewal_due(&state, now) <= now + window {
@@ -675,7 +669,6 @@ impl Lease {
             }
             Ok(Some(sent_at)) => {
                 state.bounds.confirmed(sent_at, turn.ttl);
-                state.given_up = false;
                 state.retry_at = None;
                 state.last_error = None;
                 Renewed::Yes
@@ -706,26 +699,15 @@ impl Lease {
     }
 
     /// Ends the turn of a background renewal that sends no statement: the lease's deadline
-    /// comes before a statement could answer, which took `answer` lately (see "Bounds" on
-    /// [`Renewer`]). A lease whose deadline has passed is reported lost now; any other is
-    /// renewed no more in the background, and the clock reports it at its deadline.
-    fn end_turn_unsent(&self, answer: Duration) {
-        let (releasing, deadline) = {
+    /// passed before it could be sent, and it is reported lost now.
+    fn end_turn_unsent(&self) {
+        let releasing = {
             let mut state = self.state.lock();
             state.renewing = false;
             state.queued = false;
-            let left = state.deadline().saturating_duration_since(Instant::now());
-            if !left.is_zero() {
-                state.given_up = true;
-                state.last_error = Some(format!(
-                    "its renewal was not sent: {left:?} were left before its deadline, less than \
-                     the {answer:?} renew statements took to answer lately"
-                ));
-            }
-            (state.phase != Phase::Held, state.deadline())
+            state.phase != Phase::Held
         };
         self.changed.notify_all();
-        clock::hurry(deadline);
         if !releasing {
             self.check();
         }
@@ -796,7 +778,6 @@ impl Lease {
         if committed && held && !hold.ttl.is_zero() {
             let ttl = hold.ttl.min(state.shortest_ttl());
             state.bounds.fence_committed(hold.sent_at, ttl);
-            state.given_up = false;
         }
         let due = self.clock_due_in(&state, Instant::now());
         drop(state);

@@ -45,27 +45,16 @@ pub(crate) const MAX_BATCH: usize = 500;
 /// whose renewal waited, or whose attempt failed or found its row busy and is due again, goes
 /// ahead of every lease with more time left instead of queuing behind them for another round.
 ///
-/// **Bounds.** Each lease counts a renewal only if its answer comes before its own deadline,
-/// and is sent only if its deadline is further away than the renewer's *answer time*: the
-/// longest a renew statement took from its sending to its answer among those answered in the
-/// last [`Renewer::IDLE_TICK`] (the last answered one, when none was). A lease with less time
-/// left is left out of the statement and renewed no more in the background (a manual renewal
-/// or a fenced commit that moves its deadline makes it due again); one whose deadline has
-/// passed is reported lost at once, any other by the lease clock at its deadline. So when the
-/// server falls behind, it spends no time on leases it cannot answer in time, which would
-/// make the statements of the leases still within reach late in turn: what a dip in the
-/// server's share of the machine costs is the leases whose deadlines come within it, not a
-/// cascade. Only answered statements count: an attempt given up unanswered (a hung server)
-/// says nothing of how soon the next one, on another connection, answers.
-///
-/// An attempt is given up as unanswered at the earliest of: half the renewal period of the
-/// leases it carries, the last of their deadlines, and half the *slack* of every lease the
-/// renewer serves — the time a lease has before its deadline when its renewal falls due on
-/// time (its time-to-live less its renewal period), the shortest among the leases queued and
-/// those handed over recently ([`SlackSeen`]). Every term depends only on the leases carried
-/// or on a nominal property of the others, never on how late another lease already is, so a
-/// lease is lost only when no renewal of its own was confirmed before its own deadline (or
-/// could be, within the answer time): a late lease costs nobody else their attempt. With every worker busy a chunk waits
+/// **Bounds.** Each lease counts a renewal only if its answer comes before its own deadline;
+/// a lease whose deadline has passed by the time its statement is sent is reported lost and
+/// left out of the statement. An attempt is given up as unanswered at the earliest of: half
+/// the renewal period of the leases it carries, the last of their deadlines, and half the
+/// *slack* of every lease the renewer serves — the time a lease has before its deadline when
+/// its renewal falls due on time (its time-to-live less its renewal period), the shortest among
+/// the leases queued and those handed over recently ([`SlackSeen`]). Every term depends only on
+/// the leases carried or on a nominal property of the others, never on how late another lease
+/// already is, so a lease is lost only when no renewal of its own was confirmed before its own
+/// deadline: a late lease costs nobody else their attempt. With every worker busy a chunk waits
 /// until one is free, so a lease handed over when its renewal falls due finds a worker with at
 /// least half its slack left, however long the statements of other leases take (a 60 s lease's
 /// hung batch holds back a 3 s lease for 1 s at most), and is then sent with up to half a
@@ -88,32 +77,6 @@ struct RenewerState {
     collecting: usize,
     /// The shortest slack among leases handed over recently.
     slack: Option<SlackSeen>,
-    /// The longest answer time of the renew statements answered recently (see "Bounds").
-    answered: Option<Answered>,
-}
-
-/// How long a renew statement took from its sending to its answer, and when the answer came.
-#[derive(Clone, Copy, Debug)]
-struct Answered {
-    took: Duration,
-    at: Instant,
-}
-
-impl Answered {
-    /// The answer time that leases are sent with at least (see "Bounds" on [`Renewer`]): the
-    /// longest of the answers recorded within the last [`Renewer::IDLE_TICK`] (or the last
-    /// answer, when none came within it).
-    fn record(this: Option<Answered>, took: Duration, at: Instant) -> Answered {
-        match this {
-            Some(this)
-                if this.took > took
-                    && at.saturating_duration_since(this.at) <= Renewer::IDLE_TICK =>
-            {
-                this
-            }
-            _ => Answered { took, at },
-        }
-    }
 }
 
 /// Queued leases of one time-to-live (at most [`MAX_BATCH`]), with what the workers look at
@@ -186,7 +149,6 @@ impl Renewer {
                 idle: 0,
                 collecting: 0,
                 slack: None,
-                answered: None,
             }),
             wake: Condvar::new(),
             max_workers: max_workers.max(1),
@@ -311,20 +273,13 @@ impl Renewer {
                 let chunk = take_chunk(&mut due.chunks, Instant::now());
                 // What is left (another time-to-live) must not wait for this statement.
                 this.make_sure_someone_gathers(&mut due);
-                let answer = due
-                    .answered
-                    .map_or(Duration::ZERO, |answered| answered.took);
-                (chunk, limit(&due), answer)
+                (chunk, limit(&due))
             };
-            let ((Some(chunk), limit, answer), Some(store)) = (chunk, this.store.upgrade()) else {
+            let ((Some(chunk), limit), Some(store)) = (chunk, this.store.upgrade()) else {
                 return;
             };
             drop(this);
-            let took = renew_chunk(&*store, chunk.leases, limit, answer);
-            if let (Some(took), Some(this)) = (took, renewer.upgrade()) {
-                let mut due = this.due.lock();
-                due.answered = Some(Answered::record(due.answered, took, Instant::now()));
-            }
+            renew_chunk(&*store, chunk.leases, limit);
         }
     }
 }
@@ -382,15 +337,8 @@ type Taken = (Arc<Lease>, Turn);
 /// Renews one chunk of leases (see [`Renewer`]): one statement per time-to-live their turns
 /// carry (one, unless a holder asked for another since the chunk was made). A lease whose
 /// deadline has passed is reported lost instead.
-/// `limit`: how long each attempt may last at most, `answer`: how much time before its
-/// deadline a lease needs to be sent (see "Bounds" on [`Renewer`]). Returns the longest time a
-/// statement took to answer, if one was answered.
-fn renew_chunk(
-    store: &dyn Store,
-    chunk: Vec<Arc<Lease>>,
-    limit: Option<Duration>,
-    answer: Duration,
-) -> Option<Duration> {
+/// `limit`: how long each attempt may last at most (see "Bounds" on [`Renewer`]).
+fn renew_chunk(store: &dyn Store, chunk: Vec<Arc<Lease>>, limit: Option<Duration>) {
     let mut by_ttl: Vec<(Duration, Vec<Taken>)> = Vec::new();
     for lease in chunk {
         if lease.over_or_lost() {
@@ -406,34 +354,25 @@ fn renew_chunk(
             None => by_ttl.push((turn.ttl, vec![(lease, turn)])),
         }
     }
-    by_ttl
-        .into_iter()
-        .filter_map(|(ttl, group)| renew_group(store, ttl, group, limit, answer))
-        .max()
+    for (ttl, group) in by_ttl {
+        renew_group(store, ttl, group, limit);
+    }
 }
 
-/// One renew statement for leases of one time-to-live, and what it found for each; returns how
-/// long the statement took to answer, if it was answered.
-fn renew_group(
-    store: &dyn Store,
-    ttl: Duration,
-    group: Vec<Taken>,
-    limit: Option<Duration>,
-    answer: Duration,
-) -> Option<Duration> {
+/// One renew statement for leases of one time-to-live, and what it found for each.
+fn renew_group(store: &dyn Store, ttl: Duration, group: Vec<Taken>, limit: Option<Duration>) {
     fail_point!("lease::renew_batch_before_statement");
-    // A lease whose deadline has passed is lost, and one whose deadline comes before the
-    // answer can is given up: neither is sent, nor has a say in how long the attempt for the
-    // others may last.
+    // A lease whose deadline has passed is lost: it is not sent, and has no say in how long
+    // the attempt for the others may last.
     let now = Instant::now();
     let (group, gone): (Vec<Taken>, Vec<Taken>) = group
         .into_iter()
-        .partition(|(lease, _)| lease.deadline() > now + answer);
+        .partition(|(lease, _)| lease.deadline() > now);
     for (lease, _) in gone {
-        lease.end_turn_unsent(answer);
+        lease.end_turn_unsent();
     }
     if group.is_empty() {
-        return None;
+        return;
     }
     let deadline = attempt_deadline(&group, now, limit);
     let keys: Vec<(&str, i64)> = group
@@ -442,7 +381,6 @@ fn renew_group(
         .collect();
     let sent = Instant::now();
     let outcome = store.renew_batch(&keys, ttl, deadline);
-    let took = outcome.is_ok().then(|| sent.elapsed());
     let (renewed, failed) = match &outcome {
         Ok((_, found)) => (
             found.iter().filter(|f| **f == Batched::Renewed).count(),
@@ -473,7 +411,6 @@ fn renew_group(
         };
         lease.end_turn(turn, mine);
     }
-    took
 }
 
 /// When an attempt for `group` (leases whose deadlines are all ahead of `now`) is given up
