@@ -293,15 +293,20 @@ mod suite {
     pub fn tens_of_thousands_of_leases_outlive_three_ttls_with_the_cores_busy(f: &Fixture) {
         let _alone = UNDER_LOAD.write();
         let lost = Arc::new(AtomicUsize::new(0));
+        // The first few reasons, for the failure message.
+        let reasons = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let ttl = Duration::from_secs(10);
         let leases = leases_under_load(f);
         let registry = {
-            let lost = Arc::clone(&lost);
+            let (lost, reasons) = (Arc::clone(&lost), Arc::clone(&reasons));
             f.builder()
                 .time_to_live(ttl)
                 .pool_size(TAKERS as u32)
-                .on_lease_lost(move |_| {
-                    lost.fetch_add(1, Ordering::SeqCst);
+                .on_lease_lost(move |event| {
+                    if lost.fetch_add(1, Ordering::SeqCst) < 3 {
+                        let mut reasons = reasons.lock().unwrap_or_else(|e| e.into_inner());
+                        reasons.push(event.reason.to_string());
+                    }
                 })
                 .build()
                 .unwrap()
@@ -366,9 +371,10 @@ mod suite {
             assert_eq!(
                 lost.load(Ordering::SeqCst),
                 0,
-                "leases lost under load (expired: {}, another holder: {})",
+                "leases lost under load (expired: {}, another holder: {}; the first: {:?})",
                 after.leases_lost_expired,
-                after.leases_lost_not_owner
+                after.leases_lost_not_owner,
+                reasons.lock().unwrap_or_else(|e| e.into_inner())
             );
             let giving_back = Instant::now();
             drop(give_back);

@@ -152,7 +152,7 @@ impl RowLockWaits {
     /// Run once on each pooled MySQL connection.
     const MYSQL_SESSION: &'static str = "SET SESSION innodb_lock_wait_timeout = 1";
     /// Put before an acquire statement on MariaDB.
-    const MARIADB_PREFIX: &'static str = "SET STATEMENT innodb_lock_wait_timeout=0 FOR ";
+    pub(super) const MARIADB_PREFIX: &'static str = "SET STATEMENT innodb_lock_wait_timeout=0 FOR ";
     /// The pauses before the acquire of a locked row looks again; then it is refused.
     pub(super) const ACQUIRE_RETRIES: [Duration; 2] =
         [Duration::from_millis(1), Duration::from_millis(4)];
