@@ -129,6 +129,9 @@
 //! | `lease::loss_channel` | a holder asks for a loss channel |
 //! | `lease::clock_before_expiry` | the clock about to report leases whose deadline passed |
 //! | `lock::acquire_before_statement`, `lock::release_before_statement` | the poller's acquire, the last holder's release |
+//! | `lock::queued`, `lock::waiter_woken` | a thread has joined a key's local queue; a waiting thread woken, before it looks at the key again (outside the key's mutex) |
+//! | `lock::background_job_starts` | a key's job in the background (a resolution, leaving the line) about to run |
+//! | `backend::leave_line` | a registry about to delete its place in a key's waiting line |
 //! | `backend::acquire_sent`, `backend::renew_sent` | the instant a statement counts as sent; `renew_sent` can `return` a transient failure |
 //! | `backend::renewal_hangs` | a renewal attempt; `return(ms)` makes one whose deadline is more than `ms` away get no answer before its deadline |
 //! | `mysql::renew_batch_between_statements` | MySQL's batch renewal after its `UPDATE`, before it reads which rows it renewed |
