@@ -191,35 +191,37 @@ impl Holder {
 }
 
 /// The states of one registry's semaphore slots or reader/writer rows, by `LOCK_KEY`: one
-/// `LockInner` per row as long as anything refers to it (a handle, a guard, a job in the
-/// background), however often the semaphore or reader/writer lock is dropped and obtained
-/// again. A row whose acquire is being resolved is therefore polled by nobody of the registry
-/// until that ends (see "Unknown outcomes"), as a plain lock's key is, which the handle cache
-/// keeps while it is not idle.
+/// `LockInner` per row while anything refers to it or it is not idle (a job in the
+/// background, such as the resolution of an acquire, keeps it from being idle), however often
+/// the semaphore or reader/writer lock is dropped and obtained again. A row whose acquire is
+/// being resolved is therefore polled by nobody of the registry until that ends (see
+/// "Unknown outcomes"), as a plain lock's key is, which the handle cache keeps on the same
+/// terms. States nobody uses are swept out when the map has doubled since the last sweep.
 #[derive(Default)]
 pub(crate) struct RowStates {
-    live: HashMap<Arc<str>, Weak<LockInner>>,
-    /// The size at which entries whose state is gone are swept out next.
+    live: HashMap<Arc<str>, Arc<LockInner>>,
+    /// The size at which unused states are swept out next.
     sweep_at: usize,
 }
 
 impl RowStates {
-    /// The state of row `lock_key`, made with `make` if none is alive.
+    /// The state of row `lock_key`, made with `make` if there is none.
     pub fn get_or_make(
         &mut self,
         lock_key: &str,
         make: impl FnOnce() -> Arc<LockInner>,
     ) -> Arc<LockInner> {
-        if let Some(inner) = self.live.get(lock_key).and_then(Weak::upgrade) {
-            return inner;
+        if let Some(inner) = self.live.get(lock_key) {
+            return Arc::clone(inner);
         }
         if self.live.len() >= self.sweep_at {
-            self.live.retain(|_, inner| inner.strong_count() > 0);
+            self.live
+                .retain(|_, inner| Arc::strong_count(inner) > 1 || !inner.is_idle());
             self.sweep_at = (2 * self.live.len()).max(64);
         }
         let inner = make();
         self.live
-            .insert(Arc::clone(&inner.lock_key), Arc::downgrade(&inner));
+            .insert(Arc::clone(&inner.lock_key), Arc::clone(&inner));
         inner
     }
 }
@@ -824,17 +826,18 @@ impl LockInner {
             key: Arc::clone(&self.key),
             timeout: self.core.settings.operation_timeout,
         };
-        // The job keeps the key's state alive until it is done: a handle made meanwhile (see
-        // `RowStates`) finds the flag, so nobody polls the key before the job ends.
-        let lock = Arc::clone(self);
+        // Only a weak reference: the job keeps neither the key's state nor its registry alive
+        // (the handle cache and `RowStates` keep the state while it is not idle).
+        let lock = Arc::downgrade(self);
         let counted = self.core.resolutions.begin();
         let run = move || {
             fail_point!("lock::background_job_starts");
             job(&context);
-            let mut state = lock.state.lock();
-            *kind.flag(&mut state) = false;
-            state.wake_all();
-            drop(state);
+            if let Some(lock) = lock.upgrade() {
+                let mut state = lock.state.lock();
+                *kind.flag(&mut state) = false;
+                state.wake_all();
+            }
             drop(counted);
         };
         let spawned = std::thread::Builder::new()
