@@ -36,10 +36,10 @@
 //! **One poller per key.** Every thread inside an acquire of the key sits in a FIFO `queue`,
 //! and only one of them talks to the database, the oldest when it starts polling (a thread that
 //! let the key go and asks again comes after those already waiting): N threads of a registry
-//! waiting for a key held elsewhere cost one acquire statement per poll, not N. Between attempts the poller sleeps a
-//! random time between ½ and 1 × `idle_between_tries` ([`jittered`]), so that pollers of
-//! several instances with one interval do not keep a phase in which one of them always comes
-//! first; a release wake-up cuts the sleep short. A waiting instance therefore tries the key at
+//! waiting for a key held elsewhere cost one acquire statement per poll, not N. Between
+//! attempts the poller sleeps a random time between ½ and 1 × `idle_between_tries`
+//! ([`jittered`]), so that pollers of several instances with one interval do not keep a phase
+//! in which one of them always comes first; a release wake-up cuts the sleep short. A waiting instance therefore tries the key at
 //! least once per `idle_between_tries`, and at once when a release wake-up reaches it. On
 //! SQLite the poller sleeps on its key's slot of the release board, which the release in the
 //! other process wakes directly (see `Watch`); elsewhere the registry's release listener sets

@@ -213,7 +213,12 @@ mod suite {
             fail::cfg("backend::acquire_answered", "1*return(100)").unwrap();
             let first = try_for(Duration::from_millis(50));
             assert!(!matches!(first, Ok(Some(_))), "the answer was lost");
+            let expired_by = std::time::Instant::now() + Duration::from_secs(60);
             while held_in_table() {
+                assert!(
+                    std::time::Instant::now() < expired_by,
+                    "the lost grant never ran out"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
             // Every handle of the first call is gone; the lost grant has run out.
